@@ -1,0 +1,30 @@
+//! Condition types and reasons written to `status.conditions`, as constants so the controller,
+//! local mode and tests agree on spelling.
+
+/// Condition types.
+pub mod types {
+    /// The spec passed validation.
+    pub const ACCEPTED: &str = "Accepted";
+    /// The server answered `initialize` and `tools/list` at the last probe.
+    pub const READY: &str = "Ready";
+    /// Every server a profile names exists.
+    pub const RESOLVED_REFS: &str = "ResolvedRefs";
+}
+
+/// Condition reasons (CamelCase, as Kubernetes API conventions ask).
+pub mod reasons {
+    /// Spec is valid.
+    pub const VALID: &str = "Valid";
+    /// Spec failed validation; the message names the field.
+    pub const INVALID: &str = "Invalid";
+    /// stdio servers run as sidecars and are not probed by the operator.
+    pub const RUNS_AS_SIDECAR: &str = "RunsAsSidecar";
+    /// The probe succeeded.
+    pub const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
+    /// The probe failed; `lastError` says why.
+    pub const PROBE_FAILED: &str = "ProbeFailed";
+    /// All referenced servers exist.
+    pub const RESOLVED: &str = "Resolved";
+    /// Some referenced servers are missing; `missingServers` lists them.
+    pub const MISSING_SERVERS: &str = "MissingServers";
+}

@@ -1,0 +1,450 @@
+//! Reading McpServer / McpProfile manifests from YAML or JSON text, with line numbers.
+//!
+//! ```text
+//! text ──yaml-rust2 events──▶ per document: JSON value + (field path → line) index
+//!      ──serde (strict: unknown fields are errors)──▶ McpServer | McpProfile
+//!      ──validate()──▶ problems, each with line, field, message and fix
+//! ```
+//!
+//! One pass over the YAML events builds both the value and the line index, so every problem
+//! (syntax, type, unknown field, validation) points at the line of the field it names. Scalars
+//! resolve with the YAML 1.2 core schema, as the API server's YAML decoder does (`yes` is a
+//! string, not a boolean). A document with any problem yields no object: callers never see a
+//! half-valid resource.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Number, Value};
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+use yaml_rust2::Yaml;
+
+use super::keys::{API_VERSION, KIND_PROFILE, KIND_SERVER};
+use super::{McpProfile, McpServer, Validate, ValidationError};
+
+/// A resource read from a manifest.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// An McpServer.
+    Server(McpServer),
+    /// An McpProfile.
+    Profile(McpProfile),
+}
+
+impl Object {
+    /// The object's kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Object::Server(_) => KIND_SERVER,
+            Object::Profile(_) => KIND_PROFILE,
+        }
+    }
+
+    /// The object's `metadata.name` (validated objects always have one).
+    pub fn name(&self) -> &str {
+        let meta = match self {
+            Object::Server(s) => &s.metadata,
+            Object::Profile(p) => &p.metadata,
+        };
+        meta.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// A valid object and where its document starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Document {
+    /// 1-based line of the document's first node.
+    pub line: usize,
+    /// The resource.
+    pub object: Object,
+}
+
+/// One problem in a manifest, located.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// 1-based line.
+    pub line: usize,
+    /// The field path the problem is about (`spec.stdio.command`), or `document` for syntax.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}: {} ({})", self.line, self.field, self.message, self.fix)
+    }
+}
+
+/// The outcome of reading one manifest text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parsed {
+    /// Valid objects, in document order.
+    pub documents: Vec<Document>,
+    /// Every problem found, in document order. Non-empty means the text is invalid.
+    pub problems: Vec<Problem>,
+}
+
+impl Parsed {
+    /// Whether the text had no problem.
+    pub fn is_valid(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Reads every document of `text`; nothing that fails is returned as an object.
+pub fn parse(text: &str) -> Parsed {
+    let mut builder = Builder::default();
+    let mut parsed = Parsed::default();
+    if let Err(e) = Parser::new_from_str(text).load(&mut builder, true) {
+        parsed.problems.push(Problem {
+            line: e.marker().line().max(1),
+            field: "document".into(),
+            message: format!("YAML syntax error: {}", e.info()),
+            fix: "fix the YAML syntax at this line".into(),
+        });
+        return parsed;
+    }
+    for doc in builder.docs {
+        read_document(doc, &mut parsed);
+    }
+    parsed
+}
+
+fn read_document(doc: RawDocument, parsed: &mut Parsed) {
+    let problem = |field: &str, message: String, fix: &str| Problem {
+        line: doc.line_of(field),
+        field: field.to_string(),
+        message,
+        fix: fix.to_string(),
+    };
+    if let Some((line, message)) = doc.error {
+        parsed.problems.push(Problem { line, field: "document".into(), message, fix: "make every mapping key unique".into() });
+        return;
+    }
+    let Value::Object(map) = &doc.value else {
+        if !doc.value.is_null() {
+            parsed.problems.push(problem("document", "a manifest document must be a mapping".into(), "write an McpServer or McpProfile object"));
+        }
+        return;
+    };
+    match map.get("apiVersion").and_then(Value::as_str) {
+        Some(API_VERSION) => {}
+        Some(other) => {
+            parsed.problems.push(problem("apiVersion", format!("'{other}' is not supported"), "use apiVersion: mcp.spear.dev/v1alpha1"));
+            return;
+        }
+        None => {
+            parsed.problems.push(problem("apiVersion", "apiVersion is missing".into(), "add apiVersion: mcp.spear.dev/v1alpha1"));
+            return;
+        }
+    }
+    let object = match map.get("kind").and_then(Value::as_str) {
+        Some(KIND_SERVER) => deserialize::<McpServer>(&doc).map(|s| (s.validate(), Object::Server(s))),
+        Some(KIND_PROFILE) => deserialize::<McpProfile>(&doc).map(|p| (p.validate(), Object::Profile(p))),
+        Some(other) => {
+            parsed.problems.push(problem("kind", format!("kind '{other}' is not supported"), "use McpServer or McpProfile"));
+            return;
+        }
+        None => {
+            parsed.problems.push(problem("kind", "kind is missing".into(), "add kind: McpServer or kind: McpProfile"));
+            return;
+        }
+    };
+    match object {
+        Err(problems) => parsed.problems.extend(problems),
+        Ok((errors, _)) if !errors.is_empty() => {
+            parsed.problems.extend(errors.into_iter().map(|ValidationError { field, message, fix }| Problem {
+                line: doc.line_of(&field),
+                field,
+                message,
+                fix,
+            }))
+        }
+        Ok((_, object)) => parsed.documents.push(Document { line: doc.start_line, object }),
+    }
+}
+
+/// Strict deserialization: type errors carry their field path, unknown fields are errors.
+fn deserialize<T: DeserializeOwned>(doc: &RawDocument) -> Result<T, Vec<Problem>> {
+    let mut unknown = Vec::new();
+    let mut record = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let result: Result<T, _> =
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(doc.value.clone(), &mut record));
+    // `status` is written by the operator; a manifest may carry it (for example `kubectl get -o
+    // yaml` output) and it is ignored, not an error. Metadata fields are Kubernetes' own.
+    unknown.retain(|p| !p.starts_with("status") && !p.starts_with("metadata"));
+    let mut problems: Vec<Problem> = unknown
+        .into_iter()
+        .map(|field| Problem {
+            line: doc.line_of(&field),
+            message: "unknown field".into(),
+            fix: "remove it or fix its spelling (see `kubectl explain` or the README's resource reference)".into(),
+            field,
+        })
+        .collect();
+    match result {
+        Ok(value) if problems.is_empty() => Ok(value),
+        Ok(_) => Err(problems),
+        Err(e) => {
+            let field = e.path().to_string();
+            let field = if field == "." { "document".to_string() } else { field };
+            problems.push(Problem {
+                line: doc.line_of(&field),
+                message: e.inner().to_string(),
+                fix: "give the field the type and value the resource reference describes".into(),
+                field,
+            });
+            Err(problems)
+        }
+    }
+}
+
+// === YAML events → JSON value + line index ===
+
+/// One YAML document as a JSON value, with the line of every field path.
+#[derive(Default)]
+struct RawDocument {
+    value: Value,
+    start_line: usize,
+    lines: BTreeMap<String, usize>,
+    error: Option<(usize, String)>,
+}
+
+impl RawDocument {
+    /// The line of `field`, or of its closest ancestor that has one, or the document's start.
+    fn line_of(&self, field: &str) -> usize {
+        let mut path = field;
+        loop {
+            if let Some(line) = self.lines.get(path) {
+                return *line;
+            }
+            match path.rfind(['.', '[']) {
+                Some(i) => path = &path[..i],
+                None => return self.start_line,
+            }
+        }
+    }
+}
+
+enum Frame {
+    Map { map: Map<String, Value>, key: Option<String>, path: String },
+    Seq { items: Vec<Value>, path: String },
+}
+
+#[derive(Default)]
+struct Builder {
+    docs: Vec<RawDocument>,
+    current: RawDocument,
+    stack: Vec<Frame>,
+    anchors: BTreeMap<usize, Value>,
+    /// Anchors of the containers being built, set when they close.
+    open_anchors: Vec<usize>,
+}
+
+fn join(parent: &str, key: &str) -> String {
+    if parent.is_empty() { key.to_string() } else { format!("{parent}.{key}") }
+}
+
+impl Builder {
+    /// The path the next value lands at, if it is a value (not a mapping key).
+    fn next_value_path(&self) -> Option<String> {
+        match self.stack.last() {
+            None => Some(String::new()),
+            Some(Frame::Map { key: Some(k), path, .. }) => Some(join(path, k)),
+            Some(Frame::Map { key: None, .. }) => None,
+            Some(Frame::Seq { items, path }) => Some(format!("{path}[{}]", items.len())),
+        }
+    }
+
+    /// Places a finished value into its parent (or makes it the document).
+    fn place(&mut self, value: Value, line: usize) {
+        match self.stack.last_mut() {
+            None => self.current.value = value,
+            Some(Frame::Map { map, key, .. }) => {
+                if let Some(k) = key.take() {
+                    if map.contains_key(&k) && self.current.error.is_none() {
+                        self.current.error = Some((line, format!("duplicate key '{k}'")));
+                    }
+                    map.insert(k, value);
+                } else {
+                    // A non-string key: the value itself becomes the key, as Kubernetes does.
+                    let k = match value {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    *key = Some(k);
+                }
+            }
+            Some(Frame::Seq { items, .. }) => items.push(value),
+        }
+    }
+
+    fn record_line(&mut self, line: usize) {
+        if let Some(path) = self.next_value_path() {
+            self.current.lines.entry(path).or_insert(line);
+        } else if let Some(Frame::Map { path, .. }) = self.stack.last() {
+            let _ = path; // a key: recorded when the key scalar is placed (below)
+        }
+    }
+}
+
+fn scalar(text: String, style: TScalarStyle) -> Value {
+    if style != TScalarStyle::Plain {
+        return Value::String(text);
+    }
+    match Yaml::from_str(&text) {
+        Yaml::Null => Value::Null,
+        Yaml::Boolean(b) => Value::Bool(b),
+        Yaml::Integer(i) => Value::Number(i.into()),
+        Yaml::Real(r) => r.parse::<f64>().ok().and_then(Number::from_f64).map_or(Value::String(text), Value::Number),
+        _ => Value::String(text),
+    }
+}
+
+impl MarkedEventReceiver for Builder {
+    fn on_event(&mut self, event: Event, mark: Marker) {
+        let line = mark.line().max(1);
+        match event {
+            Event::DocumentStart => {
+                self.current = RawDocument { start_line: line, ..Default::default() };
+                self.stack.clear();
+                self.anchors.clear();
+            }
+            Event::DocumentEnd => self.docs.push(std::mem::take(&mut self.current)),
+            Event::Scalar(text, style, anchor, _) => {
+                let is_key = matches!(self.stack.last(), Some(Frame::Map { key: None, .. }));
+                if self.current.lines.is_empty() {
+                    self.current.start_line = line;
+                }
+                let value = scalar(text, style);
+                if anchor > 0 {
+                    self.anchors.insert(anchor, value.clone());
+                }
+                if is_key {
+                    if let (Some(Frame::Map { path, .. }), Value::String(k)) = (self.stack.last(), &value) {
+                        let field = join(path, k);
+                        self.current.lines.entry(field).or_insert(line);
+                    }
+                } else {
+                    self.record_line(line);
+                }
+                self.place(value, line);
+            }
+            Event::Alias(id) => {
+                self.record_line(line);
+                let value = self.anchors.get(&id).cloned().unwrap_or(Value::Null);
+                self.place(value, line);
+            }
+            Event::MappingStart(anchor, _) | Event::SequenceStart(anchor, _) => {
+                if self.stack.is_empty() {
+                    self.current.start_line = line;
+                }
+                let path = self.next_value_path().unwrap_or_default();
+                self.current.lines.entry(path.clone()).or_insert(line);
+                self.open_anchors.push(anchor);
+                self.stack.push(if matches!(event, Event::MappingStart(..)) {
+                    Frame::Map { map: Map::new(), key: None, path }
+                } else {
+                    Frame::Seq { items: Vec::new(), path }
+                });
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                let value = match self.stack.pop() {
+                    Some(Frame::Map { map, .. }) => Value::Object(map),
+                    Some(Frame::Seq { items, .. }) => Value::Array(items),
+                    None => Value::Null,
+                };
+                if let Some(anchor) = self.open_anchors.pop().filter(|a| *a > 0) {
+                    self.anchors.insert(anchor, value.clone());
+                }
+                self.place(value, line);
+            }
+            Event::StreamStart | Event::StreamEnd | Event::Nothing => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SERVER: &str = "\
+apiVersion: mcp.spear.dev/v1alpha1
+kind: McpServer
+metadata:
+  name: fs
+spec:
+  transport: stdio
+  stdio:
+    command: npx
+    args: [\"-y\", \"@modelcontextprotocol/server-filesystem\"]
+  allowedTools: [\"read_*\"]
+";
+
+    #[test]
+    fn a_valid_server_parses_with_its_start_line() {
+        let parsed = parse(SERVER);
+        assert_eq!(parsed.problems, vec![]);
+        assert_eq!(parsed.documents.len(), 1);
+        assert_eq!(parsed.documents[0].line, 1);
+        assert_eq!(parsed.documents[0].object.name(), "fs");
+    }
+
+    #[test]
+    fn problems_point_at_the_line_of_their_field_in_later_documents() {
+        let text = format!("{SERVER}---\n{}", SERVER.replace("name: fs", "name: web").replace("command: npx", "command: ''"));
+        let parsed = parse(&text);
+        assert_eq!(parsed.documents.len(), 1);
+        assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
+        assert_eq!(parsed.problems[0].field, "spec.stdio.command");
+        assert_eq!(parsed.problems[0].line, 19);
+    }
+
+    #[test]
+    fn unknown_fields_are_errors_naming_the_field() {
+        let parsed = parse(&SERVER.replace("allowedTools", "allowedTool"));
+        assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
+        assert_eq!(parsed.problems[0].field, "spec.allowedTool");
+        assert_eq!(parsed.problems[0].line, 10);
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let parsed = parse(&SERVER.replace("transport: stdio", "transport: grpc"));
+        assert_eq!(parsed.problems[0].field, "spec.transport");
+        assert_eq!(parsed.problems[0].line, 6);
+        assert!(parsed.problems[0].message.contains("grpc"));
+    }
+
+    #[test]
+    fn syntax_errors_report_a_line() {
+        let parsed = parse("apiVersion: mcp.spear.dev/v1alpha1\nkind: [McpServer\n");
+        assert_eq!(parsed.problems.len(), 1);
+        assert_eq!(parsed.problems[0].field, "document");
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused() {
+        let parsed = parse(&SERVER.replace("  transport: stdio\n", "  transport: stdio\n  transport: stdio\n"));
+        assert_eq!(parsed.problems[0].message, "duplicate key 'transport'");
+    }
+
+    #[test]
+    fn json_parses_too_and_yes_stays_a_string() {
+        let parsed = parse(r#"{"apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "x"},
+            "spec": {"transport": "stdio", "displayName": "yes", "stdio": {"command": "node"}}}"#);
+        assert_eq!(parsed.problems, vec![]);
+        let Object::Server(s) = &parsed.documents[0].object else { panic!("a server") };
+        assert_eq!(s.spec.display_name.as_deref(), Some("yes"));
+    }
+
+    #[test]
+    fn status_in_a_manifest_is_ignored() {
+        let parsed = parse(&format!("{SERVER}status:\n  toolCount: 3\n  unknownThing: 1\n"));
+        assert_eq!(parsed.problems, vec![]);
+    }
+}

@@ -1,0 +1,203 @@
+//! `McpProfile`: what one workload may use, selected by the pod annotation
+//! `mcp.spear.dev/profile`. Every field can only narrow what the McpServers allow.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::schema;
+
+/// Default number of model round trips in one chat completion.
+pub const DEFAULT_MAX_ITERATIONS: u32 = 8;
+/// Default number of tool calls in one chat completion.
+pub const DEFAULT_MAX_TOTAL_TOOL_CALLS: u32 = 32;
+
+/// McpProfile says which McpServers (and which of their tools) a workload may use, which are
+/// on when a request names none, the loop budgets, and the upstream model for chat completions.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "mcp.spear.dev",
+    version = "v1alpha1",
+    kind = "McpProfile",
+    plural = "mcpprofiles",
+    singular = "mcpprofile",
+    shortname = "mcpp",
+    category = "spear",
+    namespaced,
+    status = "McpProfileStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "McpProfile says which McpServers and tools a workload may use; pods select it with the mcp.spear.dev/profile annotation.",
+    printcolumn = r#"{"name":"Servers","type":"string","jsonPath":".spec.servers"}"#,
+    printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(
+    validation = Rule::new("!has(self.defaultServers) || has(self.serverSelector) || self.defaultServers.all(s, s in self.servers)")
+        .message("every name in spec.defaultServers must also be in spec.servers (defaults can only narrow the allowed set)")
+        .field_path(".defaultServers")
+        .reason(Reason::FieldValueInvalid)
+)]
+#[serde(rename_all = "camelCase")]
+pub struct McpProfileSpec {
+    /// Names of the McpServers (in this namespace) the workload may use: the upper bound.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub servers: Vec<String>,
+
+    /// McpServers whose labels match are allowed too, in addition to `servers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_selector: Option<LabelSelector>,
+
+    /// Servers enabled when a request names none; must be within the allowed set. Absent means
+    /// every allowed server; an empty list means none unless the request asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 64),
+        inner(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub default_servers: Option<Vec<String>>,
+
+    /// Glob patterns further narrowing the tools of every server; they match the original tool
+    /// name or `<server>/<tool>`. Absent means no narrowing; an empty list exposes no tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 256)))]
+    pub tool_allowlist: Option<Vec<String>>,
+
+    /// Glob patterns of tools never exposed to this workload (a veto over every allowlist).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 256)))]
+    pub tool_denylist: Vec<String>,
+
+    /// Loop and call budgets; call budgets can only tighten a server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<ProfileBudgets>,
+
+    /// Chat completion settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<ChatSpec>,
+
+    /// Default `tool_choice` for chat completions that do not set one (default `auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+/// Loop budgets and call limits of a profile.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileBudgets {
+    /// Model round trips in one chat completion (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_iterations: Option<u32>,
+
+    /// Tool calls in one chat completion, all iterations together (default 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_total_tool_calls: Option<u32>,
+
+    /// Cap on one tool result in bytes; applies only where lower than the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16_777_216))]
+    pub max_tool_output_bytes: Option<u32>,
+
+    /// Time limit of one tool call in milliseconds; applies only where lower than the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3_600_000))]
+    pub tool_timeout_ms: Option<u32>,
+}
+
+impl ProfileBudgets {
+    /// Iterations in force, with the default applied.
+    pub fn max_iterations(&self) -> u32 {
+        self.max_iterations.unwrap_or(DEFAULT_MAX_ITERATIONS)
+    }
+    /// Total tool calls in force, with the default applied.
+    pub fn max_total_tool_calls(&self) -> u32 {
+        self.max_total_tool_calls
+            .unwrap_or(DEFAULT_MAX_TOTAL_TOOL_CALLS)
+    }
+}
+
+/// Chat completion settings of a profile.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatSpec {
+    /// The OpenAI-compatible model API the agent forwards completions to.
+    pub upstream: UpstreamSpec,
+}
+
+/// An OpenAI-compatible upstream.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamSpec {
+    /// Base URL of the API (for example `https://api.openai.com/v1`), http or https.
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
+    pub url: String,
+
+    /// The Secret key holding the API key; the webhook gives it to the agent as an env var.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeyRef>,
+
+    /// Model used when a request names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub model: Option<String>,
+}
+
+/// A key of a Secret in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Default tool choice, as OpenAI's `tool_choice`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// No tools are offered to the model.
+    None,
+    /// The model must call a tool.
+    Required,
+}
+
+/// Observed state of an McpProfile, written by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct McpProfileStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Accepted` (the spec is valid) and `ResolvedRefs` (every named server exists).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Vec<Condition>,
+
+    /// Servers the profile allows that exist (from `servers` and `serverSelector`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolved_servers: Vec<String>,
+
+    /// Servers named in `servers` that do not exist in the namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_servers: Vec<String>,
+
+    /// Model-facing tool names the profile exposes, where the servers' tools are known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_preview: Vec<String>,
+}

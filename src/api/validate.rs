@@ -1,0 +1,561 @@
+//! Validation of both kinds, for everything the CRD schema says and what it cannot say (glob
+//! syntax, `${ENV:...}` references, URL shape, duplicate names, reserved headers).
+//!
+//! The schema rules are repeated here on purpose: local mode, `spearlet validate`, the webhook and
+//! the operator's `Accepted` condition all report the same field-named error, with or without an
+//! API server in front. Every problem is returned at once, each with its field path and the fix.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::EnvVar;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::ObjectMeta;
+
+use super::env_ref;
+use super::{ApprovalPolicy, HttpSpec, McpProfile, McpServer, StdioSpec, Transport};
+
+/// One problem in a resource: the field path (`spec.http.url`), what is wrong, and how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationError {
+    /// Path of the offending field, as `kubectl explain` spells it, with list indexes.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} ({})", self.field, self.message, self.fix)
+    }
+}
+
+impl std::error::Error for ValidationError {}
+
+/// Something that can check itself.
+pub trait Validate {
+    /// Every problem found; empty means valid.
+    fn validate(&self) -> Vec<ValidationError>;
+}
+
+/// Collects problems while walking an object.
+#[derive(Default)]
+struct Problems(Vec<ValidationError>);
+
+impl Problems {
+    fn push(&mut self, field: impl Into<String>, message: impl Into<String>, fix: impl Into<String>) {
+        self.0.push(ValidationError { field: field.into(), message: message.into(), fix: fix.into() });
+    }
+
+    fn range(&mut self, field: &str, value: Option<u32>, min: u32, max: u32) {
+        if let Some(v) = value.filter(|v| !(min..=max).contains(v)) {
+            self.push(field, format!("{v} is out of range"), format!("use a value from {min} to {max}"));
+        }
+    }
+
+    fn max_items<T>(&mut self, field: &str, items: &[T], max: usize) {
+        if items.len() > max {
+            self.push(field, format!("has {} items", items.len()), format!("list at most {max}"));
+        }
+    }
+}
+
+/// Bounds shared with the CRD schema (kept in one place so both agree).
+mod bounds {
+    pub const TOOL_TIMEOUT_MS: (u32, u32) = (1, 3_600_000);
+    pub const MAX_CONCURRENCY: (u32, u32) = (1, 1024);
+    pub const MAX_TOOL_OUTPUT_BYTES: (u32, u32) = (1, 16_777_216);
+    pub const MAX_ITERATIONS: (u32, u32) = (1, 100);
+    pub const MAX_TOTAL_TOOL_CALLS: (u32, u32) = (1, 1000);
+    pub const TOOL_PATTERNS: usize = 128;
+    pub const PROFILE_PATTERNS: usize = 256;
+    pub const PATTERN_LEN: usize = 256;
+    pub const SERVERS: usize = 64;
+    pub const ENV: usize = 128;
+    pub const HEADERS: usize = 64;
+}
+
+/// Headers the MCP transport sets itself; a configured value would break the protocol.
+const RESERVED_HEADERS: &[&str] = &[
+    "accept",
+    "connection",
+    "content-length",
+    "content-type",
+    "host",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "transfer-encoding",
+];
+
+/// Whether `s` is a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters).
+pub fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Whether `s` is a DNS-1123 subdomain (labels joined by dots, at most 253 characters).
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// Checks one tool-name glob pattern: `*` and `?` are the only wildcards, the rest is literal.
+/// Returns the problem and its fix.
+pub fn check_tool_pattern(pattern: &str) -> Result<(), (String, String)> {
+    if pattern.is_empty() {
+        return Err(("pattern is empty".into(), "remove it, or use '*' to match every tool".into()));
+    }
+    if pattern.len() > bounds::PATTERN_LEN {
+        return Err((
+            format!("pattern is {} bytes long", pattern.len()),
+            format!("use at most {} bytes", bounds::PATTERN_LEN),
+        ));
+    }
+    if let Some(c) = pattern.chars().find(|c| matches!(c, '[' | ']' | '{' | '}' | '\\')) {
+        return Err((
+            format!("'{c}' is not supported in tool patterns"),
+            "use only '*' (any run of characters) and '?' (one character) as wildcards".into(),
+        ));
+    }
+    if pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err((
+            "pattern contains whitespace or control characters".into(),
+            "tool names have none; remove them".into(),
+        ));
+    }
+    globset::Glob::new(pattern)
+        .map(|_| ())
+        .map_err(|e| (format!("pattern does not compile: {e}"), "use '*' and '?' as the only wildcards".into()))
+}
+
+fn check_patterns(p: &mut Problems, field: &str, patterns: &[String], max: usize) {
+    p.max_items(field, patterns, max);
+    for (i, pattern) in patterns.iter().enumerate() {
+        if let Err((message, fix)) = check_tool_pattern(pattern) {
+            p.push(format!("{field}[{i}]"), message, fix);
+        }
+    }
+}
+
+fn check_template(p: &mut Problems, field: &str, value: &str) {
+    if let Err(e) = env_ref::parse(value) {
+        p.push(
+            field,
+            e.to_string(),
+            "write references as ${ENV:NAME} or ${ENV:NAME:-default}, and a literal '${' as '$${'",
+        );
+    }
+}
+
+fn check_http_url(p: &mut Problems, field: &str, raw: &str) {
+    match url::Url::parse(raw) {
+        Err(e) => p.push(field, format!("'{raw}' is not a valid URL: {e}"), "use an absolute URL such as https://mcp.example.com/mcp"),
+        Ok(u) if !matches!(u.scheme(), "http" | "https") => p.push(
+            field,
+            format!("scheme '{}' is not supported", u.scheme()),
+            "use an http:// or https:// URL",
+        ),
+        Ok(u) if u.host_str().is_none_or(str::is_empty) => {
+            p.push(field, "URL has no host", "use an absolute URL such as https://mcp.example.com/mcp")
+        }
+        // Credentials in a URL end up in logs and status; they belong in a header or Secret.
+        Ok(u) if !u.username().is_empty() || u.password().is_some() => p.push(
+            field,
+            "URL contains credentials",
+            "remove the user:password part and send credentials in a header whose valueFrom references a Secret",
+        ),
+        Ok(_) => {}
+    }
+}
+
+fn check_meta_name(p: &mut Problems, meta: &ObjectMeta, label: bool) {
+    match meta.name.as_deref() {
+        None | Some("") => p.push("metadata.name", "name is missing", "set metadata.name"),
+        Some(name) if label && !is_dns1123_label(name) => p.push(
+            "metadata.name",
+            format!("'{name}' is not a DNS-1123 label"),
+            "use lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters",
+        ),
+        Some(name) if !label && !is_dns1123_subdomain(name) => p.push(
+            "metadata.name",
+            format!("'{name}' is not a DNS-1123 subdomain"),
+            "use lowercase letters, digits, '-' and '.', at most 253 characters",
+        ),
+        Some(_) => {}
+    }
+}
+
+// === impl Validate for McpServer ===
+
+impl Validate for McpServer {
+    fn validate(&self) -> Vec<ValidationError> {
+        let mut p = Problems::default();
+        check_meta_name(&mut p, &self.metadata, true);
+        let spec = &self.spec;
+
+        if let Some(name) = &spec.display_name
+            && name.chars().count() > 128
+        {
+            p.push("spec.displayName", "longer than 128 characters", "shorten it");
+        }
+
+        match (spec.transport, &spec.stdio, &spec.http) {
+            (Transport::Stdio, None, _) => {
+                p.push("spec.stdio", "required when spec.transport is stdio", "add spec.stdio.command (and args)")
+            }
+            (Transport::Stdio, Some(_), Some(_)) => p.push(
+                "spec.http",
+                "must not be set when spec.transport is stdio",
+                "remove spec.http, or set spec.transport to streamableHttp",
+            ),
+            (Transport::StreamableHttp, _, None) => p.push(
+                "spec.http",
+                "spec.http.url is required when spec.transport is streamableHttp",
+                "add spec.http.url",
+            ),
+            (Transport::StreamableHttp, Some(_), Some(_)) => p.push(
+                "spec.stdio",
+                "must not be set when spec.transport is streamableHttp",
+                "remove spec.stdio, or set spec.transport to stdio",
+            ),
+            _ => {}
+        }
+        if let Some(stdio) = &spec.stdio {
+            validate_stdio(&mut p, stdio);
+        }
+        if let Some(http) = &spec.http {
+            validate_http(&mut p, http);
+        }
+
+        if let Some(ns) = &spec.tool_namespace {
+            let valid_chars = ns.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if ns.is_empty() || ns.len() > 32 || !valid_chars || ns.contains("__") {
+                p.push(
+                    "spec.toolNamespace",
+                    format!("'{ns}' is not a valid tool namespace"),
+                    "use 1 to 32 letters, digits, '-' or '_', without '__'",
+                );
+            }
+        }
+        check_patterns(&mut p, "spec.allowedTools", &spec.allowed_tools, bounds::TOOL_PATTERNS);
+        check_patterns(&mut p, "spec.deniedTools", &spec.denied_tools, bounds::TOOL_PATTERNS);
+        if let Some(policy) = &spec.approval_policy {
+            validate_approval(&mut p, policy);
+        }
+        if let Some(b) = &spec.budgets {
+            let (lo, hi) = bounds::TOOL_TIMEOUT_MS;
+            p.range("spec.budgets.toolTimeoutMs", b.tool_timeout_ms, lo, hi);
+            let (lo, hi) = bounds::MAX_CONCURRENCY;
+            p.range("spec.budgets.maxConcurrency", b.max_concurrency, lo, hi);
+            let (lo, hi) = bounds::MAX_TOOL_OUTPUT_BYTES;
+            p.range("spec.budgets.maxToolOutputBytes", b.max_tool_output_bytes, lo, hi);
+        }
+        p.0
+    }
+}
+
+fn validate_stdio(p: &mut Problems, stdio: &StdioSpec) {
+    if stdio.command.trim().is_empty() {
+        p.push("spec.stdio.command", "command is empty", "set the executable to run, for example npx");
+    } else if stdio.command.contains('\0') {
+        p.push("spec.stdio.command", "command contains a NUL byte", "remove it");
+    } else if stdio.command.contains(' ') && !stdio.command.contains('/') {
+        // `command: "npx -y pkg"` is the classic mistake: it is an argv, never a shell line.
+        p.push(
+            "spec.stdio.command",
+            format!("'{}' looks like a whole command line; it is run without a shell", stdio.command),
+            "put only the executable in command and each argument as an item of spec.stdio.args",
+        );
+    }
+    if let Some(i) = stdio.args.iter().position(|a| a.contains('\0')) {
+        p.push(format!("spec.stdio.args[{i}]"), "argument contains a NUL byte", "remove it");
+    }
+    if stdio.image.as_deref() == Some("") {
+        p.push("spec.stdio.image", "image is empty", "set the sidecar image, or remove the field");
+    }
+    if stdio.working_dir.as_deref() == Some("") {
+        p.push("spec.stdio.workingDir", "workingDir is empty", "set a directory, or remove the field");
+    }
+    validate_env(p, &stdio.env);
+}
+
+fn validate_env(p: &mut Problems, env: &[EnvVar]) {
+    p.max_items("spec.stdio.env", env, bounds::ENV);
+    let mut seen = BTreeSet::new();
+    for (i, var) in env.iter().enumerate() {
+        let field = format!("spec.stdio.env[{i}]");
+        if var.name.is_empty() || var.name.contains('=') || var.name.chars().any(char::is_control) {
+            p.push(format!("{field}.name"), format!("'{}' is not a valid variable name", var.name), "use a name such as API_TOKEN, without '='");
+        } else if !seen.insert(var.name.as_str()) {
+            p.push(format!("{field}.name"), format!("'{}' is set twice", var.name), "keep one entry per variable name");
+        }
+        if var.value.is_some() && var.value_from.is_some() {
+            p.push(field.clone(), "both value and valueFrom are set", "keep one of them");
+        }
+        if let Some(value) = &var.value {
+            check_template(p, &format!("{field}.value"), value);
+        }
+        if let Some(source) = &var.value_from {
+            let supported = source.secret_key_ref.is_some() || source.config_map_key_ref.is_some();
+            let others = source.field_ref.is_some() || source.resource_field_ref.is_some() || source.file_key_ref.is_some();
+            if !supported || others {
+                p.push(
+                    format!("{field}.valueFrom"),
+                    "only secretKeyRef and configMapKeyRef are supported",
+                    "reference a Secret or ConfigMap key, or use a literal value",
+                );
+            }
+        }
+    }
+}
+
+fn validate_http(p: &mut Problems, http: &HttpSpec) {
+    check_http_url(p, "spec.http.url", &http.url);
+    p.max_items("spec.http.headers", &http.headers, bounds::HEADERS);
+    let mut seen = BTreeSet::new();
+    for (i, header) in http.headers.iter().enumerate() {
+        let field = format!("spec.http.headers[{i}]");
+        let lower = header.name.to_ascii_lowercase();
+        let is_token = !header.name.is_empty()
+            && header.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !is_token {
+            p.push(format!("{field}.name"), format!("'{}' is not a valid header name", header.name), "use an HTTP token such as Authorization or X-Api-Key");
+        } else if RESERVED_HEADERS.contains(&lower.as_str()) {
+            p.push(
+                format!("{field}.name"),
+                format!("'{}' is set by the MCP transport itself", header.name),
+                "remove this header",
+            );
+        } else if !seen.insert(lower) {
+            p.push(format!("{field}.name"), format!("'{}' is set twice (header names are case-insensitive)", header.name), "keep one entry per header");
+        }
+        match (&header.value, &header.value_from) {
+            (Some(_), Some(_)) => p.push(field.clone(), "both value and valueFrom are set", "keep one of them"),
+            (None, None) => p.push(format!("{field}.value"), "header has no value", "set value, or valueFrom.secretKeyRef"),
+            (Some(value), None) => check_template(p, &format!("{field}.value"), value),
+            (None, Some(_)) => {}
+        }
+    }
+}
+
+fn validate_approval(p: &mut Problems, policy: &ApprovalPolicy) {
+    for pattern in policy.tools.keys() {
+        if let Err((message, fix)) = check_tool_pattern(pattern) {
+            p.push(format!("spec.approvalPolicy.tools[{pattern}]"), message, fix);
+        }
+    }
+}
+
+// === impl Validate for McpProfile ===
+
+impl Validate for McpProfile {
+    fn validate(&self) -> Vec<ValidationError> {
+        let mut p = Problems::default();
+        check_meta_name(&mut p, &self.metadata, false);
+        let spec = &self.spec;
+
+        check_server_names(&mut p, "spec.servers", &spec.servers);
+        if spec.servers.is_empty() && spec.server_selector.is_none() {
+            p.push(
+                "spec.servers",
+                "the profile allows no server",
+                "list McpServer names in spec.servers, or set spec.serverSelector",
+            );
+        }
+        if let Some(selector) = &spec.server_selector {
+            validate_selector(&mut p, "spec.serverSelector", selector);
+        }
+        if let Some(defaults) = &spec.default_servers {
+            check_server_names(&mut p, "spec.defaultServers", defaults);
+            if spec.server_selector.is_none() {
+                for (i, name) in defaults.iter().enumerate() {
+                    if !spec.servers.contains(name) {
+                        p.push(
+                            format!("spec.defaultServers[{i}]"),
+                            format!("'{name}' is not in spec.servers"),
+                            "add it to spec.servers, or remove it from spec.defaultServers (defaults can only narrow)",
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(allow) = &spec.tool_allowlist {
+            check_patterns(&mut p, "spec.toolAllowlist", allow, bounds::PROFILE_PATTERNS);
+        }
+        check_patterns(&mut p, "spec.toolDenylist", &spec.tool_denylist, bounds::PROFILE_PATTERNS);
+
+        if let Some(b) = &spec.budgets {
+            let (lo, hi) = bounds::MAX_ITERATIONS;
+            p.range("spec.budgets.maxIterations", b.max_iterations, lo, hi);
+            let (lo, hi) = bounds::MAX_TOTAL_TOOL_CALLS;
+            p.range("spec.budgets.maxTotalToolCalls", b.max_total_tool_calls, lo, hi);
+            let (lo, hi) = bounds::MAX_TOOL_OUTPUT_BYTES;
+            p.range("spec.budgets.maxToolOutputBytes", b.max_tool_output_bytes, lo, hi);
+            let (lo, hi) = bounds::TOOL_TIMEOUT_MS;
+            p.range("spec.budgets.toolTimeoutMs", b.tool_timeout_ms, lo, hi);
+        }
+        if let Some(chat) = &spec.chat {
+            check_http_url(&mut p, "spec.chat.upstream.url", &chat.upstream.url);
+            if let Some(secret) = &chat.upstream.api_key_secret_ref {
+                if !is_dns1123_subdomain(&secret.name) {
+                    p.push("spec.chat.upstream.apiKeySecretRef.name", format!("'{}' is not a valid Secret name", secret.name), "use a DNS-1123 subdomain");
+                }
+                let key_ok = !secret.key.is_empty()
+                    && secret.key.len() <= 253
+                    && secret.key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+                if !key_ok {
+                    p.push("spec.chat.upstream.apiKeySecretRef.key", format!("'{}' is not a valid Secret key", secret.key), "use letters, digits, '-', '_' and '.'");
+                }
+            }
+            if chat.upstream.model.as_deref() == Some("") {
+                p.push("spec.chat.upstream.model", "model is empty", "name a model, or remove the field");
+            }
+        }
+        p.0
+    }
+}
+
+fn check_server_names(p: &mut Problems, field: &str, names: &[String]) {
+    p.max_items(field, names, bounds::SERVERS);
+    let mut seen = BTreeSet::new();
+    for (i, name) in names.iter().enumerate() {
+        if !is_dns1123_label(name) {
+            p.push(format!("{field}[{i}]"), format!("'{name}' is not a valid McpServer name"), "use the McpServer's metadata.name, a DNS-1123 label");
+        } else if !seen.insert(name) {
+            p.push(format!("{field}[{i}]"), format!("'{name}' is listed twice"), "list each server once");
+        }
+    }
+}
+
+fn validate_selector(p: &mut Problems, field: &str, selector: &LabelSelector) {
+    for (i, req) in selector.match_expressions.iter().flatten().enumerate() {
+        let f = format!("{field}.matchExpressions[{i}]");
+        let values = req.values.as_deref().unwrap_or_default();
+        match req.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                p.push(format!("{f}.values"), format!("operator {} needs at least one value", req.operator), "add values")
+            }
+            "Exists" | "DoesNotExist" if !values.is_empty() => {
+                p.push(format!("{f}.values"), format!("operator {} takes no values", req.operator), "remove values")
+            }
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => p.push(format!("{f}.operator"), format!("unknown operator '{other}'"), "use In, NotIn, Exists or DoesNotExist"),
+        }
+        if req.key.is_empty() {
+            p.push(format!("{f}.key"), "key is empty", "set the label key");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{HttpHeader, McpProfileSpec, McpServerSpec, ServerBudgets};
+
+    fn stdio_server(name: &str) -> McpServer {
+        McpServer::new(
+            name,
+            McpServerSpec {
+                transport: Transport::Stdio,
+                stdio: Some(StdioSpec { command: "npx".into(), ..Default::default() }),
+                allowed_tools: vec!["read_*".into()],
+                ..Default::default()
+            },
+        )
+    }
+
+    fn fields(errors: &[ValidationError]) -> Vec<&str> {
+        errors.iter().map(|e| e.field.as_str()).collect()
+    }
+
+    #[test]
+    fn a_minimal_stdio_server_is_valid() {
+        assert_eq!(stdio_server("fs").validate(), vec![]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let mut s = stdio_server("Bad_Name");
+        s.spec.allowed_tools.push("read_[ab]".into());
+        s.spec.budgets = Some(ServerBudgets { max_concurrency: Some(0), ..Default::default() });
+        let errors = s.validate();
+        assert_eq!(fields(&errors), ["metadata.name", "spec.allowedTools[1]", "spec.budgets.maxConcurrency"]);
+        assert!(errors.iter().all(|e| !e.fix.is_empty()));
+    }
+
+    #[test]
+    fn http_transport_needs_a_clean_http_url() {
+        let mut s = stdio_server("web");
+        s.spec.transport = Transport::StreamableHttp;
+        s.spec.stdio = None;
+        assert_eq!(fields(&s.validate()), ["spec.http"]);
+        s.spec.http = Some(HttpSpec { url: "https://user:pw@example.com/mcp".into(), headers: vec![] });
+        let errors = s.validate();
+        assert_eq!(fields(&errors), ["spec.http.url"]);
+        assert!(errors[0].message.contains("credentials"), "{errors:?}");
+        assert!(!errors[0].message.contains("pw"), "a credential leaked into the message: {errors:?}");
+    }
+
+    #[test]
+    fn header_names_are_unique_case_insensitively_and_not_reserved() {
+        let mut s = stdio_server("web");
+        s.spec.transport = Transport::StreamableHttp;
+        s.spec.stdio = None;
+        let h = |name: &str| HttpHeader { name: name.into(), value: Some("x".into()), value_from: None };
+        s.spec.http = Some(HttpSpec {
+            url: "http://127.0.0.1:9000/mcp".into(),
+            headers: vec![h("X-Key"), h("x-key"), h("Mcp-Session-Id")],
+        });
+        assert_eq!(fields(&s.validate()), ["spec.http.headers[1].name", "spec.http.headers[2].name"]);
+    }
+
+    #[test]
+    fn a_shell_line_in_command_is_refused() {
+        let mut s = stdio_server("fs");
+        s.spec.stdio = Some(StdioSpec { command: "npx -y @modelcontextprotocol/server-filesystem".into(), ..Default::default() });
+        assert_eq!(fields(&s.validate()), ["spec.stdio.command"]);
+    }
+
+    #[test]
+    fn default_servers_must_be_within_servers_unless_a_selector_widens_them() {
+        let mut profile = McpProfile::new(
+            "dev",
+            McpProfileSpec {
+                servers: vec!["fs".into()],
+                default_servers: Some(vec!["fs".into(), "web".into()]),
+                ..Default::default()
+            },
+        );
+        assert_eq!(fields(&profile.validate()), ["spec.defaultServers[1]"]);
+        profile.spec.server_selector = Some(LabelSelector::default());
+        assert_eq!(profile.validate(), vec![]);
+    }
+
+    #[test]
+    fn a_profile_without_servers_is_refused() {
+        let profile = McpProfile::new("empty", McpProfileSpec::default());
+        assert_eq!(fields(&profile.validate()), ["spec.servers"]);
+    }
+
+    #[test]
+    fn tool_patterns_allow_only_star_and_question_mark() {
+        assert!(check_tool_pattern("read_*").is_ok());
+        assert!(check_tool_pattern("get_?").is_ok());
+        assert!(check_tool_pattern("a{b,c}").is_err());
+        assert!(check_tool_pattern("").is_err());
+        assert!(check_tool_pattern("a b").is_err());
+    }
+
+    #[test]
+    fn dns_names() {
+        assert!(is_dns1123_label("fs-1"));
+        assert!(!is_dns1123_label("-fs"));
+        assert!(!is_dns1123_label("Fs"));
+        assert!(!is_dns1123_label(&"a".repeat(64)));
+        assert!(is_dns1123_subdomain("a.b-c"));
+    }
+}

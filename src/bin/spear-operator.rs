@@ -1,0 +1,1 @@
+fn main() { print!("{}", spear::api::crd::render_all().unwrap()); }

@@ -1,0 +1,1 @@
+//! Conversion from the file-based registry format.

@@ -1,0 +1,1 @@
+//! Registry: what exists now, as immutable snapshots published by a source.
