@@ -95,6 +95,16 @@ impl Parsed {
     }
 }
 
+/// Whether a file name is one a registry directory reads: `*.yaml`, `*.yml` or `*.json`, not
+/// hidden, not an editor backup or temp file (`~`, `.bak`, `.orig`, `.swp`, `.tmp`, `#...#`).
+/// Temp files matter: editors write them next to the real file, and reading a half-written
+/// copy would flap the registry.
+pub fn is_manifest_file_name(name: &str) -> bool {
+    let hidden_or_temp = name.starts_with('.') || name.starts_with('#') || name.ends_with('~') || name.ends_with('#');
+    let ext = name.rsplit_once('.').map(|(_, ext)| ext);
+    !hidden_or_temp && matches!(ext, Some("yaml" | "yml" | "json"))
+}
+
 /// Reads every document of `text`; nothing that fails is returned as an object.
 pub fn parse(text: &str) -> Parsed {
     let mut builder = Builder::default();
@@ -176,7 +186,8 @@ fn deserialize<T: DeserializeOwned>(doc: &RawDocument) -> Result<T, Vec<Problem>
         serde_path_to_error::deserialize(serde_ignored::Deserializer::new(doc.value.clone(), &mut record));
     // `status` is written by the operator; a manifest may carry it (for example `kubectl get -o
     // yaml` output) and it is ignored, not an error. Metadata fields are Kubernetes' own.
-    unknown.retain(|p| !p.starts_with("status") && !p.starts_with("metadata"));
+    // `apiVersion` and `kind` were checked before and are not fields of the Rust type.
+    unknown.retain(|p| !matches!(p.split(['.', '[']).next(), Some("status" | "metadata" | "apiVersion" | "kind")));
     let mut problems: Vec<Problem> = unknown
         .into_iter()
         .map(|field| Problem {
@@ -190,11 +201,16 @@ fn deserialize<T: DeserializeOwned>(doc: &RawDocument) -> Result<T, Vec<Problem>
         Ok(value) if problems.is_empty() => Ok(value),
         Ok(_) => Err(problems),
         Err(e) => {
-            let field = e.path().to_string();
+            let mut field = e.path().to_string();
+            let message = e.inner().to_string();
+            // serde reports a missing field at its parent; name the field itself.
+            if let Some(name) = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
+                field = if field == "." { name.to_string() } else { format!("{field}.{name}") };
+            }
             let field = if field == "." { "document".to_string() } else { field };
             problems.push(Problem {
                 line: doc.line_of(&field),
-                message: e.inner().to_string(),
+                message,
                 fix: "give the field the type and value the resource reference describes".into(),
                 field,
             });
@@ -440,6 +456,16 @@ spec:
         assert_eq!(parsed.problems, vec![]);
         let Object::Server(s) = &parsed.documents[0].object else { panic!("a server") };
         assert_eq!(s.spec.display_name.as_deref(), Some("yes"));
+    }
+
+    #[test]
+    fn only_manifest_file_names_are_read() {
+        for name in ["a.yaml", "b.yml", "c.json", "with.dots.yaml"] {
+            assert!(is_manifest_file_name(name), "{name}");
+        }
+        for name in [".hidden.yaml", "a.yaml~", "a.yaml.bak", "a.yaml.swp", ".a.yaml.swp", "a.yaml.tmp", "#a.yaml#", "a.orig", "a.txt", "yaml"] {
+            assert!(!is_manifest_file_name(name), "{name}");
+        }
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub const DEFAULT_MAX_TOTAL_TOOL_CALLS: u32 = 32;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(
+    validation = Rule::new("(has(self.servers) && size(self.servers) > 0) || has(self.serverSelector)")
+        .message("the profile allows no server: list McpServer names in spec.servers or set spec.serverSelector")
+        .field_path(".servers")
+        .reason(Reason::FieldValueRequired),
     validation = Rule::new("!has(self.defaultServers) || has(self.serverSelector) || self.defaultServers.all(s, s in self.servers)")
         .message("every name in spec.defaultServers must also be in spec.servers (defaults can only narrow the allowed set)")
         .field_path(".defaultServers")

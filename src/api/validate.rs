@@ -263,8 +263,9 @@ fn validate_stdio(p: &mut Problems, stdio: &StdioSpec) {
         p.push("spec.stdio.command", "command is empty", "set the executable to run, for example npx");
     } else if stdio.command.contains('\0') {
         p.push("spec.stdio.command", "command contains a NUL byte", "remove it");
-    } else if stdio.command.contains(' ') && !stdio.command.contains('/') {
-        // `command: "npx -y pkg"` is the classic mistake: it is an argv, never a shell line.
+    } else if stdio.command.contains(char::is_whitespace) && (!stdio.command.starts_with('/') || stdio.command.contains(" -")) {
+        // `command: "npx -y pkg"` is the classic mistake: it is an argv, never a shell line. An
+        // absolute path may contain spaces; a space before an option never belongs to a path.
         p.push(
             "spec.stdio.command",
             format!("'{}' looks like a whole command line; it is run without a shell", stdio.command),

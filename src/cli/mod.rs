@@ -1,1 +1,17 @@
-//! Command-line interfaces of the two binaries.
+//! Command-line interfaces of the two binaries. Thin: parse flags, read files, call the library.
+
+pub mod operator;
+pub mod spearlet;
+
+use std::process::ExitCode;
+
+/// Exit code of a run that found invalid input (`spearlet validate`, `convert`).
+pub const EXIT_INVALID: u8 = 1;
+/// Exit code of a usage error (bad flags, missing paths), as clap uses.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Prints a usage error to stderr and returns [`EXIT_USAGE`].
+fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_USAGE)
+}

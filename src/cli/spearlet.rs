@@ -1,0 +1,177 @@
+//! `spearlet` subcommands available so far: offline validation and migration.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use super::{EXIT_INVALID, usage_error};
+use crate::api::manifest;
+use crate::convert;
+use crate::telemetry::LogArgs;
+
+/// The per-pod MCP agent of spear-mcp.
+#[derive(Parser, Debug)]
+#[command(name = "spearlet", version, about)]
+pub struct Args {
+    #[command(flatten)]
+    log: LogArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate McpServer/McpProfile manifests offline (for CI and GitOps pipelines).
+    ///
+    /// Prints one line per problem as `file:line: field: message (fix)`. Exit status: 0 when
+    /// everything is valid, 1 when a manifest is invalid, 2 on a usage error.
+    Validate {
+        /// Files, directories (their *.yaml, *.yml and *.json files, not recursive) or `-` for stdin.
+        #[arg(required = true, value_name = "FILE|DIR|-")]
+        paths: Vec<PathBuf>,
+    },
+    /// Convert file-based registry configs (TOML or JSON, one server per file) into McpServer YAML.
+    ///
+    /// Prints a YAML stream, or writes `<name>.yaml` files into --output-dir. Exit status: 0 when
+    /// every file converted, 1 when one did not (each error names the file and key), 2 on a usage
+    /// error.
+    Convert {
+        /// Legacy config files (*.toml or *.json).
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// Write one file per server here instead of printing to stdout.
+        #[arg(long, env = "SPEAR_CONVERT_OUTPUT_DIR")]
+        output_dir: Option<PathBuf>,
+        /// Namespace to set on the generated objects (omitted by default).
+        #[arg(long, env = "SPEAR_CONVERT_NAMESPACE")]
+        namespace: Option<String>,
+    },
+}
+
+impl Args {
+    /// Runs the selected subcommand.
+    pub fn run(self) -> ExitCode {
+        let Self { log, command } = self;
+        if let Err(e) = log.init() {
+            return usage_error(e);
+        }
+        match command {
+            Command::Validate { paths } => validate(&paths),
+            Command::Convert { files, output_dir, namespace } => convert_files(&files, output_dir.as_deref(), namespace),
+        }
+    }
+}
+
+/// Expands the arguments into (display name, source) pairs; a missing path is a usage error.
+fn collect_inputs(paths: &[PathBuf]) -> Result<Vec<(String, Option<PathBuf>)>, String> {
+    let mut inputs = Vec::new();
+    for path in paths {
+        if path.as_os_str() == "-" {
+            inputs.push(("<stdin>".to_string(), None));
+            continue;
+        }
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !meta.is_dir() {
+            inputs.push((path.display().to_string(), Some(path.clone())));
+            continue;
+        }
+        let entries = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter(|e| manifest::is_manifest_file_name(&e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .collect();
+        if files.is_empty() {
+            return Err(format!("{}: no *.yaml, *.yml or *.json files in this directory", path.display()));
+        }
+        files.sort();
+        inputs.extend(files.into_iter().map(|f| (f.display().to_string(), Some(f))));
+    }
+    Ok(inputs)
+}
+
+fn read_input(source: Option<&Path>) -> std::io::Result<String> {
+    match source {
+        Some(path) => std::fs::read_to_string(path),
+        None => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text)?;
+            Ok(text)
+        }
+    }
+}
+
+fn validate(paths: &[PathBuf]) -> ExitCode {
+    let inputs = match collect_inputs(paths) {
+        Ok(inputs) => inputs,
+        Err(e) => return usage_error(e),
+    };
+    let (mut objects, mut problems) = (0, 0);
+    for (name, source) in &inputs {
+        let text = match read_input(source.as_deref()) {
+            Ok(text) => text,
+            Err(e) => return usage_error(format!("{name}: {e}")),
+        };
+        let parsed = manifest::parse(&text);
+        objects += parsed.documents.len();
+        problems += parsed.problems.len();
+        for problem in &parsed.problems {
+            println!("{name}:{problem}");
+        }
+    }
+    if problems > 0 {
+        eprintln!("{problems} problem(s) in {} file(s)", inputs.len());
+        ExitCode::from(EXIT_INVALID)
+    } else {
+        eprintln!("ok: {objects} object(s) in {} file(s)", inputs.len());
+        ExitCode::SUCCESS
+    }
+}
+
+fn convert_files(files: &[PathBuf], output_dir: Option<&Path>, namespace: Option<String>) -> ExitCode {
+    let mut failed = false;
+    for file in files {
+        let Some(format) = convert::Format::from_path(file) else {
+            return usage_error(format!("{}: expected a .toml or .json file", file.display()));
+        };
+        let text = match std::fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(e) => return usage_error(format!("{}: {e}", file.display())),
+        };
+        let mut server = match convert::convert(&text, format) {
+            Ok(server) => server,
+            Err(e) => {
+                eprintln!("{}: {e}", file.display());
+                failed = true;
+                continue;
+            }
+        };
+        server.metadata.namespace.clone_from(&namespace);
+        let yaml = match convert::to_yaml(&server, &file.display().to_string()) {
+            Ok(yaml) => yaml,
+            Err(e) => {
+                eprintln!("{}: rendering YAML: {e}", file.display());
+                failed = true;
+                continue;
+            }
+        };
+        match output_dir {
+            None => print!("---\n{yaml}"),
+            Some(dir) => {
+                let name = server.metadata.name.as_deref().unwrap_or("server");
+                let out = dir.join(format!("{name}.yaml"));
+                if let Err(e) = std::fs::write(&out, yaml) {
+                    eprintln!("{}: {e}", out.display());
+                    failed = true;
+                } else {
+                    eprintln!("{} -> {}", file.display(), out.display());
+                }
+            }
+        }
+    }
+    if failed { ExitCode::from(EXIT_INVALID) } else { ExitCode::SUCCESS }
+}
