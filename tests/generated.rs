@@ -1,0 +1,84 @@
+//! Generated files stay in sync with the Rust types (STYLE.md rule 8): `crds/` is rendered from
+//! `McpServer`/`McpProfile`. Run `SPEAR_BLESS=1 cargo test --test generated` to rewrite them.
+
+use std::path::PathBuf;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn bless() -> bool {
+    std::env::var_os("SPEAR_BLESS").is_some_and(|v| v == "1")
+}
+
+#[test]
+fn crds_directory_matches_the_rust_types() {
+    let dir = repo().join("crds");
+    let rendered = spear::api::crd::render().expect("CRDs must render to YAML");
+    let mut stale = Vec::new();
+    for (file, yaml) in &rendered {
+        let path = dir.join(file);
+        if bless() {
+            std::fs::create_dir_all(&dir).expect("crds/ must be creatable");
+            std::fs::write(&path, yaml).expect("crds/ must be writable");
+            continue;
+        }
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(yaml.as_str()) {
+            stale.push(file.clone());
+        }
+    }
+    // A CRD file whose type no longer exists is stale too.
+    let expected: Vec<&str> = rendered.iter().map(|(f, _)| f.as_str()).collect();
+    for entry in std::fs::read_dir(&dir).expect("crds/ must exist").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") && !expected.contains(&name.as_str()) {
+            stale.push(format!("{name} (no such type)"));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "crds/ is stale: {stale:?}; run `SPEAR_BLESS=1 cargo test --test generated` (or `spear-operator crds --output-dir crds`) and commit the result"
+    );
+}
+
+#[test]
+fn crds_are_structural() {
+    // Structural: every property typed, no preserve-unknown-fields below spec/status; the API
+    // server would refuse the CRD (or prune silently) otherwise.
+    fn walk(path: &str, schema: &serde_json::Value, problems: &mut Vec<String>) {
+        let Some(obj) = schema.as_object() else { return };
+        let int_or_string = obj.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true));
+        if !obj.contains_key("type") && !int_or_string {
+            problems.push(format!("{path}: no type"));
+        }
+        if obj.contains_key("x-kubernetes-preserve-unknown-fields") {
+            problems.push(format!("{path}: preserves unknown fields"));
+        }
+        for key in ["anyOf", "oneOf", "allOf"] {
+            if obj.contains_key(key) && !int_or_string {
+                problems.push(format!("{path}: uses {key}"));
+            }
+        }
+        if let Some(props) = obj.get("properties").and_then(|p| p.as_object()) {
+            for (name, sub) in props {
+                walk(&format!("{path}.{name}"), sub, problems);
+            }
+        }
+        if let Some(items) = obj.get("items") {
+            walk(&format!("{path}[]"), items, problems);
+        }
+        if let Some(extra) = obj.get("additionalProperties").filter(|v| v.is_object()) {
+            walk(&format!("{path}{{}}"), extra, problems);
+        }
+    }
+    for crd in spear::api::crd::definitions() {
+        let mut problems = Vec::new();
+        for version in &crd.spec.versions {
+            let schema = version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()).expect("CRD has a schema");
+            let json = serde_json::to_value(schema).expect("schema serializes");
+            walk(&crd.spec.names.kind, &json, &mut problems);
+            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
+        }
+        assert!(problems.is_empty(), "{} is not structural: {problems:#?}", crd.spec.names.kind);
+    }
+}
