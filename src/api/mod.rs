@@ -19,3 +19,6 @@ pub mod validate;
 pub use mcp_profile::*;
 pub use mcp_server::*;
 pub use validate::{Validate, ValidationError};
+
+#[cfg(test)]
+mod tests;
