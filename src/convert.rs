@@ -147,7 +147,9 @@ fn to_mcp_server(legacy: LegacyServer) -> Result<McpServer, ConvertError> {
         other => {
             return Err(ConvertError::Unsupported {
                 key: "transport",
-                message: format!("'{other}' is not supported; use stdio or streamable_http (SSE-only servers are not supported)"),
+                message: format!(
+                    "'{other}' is not supported; use stdio or streamable_http (SSE-only servers are not supported)"
+                ),
             });
         }
     };
@@ -165,7 +167,7 @@ fn to_mcp_server(legacy: LegacyServer) -> Result<McpServer, ConvertError> {
         (name, Some(legacy.server_id.clone()))
     };
 
-    let stdio = legacy.stdio.map(|s| stdio_spec(s)).transpose()?;
+    let stdio = legacy.stdio.map(stdio_spec).transpose()?;
     let http = legacy.http.map(|h| HttpSpec {
         url: h.url,
         headers: h
@@ -208,14 +210,7 @@ fn stdio_spec(s: LegacyStdio) -> Result<StdioSpec, ConvertError> {
         // `env_from = ["X"]` passes the agent's X through: `${ENV:X}`.
         env.push(EnvVar { value: Some(format!("${{ENV:{name}}}")), name, value_from: None });
     }
-    Ok(StdioSpec {
-        image: s.image,
-        command: s.command,
-        args: s.args,
-        env,
-        working_dir: s.cwd,
-        resources: None,
-    })
+    Ok(StdioSpec { image: s.image, command: s.command, args: s.args, env, working_dir: s.cwd, resources: None })
 }
 
 /// Renders a server as a YAML document with a header naming where it came from.
@@ -281,7 +276,8 @@ max_tool_output_bytes = 65536
 
     #[test]
     fn invalid_results_are_refused_with_the_field() {
-        let err = convert(&FS.replace("max_concurrency = 8", "max_concurrency = 0"), Format::Toml).expect_err("invalid");
+        let err =
+            convert(&FS.replace("max_concurrency = 8", "max_concurrency = 0"), Format::Toml).expect_err("invalid");
         assert!(err.to_string().contains("spec.budgets.maxConcurrency"), "{err}");
     }
 }

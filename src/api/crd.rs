@@ -1,8 +1,8 @@
 //! The CRDs, rendered from the Rust types. `spear-operator crds` prints them and `crds/` holds
 //! the committed copy that `tests/generated.rs` keeps in sync.
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 use super::{McpProfile, McpServer};
 

@@ -37,7 +37,9 @@ pub enum EnvRefError {
         offset: usize,
     },
     /// `${SOMETHING}` where only `${ENV:...}` is known.
-    #[error("unknown reference '${{{found}}}' at offset {offset}; only ${{ENV:NAME}} and ${{ENV:NAME:-default}} are supported")]
+    #[error(
+        "unknown reference '${{{found}}}' at offset {offset}; only ${{ENV:NAME}} and ${{ENV:NAME:-default}} are supported"
+    )]
     UnknownKind {
         /// Where the reference starts.
         offset: usize,
@@ -73,10 +75,10 @@ pub fn parse(input: &str) -> Result<Template, EnvRefError> {
     while let Some(pos) = rest.find('$') {
         literal.push_str(&rest[..pos]);
         let after = &rest[pos..];
-        if after.starts_with("$${") {
+        if let Some(tail) = after.strip_prefix("$${") {
             literal.push_str("${");
             offset += pos + 3;
-            rest = &after[3..];
+            rest = tail;
         } else if after.starts_with("${") {
             let start = offset + pos;
             let close = after.find('}').ok_or(EnvRefError::Unterminated { offset: start })?;

@@ -16,14 +16,17 @@ use std::collections::BTreeMap;
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Number, Value};
+use yaml_rust2::Yaml;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
-use yaml_rust2::Yaml;
 
 use super::keys::{API_VERSION, KIND_PROFILE, KIND_SERVER};
 use super::{McpProfile, McpServer, Validate, ValidationError};
 
 /// A resource read from a manifest.
+// The variants differ in size, but objects are moved a few times per file read, never on a hot
+// path; boxing them would only add noise at every match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     /// An McpServer.
@@ -132,23 +135,40 @@ fn read_document(doc: RawDocument, parsed: &mut Parsed) {
         fix: fix.to_string(),
     };
     if let Some((line, message)) = doc.error {
-        parsed.problems.push(Problem { line, field: "document".into(), message, fix: "make every mapping key unique".into() });
+        parsed.problems.push(Problem {
+            line,
+            field: "document".into(),
+            message,
+            fix: "make every mapping key unique".into(),
+        });
         return;
     }
     let Value::Object(map) = &doc.value else {
         if !doc.value.is_null() {
-            parsed.problems.push(problem("document", "a manifest document must be a mapping".into(), "write an McpServer or McpProfile object"));
+            parsed.problems.push(problem(
+                "document",
+                "a manifest document must be a mapping".into(),
+                "write an McpServer or McpProfile object",
+            ));
         }
         return;
     };
     match map.get("apiVersion").and_then(Value::as_str) {
         Some(API_VERSION) => {}
         Some(other) => {
-            parsed.problems.push(problem("apiVersion", format!("'{other}' is not supported"), "use apiVersion: mcp.spear.dev/v1alpha1"));
+            parsed.problems.push(problem(
+                "apiVersion",
+                format!("'{other}' is not supported"),
+                "use apiVersion: mcp.spear.dev/v1alpha1",
+            ));
             return;
         }
         None => {
-            parsed.problems.push(problem("apiVersion", "apiVersion is missing".into(), "add apiVersion: mcp.spear.dev/v1alpha1"));
+            parsed.problems.push(problem(
+                "apiVersion",
+                "apiVersion is missing".into(),
+                "add apiVersion: mcp.spear.dev/v1alpha1",
+            ));
             return;
         }
     }
@@ -156,7 +176,11 @@ fn read_document(doc: RawDocument, parsed: &mut Parsed) {
         Some(KIND_SERVER) => deserialize::<McpServer>(&doc).map(|s| (s.validate(), Object::Server(s))),
         Some(KIND_PROFILE) => deserialize::<McpProfile>(&doc).map(|p| (p.validate(), Object::Profile(p))),
         Some(other) => {
-            parsed.problems.push(problem("kind", format!("kind '{other}' is not supported"), "use McpServer or McpProfile"));
+            parsed.problems.push(problem(
+                "kind",
+                format!("kind '{other}' is not supported"),
+                "use McpServer or McpProfile",
+            ));
             return;
         }
         None => {
@@ -412,7 +436,8 @@ spec:
 
     #[test]
     fn problems_point_at_the_line_of_their_field_in_later_documents() {
-        let text = format!("{SERVER}---\n{}", SERVER.replace("name: fs", "name: web").replace("command: npx", "command: ''"));
+        let text =
+            format!("{SERVER}---\n{}", SERVER.replace("name: fs", "name: web").replace("command: npx", "command: ''"));
         let parsed = parse(&text);
         assert_eq!(parsed.documents.len(), 1);
         assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
@@ -451,8 +476,10 @@ spec:
 
     #[test]
     fn json_parses_too_and_yes_stays_a_string() {
-        let parsed = parse(r#"{"apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "x"},
-            "spec": {"transport": "stdio", "displayName": "yes", "stdio": {"command": "node"}}}"#);
+        let parsed = parse(
+            r#"{"apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "x"},
+            "spec": {"transport": "stdio", "displayName": "yes", "stdio": {"command": "node"}}}"#,
+        );
         assert_eq!(parsed.problems, vec![]);
         let Object::Server(s) = &parsed.documents[0].object else { panic!("a server") };
         assert_eq!(s.spec.display_name.as_deref(), Some("yes"));
@@ -463,7 +490,18 @@ spec:
         for name in ["a.yaml", "b.yml", "c.json", "with.dots.yaml"] {
             assert!(is_manifest_file_name(name), "{name}");
         }
-        for name in [".hidden.yaml", "a.yaml~", "a.yaml.bak", "a.yaml.swp", ".a.yaml.swp", "a.yaml.tmp", "#a.yaml#", "a.orig", "a.txt", "yaml"] {
+        for name in [
+            ".hidden.yaml",
+            "a.yaml~",
+            "a.yaml.bak",
+            "a.yaml.swp",
+            ".a.yaml.swp",
+            "a.yaml.tmp",
+            "#a.yaml#",
+            "a.orig",
+            "a.txt",
+            "yaml",
+        ] {
             assert!(!is_manifest_file_name(name), "{name}");
         }
     }

@@ -124,8 +124,7 @@ impl ProfileBudgets {
     }
     /// Total tool calls in force, with the default applied.
     pub fn max_total_tool_calls(&self) -> u32 {
-        self.max_total_tool_calls
-            .unwrap_or(DEFAULT_MAX_TOTAL_TOOL_CALLS)
+        self.max_total_tool_calls.unwrap_or(DEFAULT_MAX_TOTAL_TOOL_CALLS)
     }
 }
 

@@ -277,8 +277,7 @@ impl ServerBudgets {
     }
     /// The output cap in force, with the default applied.
     pub fn max_tool_output_bytes(&self) -> u32 {
-        self.max_tool_output_bytes
-            .unwrap_or(DEFAULT_MAX_TOOL_OUTPUT_BYTES)
+        self.max_tool_output_bytes.unwrap_or(DEFAULT_MAX_TOOL_OUTPUT_BYTES)
     }
 }
 

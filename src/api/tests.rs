@@ -43,7 +43,11 @@ fn full_server() -> McpServer {
                         name: "TOKEN".into(),
                         value: None,
                         value_from: Some(EnvVarSource {
-                            secret_key_ref: Some(SecretKeySelector { name: "fs".into(), key: "token".into(), optional: None }),
+                            secret_key_ref: Some(SecretKeySelector {
+                                name: "fs".into(),
+                                key: "token".into(),
+                                optional: None,
+                            }),
                             ..Default::default()
                         }),
                     },
@@ -51,7 +55,11 @@ fn full_server() -> McpServer {
                         name: "MODE".into(),
                         value: None,
                         value_from: Some(EnvVarSource {
-                            config_map_key_ref: Some(ConfigMapKeySelector { name: "fs".into(), key: "mode".into(), optional: Some(true) }),
+                            config_map_key_ref: Some(ConfigMapKeySelector {
+                                name: "fs".into(),
+                                key: "mode".into(),
+                                optional: Some(true),
+                            }),
                             ..Default::default()
                         }),
                     },
@@ -107,7 +115,11 @@ fn full_http_server() -> McpServer {
                         name: "Authorization".into(),
                         value: None,
                         value_from: Some(HeaderValueSource {
-                            secret_key_ref: SecretKeySelector { name: "web".into(), key: "auth".into(), optional: None },
+                            secret_key_ref: SecretKeySelector {
+                                name: "web".into(),
+                                key: "auth".into(),
+                                optional: None,
+                            },
                         }),
                     },
                 ],

@@ -153,12 +153,14 @@ fn check_template(p: &mut Problems, field: &str, value: &str) {
 
 fn check_http_url(p: &mut Problems, field: &str, raw: &str) {
     match url::Url::parse(raw) {
-        Err(e) => p.push(field, format!("'{raw}' is not a valid URL: {e}"), "use an absolute URL such as https://mcp.example.com/mcp"),
-        Ok(u) if !matches!(u.scheme(), "http" | "https") => p.push(
+        Err(e) => p.push(
             field,
-            format!("scheme '{}' is not supported", u.scheme()),
-            "use an http:// or https:// URL",
+            format!("'{raw}' is not a valid URL: {e}"),
+            "use an absolute URL such as https://mcp.example.com/mcp",
         ),
+        Ok(u) if !matches!(u.scheme(), "http" | "https") => {
+            p.push(field, format!("scheme '{}' is not supported", u.scheme()), "use an http:// or https:// URL")
+        }
         Ok(u) if u.host_str().is_none_or(str::is_empty) => {
             p.push(field, "URL has no host", "use an absolute URL such as https://mcp.example.com/mcp")
         }
@@ -263,7 +265,9 @@ fn validate_stdio(p: &mut Problems, stdio: &StdioSpec) {
         p.push("spec.stdio.command", "command is empty", "set the executable to run, for example npx");
     } else if stdio.command.contains('\0') {
         p.push("spec.stdio.command", "command contains a NUL byte", "remove it");
-    } else if stdio.command.contains(char::is_whitespace) && (!stdio.command.starts_with('/') || stdio.command.contains(" -")) {
+    } else if stdio.command.contains(char::is_whitespace)
+        && (!stdio.command.starts_with('/') || stdio.command.contains(" -"))
+    {
         // `command: "npx -y pkg"` is the classic mistake: it is an argv, never a shell line. An
         // absolute path may contain spaces; a space before an option never belongs to a path.
         p.push(
@@ -290,7 +294,11 @@ fn validate_env(p: &mut Problems, env: &[EnvVar]) {
     for (i, var) in env.iter().enumerate() {
         let field = format!("spec.stdio.env[{i}]");
         if var.name.is_empty() || var.name.contains('=') || var.name.chars().any(char::is_control) {
-            p.push(format!("{field}.name"), format!("'{}' is not a valid variable name", var.name), "use a name such as API_TOKEN, without '='");
+            p.push(
+                format!("{field}.name"),
+                format!("'{}' is not a valid variable name", var.name),
+                "use a name such as API_TOKEN, without '='",
+            );
         } else if !seen.insert(var.name.as_str()) {
             p.push(format!("{field}.name"), format!("'{}' is set twice", var.name), "keep one entry per variable name");
         }
@@ -302,7 +310,8 @@ fn validate_env(p: &mut Problems, env: &[EnvVar]) {
         }
         if let Some(source) = &var.value_from {
             let supported = source.secret_key_ref.is_some() || source.config_map_key_ref.is_some();
-            let others = source.field_ref.is_some() || source.resource_field_ref.is_some() || source.file_key_ref.is_some();
+            let others =
+                source.field_ref.is_some() || source.resource_field_ref.is_some() || source.file_key_ref.is_some();
             if !supported || others {
                 p.push(
                     format!("{field}.valueFrom"),
@@ -324,7 +333,11 @@ fn validate_http(p: &mut Problems, http: &HttpSpec) {
         let is_token = !header.name.is_empty()
             && header.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
         if !is_token {
-            p.push(format!("{field}.name"), format!("'{}' is not a valid header name", header.name), "use an HTTP token such as Authorization or X-Api-Key");
+            p.push(
+                format!("{field}.name"),
+                format!("'{}' is not a valid header name", header.name),
+                "use an HTTP token such as Authorization or X-Api-Key",
+            );
         } else if RESERVED_HEADERS.contains(&lower.as_str()) {
             p.push(
                 format!("{field}.name"),
@@ -332,11 +345,17 @@ fn validate_http(p: &mut Problems, http: &HttpSpec) {
                 "remove this header",
             );
         } else if !seen.insert(lower) {
-            p.push(format!("{field}.name"), format!("'{}' is set twice (header names are case-insensitive)", header.name), "keep one entry per header");
+            p.push(
+                format!("{field}.name"),
+                format!("'{}' is set twice (header names are case-insensitive)", header.name),
+                "keep one entry per header",
+            );
         }
         match (&header.value, &header.value_from) {
             (Some(_), Some(_)) => p.push(field.clone(), "both value and valueFrom are set", "keep one of them"),
-            (None, None) => p.push(format!("{field}.value"), "header has no value", "set value, or valueFrom.secretKeyRef"),
+            (None, None) => {
+                p.push(format!("{field}.value"), "header has no value", "set value, or valueFrom.secretKeyRef")
+            }
             (Some(value), None) => check_template(p, &format!("{field}.value"), value),
             (None, Some(_)) => {}
         }
@@ -403,13 +422,21 @@ impl Validate for McpProfile {
             check_http_url(&mut p, "spec.chat.upstream.url", &chat.upstream.url);
             if let Some(secret) = &chat.upstream.api_key_secret_ref {
                 if !is_dns1123_subdomain(&secret.name) {
-                    p.push("spec.chat.upstream.apiKeySecretRef.name", format!("'{}' is not a valid Secret name", secret.name), "use a DNS-1123 subdomain");
+                    p.push(
+                        "spec.chat.upstream.apiKeySecretRef.name",
+                        format!("'{}' is not a valid Secret name", secret.name),
+                        "use a DNS-1123 subdomain",
+                    );
                 }
                 let key_ok = !secret.key.is_empty()
                     && secret.key.len() <= 253
                     && secret.key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
                 if !key_ok {
-                    p.push("spec.chat.upstream.apiKeySecretRef.key", format!("'{}' is not a valid Secret key", secret.key), "use letters, digits, '-', '_' and '.'");
+                    p.push(
+                        "spec.chat.upstream.apiKeySecretRef.key",
+                        format!("'{}' is not a valid Secret key", secret.key),
+                        "use letters, digits, '-', '_' and '.'",
+                    );
                 }
             }
             if chat.upstream.model.as_deref() == Some("") {
@@ -425,7 +452,11 @@ fn check_server_names(p: &mut Problems, field: &str, names: &[String]) {
     let mut seen = BTreeSet::new();
     for (i, name) in names.iter().enumerate() {
         if !is_dns1123_label(name) {
-            p.push(format!("{field}[{i}]"), format!("'{name}' is not a valid McpServer name"), "use the McpServer's metadata.name, a DNS-1123 label");
+            p.push(
+                format!("{field}[{i}]"),
+                format!("'{name}' is not a valid McpServer name"),
+                "use the McpServer's metadata.name, a DNS-1123 label",
+            );
         } else if !seen.insert(name) {
             p.push(format!("{field}[{i}]"), format!("'{name}' is listed twice"), "list each server once");
         }
@@ -437,14 +468,20 @@ fn validate_selector(p: &mut Problems, field: &str, selector: &LabelSelector) {
         let f = format!("{field}.matchExpressions[{i}]");
         let values = req.values.as_deref().unwrap_or_default();
         match req.operator.as_str() {
-            "In" | "NotIn" if values.is_empty() => {
-                p.push(format!("{f}.values"), format!("operator {} needs at least one value", req.operator), "add values")
-            }
+            "In" | "NotIn" if values.is_empty() => p.push(
+                format!("{f}.values"),
+                format!("operator {} needs at least one value", req.operator),
+                "add values",
+            ),
             "Exists" | "DoesNotExist" if !values.is_empty() => {
                 p.push(format!("{f}.values"), format!("operator {} takes no values", req.operator), "remove values")
             }
             "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
-            other => p.push(format!("{f}.operator"), format!("unknown operator '{other}'"), "use In, NotIn, Exists or DoesNotExist"),
+            other => p.push(
+                format!("{f}.operator"),
+                format!("unknown operator '{other}'"),
+                "use In, NotIn, Exists or DoesNotExist",
+            ),
         }
         if req.key.is_empty() {
             p.push(format!("{f}.key"), "key is empty", "set the label key");
@@ -517,7 +554,8 @@ mod tests {
     #[test]
     fn a_shell_line_in_command_is_refused() {
         let mut s = stdio_server("fs");
-        s.spec.stdio = Some(StdioSpec { command: "npx -y @modelcontextprotocol/server-filesystem".into(), ..Default::default() });
+        s.spec.stdio =
+            Some(StdioSpec { command: "npx -y @modelcontextprotocol/server-filesystem".into(), ..Default::default() });
         assert_eq!(fields(&s.validate()), ["spec.stdio.command"]);
     }
 

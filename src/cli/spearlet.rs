@@ -60,7 +60,9 @@ impl Args {
         }
         match command {
             Command::Validate { paths } => validate(&paths),
-            Command::Convert { files, output_dir, namespace } => convert_files(&files, output_dir.as_deref(), namespace),
+            Command::Convert { files, output_dir, namespace } => {
+                convert_files(&files, output_dir.as_deref(), namespace)
+            }
         }
     }
 }

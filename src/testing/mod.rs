@@ -1,1 +1,6 @@
-//! Test helpers (feature `testing`).
+//! Test helpers (feature `testing`), shared by the integration tests so each test proves its point
+//! against real components instead of doubles (DESIGN.md "Testing").
+//!
+//! - [`control_plane`]: a real kube-apiserver + etcd per test binary, one namespace per test.
+
+pub mod control_plane;

@@ -59,7 +59,8 @@ fn validate_prints_one_located_line_per_problem_and_exits_1() {
 
 #[test]
 fn validate_reads_stdin_for_dash() {
-    let text = std::fs::read_to_string(repo().join("tests/fixtures/invalid/03-transport-unknown.yaml")).expect("fixture");
+    let text =
+        std::fs::read_to_string(repo().join("tests/fixtures/invalid/03-transport-unknown.yaml")).expect("fixture");
     let out = spearlet(&["validate", "-"], Some(&text));
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).starts_with("<stdin>:9: spec.transport: unknown variant `grpc`"), "{}", stdout(&out));

@@ -9,6 +9,7 @@ use spear::api::manifest;
 
 /// A fixture file and the header lines that say what it must fail on.
 pub struct Fixture {
+    /// Where the fixture is.
     pub path: PathBuf,
     pub text: String,
     pub field: String,
@@ -47,8 +48,11 @@ pub fn invalid_fixtures() -> Vec<Fixture> {
 }
 
 #[test]
-fn there_are_at_least_25_invalid_fixtures() {
-    assert!(invalid_fixtures().len() >= 25);
+fn there_are_at_least_25_invalid_fixtures_of_both_layers() {
+    let all = invalid_fixtures();
+    assert!(all.len() >= 25, "only {} fixtures", all.len());
+    // Both kinds must exist: rules the API server enforces, and rules only validate() can check.
+    assert!(all.iter().any(|f| f.api_rejects) && all.iter().any(|f| !f.api_rejects));
 }
 
 #[test]
