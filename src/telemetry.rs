@@ -34,7 +34,9 @@ impl LogArgs {
     pub fn init(&self) -> anyhow::Result<()> {
         let filter = EnvFilter::try_new(&self.log_level)
             .map_err(|e| anyhow::anyhow!("--log-level '{}' is not a valid filter: {e}", self.log_level))?;
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        // Colors only for a terminal: escape codes in a log file or a collector are noise.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
         let result = match self.log_format {
             LogFormat::Plain => builder.try_init(),
             LogFormat::Json => builder.json().try_init(),

@@ -99,13 +99,16 @@ impl Parsed {
 }
 
 /// Whether a file name is one a registry directory reads: `*.yaml`, `*.yml` or `*.json`, not
-/// hidden, not an editor backup or temp file (`~`, `.bak`, `.orig`, `.swp`, `.tmp`, `#...#`).
-/// Temp files matter: editors write them next to the real file, and reading a half-written
-/// copy would flap the registry.
+/// hidden, not an editor backup, lock or temp file (`~`, `.bak`, `.orig`, `.swp`, `.tmp`,
+/// `#...#`). Temp files matter: editors write them next to the real file, and reading a
+/// half-written copy would flap the registry.
 pub fn is_manifest_file_name(name: &str) -> bool {
-    let hidden_or_temp = name.starts_with('.') || name.starts_with('#') || name.ends_with('~') || name.ends_with('#');
-    let ext = name.rsplit_once('.').map(|(_, ext)| ext);
-    !hidden_or_temp && matches!(ext, Some("yaml" | "yml" | "json"))
+    let ignored = name.starts_with('.')
+        || name.ends_with('~')
+        || (name.starts_with('#') && name.ends_with('#'))
+        || [".bak", ".orig", ".swp", ".tmp"].iter().any(|suffix| name.ends_with(suffix));
+    let manifest = [".yaml", ".yml", ".json"].iter().any(|ext| name.len() > ext.len() && name.ends_with(ext));
+    manifest && !ignored
 }
 
 /// Reads every document of `text`; nothing that fails is returned as an object.
@@ -487,19 +490,25 @@ spec:
 
     #[test]
     fn only_manifest_file_names_are_read() {
-        for name in ["a.yaml", "b.yml", "c.json", "with.dots.yaml"] {
+        for name in ["a.yaml", "a.yml", "a.json", "server.v2.yaml", "#a.yaml", "with.dots.yaml"] {
             assert!(is_manifest_file_name(name), "{name}");
         }
         for name in [
-            ".hidden.yaml",
+            ".a.yaml",
+            ".yaml",
             "a.yaml~",
             "a.yaml.bak",
+            "a.yaml.orig",
             "a.yaml.swp",
             ".a.yaml.swp",
             "a.yaml.tmp",
             "#a.yaml#",
-            "a.orig",
+            ".#a.yaml",
             "a.txt",
+            "a.yaml.txt",
+            "a",
+            "4913",
+            "a.YAML.tmp",
             "yaml",
         ] {
             assert!(!is_manifest_file_name(name), "{name}");

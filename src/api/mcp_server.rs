@@ -86,9 +86,10 @@ pub struct McpServerSpec {
     pub http: Option<HttpSpec>,
 
     /// Overrides the server part of model-facing tool names (`mcp__<toolNamespace>__<tool>`).
-    /// Defaults to `metadata.name`. Letters, digits, '-' and '_', without '__'.
+    /// Defaults to `metadata.name`. Letters, digits, '-' and '_', without '__', not starting or
+    /// ending with '_' (so the part boundary in tool names is never ambiguous).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[A-Za-z0-9_-]+$"))]
+    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[A-Za-z0-9-]([A-Za-z0-9_-]*[A-Za-z0-9-])?$"))]
     #[x_kube(validation = Rule::new("!self.contains('__')").message("toolNamespace must not contain '__' (it separates the parts of tool names)"))]
     pub tool_namespace: Option<String>,
 

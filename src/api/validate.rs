@@ -235,11 +235,12 @@ impl Validate for McpServer {
 
         if let Some(ns) = &spec.tool_namespace {
             let valid_chars = ns.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-            if ns.is_empty() || ns.len() > 32 || !valid_chars || ns.contains("__") {
+            let bad_edges = ns.starts_with('_') || ns.ends_with('_');
+            if ns.is_empty() || ns.len() > 32 || !valid_chars || ns.contains("__") || bad_edges {
                 p.push(
                     "spec.toolNamespace",
                     format!("'{ns}' is not a valid tool namespace"),
-                    "use 1 to 32 letters, digits, '-' or '_', without '__'",
+                    "use 1 to 32 letters, digits, '-' or '_', without '__' and not starting or ending with '_'",
                 );
             }
         }

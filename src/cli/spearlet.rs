@@ -9,6 +9,9 @@ use clap::{Parser, Subcommand};
 use super::{EXIT_INVALID, usage_error};
 use crate::api::manifest;
 use crate::convert;
+use crate::registry::dir::{DirOptions, DirSource};
+use crate::registry::snapshot::Snapshot;
+use crate::registry::view::RegistryView;
 use crate::telemetry::LogArgs;
 
 /// The per-pod MCP agent of spear-mcp.
@@ -24,6 +27,20 @@ pub struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Load a registry directory (local mode) and print its snapshot.
+    ///
+    /// With --watch, keeps running and prints every new revision as files change (until SIGINT
+    /// or SIGTERM). Problems are printed as `file:line: field: message (fix)`; the last good
+    /// objects of a broken file keep serving. Exit status without --watch: 0 when the registry
+    /// is clean, 1 when it is degraded, 2 on a usage error (for example a missing directory).
+    Registry {
+        /// Directory of McpServer/McpProfile manifests (*.yaml, *.yml, *.json; not recursive).
+        #[arg(long, env = "SPEAR_REGISTRY_DIR", value_name = "DIR")]
+        registry_dir: PathBuf,
+        /// Keep watching the directory and print each new revision.
+        #[arg(long, env = "SPEAR_REGISTRY_WATCH")]
+        watch: bool,
+    },
     /// Validate McpServer/McpProfile manifests offline (for CI and GitOps pipelines).
     ///
     /// Prints one line per problem as `file:line: field: message (fix)`. Exit status: 0 when
@@ -59,6 +76,7 @@ impl Args {
             return usage_error(e);
         }
         match command {
+            Command::Registry { registry_dir, watch } => registry(&registry_dir, watch),
             Command::Validate { paths } => validate(&paths),
             Command::Convert { files, output_dir, namespace } => {
                 convert_files(&files, output_dir.as_deref(), namespace)
@@ -176,4 +194,121 @@ fn convert_files(files: &[PathBuf], output_dir: Option<&Path>, namespace: Option
         }
     }
     if failed { ExitCode::from(EXIT_INVALID) } else { ExitCode::SUCCESS }
+}
+
+// === registry ===
+
+fn registry(dir: &Path, watch: bool) -> ExitCode {
+    if !watch {
+        return match DirSource::load(dir) {
+            Ok(snapshot) => {
+                print!("{}", describe(dir, &snapshot));
+                if snapshot.is_degraded() { ExitCode::from(EXIT_INVALID) } else { ExitCode::SUCCESS }
+            }
+            Err(e) => usage_error(e),
+        };
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(watch_registry(dir))
+}
+
+async fn watch_registry(dir: &Path) -> ExitCode {
+    let mut source = match DirSource::watch(dir, DirOptions::default()) {
+        Ok(source) => source,
+        Err(e) => return usage_error(e),
+    };
+    let mut rx = source.watch();
+    let mut current = rx.borrow_and_update().clone();
+    print!("{}", describe(dir, &current));
+    println!("watching {} (Ctrl-C to stop)", dir.display());
+    loop {
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let next = rx.borrow_and_update().clone();
+                print!("{}", describe_change(&current, &next));
+                current = next;
+            }
+            result = source.finished() => {
+                if let Err(e) = result {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+                break;
+            }
+            _ = crate::cli::shutdown_signal() => break,
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn join_or_dash(items: &[String]) -> String {
+    if items.is_empty() { "-".into() } else { items.join(",") }
+}
+
+/// A human-readable table of a snapshot.
+fn describe(dir: &Path, snapshot: &Snapshot) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let servers = snapshot.servers();
+    let profiles = snapshot.profiles();
+    let _ = writeln!(
+        out,
+        "registry {}: revision {}, {} server(s), {} profile(s){}",
+        dir.display(),
+        snapshot.revision(),
+        servers.len(),
+        profiles.len(),
+        if snapshot.is_degraded() { ", DEGRADED" } else { "" }
+    );
+    let _ = writeln!(out, "{:<24} {:<15} {:<16} ALLOWED TOOLS", "SERVER", "TRANSPORT", "VERSION");
+    for (name, server) in servers {
+        let spec = &server.object.spec;
+        let _ = writeln!(
+            out,
+            "{name:<24} {:<15} {:<16} {}",
+            spec.transport.as_str(),
+            server.resource_version,
+            join_or_dash(&spec.allowed_tools)
+        );
+    }
+    let _ = writeln!(out, "{:<24} {:<40} DEFAULT SERVERS", "PROFILE", "SERVERS");
+    for (name, profile) in profiles {
+        let spec = &profile.object.spec;
+        let defaults = spec.default_servers.as_deref().map_or_else(|| "(all allowed)".to_string(), join_or_dash);
+        let _ = writeln!(out, "{name:<24} {:<40} {defaults}", join_or_dash(&spec.servers));
+    }
+    for problem in snapshot.problems() {
+        let _ = writeln!(out, "problem: {problem}");
+    }
+    out
+}
+
+/// One line per new revision, then its problems.
+fn describe_change(old: &Snapshot, new: &Snapshot) -> String {
+    use std::fmt::Write as _;
+    let changes = old.changes(new);
+    let mut parts: Vec<String> = changes.upserts.iter().map(|(k, n)| format!("~{k}/{n}")).collect();
+    parts.extend(changes.deletes.iter().map(|(k, n)| format!("-{k}/{n}")));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "revision {} -> {}: {}{}",
+        old.revision(),
+        new.revision(),
+        if parts.is_empty() { "no object changed".to_string() } else { parts.join(" ") },
+        if new.is_degraded() { format!(" (DEGRADED: {} problem(s))", new.problems().len()) } else { String::new() }
+    );
+    for problem in new.problems() {
+        let _ = writeln!(out, "problem: {problem}");
+    }
+    out
 }

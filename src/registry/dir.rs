@@ -14,7 +14,7 @@
 //! files, editor backups and temp files, subdirectories and symlinks (never followed, so a
 //! link cannot pull in files from elsewhere) are skipped. What a file contributes, and what a
 //! broken or deleted file does to the snapshot, is decided by the pure
-//! [`SourceIndex`](super::snapshot::SourceIndex); this module only moves bytes in and snapshots out.
+//! [`SourceIndex`]; this module only moves bytes in and snapshots out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -73,17 +73,6 @@ impl Default for DirOptions {
             force_poll: false,
         }
     }
-}
-
-/// Whether a directory entry's name is one the registry reads: `*.yaml`, `*.yml` or `*.json`,
-/// not hidden, not an editor backup, lock or temp file.
-pub fn is_manifest_name(name: &str) -> bool {
-    let ignored = name.starts_with('.')
-        || name.ends_with('~')
-        || (name.starts_with('#') && name.ends_with('#'))
-        || [".bak", ".orig", ".swp", ".tmp"].iter().any(|suffix| name.ends_with(suffix));
-    let manifest = [".yaml", ".yml", ".json"].iter().any(|ext| name.len() > ext.len() && name.ends_with(ext));
-    manifest && !ignored
 }
 
 /// What a file looked like when it was last read: enough to skip re-reading it.
@@ -222,7 +211,7 @@ impl DirSource {
                 tracing::trace!(path = %path.display(), "skipping a file whose name is not UTF-8");
                 continue;
             };
-            if !is_manifest_name(&name) {
+            if !manifest::is_manifest_file_name(&name) {
                 tracing::trace!(file = %name, "skipping a file that is not a manifest");
                 continue;
             }
@@ -292,7 +281,6 @@ impl DirSource {
         match String::from_utf8(bytes) {
             Ok(text) => {
                 tracing::debug!(file = %path.display(), "reading changed file");
-                tracing::trace!(file = %path.display(), content = %text, "file content");
                 self.index.apply(path, manifest::parse(&text));
             }
             Err(e) => {
@@ -428,38 +416,15 @@ fn is_relevant(event: &notify::Event, dir: &Path) -> bool {
     }
     event.need_rescan()
         || event.paths.is_empty()
-        || event.paths.iter().any(|p| p == dir || p.file_name().and_then(|n| n.to_str()).is_none_or(is_manifest_name))
+        || event
+            .paths
+            .iter()
+            .any(|p| p == dir || p.file_name().and_then(|n| n.to_str()).is_none_or(manifest::is_manifest_file_name))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn manifest_names_are_yaml_yml_or_json_and_not_hidden_backup_or_temp() {
-        for name in ["a.yaml", "a.yml", "a.json", "server.v2.yaml", "#a.yaml"] {
-            assert!(is_manifest_name(name), "{name}");
-        }
-        for name in [
-            ".a.yaml",
-            ".yaml",
-            "a.yaml~",
-            "a.yaml.bak",
-            "a.yaml.orig",
-            "a.yaml.swp",
-            ".a.yaml.swp",
-            "a.yaml.tmp",
-            "#a.yaml#",
-            ".#a.yaml",
-            "a.txt",
-            "a.yaml.txt",
-            "a",
-            "4913",
-            "a.YAML.tmp",
-        ] {
-            assert!(!is_manifest_name(name), "{name}");
-        }
-    }
 
     #[test]
     fn opens_and_reads_are_not_relevant_but_writes_and_renames_are() {

@@ -331,6 +331,44 @@ impl Snapshot {
     pub fn is_degraded(&self) -> bool {
         !self.problems.is_empty()
     }
+
+    /// What changed from `self` to `newer`: objects added or changed (by resourceVersion), and
+    /// objects removed, each as `(kind, name)` in sorted order.
+    pub fn changes(&self, newer: &Snapshot) -> Changes {
+        fn diff<T>(
+            kind: &'static str,
+            old: &BTreeMap<String, Versioned<T>>,
+            new: &BTreeMap<String, Versioned<T>>,
+            out: &mut Changes,
+        ) {
+            for (name, v) in new {
+                if old.get(name).is_none_or(|o| o.resource_version != v.resource_version) {
+                    out.upserts.push((kind, name.clone()));
+                }
+            }
+            out.deletes.extend(old.keys().filter(|n| !new.contains_key(*n)).map(|n| (kind, n.clone())));
+        }
+        let mut out = Changes::default();
+        diff(KIND_SERVER, &self.servers, &newer.servers, &mut out);
+        diff(KIND_PROFILE, &self.profiles, &newer.profiles, &mut out);
+        out
+    }
+}
+
+/// The difference between two snapshots, by `(kind, name)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Objects added or changed.
+    pub upserts: Vec<(&'static str, String)>,
+    /// Objects removed.
+    pub deletes: Vec<(&'static str, String)>,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.deletes.is_empty()
+    }
 }
 
 // === impl SourceIndex ===
@@ -582,5 +620,29 @@ mod tests {
         let (Object::Server(a), Object::Server(b), Object::Server(c)) = (a, b, c) else { panic!("servers") };
         assert_eq!(content_version(&a), content_version(&b));
         assert_ne!(content_version(&a), content_version(&c));
+    }
+
+    #[test]
+    fn changes_list_upserts_and_deletes_by_kind_and_name() {
+        let a = Snapshot::build(
+            vec![
+                Entry::new("a.yaml", 1, "1".into(), Object::Server(McpServer::new("keep", Default::default()))),
+                Entry::new("a.yaml", 2, "1".into(), Object::Server(McpServer::new("edit", Default::default()))),
+                Entry::new("a.yaml", 3, "1".into(), Object::Server(McpServer::new("gone", Default::default()))),
+            ],
+            Vec::new(),
+        );
+        let b = Snapshot::build(
+            vec![
+                Entry::new("a.yaml", 1, "1".into(), Object::Server(McpServer::new("keep", Default::default()))),
+                Entry::new("a.yaml", 2, "2".into(), Object::Server(McpServer::new("edit", Default::default()))),
+                Entry::new("a.yaml", 4, "1".into(), Object::Profile(McpProfile::new("new", Default::default()))),
+            ],
+            Vec::new(),
+        );
+        let c = a.changes(&b);
+        assert_eq!(c.upserts, [(KIND_SERVER, "edit".to_string()), (KIND_PROFILE, "new".to_string())]);
+        assert_eq!(c.deletes, [(KIND_SERVER, "gone".to_string())]);
+        assert!(b.changes(&b).is_empty());
     }
 }

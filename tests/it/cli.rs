@@ -113,3 +113,62 @@ fn convert_refuses_unknown_keys_naming_them() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown-key.toml") && err.contains("shell"), "{err}");
 }
+
+#[test]
+fn registry_prints_the_example_snapshot_with_exit_0() {
+    let out = spearlet(&["registry", "--registry-dir", "examples/registry"], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.starts_with("registry examples/registry: revision "), "{text}");
+    for name in ["filesystem", "everything", "everything-http", "developer", "readonly"] {
+        assert!(text.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing:\n{text}");
+    }
+}
+
+#[test]
+fn registry_reports_a_degraded_directory_with_exit_1_and_a_missing_one_with_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(repo().join("examples/registry/profiles.yaml"), dir.path().join("profiles.yaml")).expect("copy");
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {name: x}\nspec: {transport: carrier-pigeon}\n",
+    )
+    .expect("write");
+    let out = spearlet(&["registry", "--registry-dir", dir.path().to_str().expect("utf-8")], None);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.contains("DEGRADED"), "{text}");
+    assert!(text.contains("broken.yaml:4: spec.transport: unknown variant `carrier-pigeon`"), "{text}");
+    assert_eq!(spearlet(&["registry", "--registry-dir", "no/such/dir"], None).status.code(), Some(2));
+}
+
+#[test]
+fn registry_watch_prints_each_new_revision_and_stops_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("fs.yaml");
+    std::fs::copy(repo().join("examples/registry/filesystem.yaml"), &file).expect("copy");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+        .args(["registry", "--watch", "--registry-dir", dir.path().to_str().expect("utf-8")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spearlet must start");
+    // A watchdog, so a missed event fails this test in bounded time instead of hanging CI.
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(20));
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut next_line = || lines.next().expect("a line before EOF").expect("utf-8 line");
+    while !next_line().starts_with("watching ") {}
+    let text = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(&file, text.replace("maxConcurrency: 4", "maxConcurrency: 3")).expect("write");
+    let change = next_line();
+    assert!(change.starts_with("revision ") && change.ends_with(": ~McpServer/filesystem"), "{change}");
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill runs");
+    assert!(killed.success());
+    let status = child.wait().expect("exits");
+    assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop");
+}

@@ -1,0 +1,99 @@
+//! The injected tool list for 50 servers x 20 tools, from a snapshot with cached tool lists
+//! (issue target: median <= 50 us). Run: `cargo bench --bench policy`.
+//!
+//! Measured alongside, in the same run:
+//! - baseline `copy_tool_list`: walking the cached lists and cloning every tool into a Vec, the
+//!   least work any injector must do; the policy's cost is reported as a ratio against it;
+//! - `compile_profile`: compiling the profile's patterns, done once per snapshot revision;
+//! - `effective_with_request`: a request that narrows by allowlist and denylist and has a
+//!   caller-registered tool (patterns compiled per request).
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use spear::api::manifest::Object;
+use spear::api::{McpProfile, McpProfileSpec, McpServer, McpServerSpec, StdioSpec, Transport};
+use spear::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
+use spear::registry::snapshot::{Entry, Snapshot};
+
+const SERVERS: usize = 50;
+const TOOLS: usize = 20;
+
+fn fixture() -> (Snapshot, BTreeMap<String, ServerTools>) {
+    let mut entries = Vec::new();
+    let mut lists = BTreeMap::new();
+    let ids: Vec<String> = (0..SERVERS).map(|i| format!("server-{i:02}")).collect();
+    for id in &ids {
+        let server = McpServer::new(
+            id,
+            McpServerSpec {
+                transport: Transport::Stdio,
+                stdio: Some(StdioSpec { command: "server".into(), ..Default::default() }),
+                allowed_tools: vec!["read_*".into(), "list_*".into(), "search".into(), "get_*".into()],
+                denied_tools: vec!["*_secret".into()],
+                ..Default::default()
+            },
+        );
+        entries.push(Entry::local(format!("{id}.yaml"), 1, Object::Server(server)));
+        let tools = (0..TOOLS)
+            .map(|t| {
+                let prefix = ["read", "list", "get", "write"][t % 4];
+                let mut info = ToolInfo::named(&format!("{prefix}_thing_{t}"));
+                info.description = Some(format!("Does thing {t}").into());
+                info
+            })
+            .collect();
+        lists.insert(id.clone(), ServerTools::Listed(Arc::new(ToolList::new(id, tools))));
+    }
+    let profile = McpProfile::new(
+        "bench",
+        McpProfileSpec {
+            servers: ids.clone(),
+            tool_allowlist: Some(vec!["read_*".into(), "list_*".into(), "get_*".into(), "*/search".into()]),
+            tool_denylist: vec!["*delete*".into()],
+            ..Default::default()
+        },
+    );
+    entries.push(Entry::local("profile.yaml", 1, Object::Profile(profile)));
+    (Snapshot::build(entries, Vec::new()), lists)
+}
+
+fn bench(c: &mut Criterion) {
+    let (snapshot, lists) = fixture();
+    let compiled = CompiledProfile::compile(&snapshot, "bench").expect("profile compiles");
+    let lookup = |id: &str| lists.get(id).cloned().unwrap_or(ServerTools::Unknown);
+    let set = compiled.effective(lookup, None, &[]).expect("effective set");
+    assert_eq!(set.tools().count(), SERVERS * TOOLS * 3 / 4, "3 of 4 tool prefixes are allowed");
+
+    c.bench_function("copy_tool_list (baseline)", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(SERVERS * TOOLS);
+            for list in lists.values() {
+                if let ServerTools::Listed(list) = list {
+                    out.extend(list.tools().iter().map(|(t, name)| (name.clone(), t.clone())));
+                }
+            }
+            black_box(out)
+        })
+    });
+    c.bench_function("effective_tool_list_50x20", |b| {
+        b.iter(|| black_box(compiled.effective(lookup, None, &[]).expect("effective set")))
+    });
+    let request = RequestScope {
+        tool_allowlist: Some(vec!["read_*".into(), "get_*".into()]),
+        tool_denylist: vec!["*_1?".into()],
+        ..Default::default()
+    };
+    let caller = ["mcp__server-00__read_thing_0"];
+    c.bench_function("effective_with_request_50x20", |b| {
+        b.iter(|| black_box(compiled.effective(lookup, Some(&request), &caller).expect("effective set")))
+    });
+    c.bench_function("compile_profile_50_servers", |b| {
+        b.iter(|| black_box(CompiledProfile::compile(&snapshot, "bench").expect("compiles")))
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,424 @@
+//! Unit tests for the effective set: one per decision reason, routing, caller precedence, and
+//! property tests (proptest) that no layer ever widens the set and names stay valid and stable.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::api::manifest::Object;
+use crate::api::{McpProfileSpec, McpServerSpec, StdioSpec, Transport};
+use crate::policy::name::is_valid_function_name;
+use crate::registry::snapshot::Entry;
+
+// === fixtures ===
+
+fn server(id: &str, allowed: &[&str], denied: &[&str]) -> McpServer {
+    McpServer::new(
+        id,
+        McpServerSpec {
+            transport: Transport::Stdio,
+            stdio: Some(StdioSpec { command: "server".into(), ..Default::default() }),
+            allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
+            denied_tools: denied.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+}
+
+fn profile(name: &str, servers: &[&str]) -> McpProfile {
+    McpProfile::new(
+        name,
+        McpProfileSpec { servers: servers.iter().map(|s| s.to_string()).collect(), ..Default::default() },
+    )
+}
+
+fn snapshot(servers: Vec<McpServer>, profiles: Vec<McpProfile>) -> Snapshot {
+    let entries = servers
+        .into_iter()
+        .map(Object::Server)
+        .chain(profiles.into_iter().map(Object::Profile))
+        .enumerate()
+        .map(|(i, o)| Entry::local(format!("objects-{i:03}.yaml"), 1, o));
+    Snapshot::build(entries, Vec::new())
+}
+
+/// Tool lists keyed by server id, named with each server's id as its name part.
+fn lists(tools: &[(&str, &[&str])]) -> BTreeMap<String, ServerTools> {
+    tools
+        .iter()
+        .map(|(id, names)| {
+            let infos = names.iter().map(|n| ToolInfo::named(n)).collect();
+            (id.to_string(), ServerTools::Listed(Arc::new(ToolList::new(id, infos))))
+        })
+        .collect()
+}
+
+fn lookup(lists: &BTreeMap<String, ServerTools>) -> impl Fn(&str) -> ServerTools + '_ {
+    move |id| lists.get(id).cloned().unwrap_or(ServerTools::Unknown)
+}
+
+fn exposed(set: &EffectiveSet) -> Vec<String> {
+    set.tools().map(|(s, t)| format!("{}/{}", s.id, t.tool.name)).collect()
+}
+
+fn reasons(set: &EffectiveSet) -> Vec<String> {
+    set.decisions
+        .iter()
+        .map(|d| match &d.tool {
+            Some(t) => format!("{}/{}: {}", d.server, t, d.reason),
+            None => format!("{}: {}", d.server, d.reason),
+        })
+        .collect()
+}
+
+fn compile(snap: &Snapshot, name: &str) -> CompiledProfile {
+    CompiledProfile::compile(snap, name).expect("profile compiles")
+}
+
+// === decision reasons ===
+
+#[test]
+fn servers_outside_the_profile_are_not_in_profile_and_missing_ones_unknown() {
+    let snap =
+        snapshot(vec![server("fs", &["*"], &[]), server("web", &["*"], &[])], vec![profile("dev", &["fs", "ghost"])]);
+    let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read"])])), None, &[]).expect("set");
+    assert_eq!(exposed(&set), ["fs/read"]);
+    assert_eq!(reasons(&set), ["ghost: unknown_server", "web: not_in_profile"]);
+    assert_eq!(set.revision, *snap.revision());
+}
+
+#[test]
+fn a_server_with_no_allowed_tools_is_deny_all() {
+    let snap = snapshot(vec![server("fs", &[], &[])], vec![profile("dev", &["fs"])]);
+    let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read"])])), None, &[]).expect("set");
+    assert!(exposed(&set).is_empty());
+    assert_eq!(reasons(&set), ["fs: deny_all_server"]);
+}
+
+#[test]
+fn each_layer_names_itself_when_it_excludes_a_tool() {
+    let mut p = profile("dev", &["fs"]);
+    p.spec.tool_allowlist = Some(vec!["a*".into(), "b*".into(), "c*".into(), "d*".into(), "e*".into()]);
+    p.spec.tool_denylist = vec!["b*".into()];
+    let snap = snapshot(vec![server("fs", &["a*", "b*", "c*", "d*", "e*", "f*"], &["a*"])], vec![p]);
+    let request = RequestScope {
+        tool_allowlist: Some(vec!["c*".into(), "d*".into(), "fs/e*".into()]),
+        tool_denylist: vec!["d*".into()],
+        ..Default::default()
+    };
+    let tools = lists(&[("fs", &["a1", "b1", "c1", "d1", "e1", "f1", "g1"])]);
+    let set = compile(&snap, "dev").effective(lookup(&tools), Some(&request), &[]).expect("set");
+    assert_eq!(exposed(&set), ["fs/c1", "fs/e1"], "`fs/e*` matches server/tool");
+    assert_eq!(
+        reasons(&set),
+        [
+            "fs/a1: denied_by:server",
+            "fs/b1: denied_by:profile",
+            "fs/d1: denied_by:request",
+            "fs/f1: not_allowed_by:profile",
+            "fs/g1: not_allowed_by:server",
+        ]
+    );
+}
+
+#[test]
+fn request_allowlist_narrowing_is_reported_as_request() {
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let request = RequestScope { tool_allowlist: Some(vec!["read".into()]), ..Default::default() };
+    let set = compile(&snap, "dev")
+        .effective(lookup(&lists(&[("fs", &["read", "write"])])), Some(&request), &[])
+        .expect("set");
+    assert_eq!(reasons(&set), ["fs/write: not_allowed_by:request"]);
+}
+
+#[test]
+fn env_missing_and_list_failed_exclude_the_server_with_details() {
+    let snap = snapshot(
+        vec![server("a", &["*"], &[]), server("b", &["*"], &[]), server("c", &["*"], &[])],
+        vec![profile("dev", &["a", "b", "c"])],
+    );
+    let tools = |id: &str| match id {
+        "a" => ServerTools::EnvMissing { variable: "API_TOKEN".into() },
+        "b" => ServerTools::ListFailed { message: "connection refused".into() },
+        _ => ServerTools::Unknown,
+    };
+    let set = compile(&snap, "dev").effective(tools, None, &[]).expect("set");
+    assert_eq!(reasons(&set), ["a: env_missing", "b: list_failed"]);
+    assert_eq!(set.decisions[0].detail.as_deref(), Some("API_TOKEN"));
+    // Unknown tools: the server is in, decided on patterns alone.
+    assert_eq!(set.servers.len(), 1);
+    assert_eq!(set.servers[0].tools, None);
+}
+
+#[test]
+fn defaults_apply_without_a_request_and_requests_pick_within_the_profile() {
+    let mut p = profile("dev", &["a", "b"]);
+    p.spec.default_servers = Some(vec!["a".into()]);
+    let snap = snapshot(vec![server("a", &["*"], &[]), server("b", &["*"], &[])], vec![p]);
+    let tools = lists(&[("a", &["x"]), ("b", &["y"])]);
+    let compiled = compile(&snap, "dev");
+
+    let set = compiled.effective(lookup(&tools), None, &[]).expect("defaults");
+    assert_eq!(exposed(&set), ["a/x"]);
+    assert_eq!(reasons(&set), ["b: not_allowed_by:profile_defaults"]);
+
+    let request = RequestScope { servers: Some(vec!["b".into()]), ..Default::default() };
+    let set = compiled.effective(lookup(&tools), Some(&request), &[]).expect("requested");
+    assert_eq!(exposed(&set), ["b/y"]);
+    assert_eq!(reasons(&set), ["a: not_allowed_by:request"]);
+}
+
+#[test]
+fn a_request_for_a_server_outside_the_profile_is_refused_not_dropped() {
+    let snap = snapshot(vec![server("a", &["*"], &[]), server("b", &["*"], &[])], vec![profile("dev", &["a"])]);
+    let request = RequestScope { servers: Some(vec!["a".into(), "b".into()]), ..Default::default() };
+    let err = compile(&snap, "dev").effective(lookup(&lists(&[])), Some(&request), &[]).expect_err("refused");
+    assert_eq!(err.code(), "mcp_policy_denied");
+    assert!(err.to_string().contains("'b'"), "{err}");
+}
+
+#[test]
+fn an_unknown_profile_is_an_error() {
+    let snap = snapshot(vec![], vec![]);
+    let err = CompiledProfile::compile(&snap, "nope").expect_err("unknown");
+    assert_eq!(err.code(), "mcp_policy_denied");
+}
+
+#[test]
+fn a_selector_adds_matching_servers() {
+    let mut labelled = server("tagged", &["*"], &[]);
+    labelled.metadata.labels = Some(BTreeMap::from([("tier".into(), "local".into())]));
+    let mut p = profile("dev", &[]);
+    p.spec.server_selector = Some(LabelSelector {
+        match_labels: Some(BTreeMap::from([("tier".into(), "local".into())])),
+        ..Default::default()
+    });
+    let snap = snapshot(vec![labelled, server("other", &["*"], &[])], vec![p]);
+    let set = compile(&snap, "dev").effective(lookup(&lists(&[("tagged", &["t"])])), None, &[]).expect("set");
+    assert_eq!(exposed(&set), ["tagged/t"]);
+    assert_eq!(reasons(&set), ["other: not_in_profile"]);
+}
+
+// === names and routes ===
+
+#[test]
+fn every_exposed_name_routes_back_including_the_dotted_form() {
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let set =
+        compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read_file", "read.dir"])])), None, &[]).expect("set");
+    let names: Vec<&str> = set.tools().map(|(_, t)| &*t.name).collect();
+    assert_eq!(names, ["mcp__fs__read_file", "mcp__fs___cmVhZC5kaXI"]);
+    let route = set.routes.resolve("mcp.fs.read.dir").expect("dotted form");
+    assert_eq!((&*route.server, &*route.tool), ("fs", "read.dir"));
+    assert_eq!(set.routes.resolve("mcp__fs__read_file").map(|r| &*r.tool), Some("read_file"));
+}
+
+#[test]
+fn a_callers_own_tool_wins_and_the_mcp_tool_is_renamed_deterministically() {
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let compiled = compile(&snap, "dev");
+    let tools = lists(&[("fs", &["read_file"])]);
+    let caller = ["mcp__fs__read_file"];
+    let set = compiled.effective(lookup(&tools), None, &caller).expect("set");
+    let name = set.tools().map(|(_, t)| t.name.clone()).next().expect("one tool");
+    assert_ne!(&*name, "mcp__fs__read_file");
+    assert!(is_valid_function_name(&name));
+    assert_eq!(set.routes.resolve("mcp__fs__read_file"), None, "the caller's name is not routed to MCP");
+    let again = compiled.effective(lookup(&tools), None, &caller).expect("set");
+    assert_eq!(again.tools().map(|(_, t)| t.name.clone()).next(), Some(name));
+}
+
+#[test]
+fn a_tool_namespace_is_used_and_its_owner_keeps_plain_names() {
+    let mut alias = server("alias", &["*"], &[]);
+    alias.spec.tool_namespace = Some("fs".into());
+    let snap = snapshot(vec![server("fs", &["*"], &[]), alias], vec![profile("dev", &["fs", "alias"])]);
+    let mut tools = lists(&[("fs", &["read"])]);
+    tools.insert("alias".into(), ServerTools::Listed(Arc::new(ToolList::new("fs", vec![ToolInfo::named("read")]))));
+    let set = compile(&snap, "dev").effective(lookup(&tools), None, &[]).expect("set");
+    let by_server: BTreeMap<&str, &str> = set.tools().map(|(s, t)| (&*s.id, &*t.name)).collect();
+    assert_eq!(by_server["fs"], "mcp__fs__read");
+    assert_ne!(by_server["alias"], "mcp__fs__read");
+    assert!(by_server["alias"].starts_with("mcp__fs__read_"));
+}
+
+#[test]
+fn approval_mode_is_attached_to_each_tool() {
+    let mut s = server("fs", &["*"], &[]);
+    s.spec.approval_policy = Some(crate::api::ApprovalPolicy {
+        default: ApprovalMode::Never,
+        tools: BTreeMap::from([("write_*".into(), ApprovalMode::Always)]),
+    });
+    let snap = snapshot(vec![s], vec![profile("dev", &["fs"])]);
+    let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read", "write_x"])])), None, &[]).expect("set");
+    let modes: Vec<ApprovalMode> = set.tools().map(|(_, t)| t.approval).collect();
+    assert_eq!(modes, [ApprovalMode::Never, ApprovalMode::Always]);
+}
+
+#[test]
+fn budgets_and_loop_budgets_only_tighten() {
+    let mut s = server("fs", &["*"], &[]);
+    s.spec.budgets = Some(crate::api::ServerBudgets { tool_timeout_ms: Some(1000), ..Default::default() });
+    let mut p = profile("dev", &["fs"]);
+    p.spec.budgets =
+        Some(crate::api::ProfileBudgets { tool_timeout_ms: Some(5000), max_iterations: Some(3), ..Default::default() });
+    let snap = snapshot(vec![s], vec![p]);
+    let request = RequestScope {
+        budgets: RequestBudgets { max_iterations: Some(50), ..Default::default() },
+        ..Default::default()
+    };
+    let set = compile(&snap, "dev").effective(lookup(&lists(&[])), Some(&request), &[]).expect("set");
+    assert_eq!(set.servers[0].budgets.tool_timeout_ms, 1000);
+    assert_eq!(set.loop_budgets.max_iterations, 3);
+}
+
+// === properties ===
+
+/// Tool names including unicode, dots, double underscores, empty-looking and very long ones.
+fn tool_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z_]{1,12}",
+        "[a-zA-Z0-9_.-]{0,20}",
+        "[a-z]{1,5}__[a-z]{1,5}",
+        "_{1,3}",
+        "\\PC{0,12}",
+        "[a-z]{190,210}",
+        Just(String::new()),
+        Just(" ".to_string()),
+    ]
+}
+
+fn pattern() -> impl Strategy<Value = String> {
+    prop_oneof!["[a-z_]{0,4}\\*", "\\*[a-z]{0,3}", "[a-z_]{1,6}", Just("*".to_string()), "[a-z]\\?[a-z_]{0,3}"]
+}
+
+prop_compose! {
+    fn server_case()(id in "[a-z][a-z0-9-]{0,10}[a-z0-9]", allowed in prop::collection::vec(pattern(), 0..3),
+                     denied in prop::collection::vec(pattern(), 0..2),
+                     tools in prop::collection::btree_set(tool_name(), 0..8)) -> ServerCase {
+        (id, allowed, denied, tools.into_iter().collect())
+    }
+}
+
+/// A generated server: id, allowedTools, deniedTools, listed tool names.
+type ServerCase = (String, Vec<String>, Vec<String>, Vec<String>);
+
+#[derive(Debug)]
+struct Case {
+    snap: Snapshot,
+    tools: BTreeMap<String, ServerTools>,
+    profile_allow: Option<Vec<String>>,
+    profile_deny: Vec<String>,
+    servers: Vec<ServerCase>,
+}
+
+prop_compose! {
+    fn case()(servers in prop::collection::btree_map("[a-z][a-z0-9-]{0,10}[a-z0-9]", server_case(), 1..5),
+              in_profile in prop::collection::vec(any::<bool>(), 5),
+              profile_allow in prop::option::of(prop::collection::vec(pattern(), 0..3)),
+              profile_deny in prop::collection::vec(pattern(), 0..2)) -> Case {
+        let servers: Vec<_> = servers.into_iter().map(|(id, (_, a, d, t))| (id, a, d, t)).collect();
+        let allowed: Vec<&str> = servers.iter().zip(&in_profile).filter(|(_, yes)| **yes).map(|((id, ..), _)| id.as_str()).collect();
+        let mut p = profile("p", &allowed);
+        p.spec.tool_allowlist = profile_allow.clone();
+        p.spec.tool_denylist = profile_deny.clone();
+        let objs = servers.iter().map(|(id, a, d, _)| {
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let d: Vec<&str> = d.iter().map(String::as_str).collect();
+            server(id, &a, &d)
+        }).collect();
+        let snap = snapshot(objs, vec![p]);
+        let tools = servers.iter().map(|(id, _, _, t)| {
+            let infos = t.iter().map(|n| ToolInfo::named(n)).collect();
+            (id.clone(), ServerTools::Listed(Arc::new(ToolList::new(id, infos))))
+        }).collect();
+        Case { snap, tools, profile_allow, profile_deny, servers }
+    }
+}
+
+fn set_matches(patterns: &[String], server: &str, tool: &str) -> bool {
+    LayerPatterns::new(patterns, Layer::Request).expect("generated patterns are valid").is_match(
+        server,
+        tool,
+        &mut String::new(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn no_layer_widens_and_deny_always_wins(
+        c in case(),
+        req_allow in prop::option::of(prop::collection::vec(pattern(), 0..3)),
+        req_deny in prop::collection::vec(pattern(), 0..2),
+    ) {
+        let request = RequestScope { tool_allowlist: req_allow.clone(), tool_denylist: req_deny.clone(), ..Default::default() };
+        let compiled = CompiledProfile::compile(&c.snap, "p").expect("compiles");
+        let set = compiled.effective(lookup(&c.tools), Some(&request), &[]).expect("set");
+        for (s, t) in set.tools() {
+            let (_, allowed, denied, tools) = c.servers.iter().find(|(id, ..)| *id == *s.id).expect("exposed server exists");
+            let name: &str = &t.tool.name;
+            prop_assert!(tools.iter().any(|x| x == name), "exposed tool was listed");
+            prop_assert!(set_matches(allowed, &s.id, name), "server allowlist");
+            prop_assert!(!set_matches(denied, &s.id, name), "server denylist");
+            if let Some(a) = &c.profile_allow { prop_assert!(set_matches(a, &s.id, name), "profile allowlist"); }
+            prop_assert!(!set_matches(&c.profile_deny, &s.id, name), "profile denylist");
+            if let Some(a) = &req_allow { prop_assert!(set_matches(a, &s.id, name), "request allowlist"); }
+            prop_assert!(!set_matches(&req_deny, &s.id, name), "request denylist");
+            prop_assert!(c.snap.profile("p").expect("profile").object.spec.servers.iter().any(|x| *x == *s.id), "profile allows server");
+        }
+        // Every listed tool of a server in use is either exposed or has a decision.
+        for s in &set.servers {
+            let (_, _, _, tools) = c.servers.iter().find(|(id, ..)| *id == *s.id).expect("server exists");
+            let shown = s.tools.as_ref().map_or(0, Vec::len);
+            let excluded = set.decisions.iter().filter(|d| d.server == *s.id && d.tool.is_some()).count();
+            prop_assert_eq!(shown + excluded, tools.len());
+        }
+    }
+
+    #[test]
+    fn names_are_valid_unique_and_route_back(c in case(), caller in prop::collection::vec("mcp__[a-z]{1,4}__[a-z_]{1,6}", 0..3)) {
+        let caller_refs: Vec<&str> = caller.iter().map(String::as_str).collect();
+        let set = CompiledProfile::compile(&c.snap, "p").expect("compiles").effective(lookup(&c.tools), None, &caller_refs).expect("set");
+        let mut seen = std::collections::HashSet::new();
+        for (s, t) in set.tools() {
+            prop_assert!(is_valid_function_name(&t.name), "invalid name {:?}", t.name);
+            prop_assert!(seen.insert(t.name.clone()), "duplicate name {:?}", t.name);
+            prop_assert!(!caller.iter().any(|c| **c == *t.name), "shadowed a caller tool");
+            let route = set.routes.resolve(&t.name).expect("routes back");
+            prop_assert_eq!(&*route.server, &*s.id);
+            prop_assert_eq!(&*route.tool, &*t.tool.name);
+            let dotted = format!("mcp.{}.{}", s.id, t.tool.name);
+            prop_assert_eq!(set.routes.resolve(&dotted).map(|r| &*r.tool), Some(&*t.tool.name));
+        }
+        prop_assert_eq!(set.routes.len(), seen.len());
+    }
+
+    #[test]
+    fn names_are_stable_when_other_servers_come_and_go(c in case(), extra in server_case()) {
+        let names = |snap: &Snapshot, tools: &BTreeMap<String, ServerTools>| -> BTreeMap<(String, String), String> {
+            CompiledProfile::compile(snap, "p").expect("compiles").effective(lookup(tools), None, &[]).expect("set")
+                .tools().map(|(s, t)| ((s.id.to_string(), t.tool.name.to_string()), t.name.to_string())).collect()
+        };
+        let before = names(&c.snap, &c.tools);
+        // Add one more server (allowed by the profile) and compare the others' names.
+        let (id, allowed, denied, tools) = extra;
+        prop_assume!(!c.servers.iter().any(|(x, ..)| *x == id));
+        let mut objects: Vec<McpServer> = c.snap.servers().values().map(|v| (*v.object).clone()).collect();
+        let a: Vec<&str> = allowed.iter().map(String::as_str).collect();
+        let d: Vec<&str> = denied.iter().map(String::as_str).collect();
+        objects.push(server(&id, &a, &d));
+        let mut p = (*c.snap.profile("p").expect("profile").object).clone();
+        p.spec.servers.push(id.clone());
+        let snap = snapshot(objects, vec![p]);
+        let mut all_tools = c.tools.clone();
+        all_tools.insert(id.clone(), ServerTools::Listed(Arc::new(ToolList::new(&id, tools.iter().map(|n| ToolInfo::named(n)).collect()))));
+        let after = names(&snap, &all_tools);
+        for (key, name) in &before {
+            prop_assert_eq!(after.get(key), Some(name), "{:?} was renamed", key);
+        }
+    }
+}

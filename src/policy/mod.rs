@@ -1,0 +1,25 @@
+//! Policy: which tools a workload sees, under which names, with which budgets. Pure: no I/O.
+//!
+//! ```text
+//! Snapshot ──CompiledProfile::compile(profile)──▶ CompiledProfile (patterns compiled once)
+//!    tool lists (pool cache) + RequestScope + caller tool names ──effective()──▶ EffectiveSet
+//!        servers, tools (model-facing names), RouteTable, budgets, decision log
+//! ```
+//!
+//! - [`pattern`]: `*`/`?` globs compiled once, allocation-free matching.
+//! - [`name`]: `mcp__<server>__<tool>` names and the route table back to (server, tool).
+//! - [`effective`]: the layered intersection and the decision log.
+//! - [`budget`]: composition where every layer only tightens.
+//! - [`approval`]: per-tool approval mode, most specific pattern first.
+
+pub mod approval;
+pub mod budget;
+pub mod effective;
+pub mod name;
+pub mod pattern;
+
+pub use effective::{
+    CompiledProfile, Decision, EffectiveServer, EffectiveSet, EffectiveTool, Layer, PolicyError, Reason, RequestScope,
+    ServerTools, ToolInfo, ToolList,
+};
+pub use name::{Route, RouteTable};

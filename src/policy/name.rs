@@ -1,0 +1,231 @@
+//! Model-facing tool names (`mcp__<server>__<tool>`) and the route table that maps them back.
+//!
+//! ```text
+//! (server part, tool name) ──encode──▶ base name  (a pure function of the pair: stable on every
+//!                                        │          agent, across restarts, whatever else exists)
+//!                 too long ──────────────┤──▶ 55-char prefix + "_" + 8-hex hash of the pair
+//!   collides with a caller's tool ───────┘──▶ same shape, hash salted until free
+//! ```
+//!
+//! Encoding of each part: the plain text when it is made of `[A-Za-z0-9_-]`, does not contain
+//! `__` and neither starts nor ends with `_` (readable in the common case); otherwise `_`
+//! followed by its URL-safe base64 without padding. A plain part never starts with `_` and an
+//! encoded one always does, so the two cannot collide, and base64 is injective; the server part
+//! never contains `__` (server ids are DNS labels, `toolNamespace` is validated to the plain
+//! shape), so the first `__` after `mcp__` always ends it. Distinct (server, tool) pairs thus
+//! give distinct base names; only shortened and salted names can collide, and those few are
+//! checked against each other.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use sha2::{Digest, Sha256};
+
+/// Prefix of every model-facing MCP tool name.
+pub const PREFIX: &str = "mcp__";
+/// Separator between the server and tool parts.
+pub const SEPARATOR: &str = "__";
+/// Longest name OpenAI-style function names allow.
+pub const MAX_NAME_LEN: usize = 64;
+/// Hex characters of the hash suffix: 32 bits; real collisions are also checked.
+const HASH_LEN: usize = 8;
+/// Characters kept from the readable name in front of `_<hash>`.
+const KEPT_LEN: usize = MAX_NAME_LEN - HASH_LEN - 1;
+
+/// Whether a part can appear as is.
+fn is_plain(part: &str) -> bool {
+    !part.is_empty()
+        && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && !part.contains(SEPARATOR)
+        && !part.starts_with('_')
+        && !part.ends_with('_')
+}
+
+/// Appends `part`, plain or `_`-prefixed base64.
+fn push_part(out: &mut String, part: &str) {
+    if is_plain(part) {
+        out.push_str(part);
+    } else {
+        out.push('_');
+        URL_SAFE_NO_PAD.encode_string(part.as_bytes(), out);
+    }
+}
+
+/// The name before any shortening: `mcp__<server>__<tool>`, each part encoded.
+fn full_name(server_part: &str, tool: &str) -> String {
+    let mut out = String::with_capacity(PREFIX.len() + server_part.len() + SEPARATOR.len() + tool.len() + 8);
+    out.push_str(PREFIX);
+    push_part(&mut out, server_part);
+    out.push_str(SEPARATOR);
+    push_part(&mut out, tool);
+    out
+}
+
+/// `prefix(name) + "_" + hash(key, tool, salt)`, exactly [`MAX_NAME_LEN`] characters.
+fn hashed_name(full: &str, key: &str, tool: &str, salt: u32) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(key.as_bytes());
+    hasher.update([0]);
+    hasher.update(tool.as_bytes());
+    if salt > 0 {
+        hasher.update(salt.to_be_bytes());
+    }
+    let digest = hasher.finalize();
+    // `full` is ASCII (plain parts and base64), so byte slicing is on char boundaries.
+    let kept = &full[..full.len().min(KEPT_LEN)];
+    let mut out = String::with_capacity(MAX_NAME_LEN);
+    out.push_str(kept);
+    out.push('_');
+    for byte in digest.iter().take(HASH_LEN / 2) {
+        out.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0'));
+        out.push(char::from_digit(u32::from(byte & 0xf), 16).unwrap_or('0'));
+    }
+    out
+}
+
+/// The model-facing name of `tool` on the server whose name part is `server_part`, before
+/// collision handling. A pure function of the pair.
+pub fn base_name(server_part: &str, tool: &str) -> String {
+    let full = full_name(server_part, tool);
+    if full.len() <= MAX_NAME_LEN { full } else { hashed_name(&full, server_part, tool, 0) }
+}
+
+/// Whether `base_name` may have collided with another pair's (it was shortened, or reached the
+/// length where shortened names live). Only these need a uniqueness check.
+pub fn may_collide(name: &str) -> bool {
+    name.len() == MAX_NAME_LEN
+}
+
+/// A name that is not in `taken`, for `tool` on a server whose name part is `server_part`:
+/// `base` itself when `keep_base` and it is free, else hash variants keyed by `hash_key` (the
+/// server id, so two servers sharing a name part get different names) and a salt counted up
+/// until free. Deterministic: the same inputs and `taken` set give the same name.
+pub fn free_name(
+    base: &str,
+    server_part: &str,
+    hash_key: &str,
+    tool: &str,
+    keep_base: bool,
+    taken: impl Fn(&str) -> bool,
+) -> String {
+    if keep_base && !taken(base) {
+        return base.to_string();
+    }
+    let full = full_name(server_part, tool);
+    let first_salt = u32::from(keep_base);
+    (first_salt..)
+        .map(|salt| hashed_name(&full, hash_key, tool, salt))
+        .find(|candidate| !taken(candidate))
+        .unwrap_or_else(|| base.to_string())
+}
+
+/// Whether `name` has the shape every model-facing name has: `^[a-zA-Z0-9_-]{1,64}$`.
+pub fn is_valid_function_name(name: &str) -> bool {
+    (1..=MAX_NAME_LEN).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+// === impl RouteTable ===
+
+/// Where a model-facing name goes: the server id and the tool's original name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Route {
+    /// The McpServer's `metadata.name`.
+    pub server: Arc<str>,
+    /// The tool name as the server lists it.
+    pub tool: Arc<str>,
+}
+
+/// Maps model-facing names (and the dotted `mcp.<server>.<tool>` form) back to routes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouteTable {
+    by_name: HashMap<Arc<str>, Route>,
+}
+
+impl RouteTable {
+    /// Records that `name` routes to `route`.
+    pub fn insert(&mut self, name: Arc<str>, route: Route) {
+        self.by_name.insert(name, route);
+    }
+
+    /// Number of routes.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// Whether there is no route.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// The route of a name as a model or client writes it: a model-facing name, or the dotted
+    /// form `mcp.<server>.<tool>` (server id, original tool name; the tool may contain dots).
+    pub fn resolve(&self, name: &str) -> Option<&Route> {
+        if let Some(route) = self.by_name.get(name) {
+            return Some(route);
+        }
+        let (server, tool) = name.strip_prefix("mcp.")?.split_once('.')?;
+        self.by_name.values().find(|r| &*r.server == server && &*r.tool == tool)
+    }
+
+    /// Every (name, route) pair.
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Route)> {
+        self.by_name.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_parts_stay_readable() {
+        assert_eq!(base_name("filesystem", "read_file"), "mcp__filesystem__read_file");
+        assert_eq!(base_name("everything", "get-sum"), "mcp__everything__get-sum");
+    }
+
+    #[test]
+    fn unsafe_parts_are_base64_with_a_leading_underscore() {
+        assert_eq!(base_name("fs", "read.file"), "mcp__fs___cmVhZC5maWxl");
+        assert_eq!(base_name("fs", "a__b"), format!("mcp__fs___{}", URL_SAFE_NO_PAD.encode("a__b")));
+        assert_eq!(base_name("fs", "_x"), format!("mcp__fs___{}", URL_SAFE_NO_PAD.encode("_x")));
+        assert_eq!(base_name("fs", ""), "mcp__fs___");
+        assert_ne!(base_name("fs", "cmVhZC5maWxl"), base_name("fs", "read.file"), "plain vs encoded");
+    }
+
+    #[test]
+    fn long_names_are_shortened_with_a_stable_hash() {
+        let tool = "t".repeat(200);
+        let name = base_name("fs", &tool);
+        assert_eq!(name.len(), MAX_NAME_LEN);
+        assert!(is_valid_function_name(&name));
+        assert_eq!(name, base_name("fs", &tool), "stable");
+        assert_ne!(name, base_name("fs", &"t".repeat(201)));
+        assert!(may_collide(&name));
+    }
+
+    #[test]
+    fn free_name_salts_until_free() {
+        let base = base_name("fs", "read_file");
+        let renamed = free_name(&base, "fs", "fs", "read_file", true, |n| n == base);
+        assert_ne!(renamed, base);
+        assert!(is_valid_function_name(&renamed));
+        assert_eq!(renamed, free_name(&base, "fs", "fs", "read_file", true, |n| n == base), "deterministic");
+        let other = free_name(&base, "fs", "other-server", "read_file", false, |_| false);
+        assert_ne!(other, renamed, "keyed by server id");
+        assert_eq!(free_name(&base, "fs", "fs", "read_file", true, |_| false), base);
+    }
+
+    #[test]
+    fn dotted_form_resolves_with_dots_in_the_tool() {
+        let mut table = RouteTable::default();
+        let route = Route { server: "fs".into(), tool: "read.file".into() };
+        table.insert(base_name("fs", "read.file").into(), route.clone());
+        assert_eq!(table.resolve("mcp.fs.read.file"), Some(&route));
+        assert_eq!(table.resolve(&base_name("fs", "read.file")), Some(&route));
+        assert_eq!(table.resolve("mcp.fs.write"), None);
+        assert_eq!(table.resolve("mcp__fs__read"), None);
+    }
+}
