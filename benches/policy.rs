@@ -1,10 +1,14 @@
 //! The injected tool list for 50 servers x 20 tools, from a snapshot with cached tool lists
-//! (issue target: median <= 50 us). Run: `cargo bench --bench policy`.
+//! (issue target: median <= 50 us): `effective_tool_list_50x20` computes the request's
+//! effective set from the profile catalog and collects the (name, tool) list to inject.
+//! Run: `cargo bench --bench policy`.
 //!
 //! Measured alongside, in the same run:
 //! - baseline `copy_tool_list`: walking the cached lists and cloning every tool into a Vec, the
 //!   least work any injector must do; the policy's cost is reported as a ratio against it;
 //! - `compile_profile`: compiling the profile's patterns, done once per snapshot revision;
+//! - `catalog`: the server and profile layers applied to the cached lists and every tool named,
+//!   done once per revision or tool-list change (what `effective` then shares per request);
 //! - `effective_with_request`: a request that narrows by allowlist and denylist and has a
 //!   caller-registered tool (patterns compiled per request).
 
@@ -64,7 +68,8 @@ fn bench(c: &mut Criterion) {
     let (snapshot, lists) = fixture();
     let compiled = CompiledProfile::compile(&snapshot, "bench").expect("profile compiles");
     let lookup = |id: &str| lists.get(id).cloned().unwrap_or(ServerTools::Unknown);
-    let set = compiled.effective(lookup, None, &[]).expect("effective set");
+    let catalog = compiled.catalog(lookup);
+    let set = catalog.effective(None, &[]).expect("effective set");
     assert_eq!(set.tools().count(), SERVERS * TOOLS * 3 / 4, "3 of 4 tool prefixes are allowed");
 
     c.bench_function("copy_tool_list (baseline)", |b| {
@@ -79,7 +84,12 @@ fn bench(c: &mut Criterion) {
         })
     });
     c.bench_function("effective_tool_list_50x20", |b| {
-        b.iter(|| black_box(compiled.effective(lookup, None, &[]).expect("effective set")))
+        b.iter(|| {
+            let set = catalog.effective(None, &[]).expect("effective set");
+            // The injected list itself: every exposed tool's name and definition.
+            let tools: Vec<_> = set.tools().map(|(_, t)| (t.name.clone(), t.tool.clone())).collect();
+            black_box((set, tools))
+        })
     });
     let request = RequestScope {
         tool_allowlist: Some(vec!["read_*".into(), "get_*".into()]),
@@ -88,8 +98,13 @@ fn bench(c: &mut Criterion) {
     };
     let caller = ["mcp__server-00__read_thing_0"];
     c.bench_function("effective_with_request_50x20", |b| {
-        b.iter(|| black_box(compiled.effective(lookup, Some(&request), &caller).expect("effective set")))
+        b.iter(|| {
+            let set = catalog.effective(Some(&request), &caller).expect("effective set");
+            let tools: Vec<_> = set.tools().map(|(_, t)| (t.name.clone(), t.tool.clone())).collect();
+            black_box((set, tools))
+        })
     });
+    c.bench_function("catalog_50x20", |b| b.iter(|| black_box(compiled.catalog(lookup))));
     c.bench_function("compile_profile_50_servers", |b| {
         b.iter(|| black_box(CompiledProfile::compile(&snapshot, "bench").expect("compiles")))
     });

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use super::{EXIT_INVALID, usage_error};
 use crate::api::manifest;
 use crate::convert;
+use crate::policy::{CompiledProfile, EffectiveSet, RequestScope, ServerTools};
 use crate::registry::dir::{DirOptions, DirSource};
 use crate::registry::snapshot::Snapshot;
 use crate::registry::view::RegistryView;
@@ -23,6 +24,15 @@ pub struct Args {
 
     #[command(subcommand)]
     command: Command,
+}
+
+/// How `explain` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OutputFormat {
+    /// Aligned text for people.
+    Table,
+    /// One JSON document for machines.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -40,6 +50,26 @@ enum Command {
         /// Keep watching the directory and print each new revision.
         #[arg(long, env = "SPEAR_REGISTRY_WATCH")]
         watch: bool,
+    },
+    /// Explain what a profile exposes: the effective servers and tools, and why the rest is not.
+    ///
+    /// Decides on servers and patterns alone (tool lists need a connection to each server,
+    /// which arrives with the client pool); says so in its output. Exit status: 0 on success,
+    /// 1 when the profile is unknown or the request is refused, 2 on a usage error.
+    Explain {
+        /// Directory of McpServer/McpProfile manifests (local mode).
+        #[arg(long, env = "SPEAR_REGISTRY_DIR", value_name = "DIR")]
+        registry_dir: PathBuf,
+        /// The McpProfile to explain.
+        #[arg(long, env = "SPEAR_PROFILE")]
+        profile: String,
+        /// A request scope as JSON: {"server_ids": [...], "tool_allowlist": [...],
+        /// "tool_denylist": [...], "budgets": {...}}.
+        #[arg(long, value_name = "JSON")]
+        request: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
     },
     /// Validate McpServer/McpProfile manifests offline (for CI and GitOps pipelines).
     ///
@@ -77,6 +107,9 @@ impl Args {
         }
         match command {
             Command::Registry { registry_dir, watch } => registry(&registry_dir, watch),
+            Command::Explain { registry_dir, profile, request, output } => {
+                explain(&registry_dir, &profile, request.as_deref(), output)
+            }
             Command::Validate { paths } => validate(&paths),
             Command::Convert { files, output_dir, namespace } => {
                 convert_files(&files, output_dir.as_deref(), namespace)
@@ -310,5 +343,108 @@ fn describe_change(old: &Snapshot, new: &Snapshot) -> String {
     for problem in new.problems() {
         let _ = writeln!(out, "problem: {problem}");
     }
+    out
+}
+
+// === explain ===
+
+/// Said wherever tools are not listed, so nobody mistakes a pattern-level answer for the full one.
+const NOT_LISTED: &str = "tool lists not fetched: decided on servers and patterns alone (per-tool decisions need a connection to each server)";
+
+fn explain(dir: &Path, profile: &str, request: Option<&str>, output: OutputFormat) -> ExitCode {
+    let scope: Option<RequestScope> = match request.map(serde_json::from_str).transpose() {
+        Ok(scope) => scope,
+        Err(e) => return usage_error(format!("--request is not a valid request scope: {e}")),
+    };
+    let snapshot = match DirSource::load(dir) {
+        Ok(snapshot) => snapshot,
+        Err(e) => return usage_error(e),
+    };
+    for problem in snapshot.problems() {
+        eprintln!("warning: registry problem (last good objects are used): {problem}");
+    }
+    let set = CompiledProfile::compile(&snapshot, profile)
+        .and_then(|compiled| compiled.effective(|_| ServerTools::Unknown, scope.as_ref(), &[]));
+    let set = match set {
+        Ok(set) => set,
+        Err(e) => {
+            eprintln!("error: {} ({})", e, e.code());
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    match output {
+        OutputFormat::Json => println!("{}", explain_json(&snapshot, &set)),
+        OutputFormat::Table => print!("{}", explain_table(&snapshot, &set)),
+    }
+    ExitCode::SUCCESS
+}
+
+fn explain_json(snapshot: &Snapshot, set: &EffectiveSet) -> serde_json::Value {
+    let servers: Vec<serde_json::Value> = set
+        .servers
+        .iter()
+        .map(|s| {
+            let spec = snapshot.server(&s.id).map(|v| v.object.spec.clone()).unwrap_or_default();
+            serde_json::json!({
+                "id": &*s.id,
+                "namePart": &*s.server_part,
+                "budgets": s.budgets,
+                "allowedTools": spec.allowed_tools,
+                "deniedTools": spec.denied_tools,
+                "tools": s.tools.as_ref().map(|tools| tools.iter().map(|t| serde_json::json!({
+                    "name": &*t.name, "tool": &*t.tool.name,
+                })).collect::<Vec<_>>()),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "profile": set.profile,
+        "revision": set.revision.as_str(),
+        "toolsListed": false,
+        "note": NOT_LISTED,
+        "servers": servers,
+        "excluded": set.decisions(),
+        "loopBudgets": set.loop_budgets,
+    })
+}
+
+fn explain_table(snapshot: &Snapshot, set: &EffectiveSet) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "profile {} at registry revision {}", set.profile, set.revision);
+    let _ = writeln!(out, "note: {NOT_LISTED}");
+    let _ = writeln!(
+        out,
+        "{:<24} {:<20} {:>10} {:>12} {:>6}  TOOLS (allowed / denied patterns)",
+        "SERVER", "NAME PART", "TIMEOUT MS", "OUTPUT BYTES", "CONC"
+    );
+    for s in &set.servers {
+        let spec = snapshot.server(&s.id).map(|v| v.object.spec.clone()).unwrap_or_default();
+        let tools = match &s.tools {
+            Some(tools) => tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>().join(","),
+            None => format!("{} / {}", join_or_dash(&spec.allowed_tools), join_or_dash(&spec.denied_tools)),
+        };
+        let b = s.budgets;
+        let _ = writeln!(
+            out,
+            "{:<24} {:<20} {:>10} {:>12} {:>6}  {tools}",
+            s.id, s.server_part, b.tool_timeout_ms, b.max_tool_output_bytes, b.max_concurrency
+        );
+    }
+    let decisions = set.decisions();
+    if !decisions.is_empty() {
+        let _ = writeln!(out, "EXCLUDED");
+        for d in decisions {
+            let what = match &d.tool {
+                Some(tool) => format!("{}/{tool}", d.server),
+                None => d.server.clone(),
+            };
+            let detail = d.detail.as_deref().map(|x| format!(" ({x})")).unwrap_or_default();
+            let _ = writeln!(out, "  {what:<40} {}{detail}", d.reason);
+        }
+    }
+    let l = set.loop_budgets;
+    let _ =
+        writeln!(out, "loop budgets: maxIterations {}, maxTotalToolCalls {}", l.max_iterations, l.max_total_tool_calls);
     out
 }

@@ -14,7 +14,7 @@
 //! (`mcp_policy_denied`), never a silent drop. Deny always wins over allow. Pure: tool lists
 //! come in as data (from the client pool's cache, or nothing when deciding on patterns alone).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -97,8 +97,9 @@ pub enum ServerTools {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RequestScope {
-    /// Servers to use; each must be allowed by the profile. Absent: the profile's defaults.
-    #[serde(alias = "server_ids")]
+    /// Servers to use (`server_ids`); each must be allowed by the profile. Absent: the
+    /// profile's defaults.
+    #[serde(rename = "server_ids", alias = "servers")]
     pub servers: Option<Vec<String>>,
     /// Only tools matching one of these (tool name or `server/tool`). Absent: no narrowing.
     pub tool_allowlist: Option<Vec<String>>,
@@ -210,31 +211,7 @@ pub struct EffectiveServer {
     /// Call budgets after every layer.
     pub budgets: CallBudgets,
     /// Exposed tools; `None` when the server's tools are not known (decided on patterns alone).
-    pub tools: Option<Vec<EffectiveTool>>,
-}
-
-/// The result: what one request may use, the routes back, and why everything else is excluded.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EffectiveSet {
-    /// The snapshot revision the decision used.
-    pub revision: Revision,
-    /// The profile.
-    pub profile: String,
-    /// Servers in use, by id.
-    pub servers: Vec<EffectiveServer>,
-    /// Model-facing name → (server, tool).
-    pub routes: RouteTable,
-    /// Every exclusion, sorted.
-    pub decisions: Vec<Decision>,
-    /// Loop budgets after every layer.
-    pub loop_budgets: LoopBudgets,
-}
-
-impl EffectiveSet {
-    /// Every exposed tool, in server order then list order.
-    pub fn tools(&self) -> impl Iterator<Item = (&EffectiveServer, &EffectiveTool)> {
-        self.servers.iter().flat_map(|s| s.tools.iter().flatten().map(move |t| (s, t)))
-    }
+    pub tools: Option<Arc<[EffectiveTool]>>,
 }
 
 /// Why no effective set can be computed.
@@ -294,6 +271,10 @@ impl LayerPatterns {
         let compile =
             |p: &[&String]| PatternSet::new(p).map_err(|source| PolicyError::InvalidPattern { layer, source });
         Ok(LayerPatterns { bare: compile(&b)?, qualified: compile(&q)? })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bare.is_empty() && self.qualified.is_empty()
     }
 
     /// `qualified_name` is filled lazily (`server/tool`) into a reused buffer.
@@ -443,11 +424,160 @@ impl CompiledProfile {
         &self.revision
     }
 
-    /// The effective set for one request. `tools` says what is known of each server's tools;
-    /// `caller_tools` are the names of the request's own tools, which MCP names never shadow.
+    /// Applies the server and profile layers to what is known of each server's tools and names
+    /// every tool. Rebuild it when the snapshot or a tool list changes; reuse it per request.
+    pub fn catalog(&self, tools: impl Fn(&str) -> ServerTools) -> Arc<ProfileCatalog> {
+        let mut routes = RouteTable::default();
+        // Names that might collide (shortened, shared server part): checked as a set.
+        let mut checked: HashSet<Arc<str>> = HashSet::new();
+        let mut buffer = String::new();
+        let mut servers = Vec::with_capacity(self.servers.len());
+        for (id, server) in &self.servers {
+            let mut decisions = Vec::new();
+            let mut entry = CatalogServer {
+                id: server.id.clone(),
+                server_part: server.server_part.clone(),
+                spec: server.spec.clone(),
+                tools: None,
+                usable: true,
+                decisions: Arc::from([]),
+            };
+            if server.allowed.is_empty() {
+                decisions.push(decision(id, None, Reason::DenyAllServer, None));
+                entry.usable = false;
+            } else {
+                match tools(id) {
+                    ServerTools::Unknown => {}
+                    ServerTools::EnvMissing { variable } => {
+                        decisions.push(decision(id, None, Reason::EnvMissing, Some(variable)));
+                        entry.usable = false;
+                    }
+                    ServerTools::ListFailed { message } => {
+                        decisions.push(decision(id, None, Reason::ListFailed, Some(message)));
+                        entry.usable = false;
+                    }
+                    ServerTools::Listed(list) => {
+                        let exposed =
+                            self.expose(server, &list, &mut decisions, &mut routes, &mut checked, &mut buffer);
+                        entry.tools = Some(exposed.into());
+                    }
+                }
+            }
+            entry.decisions = decisions.into();
+            servers.push(entry);
+        }
+        Arc::new(ProfileCatalog {
+            revision: self.revision.clone(),
+            profile: self.profile.clone(),
+            spec: self.spec.clone(),
+            allowed: self.allowed.clone(),
+            static_decisions: self.static_decisions.clone().into(),
+            servers,
+            routes,
+        })
+    }
+
+    /// The server and profile layers over one listed server: exposed tools with their names.
+    fn expose(
+        &self,
+        server: &CompiledServer,
+        list: &ToolList,
+        decisions: &mut Vec<Decision>,
+        routes: &mut RouteTable,
+        checked: &mut HashSet<Arc<str>>,
+        buffer: &mut String,
+    ) -> Vec<EffectiveTool> {
+        // A list cached under an older toolNamespace is renamed here (rare: config changes
+        // invalidate the cache).
+        let renamed;
+        let list: &ToolList = if list.server_part == *server.server_part {
+            list
+        } else {
+            renamed = ToolList::new(&server.server_part, list.tools.iter().map(|(t, _)| t.clone()).collect());
+            &renamed
+        };
+        let id: &str = &server.id;
+        let mut exposed = Vec::with_capacity(list.tools.len());
+        for (tool, base) in &list.tools {
+            let t: &str = &tool.name;
+            let reason = if !server.allowed.is_match(t) {
+                Some(Reason::NotAllowedBy(Layer::Server))
+            } else if server.denied.is_match(t) {
+                Some(Reason::DeniedBy(Layer::Server))
+            } else if self.allow.as_ref().is_some_and(|a| !a.is_match(id, t, buffer)) {
+                Some(Reason::NotAllowedBy(Layer::Profile))
+            } else if self.deny.is_match(id, t, buffer) {
+                Some(Reason::DeniedBy(Layer::Profile))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                decisions.push(decision(id, Some(t), reason, None));
+                continue;
+            }
+            let model_name = if server.shares_part || name::may_collide(base) {
+                // Of servers sharing a name part, the one whose id is the part keeps the plain
+                // names; the others always get names keyed by their own id, so adding a server
+                // never renames another's tools.
+                let keep_base = !server.shares_part || *server.id == *server.server_part;
+                let free: Arc<str> =
+                    name::free_name(base, &server.server_part, id, t, keep_base, |n| checked.contains(n)).into();
+                checked.insert(free.clone());
+                free
+            } else {
+                base.clone()
+            };
+            routes.insert(model_name.clone(), Route { server: server.id.clone(), tool: tool.name.clone() });
+            exposed.push(EffectiveTool { name: model_name, tool: tool.clone(), approval: server.approval.mode_for(t) });
+        }
+        exposed
+    }
+
+    /// The effective set for one request, in one go (catalog, then [`ProfileCatalog::effective`]).
     pub fn effective(
         &self,
         tools: impl Fn(&str) -> ServerTools,
+        request: Option<&RequestScope>,
+        caller_tools: &[&str],
+    ) -> Result<EffectiveSet, PolicyError> {
+        self.catalog(tools).effective(request, caller_tools)
+    }
+}
+
+// === impl ProfileCatalog ===
+
+#[derive(Debug)]
+struct CatalogServer {
+    id: Arc<str>,
+    server_part: Arc<str>,
+    spec: Arc<McpServer>,
+    /// Tools past the server and profile layers; `None` when the list is not known.
+    tools: Option<Arc<[EffectiveTool]>>,
+    /// False when nothing of it can be used (deny-all, env missing, list failed).
+    usable: bool,
+    /// Why tools (or the whole server) are excluded by the server and profile layers.
+    decisions: Arc<[Decision]>,
+}
+
+/// A profile's tools after the server and profile layers, named: the part of the effective set
+/// that does not depend on the request. Built when the snapshot or a tool list changes.
+#[derive(Debug)]
+pub struct ProfileCatalog {
+    revision: Revision,
+    profile: String,
+    spec: Arc<McpProfile>,
+    allowed: BTreeSet<String>,
+    static_decisions: Arc<[Decision]>,
+    servers: Vec<CatalogServer>,
+    routes: RouteTable,
+}
+
+impl ProfileCatalog {
+    /// The effective set for one request. Without request patterns or colliding caller tools it
+    /// shares the catalog's tool lists and routes (no per-tool work); otherwise it filters and
+    /// renames what it must.
+    pub fn effective(
+        self: &Arc<Self>,
         request: Option<&RequestScope>,
         caller_tools: &[&str],
     ) -> Result<EffectiveSet, PolicyError> {
@@ -470,22 +600,27 @@ impl CompiledProfile {
         let request_allow =
             scope.tool_allowlist.as_deref().map(|a| LayerPatterns::new(a, Layer::Request)).transpose()?;
         let request_deny = LayerPatterns::new(&scope.tool_denylist, Layer::Request)?;
-
-        let mut decisions = self.static_decisions.clone();
-        let mut servers = Vec::with_capacity(self.servers.len());
-        let mut routes = RouteTable::default();
+        let narrows_tools = request_allow.is_some() || !request_deny.is_empty();
         let caller: HashSet<&str> = caller_tools.iter().copied().collect();
-        // Names that might collide (shortened, shared server part, renamed): checked as a set.
-        let mut checked: HashSet<Arc<str>> = HashSet::new();
-        let mut buffer = String::new();
 
-        for (id, server) in &self.servers {
-            if wanted.as_ref().is_some_and(|w| !w.contains(id.as_str())) {
-                decisions.push(decision(id, None, Reason::NotAllowedBy(narrowing_layer), None));
+        let mut set = EffectiveSet {
+            revision: self.revision.clone(),
+            profile: self.profile.clone(),
+            servers: Vec::with_capacity(self.servers.len()),
+            loop_budgets: budget::loop_budgets(p.budgets.as_ref(), &scope.budgets),
+            catalog: self.clone(),
+            not_wanted: Vec::new(),
+            request_decisions: Vec::new(),
+            filtered: HashSet::new(),
+            renamed: HashMap::new(),
+        };
+        let mut buffer = String::new();
+        for server in &self.servers {
+            if wanted.as_ref().is_some_and(|w| !w.contains(&*server.id)) {
+                set.not_wanted.push((server.id.clone(), narrowing_layer));
                 continue;
             }
-            if server.allowed.is_empty() {
-                decisions.push(decision(id, None, Reason::DenyAllServer, None));
+            if !server.usable {
                 continue;
             }
             let budgets = budget::call_budgets(
@@ -493,96 +628,137 @@ impl CompiledProfile {
                 p.budgets.as_ref(),
                 &scope.budgets,
             );
-            let list = match tools(id) {
-                ServerTools::Listed(list) => list,
-                ServerTools::Unknown => {
-                    servers.push(EffectiveServer {
-                        id: server.id.clone(),
-                        server_part: server.server_part.clone(),
-                        budgets,
-                        tools: None,
-                    });
-                    continue;
+            let tools = match &server.tools {
+                Some(tools) if narrows_tools || tools.iter().any(|t| caller.contains(&*t.name)) => {
+                    Some(set.narrow(server, tools, request_allow.as_ref(), &request_deny, &caller, &mut buffer))
                 }
-                ServerTools::EnvMissing { variable } => {
-                    decisions.push(decision(id, None, Reason::EnvMissing, Some(variable)));
-                    continue;
-                }
-                ServerTools::ListFailed { message } => {
-                    decisions.push(decision(id, None, Reason::ListFailed, Some(message)));
-                    continue;
-                }
+                other => other.clone(),
             };
-            // A list cached under an older toolNamespace is renamed here (rare: config changes
-            // invalidate the cache).
-            let renamed;
-            let list: &ToolList = if list.server_part == *server.server_part {
-                &list
-            } else {
-                let infos = list.tools.iter().map(|(t, _)| t.clone()).collect();
-                renamed = ToolList::new(&server.server_part, infos);
-                &renamed
-            };
-
-            let mut exposed = Vec::with_capacity(list.tools.len());
-            for (tool, base) in &list.tools {
-                let t: &str = &tool.name;
-                let reason = if !server.allowed.is_match(t) {
-                    Some(Reason::NotAllowedBy(Layer::Server))
-                } else if server.denied.is_match(t) {
-                    Some(Reason::DeniedBy(Layer::Server))
-                } else if self.allow.as_ref().is_some_and(|a| !a.is_match(id, t, &mut buffer)) {
-                    Some(Reason::NotAllowedBy(Layer::Profile))
-                } else if self.deny.is_match(id, t, &mut buffer) {
-                    Some(Reason::DeniedBy(Layer::Profile))
-                } else if request_allow.as_ref().is_some_and(|a| !a.is_match(id, t, &mut buffer)) {
-                    Some(Reason::NotAllowedBy(Layer::Request))
-                } else if request_deny.is_match(id, t, &mut buffer) {
-                    Some(Reason::DeniedBy(Layer::Request))
-                } else {
-                    None
-                };
-                if let Some(reason) = reason {
-                    decisions.push(decision(id, Some(t), reason, None));
-                    continue;
-                }
-                let needs_check = server.shares_part || name::may_collide(base) || caller.contains(&**base);
-                let model_name = if needs_check {
-                    // Of servers sharing a name part, the one whose id is the part keeps the
-                    // plain names; the others always get names keyed by their own id, so adding
-                    // a server never renames another's tools.
-                    let keep_base = !server.shares_part || *server.id == *server.server_part;
-                    let taken = |n: &str| caller.contains(n) || checked.contains(n);
-                    let free = name::free_name(base, &server.server_part, &server.id, t, keep_base, taken);
-                    let free: Arc<str> = free.into();
-                    checked.insert(free.clone());
-                    free
-                } else {
-                    base.clone()
-                };
-                routes.insert(model_name.clone(), Route { server: server.id.clone(), tool: tool.name.clone() });
-                exposed.push(EffectiveTool {
-                    name: model_name,
-                    tool: tool.clone(),
-                    approval: server.approval.mode_for(t),
-                });
-            }
-            servers.push(EffectiveServer {
+            set.servers.push(EffectiveServer {
                 id: server.id.clone(),
                 server_part: server.server_part.clone(),
                 budgets,
-                tools: Some(exposed),
+                tools,
             });
         }
-        decisions.sort();
-        Ok(EffectiveSet {
-            revision: self.revision.clone(),
-            profile: self.profile.clone(),
-            servers,
-            routes,
-            decisions,
-            loop_budgets: budget::loop_budgets(p.budgets.as_ref(), &scope.budgets),
-        })
+        Ok(set)
+    }
+}
+
+// === impl EffectiveSet ===
+
+/// The result: what one request may use, the routes back, and why everything else is excluded.
+#[derive(Clone, Debug)]
+pub struct EffectiveSet {
+    /// The snapshot revision the decision used.
+    pub revision: Revision,
+    /// The profile.
+    pub profile: String,
+    /// Servers in use, by id.
+    pub servers: Vec<EffectiveServer>,
+    /// Loop budgets after every layer.
+    pub loop_budgets: LoopBudgets,
+    catalog: Arc<ProfileCatalog>,
+    /// Servers the request (or the profile's defaults) left out.
+    not_wanted: Vec<(Arc<str>, Layer)>,
+    /// Tools the request's patterns excluded.
+    request_decisions: Vec<Decision>,
+    /// Catalog names not exposed in this set (excluded by the request).
+    filtered: HashSet<Arc<str>>,
+    /// Catalog name → new name, for tools renamed because a caller's tool has their name.
+    renamed: HashMap<Arc<str>, (Arc<str>, Route)>,
+}
+
+impl PartialEq for EffectiveSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.revision == other.revision
+            && self.profile == other.profile
+            && self.servers == other.servers
+            && self.loop_budgets == other.loop_budgets
+            && self.decisions() == other.decisions()
+    }
+}
+
+impl EffectiveSet {
+    /// Every exposed tool, in server order then list order.
+    pub fn tools(&self) -> impl Iterator<Item = (&EffectiveServer, &EffectiveTool)> {
+        self.servers.iter().flat_map(|s| s.tools.iter().flat_map(|t| t.iter()).map(move |t| (s, t)))
+    }
+
+    /// The route of a name as a model or client writes it (a model-facing name, or the dotted
+    /// form `mcp.<server>.<tool>`), if that tool is exposed in this set.
+    pub fn route(&self, name: &str) -> Option<&Route> {
+        if let Some((_, route)) = self.renamed.values().find(|(new, _)| **new == *name) {
+            return Some(route);
+        }
+        let (catalog_name, route) = self.catalog.routes.lookup(name)?;
+        // A renamed tool's old name now belongs to the caller's own tool.
+        if **catalog_name == *name && self.renamed.contains_key(catalog_name) {
+            return None;
+        }
+        let in_use = self.servers.iter().any(|s| s.id == route.server);
+        (in_use && !self.filtered.contains(catalog_name)).then_some(route)
+    }
+
+    /// Every exclusion with its reason, sorted: servers outside the profile or missing, servers
+    /// the request or defaults left out, and, for servers in use, each excluded tool.
+    pub fn decisions(&self) -> Vec<Decision> {
+        let mut out: Vec<Decision> = self.catalog.static_decisions.to_vec();
+        for (id, layer) in &self.not_wanted {
+            out.push(decision(id, None, Reason::NotAllowedBy(*layer), None));
+        }
+        for server in &self.catalog.servers {
+            if !self.not_wanted.iter().any(|(id, _)| *id == server.id) {
+                out.extend(server.decisions.iter().cloned());
+            }
+        }
+        out.extend(self.request_decisions.iter().cloned());
+        out.sort();
+        out
+    }
+
+    /// Request-level filtering and renaming for one server (the slow path).
+    fn narrow(
+        &mut self,
+        server: &CatalogServer,
+        tools: &Arc<[EffectiveTool]>,
+        allow: Option<&LayerPatterns>,
+        deny: &LayerPatterns,
+        caller: &HashSet<&str>,
+        buffer: &mut String,
+    ) -> Arc<[EffectiveTool]> {
+        let id: &str = &server.id;
+        let mut kept = Vec::with_capacity(tools.len());
+        for tool in tools.iter() {
+            let t: &str = &tool.tool.name;
+            let reason = if allow.is_some_and(|a| !a.is_match(id, t, buffer)) {
+                Some(Reason::NotAllowedBy(Layer::Request))
+            } else if deny.is_match(id, t, buffer) {
+                Some(Reason::DeniedBy(Layer::Request))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                self.request_decisions.push(decision(id, Some(t), reason, None));
+                self.filtered.insert(tool.name.clone());
+                continue;
+            }
+            if !caller.contains(&*tool.name) {
+                kept.push(tool.clone());
+                continue;
+            }
+            // The caller's own tool wins; this one gets a deterministic new name that is free
+            // among the caller's tools, the catalog's names and earlier renames.
+            let base = name::base_name(&server.server_part, t);
+            let renamed: Vec<&Arc<str>> = self.renamed.values().map(|(n, _)| n).collect();
+            let taken =
+                |n: &str| caller.contains(n) || self.catalog.routes.contains(n) || renamed.iter().any(|r| ***r == *n);
+            let new_name: Arc<str> = name::free_name(&base, &server.server_part, id, t, false, taken).into();
+            let route = Route { server: server.id.clone(), tool: tool.tool.name.clone() };
+            self.renamed.insert(tool.name.clone(), (new_name.clone(), route));
+            kept.push(EffectiveTool { name: new_name, ..tool.clone() });
+        }
+        kept.into()
     }
 }
 

@@ -64,7 +64,7 @@ fn exposed(set: &EffectiveSet) -> Vec<String> {
 }
 
 fn reasons(set: &EffectiveSet) -> Vec<String> {
-    set.decisions
+    set.decisions()
         .iter()
         .map(|d| match &d.tool {
             Some(t) => format!("{}/{}: {}", d.server, t, d.reason),
@@ -146,7 +146,7 @@ fn env_missing_and_list_failed_exclude_the_server_with_details() {
     };
     let set = compile(&snap, "dev").effective(tools, None, &[]).expect("set");
     assert_eq!(reasons(&set), ["a: env_missing", "b: list_failed"]);
-    assert_eq!(set.decisions[0].detail.as_deref(), Some("API_TOKEN"));
+    assert_eq!(set.decisions()[0].detail.as_deref(), Some("API_TOKEN"));
     // Unknown tools: the server is in, decided on patterns alone.
     assert_eq!(set.servers.len(), 1);
     assert_eq!(set.servers[0].tools, None);
@@ -210,9 +210,9 @@ fn every_exposed_name_routes_back_including_the_dotted_form() {
         compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read_file", "read.dir"])])), None, &[]).expect("set");
     let names: Vec<&str> = set.tools().map(|(_, t)| &*t.name).collect();
     assert_eq!(names, ["mcp__fs__read_file", "mcp__fs___cmVhZC5kaXI"]);
-    let route = set.routes.resolve("mcp.fs.read.dir").expect("dotted form");
+    let route = set.route("mcp.fs.read.dir").expect("dotted form");
     assert_eq!((&*route.server, &*route.tool), ("fs", "read.dir"));
-    assert_eq!(set.routes.resolve("mcp__fs__read_file").map(|r| &*r.tool), Some("read_file"));
+    assert_eq!(set.route("mcp__fs__read_file").map(|r| &*r.tool), Some("read_file"));
 }
 
 #[test]
@@ -225,7 +225,7 @@ fn a_callers_own_tool_wins_and_the_mcp_tool_is_renamed_deterministically() {
     let name = set.tools().map(|(_, t)| t.name.clone()).next().expect("one tool");
     assert_ne!(&*name, "mcp__fs__read_file");
     assert!(is_valid_function_name(&name));
-    assert_eq!(set.routes.resolve("mcp__fs__read_file"), None, "the caller's name is not routed to MCP");
+    assert_eq!(set.route("mcp__fs__read_file"), None, "the caller's name is not routed to MCP");
     let again = compiled.effective(lookup(&tools), None, &caller).expect("set");
     assert_eq!(again.tools().map(|(_, t)| t.name.clone()).next(), Some(name));
 }
@@ -373,8 +373,8 @@ proptest! {
         // Every listed tool of a server in use is either exposed or has a decision.
         for s in &set.servers {
             let (_, _, _, tools) = c.servers.iter().find(|(id, ..)| *id == *s.id).expect("server exists");
-            let shown = s.tools.as_ref().map_or(0, Vec::len);
-            let excluded = set.decisions.iter().filter(|d| d.server == *s.id && d.tool.is_some()).count();
+            let shown = s.tools.as_ref().map_or(0, |t| t.len());
+            let excluded = set.decisions().iter().filter(|d| d.server == *s.id && d.tool.is_some()).count();
             prop_assert_eq!(shown + excluded, tools.len());
         }
     }
@@ -388,13 +388,12 @@ proptest! {
             prop_assert!(is_valid_function_name(&t.name), "invalid name {:?}", t.name);
             prop_assert!(seen.insert(t.name.clone()), "duplicate name {:?}", t.name);
             prop_assert!(!caller.iter().any(|c| **c == *t.name), "shadowed a caller tool");
-            let route = set.routes.resolve(&t.name).expect("routes back");
+            let route = set.route(&t.name).expect("routes back");
             prop_assert_eq!(&*route.server, &*s.id);
             prop_assert_eq!(&*route.tool, &*t.tool.name);
             let dotted = format!("mcp.{}.{}", s.id, t.tool.name);
-            prop_assert_eq!(set.routes.resolve(&dotted).map(|r| &*r.tool), Some(&*t.tool.name));
+            prop_assert_eq!(set.route(&dotted).map(|r| &*r.tool), Some(&*t.tool.name));
         }
-        prop_assert_eq!(set.routes.len(), seen.len());
     }
 
     #[test]
@@ -421,4 +420,34 @@ proptest! {
             prop_assert_eq!(after.get(key), Some(name), "{:?} was renamed", key);
         }
     }
+}
+
+#[test]
+fn routes_exist_only_for_tools_exposed_in_this_set() {
+    let mut p = profile("dev", &["a", "b"]);
+    p.spec.default_servers = Some(vec!["a".into()]);
+    let snap = snapshot(vec![server("a", &["*"], &[]), server("b", &["*"], &[])], vec![p]);
+    let tools = lists(&[("a", &["x", "z"]), ("b", &["y"])]);
+    let catalog = compile(&snap, "dev").catalog(lookup(&tools));
+
+    let set = catalog.effective(None, &[]).expect("defaults");
+    assert!(set.route("mcp__a__x").is_some());
+    assert!(set.route("mcp__b__y").is_none(), "b is not among the defaults");
+
+    let request = RequestScope { tool_denylist: vec!["x".into()], ..Default::default() };
+    let set = catalog.effective(Some(&request), &[]).expect("narrowed");
+    assert!(set.route("mcp__a__x").is_none(), "denied by the request");
+    assert!(set.route("mcp.a.x").is_none(), "not in the dotted form either");
+    assert!(set.route("mcp__a__z").is_some());
+}
+
+#[test]
+fn the_dotted_form_reaches_a_tool_renamed_for_a_caller() {
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let catalog = compile(&snap, "dev").catalog(lookup(&lists(&[("fs", &["read"])])));
+    let set = catalog.effective(None, &["mcp__fs__read"]).expect("set");
+    let route = set.route("mcp.fs.read").expect("dotted form");
+    assert_eq!(&*route.tool, "read");
+    // The catalog is shared: a request without the caller tool still sees the plain name.
+    assert!(catalog.effective(None, &[]).expect("set").route("mcp__fs__read").is_some());
 }

@@ -142,11 +142,14 @@ pub struct Route {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RouteTable {
     by_name: HashMap<Arc<str>, Route>,
+    /// server → tool → model-facing name, for the dotted form.
+    by_tool: HashMap<Arc<str>, HashMap<Arc<str>, Arc<str>>>,
 }
 
 impl RouteTable {
     /// Records that `name` routes to `route`.
     pub fn insert(&mut self, name: Arc<str>, route: Route) {
+        self.by_tool.entry(route.server.clone()).or_default().insert(route.tool.clone(), name.clone());
         self.by_name.insert(name, route);
     }
 
@@ -160,14 +163,26 @@ impl RouteTable {
         self.by_name.is_empty()
     }
 
-    /// The route of a name as a model or client writes it: a model-facing name, or the dotted
-    /// form `mcp.<server>.<tool>` (server id, original tool name; the tool may contain dots).
-    pub fn resolve(&self, name: &str) -> Option<&Route> {
-        if let Some(route) = self.by_name.get(name) {
-            return Some(route);
+    /// Whether `name` is a model-facing name in the table.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The model-facing name and route of a name as a model or client writes it: a model-facing
+    /// name, or the dotted form `mcp.<server>.<tool>` (server id, original tool name; the tool
+    /// may contain dots).
+    pub fn lookup(&self, name: &str) -> Option<(&Arc<str>, &Route)> {
+        if let Some(found) = self.by_name.get_key_value(name) {
+            return Some(found);
         }
         let (server, tool) = name.strip_prefix("mcp.")?.split_once('.')?;
-        self.by_name.values().find(|r| &*r.server == server && &*r.tool == tool)
+        let model_name = self.by_tool.get(server)?.get(tool)?;
+        self.by_name.get_key_value(&**model_name)
+    }
+
+    /// The route of a name (see [`RouteTable::lookup`]).
+    pub fn resolve(&self, name: &str) -> Option<&Route> {
+        self.lookup(name).map(|(_, route)| route)
     }
 
     /// Every (name, route) pair.

@@ -1,6 +1,9 @@
 //! Tool-name glob patterns: `*` (any run of characters, `/` included) and `?` (one character);
-//! every other character is literal. Compiled once into a `globset::GlobSet`; matching a name
-//! allocates nothing.
+//! every other character is literal. Compiled once; matching a name allocates nothing.
+//!
+//! Almost every real pattern is a literal name, `prefix*`, `*suffix` or `*`; those are matched
+//! with plain string comparisons, which cost a few nanoseconds. Only the rest (a `?`, or `*` in
+//! the middle) go through a `globset::GlobSet`, whose per-call setup would dominate otherwise.
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
@@ -9,9 +12,13 @@ use crate::api::validate::check_tool_pattern;
 /// A compiled list of patterns. An empty list matches nothing.
 #[derive(Clone, Debug)]
 pub struct PatternSet {
-    set: GlobSet,
-    /// One pattern is exactly `*`: every name matches, no automaton needed.
+    /// One pattern is exactly `*`: every name matches.
     matches_all: bool,
+    literals: Vec<Box<str>>,
+    prefixes: Vec<Box<str>>,
+    suffixes: Vec<Box<str>>,
+    /// Everything else; `None` when there is nothing else.
+    globs: Option<GlobSet>,
     len: usize,
 }
 
@@ -46,27 +53,53 @@ fn to_glob(pattern: &str) -> String {
 impl PatternSet {
     /// Compiles `patterns`; each must pass [`check_tool_pattern`].
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
+        let mut set = PatternSet {
+            matches_all: false,
+            literals: Vec::new(),
+            prefixes: Vec::new(),
+            suffixes: Vec::new(),
+            globs: None,
+            len: patterns.len(),
+        };
         let mut builder = GlobSetBuilder::new();
-        let mut matches_all = false;
+        let mut general = 0;
         for pattern in patterns {
             let pattern = pattern.as_ref();
             check_tool_pattern(pattern)
                 .map_err(|(message, _)| PatternError { pattern: pattern.to_string(), message })?;
-            matches_all |= pattern == "*";
-            let glob = GlobBuilder::new(&to_glob(pattern))
-                .literal_separator(false)
-                .backslash_escape(false)
-                .build()
-                .map_err(|e| PatternError { pattern: pattern.to_string(), message: e.to_string() })?;
-            builder.add(glob);
+            let wildcards = pattern.matches(['*', '?']).count();
+            if pattern == "*" {
+                set.matches_all = true;
+            } else if wildcards == 0 {
+                set.literals.push(pattern.into());
+            } else if wildcards == 1 && pattern.ends_with('*') {
+                set.prefixes.push(pattern[..pattern.len() - 1].into());
+            } else if wildcards == 1 && pattern.starts_with('*') {
+                set.suffixes.push(pattern[1..].into());
+            } else {
+                let glob = GlobBuilder::new(&to_glob(pattern))
+                    .literal_separator(false)
+                    .backslash_escape(false)
+                    .build()
+                    .map_err(|e| PatternError { pattern: pattern.to_string(), message: e.to_string() })?;
+                builder.add(glob);
+                general += 1;
+            }
         }
-        let set = builder.build().map_err(|e| PatternError { pattern: String::new(), message: e.to_string() })?;
-        Ok(PatternSet { set, matches_all, len: patterns.len() })
+        if general > 0 {
+            set.globs =
+                Some(builder.build().map_err(|e| PatternError { pattern: String::new(), message: e.to_string() })?);
+        }
+        Ok(set)
     }
 
     /// Whether any pattern matches `name`.
     pub fn is_match(&self, name: &str) -> bool {
-        self.matches_all || (self.len > 0 && self.set.is_match(name))
+        self.matches_all
+            || self.literals.iter().any(|l| **l == *name)
+            || self.prefixes.iter().any(|p| name.starts_with(&**p))
+            || self.suffixes.iter().any(|s| name.ends_with(&**s))
+            || self.globs.as_ref().is_some_and(|g| g.is_match(name))
     }
 
     /// Whether the set has no pattern (and so matches nothing).
@@ -111,6 +144,28 @@ mod tests {
         let s = set(&["a.b-c_d!"]);
         assert!(s.is_match("a.b-c_d!"));
         assert!(!s.is_match("aXb-c_d!"));
+    }
+
+    #[test]
+    fn fast_paths_agree_with_the_general_matcher() {
+        // `a*` (prefix), `*b` (suffix), `a*b` and `?` (globset), literals.
+        let s = set(&["pre*", "*suf", "mid*dle", "l?t", "exact"]);
+        for (name, expected) in [
+            ("prefix", true),
+            ("pre", true),
+            ("xpre", false),
+            ("the_suf", true),
+            ("sufx", false),
+            ("middle", true),
+            ("mid_and_dle", true),
+            ("midle", false),
+            ("lit", true),
+            ("liit", false),
+            ("exact", true),
+            ("exactly", false),
+        ] {
+            assert_eq!(s.is_match(name), expected, "{name}");
+        }
     }
 
     #[test]

@@ -172,3 +172,55 @@ fn registry_watch_prints_each_new_revision_and_stops_on_sigterm() {
     let status = child.wait().expect("exits");
     assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop");
 }
+
+#[test]
+fn explain_shows_the_effective_servers_and_why_others_are_out() {
+    let out = spearlet(&["explain", "--registry-dir", "examples/registry", "--profile", "developer"], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.contains("decided on servers and patterns alone"), "says tools were not listed:\n{text}");
+    assert!(text.lines().any(|l| l.starts_with("filesystem ") && l.contains("10000")), "{text}");
+    assert!(
+        text.lines().any(|l| l.contains("everything-http") && l.contains("not_allowed_by:profile_defaults")),
+        "{text}"
+    );
+}
+
+#[test]
+fn explain_json_applies_the_request_and_refuses_servers_outside_the_profile() {
+    let request = r#"{"server_ids": ["everything-http"], "budgets": {"tool_timeout_ms": 100}}"#;
+    let out = spearlet(
+        &[
+            "explain",
+            "--registry-dir",
+            "examples/registry",
+            "--profile",
+            "developer",
+            "--request",
+            request,
+            "--output",
+            "json",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON output");
+    assert_eq!(json["servers"][0]["id"], "everything-http");
+    assert_eq!(json["servers"][0]["budgets"]["toolTimeoutMs"], 100, "a request only tightens");
+    assert_eq!(json["toolsListed"], false);
+
+    let refused = spearlet(
+        &[
+            "explain",
+            "--registry-dir",
+            "examples/registry",
+            "--profile",
+            "readonly",
+            "--request",
+            r#"{"server_ids": ["everything"]}"#,
+        ],
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("mcp_policy_denied"));
+}
