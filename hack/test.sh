@@ -6,5 +6,12 @@ cd "$(dirname "$0")/.."
 
 SPEAR_CONTROL_PLANE_BIN="$(hack/control-plane.sh)"
 export SPEAR_CONTROL_PLANE_BIN
+# The real MCP servers the tests talk to (npm + PyPI, cached); exports SPEAR_MCP_SERVERS_DIR.
+# (`|| echo exit 1`: set -e does not see a failure inside eval's command substitution.)
+eval "$(hack/mcp-servers.sh || echo exit 1)"
+# The static spearlet the init container copies into pods (release, crt-static; cached in the
+# target dir); tests/it/static_binary.rs checks it has no dynamic dependencies.
+SPEAR_STATIC_SPEARLET="$(hack/build-static.sh)"
+export SPEAR_STATIC_SPEARLET
 
 cargo test --all-targets "$@"

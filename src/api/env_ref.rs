@@ -8,7 +8,7 @@
 use thiserror::Error;
 
 /// A string split into literal text and environment references.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Template {
     segments: Vec<Segment>,
 }

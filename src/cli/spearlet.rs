@@ -96,6 +96,25 @@ enum Command {
         #[arg(long, env = "SPEAR_CONVERT_NAMESPACE")]
         namespace: Option<String>,
     },
+    /// Serve a stdio MCP server on a Unix socket (the pod sidecar): `bridge --socket PATH -- CMD ARGS...`.
+    ///
+    /// Runs CMD (argv, never a shell) as a child and relays its stdin/stdout byte for byte to one
+    /// client on the socket. A second client is refused while one is connected; a client that
+    /// leaves gets its child replaced; a child that exits is restarted with backoff. Its stderr
+    /// goes to the log; nothing is written to stdout. Exit status: 0 after SIGTERM/SIGINT (the
+    /// child is stopped first and the socket removed), 1 when CMD cannot start or the socket
+    /// cannot be served, 2 on a usage error.
+    Bridge {
+        /// Unix socket to listen on; its directory must exist, a stale socket file is replaced.
+        #[arg(long, env = "SPEAR_BRIDGE_SOCKET", value_name = "PATH")]
+        socket: PathBuf,
+        /// Server id shown in log lines (defaults to the command's file name).
+        #[arg(long, env = "SPEAR_SERVER_ID", value_name = "ID")]
+        server_id: Option<String>,
+        /// The MCP server's command and arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD ARGS")]
+        command: Vec<String>,
+    },
 }
 
 impl Args {
@@ -114,6 +133,7 @@ impl Args {
             Command::Convert { files, output_dir, namespace } => {
                 convert_files(&files, output_dir.as_deref(), namespace)
             }
+            Command::Bridge { socket, server_id, command } => bridge(socket, server_id, command),
         }
     }
 }
@@ -447,4 +467,41 @@ fn explain_table(snapshot: &Snapshot, set: &EffectiveSet) -> String {
     let _ =
         writeln!(out, "loop budgets: maxIterations {}, maxTotalToolCalls {}", l.max_iterations, l.max_total_tool_calls);
     out
+}
+
+// === bridge ===
+
+fn bridge(socket: PathBuf, server_id: Option<String>, argv: Vec<String>) -> ExitCode {
+    let Some((command, args)) = argv.split_first() else {
+        return usage_error("bridge needs a command after `--`");
+    };
+    let mut config = crate::bridge::BridgeConfig::new(socket, command.clone(), args.to_vec());
+    config.server_id = server_id;
+    // One thread is plenty for one child and one client, and keeps the sidecar small.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let trigger = shutdown.clone();
+        tokio::spawn(async move {
+            crate::cli::shutdown_signal().await;
+            trigger.cancel();
+        });
+        // Let the signal task run once so its handlers are installed before the child starts: a
+        // SIGTERM during startup is then not lost (a container's PID 1 ignores it by default).
+        tokio::task::yield_now().await;
+        crate::bridge::run(config, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -4,3 +4,4 @@
 //! - [`control_plane`]: a real kube-apiserver + etcd per test binary, one namespace per test.
 
 pub mod control_plane;
+pub mod mcp_servers;

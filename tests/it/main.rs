@@ -1,6 +1,10 @@
 //! The single integration-test binary (STYLE.md rule 11): one module per area.
 
+mod bridge;
 mod cli;
 mod control_plane;
 mod fixtures;
+mod mcp_servers;
+mod pool;
 mod registry;
+mod static_binary;

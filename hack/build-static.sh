@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the static `spearlet` that the injected init container copies into every pod, where it
+# must run in any image (distroless, Alpine, scratch-based): glibc linked in with `crt-static`
+# (static-pie), as no musl target can be installed here. Prints the binary's path on stdout;
+# cargo's progress goes to stderr.
+#
+# `--target` keeps RUSTFLAGS away from build scripts and proc macros (host programs, dynamic as
+# usual) and puts the result under target/x86_64-unknown-linux-gnu/, so this build and the
+# regular one never invalidate each other's cache.
+#
+# glibc warns that getaddrinfo/getpwnam "in statically linked applications requires at runtime
+# the shared libraries from the glibc version used for linking": name lookups through NSS
+# (/etc/nsswitch.conf) load libnss_* at run time. The bridge resolves no names; an agent command
+# that resolves a host name (an upstream model URL) behaves best in an image with the same glibc,
+# or with an IP address / a resolver that does not use NSS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=x86_64-unknown-linux-gnu
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$target"; then
+  echo "error: the Rust target $target is not installed (rustup target add $target)" >&2
+  exit 1
+fi
+
+RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
+  cargo build --release --target "$target" --bin spearlet >&2
+
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
+echo "$target_dir/$target/release/spearlet"

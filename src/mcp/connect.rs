@@ -1,0 +1,378 @@
+//! Establishing one MCP client session (rmcp) over one transport. Thin I/O.
+//!
+//! ```text
+//! Endpoint::Stdio  ── spawn argv (no shell), env as configured ──▶ child stdout ─FrameGuard─┐
+//!                     child stderr ──lines──▶ tracing (server_id)      child stdin ─────────┤
+//! Endpoint::Socket ── UnixStream (the bridge sidecar) ── read half ─FrameGuard, write half ─┤
+//! Endpoint::Http   ── rmcp Streamable HTTP client (reqwest), headers, session re-init ──────┤
+//!                                                                                          ▼
+//!                                          rmcp client service (initialize) ──▶ Connection
+//! ```
+//!
+//! The frame guard exists because rmcp drops an over-long line and keeps waiting, which would
+//! leave the call pending until its timeout and report the wrong error. The guard ends the
+//! stream instead, flags it, and the pool answers that call with `mcp_output_too_large` and
+//! starts a fresh session for the next one.
+
+use std::path::Path;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ServerNotification, SubscriptionFilter};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, ReadBuf};
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+use tracing::Instrument;
+
+use super::config::Endpoint;
+use super::error::{ErrorCode, McpError};
+use crate::api::ServerInfo;
+
+/// Longest stderr line forwarded to the log; the rest is cut (a server dumping a huge line
+/// must not flood the log pipeline).
+const MAX_STDERR_LINE: usize = 4096;
+
+// === FrameGuard ===
+
+/// An `AsyncRead` that fails once a line (one JSON-RPC message) grows past `limit` bytes, and
+/// records that it did.
+pub struct FrameGuard<R> {
+    inner: R,
+    limit: usize,
+    line: usize,
+    tripped: Arc<AtomicBool>,
+}
+
+impl<R> FrameGuard<R> {
+    /// Guards `inner`; `tripped` is set when a frame is too large.
+    pub fn new(inner: R, limit: usize, tripped: Arc<AtomicBool>) -> Self {
+        FrameGuard { inner, limit, line: 0, tripped }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for FrameGuard<R> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.tripped.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "frame too large")));
+        }
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &poll {
+            let mut line = self.line;
+            for &byte in &buf.filled()[before..] {
+                line = if byte == b'\n' { 0 } else { line + 1 };
+                if line > self.limit {
+                    self.tripped.store(true, Ordering::Relaxed);
+                    // An error must come with no bytes read (AsyncRead's contract); the stream
+                    // is over anyway, so this read's bytes are dropped with it.
+                    buf.set_filled(before);
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("a message exceeded the {}-byte frame limit", self.limit),
+                    )));
+                }
+            }
+            self.line = line;
+        }
+        poll
+    }
+}
+
+// === client handler ===
+
+/// Counts `notifications/tools/list_changed` from one server and wakes whoever waits.
+#[derive(Debug, Default)]
+pub struct ListChanged {
+    generation: AtomicU64,
+    notify: Notify,
+}
+
+impl ListChanged {
+    /// Notifications received so far.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Waits until a notification arrives after `generation` was read (none is missed, even
+    /// one that arrives before this is first polled).
+    pub async fn changed_since(&self, generation: u64) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.generation() > generation {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.notify.notify_waiters();
+    }
+}
+
+/// The pool's rmcp client handler: identifies the agent, and records list_changed.
+#[derive(Clone, Debug)]
+pub struct PoolHandler {
+    server_id: Arc<str>,
+    list_changed: Arc<ListChanged>,
+}
+
+impl ClientHandler for PoolHandler {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("spear-mcp", env!("CARGO_PKG_VERSION")))
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server_id = %self.server_id, "tools/list_changed");
+        self.list_changed.bump();
+    }
+}
+
+// === Connection ===
+
+/// One established session.
+pub struct Connection {
+    /// The rmcp client.
+    pub service: RunningService<RoleClient, PoolHandler>,
+    /// What the server said in `initialize`.
+    pub info: ServerInfo,
+    /// Set when the server sent a message over the frame limit (the session is then over).
+    pub oversized: Arc<AtomicBool>,
+    child: std::sync::Mutex<Option<Child>>,
+    pid: Option<u32>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("info", &self.info).field("pid", &self.pid()).finish()
+    }
+}
+
+impl Connection {
+    /// The child's pid (stdio in local mode).
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// Whether the session is over (transport closed, child gone).
+    pub fn is_closed(&self) -> bool {
+        self.service.is_closed()
+    }
+
+    /// Ends the session: stops the service, kills the child and reaps it (no zombie). Calls in
+    /// flight on it fail with a closed transport.
+    pub async fn close(&self) {
+        self.service.cancellation_token().cancel();
+        let child = self.child.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(mut child) = child {
+            let _ = child.start_kill();
+            // Bounded: a child that ignores SIGKILL is the kernel's problem, not ours to hang on.
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.service.cancellation_token().cancel();
+        let child = self.child.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(mut child) = child {
+            let _ = child.start_kill();
+            // Reap in the background so no zombie is left (tokio also reaps orphans, later).
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = child.wait().await;
+                });
+            }
+        }
+    }
+}
+
+fn unavailable(message: impl Into<String>) -> McpError {
+    McpError::new(ErrorCode::McpUnavailable, message)
+}
+
+/// Establishes a session with the server at `endpoint`, within `timeout` (spawn, connect and
+/// `initialize` together).
+pub async fn connect(
+    server_id: &Arc<str>,
+    endpoint: &Endpoint,
+    list_changed: Arc<ListChanged>,
+    frame_limit: usize,
+    timeout: Duration,
+) -> Result<Connection, McpError> {
+    let handler_list_changed = list_changed.clone();
+    let handler = PoolHandler { server_id: server_id.clone(), list_changed };
+    let oversized = Arc::new(AtomicBool::new(false));
+    let attempt = async {
+        match endpoint {
+            Endpoint::Stdio { command, args, env, working_dir } => {
+                let mut cmd = Command::new(command);
+                cmd.args(args)
+                    .env_clear()
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .kill_on_drop(true);
+                if let Some(dir) = working_dir {
+                    cmd.current_dir(dir);
+                }
+                let mut child = cmd.spawn().map_err(|e| unavailable(format!("cannot start '{command}': {e}")))?;
+                let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+                    return Err(unavailable("the child's stdio pipes are missing"));
+                };
+                if let Some(stderr) = child.stderr.take() {
+                    forward_stderr(server_id.clone(), stderr);
+                }
+                let reader = FrameGuard::new(stdout, frame_limit, oversized.clone());
+                let service =
+                    handler.serve((reader, stdin)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
+                Ok((service, Some(child)))
+            }
+            Endpoint::Socket { path } => {
+                let stream = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| unavailable(format!("cannot connect to the bridge at {}: {e}", display(path))))?;
+                let (read, write) = stream.into_split();
+                let reader = FrameGuard::new(read, frame_limit, oversized.clone());
+                let service =
+                    handler.serve((reader, write)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
+                Ok((service, None))
+            }
+            Endpoint::Http { url, headers } => {
+                let mut custom = std::collections::HashMap::new();
+                for (name, value) in headers {
+                    let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                        .map_err(|e| unavailable(format!("header name '{name}': {e}")))?;
+                    // The value may be a secret: the error names the header, never the value.
+                    let value = reqwest::header::HeaderValue::from_str(value)
+                        .map_err(|_| unavailable(format!("header '{name}' has a value that is not valid in HTTP")))?;
+                    custom.insert(name, value);
+                }
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                config.custom_headers = custom;
+                config.max_sse_event_size = frame_limit;
+                config.reinit_on_expired_session = true;
+                let transport = StreamableHttpClientTransport::from_config(config);
+                let service =
+                    handler.serve(transport).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
+                Ok((service, None))
+            }
+        }
+    };
+    let (service, child) = tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| unavailable(format!("no session within {} ms", timeout.as_millis())))??;
+    let info = service
+        .peer_info()
+        .map(|peer| ServerInfo {
+            name: peer.server_info.as_ref().map(|i| i.name.clone()),
+            version: peer.server_info.as_ref().map(|i| i.version.clone()),
+            instructions: peer.instructions.clone(),
+        })
+        .unwrap_or_default();
+    subscribe_to_list_changes(server_id, &service, &handler_list_changed);
+    let pid = child.as_ref().and_then(Child::id);
+    Ok(Connection { service, info, oversized, child: std::sync::Mutex::new(child), pid })
+}
+
+/// Protocol versions from this one on deliver list_changed only to a `subscriptions/listen`
+/// subscription; older ones send it unscoped to the handler callback. Dates compare as strings.
+const SUBSCRIPTIONS_SINCE: &str = "2026-07-28";
+
+/// Opens a tools/list_changed subscription when the server speaks a protocol that needs one and
+/// advertises `tools.listChanged`; the task ends with the session.
+fn subscribe_to_list_changes(
+    server_id: &Arc<str>,
+    service: &RunningService<RoleClient, PoolHandler>,
+    list_changed: &Arc<ListChanged>,
+) {
+    let Some(peer_info) = service.peer_info() else { return };
+    let advertises = peer_info.capabilities.tools.as_ref().and_then(|t| t.list_changed).unwrap_or(false);
+    if !advertises || peer_info.protocol_version.as_str() < SUBSCRIPTIONS_SINCE {
+        return;
+    }
+    let peer = service.peer().clone();
+    let list_changed = list_changed.clone();
+    let span = tracing::debug_span!("mcp_list_changed", server_id = %server_id);
+    tokio::spawn(
+        async move {
+            let filter = SubscriptionFilter::builder().tools_list_changed().build();
+            let mut subscription = match peer.listen(filter).await {
+                Ok(subscription) => subscription,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no list_changed subscription; relying on TTL");
+                    return;
+                }
+            };
+            while let Ok(Some(notification)) = subscription.next().await {
+                if matches!(notification, ServerNotification::ToolListChangedNotification(_)) {
+                    list_changed.bump();
+                }
+            }
+        }
+        .instrument(span),
+    );
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// Copies a child's stderr into the log, one line per event, tagged with the server id.
+fn forward_stderr(server_id: Arc<str>, stderr: tokio::process::ChildStderr) {
+    let span = tracing::info_span!("mcp_stderr", server_id = %server_id);
+    tokio::spawn(
+        async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(mut line)) = lines.next_line().await {
+                if line.len() > MAX_STDERR_LINE {
+                    let mut end = MAX_STDERR_LINE;
+                    while !line.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    line.truncate(end);
+                    line.push_str(" [cut]");
+                }
+                tracing::info!(target: "spear::mcp::stderr", "{line}");
+            }
+        }
+        .instrument(span),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn frame_guard_passes_lines_within_the_limit_and_trips_past_it() {
+        let tripped = Arc::new(AtomicBool::new(false));
+        let data = b"1234\n12345\n".to_vec();
+        let mut guard = FrameGuard::new(&data[..], 5, tripped.clone());
+        let mut out = Vec::new();
+        guard.read_to_end(&mut out).await.expect("within the limit");
+        assert_eq!(out, data);
+        assert!(!tripped.load(Ordering::Relaxed));
+
+        let data = b"ok\n123456".to_vec();
+        let mut guard = FrameGuard::new(&data[..], 5, tripped.clone());
+        let err = guard.read_to_end(&mut Vec::new()).await.expect_err("too long");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert!(tripped.load(Ordering::Relaxed));
+    }
+}

@@ -1,0 +1,25 @@
+//! MCP client side: one pool of sessions (rmcp) to every server the agent may use.
+//!
+//! ```text
+//! Snapshot ──Pool::apply──▶ per-server Slot (ServerConfig, permits, session, tools cache, health)
+//! callers ──call_tool / list_tools──▶ Slot ──connect::connect──▶ stdio child | bridge socket | HTTP
+//! ```
+//!
+//! - [`config`] (pure): McpServer → how to reach it; `${ENV:...}` expanded at connect time.
+//! - [`health`] (pure): Connected / Degraded / Down from call outcomes.
+//! - [`output`] (pure): the `maxToolOutputBytes` cap with an explicit marker.
+//! - [`error`] (pure): DESIGN.md error codes.
+//! - [`connect`]: establishing one session per transport.
+//! - [`pool`]: sessions, budgets, caches, restarts.
+//!
+//! Design notes: `src/mcp/README.md`.
+
+pub mod config;
+pub mod connect;
+pub mod error;
+pub mod health;
+pub mod output;
+pub mod pool;
+
+pub use error::{ErrorCode, McpError};
+pub use pool::{Pool, PoolOptions, ServerStatus, ToolOutput};

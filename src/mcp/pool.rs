@@ -1,0 +1,573 @@
+//! The client pool: one long-lived session per server, shared by every caller. I/O wiring over
+//! the pure pieces (config, health, output cap, error codes).
+//!
+//! ```text
+//! call_tool(server, tool, args, budgets)
+//!   ├─ global call permit ─ server permit (maxConcurrency: the N+1st call waits)
+//!   ├─ session(): lock per server ─ reuse live session | resolve env ─ connect (one at a time)
+//!   ├─ timeout(toolTimeoutMs) ─ rmcp tools/call
+//!   └─ outcome ─▶ health (Connected / Degraded / Down) ─▶ restart session on crash, frame
+//!                 overflow or N timeouts in a row ─▶ cap output (maxToolOutputBytes) ─▶ result
+//! list_tools(server): per-server cache (TTL, short failure TTL, list_changed, single flight)
+//! apply(snapshot): unchanged servers keep their sessions; changed ones restart; removed close
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode as RpcCode, Tool};
+use rmcp::service::ServiceError;
+use serde_json::{Map, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::config::{ConfigError, Mode, ServerConfig};
+use super::connect::{self, Connection, ListChanged};
+use super::error::{ErrorCode, McpError};
+use super::health::{Action, Health};
+use super::output::{self, Truncation};
+use crate::api::ServerInfo;
+use crate::policy::{ServerTools, ToolInfo, ToolList};
+use crate::registry::snapshot::Snapshot;
+
+/// Tuning of the pool. Defaults suit an agent serving one pod.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// Where stdio servers run.
+    pub mode: Mode,
+    /// Spawn/connect plus `initialize` must finish within this.
+    pub connect_timeout: Duration,
+    /// Largest single message accepted from a server (rmcp's own default line limit, 16 MiB).
+    pub frame_limit: usize,
+    /// Timeouts in a row after which a session (and its child) is killed and restarted.
+    pub timeouts_before_restart: u32,
+    /// How long a tools/list answer is reused.
+    pub tools_ttl: Duration,
+    /// How long a failed tools/list is remembered before trying again.
+    pub failure_ttl: Duration,
+    /// Tool calls in flight over all servers; more wait.
+    pub max_concurrent_calls: usize,
+    /// Child processes at once (local mode).
+    pub max_children: usize,
+    /// Sessions idle this long are closed (children reaped); `None` keeps them.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            mode: Mode::Local,
+            // 10 s: `npx -y` may fetch a package on first start.
+            connect_timeout: Duration::from_secs(10),
+            frame_limit: rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH,
+            // 3: one slow call is not a frozen server; three in a row is.
+            timeouts_before_restart: 3,
+            tools_ttl: Duration::from_secs(60),
+            failure_ttl: Duration::from_secs(2),
+            // 256 calls and 64 children: far above one pod's needs, low enough to stop a runaway.
+            max_concurrent_calls: 256,
+            max_children: 64,
+            idle_timeout: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+/// A tool call's result, capped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolOutput {
+    /// The result as the server sent it (after the cap).
+    pub result: CallToolResult,
+    /// Set when the output was cut (`mcp_output_too_large`).
+    pub truncated: Option<Truncation>,
+    /// How long the call took, waiting for permits and the session included.
+    pub latency: Duration,
+}
+
+/// A server's state as the pool sees it (for health endpoints, status and explain).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerStatus {
+    /// Health and figures.
+    pub health: Health,
+    /// The `initialize` answer of the current session.
+    pub info: Option<ServerInfo>,
+    /// The current session's child pid (local mode).
+    pub pid: Option<u32>,
+    /// A required variable that is not set, if that is why the server is unavailable.
+    pub env_missing: Option<String>,
+}
+
+/// A live session and what it holds.
+struct Live {
+    conn: Connection,
+    /// A slot under the child-process cap, released with the session.
+    _child_permit: Option<OwnedSemaphorePermit>,
+    last_used: Mutex<Instant>,
+}
+
+/// A tools/list answer (or failure) as cached.
+type ListResult = Result<Arc<Vec<Tool>>, McpError>;
+
+/// The last tools/list: when, at which list_changed generation, and what came back.
+#[derive(Default)]
+struct ToolsCache {
+    entry: Option<(Instant, u64, ListResult)>,
+}
+
+struct Slot {
+    config: ServerConfig,
+    concurrency: Arc<Semaphore>,
+    session: tokio::sync::Mutex<Option<Arc<Live>>>,
+    health: Mutex<Health>,
+    env_missing: Mutex<Option<String>>,
+    list_changed: Arc<ListChanged>,
+    tools: tokio::sync::Mutex<ToolsCache>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+type EnvLookup = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+struct Inner {
+    options: PoolOptions,
+    env: Arc<EnvLookup>,
+    slots: RwLock<HashMap<Arc<str>, Arc<Slot>>>,
+    calls: Arc<Semaphore>,
+    children: Arc<Semaphore>,
+    shutdown: CancellationToken,
+}
+
+/// The client pool. Cheap to clone; clones share sessions.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("servers", &self.server_ids()).finish()
+    }
+}
+
+impl Pool {
+    /// A pool reading `${ENV:...}` values from the process environment.
+    pub fn new(options: PoolOptions) -> Self {
+        Pool::with_env(options, Arc::new(|name: &str| std::env::var(name).ok()))
+    }
+
+    /// A pool reading `${ENV:...}` values through `env` (tests pass their own).
+    pub fn with_env(options: PoolOptions, env: Arc<EnvLookup>) -> Self {
+        crate::install_crypto_provider();
+        let inner = Arc::new(Inner {
+            calls: Arc::new(Semaphore::new(options.max_concurrent_calls.max(1))),
+            children: Arc::new(Semaphore::new(options.max_children.max(1))),
+            options,
+            env,
+            slots: RwLock::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        if let Some(idle) = inner.options.idle_timeout {
+            let weak = Arc::downgrade(&inner);
+            let token = inner.shutdown.clone();
+            tokio::spawn(
+                async move {
+                    // Check four times per idle period: a session lives at most 1.25x the idle time.
+                    let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(10)));
+                    loop {
+                        tokio::select! {
+                            _ = token.cancelled() => break,
+                            _ = tick.tick() => {}
+                        }
+                        let Some(inner) = weak.upgrade() else { break };
+                        reap_idle(&inner, idle).await;
+                    }
+                }
+                .instrument(tracing::debug_span!("pool_reaper")),
+            );
+        }
+        Pool { inner }
+    }
+
+    /// The servers the pool knows.
+    pub fn server_ids(&self) -> Vec<Arc<str>> {
+        let slots = self.inner.slots.read().unwrap_or_else(PoisonError::into_inner);
+        let mut ids: Vec<Arc<str>> = slots.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Brings the pool in line with `snapshot`: new servers are added (connected lazily),
+    /// servers whose connection fields changed get a fresh session and tool cache, removed
+    /// servers' sessions are closed. Returns the servers that could not be configured.
+    pub async fn apply(&self, snapshot: &Snapshot) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        let mut wanted: HashMap<Arc<str>, ServerConfig> = HashMap::new();
+        for versioned in snapshot.servers().values() {
+            match ServerConfig::new(&versioned.object, &self.inner.options.mode) {
+                Ok(config) => {
+                    wanted.insert(config.id.clone(), config);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        let mut closing = Vec::new();
+        {
+            let mut slots = self.inner.slots.write().unwrap_or_else(PoisonError::into_inner);
+            slots.retain(|id, slot| {
+                let keep = wanted.get(id).is_some_and(|c| c.fingerprint == slot.config.fingerprint);
+                if !keep {
+                    closing.push(slot.clone());
+                }
+                keep
+            });
+            for (id, config) in wanted {
+                match slots.get(&id) {
+                    // Same connection; budgets may differ: a new slot shares the session.
+                    Some(slot) if slot.config == config => {}
+                    Some(slot) => {
+                        let updated = Arc::new(Slot::with_session_of(config, slot));
+                        slots.insert(id, updated);
+                    }
+                    None => {
+                        slots.insert(id, Arc::new(Slot::new(config)));
+                    }
+                }
+            }
+        }
+        for slot in closing {
+            tracing::info!(server_id = %slot.config.id, "server changed or removed: closing its session");
+            slot.close().await;
+        }
+        errors
+    }
+
+    fn slot(&self, server: &str) -> Result<Arc<Slot>, McpError> {
+        let slots = self.inner.slots.read().unwrap_or_else(PoisonError::into_inner);
+        slots.get(server).cloned().ok_or_else(|| {
+            McpError::new(ErrorCode::McpUnavailable, format!("server '{server}' is not in the registry"))
+        })
+    }
+
+    /// Establishes the sessions of every server now (eager mode); failures are recorded in
+    /// health and retried on the next call.
+    pub async fn connect_all(&self) {
+        let slots: Vec<Arc<Slot>> =
+            self.inner.slots.read().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        let connects = slots.iter().map(|slot| slot.session(&self.inner));
+        for result in futures::future::join_all(connects).await {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "eager connect failed");
+            }
+        }
+    }
+
+    /// Calls `tool` on `server` with the server's budgets (or tighter ones).
+    pub async fn call_tool(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<Map<String, Value>>,
+        timeout: Duration,
+        max_output_bytes: usize,
+    ) -> Result<ToolOutput, McpError> {
+        let slot = self.slot(server)?;
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + timeout);
+        let timed_out = || {
+            McpError::new(
+                ErrorCode::McpTimeout,
+                format!("'{tool}' on '{server}' did not finish within {} ms", timeout.as_millis()),
+            )
+        };
+        // Waiting for a permit counts against the timeout: the caller's budget is wall time.
+        let _call = tokio::time::timeout_at(deadline, self.inner.calls.clone().acquire_owned())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the pool is shutting down"))?;
+        let _permit = tokio::time::timeout_at(deadline, slot.concurrency.clone().acquire_owned())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
+        let live = match tokio::time::timeout_at(deadline, slot.session(&self.inner)).await {
+            Ok(live) => live?,
+            Err(_) => return Err(timed_out()),
+        };
+        *lock(&live.last_used) = Instant::now();
+
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = arguments;
+        let outcome = tokio::time::timeout_at(deadline, live.conn.service.peer().call_tool(params)).await;
+        let latency = started.elapsed();
+        match outcome {
+            Err(_) => {
+                let error = timed_out();
+                let action = lock(&slot.health).call_timed_out(
+                    latency,
+                    self.inner.options.timeouts_before_restart,
+                    &error.message,
+                );
+                if action == Action::Restart {
+                    tracing::warn!(server_id = %slot.config.id, "calls keep timing out: restarting the session");
+                    slot.discard(&live).await;
+                }
+                Err(error)
+            }
+            Ok(Err(e)) => Err(slot.failed(&live, e).await),
+            Ok(Ok(result)) => {
+                lock(&slot.health).call_ok(latency);
+                *lock(&live.last_used) = Instant::now();
+                cap_result(result, max_output_bytes, latency)
+            }
+        }
+    }
+
+    /// The server's tools, from the cache while fresh (TTL, list_changed), else fetched once
+    /// however many callers wait.
+    pub async fn list_tools(&self, server: &str) -> Result<Arc<Vec<Tool>>, McpError> {
+        let slot = self.slot(server)?;
+        let options = &self.inner.options;
+        let mut cache = slot.tools.lock().await;
+        let generation = slot.list_changed.generation();
+        if let Some((at, seen, result)) = &cache.entry {
+            let ttl = if result.is_ok() { options.tools_ttl } else { options.failure_ttl };
+            if *seen == generation && at.elapsed() < ttl {
+                return result.clone();
+            }
+        }
+        let result = slot.fetch_tools(&self.inner).await;
+        cache.entry = Some((Instant::now(), generation, result.clone()));
+        result
+    }
+
+    /// The server's tools for the policy: named with `server_part`, or why they are unknown.
+    pub async fn server_tools(&self, server: &str, server_part: &str) -> ServerTools {
+        match self.list_tools(server).await {
+            Ok(tools) => {
+                let infos = tools
+                    .iter()
+                    .map(|t| ToolInfo {
+                        name: t.name.as_ref().into(),
+                        description: t.description.as_deref().map(Into::into),
+                        input_schema: Arc::new(Value::Object((*t.input_schema).clone())),
+                    })
+                    .collect();
+                ServerTools::Listed(Arc::new(ToolList::new(server_part, infos)))
+            }
+            Err(e) => match self.status(server).and_then(|s| s.env_missing) {
+                Some(variable) => ServerTools::EnvMissing { variable },
+                None => ServerTools::ListFailed { message: e.message },
+            },
+        }
+    }
+
+    /// A future that resolves when `server` sends `notifications/tools/list_changed` after this
+    /// call (a notification arriving before the future is first polled still counts).
+    pub fn list_changed(&self, server: &str) -> Result<impl Future<Output = ()> + Send + 'static, McpError> {
+        let slot = self.slot(server)?;
+        let since = slot.list_changed.generation();
+        Ok(async move { slot.list_changed.changed_since(since).await })
+    }
+
+    /// Health and session facts of `server`.
+    pub fn status(&self, server: &str) -> Option<ServerStatus> {
+        let slot = self.slot(server).ok()?;
+        let live = slot.session.try_lock().ok().and_then(|s| s.clone());
+        Some(ServerStatus {
+            health: lock(&slot.health).clone(),
+            info: live.as_ref().map(|l| l.conn.info.clone()),
+            pid: live.as_ref().and_then(|l| l.conn.pid()),
+            env_missing: lock(&slot.env_missing).clone(),
+        })
+    }
+
+    /// Closes every session and reaps every child. The pool refuses calls afterwards.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.calls.close();
+        let slots: Vec<Arc<Slot>> =
+            self.inner.slots.write().unwrap_or_else(PoisonError::into_inner).drain().map(|(_, s)| s).collect();
+        futures::future::join_all(slots.iter().map(|s| s.close())).await;
+    }
+}
+
+fn cap_result(result: CallToolResult, max_output_bytes: usize, latency: Duration) -> Result<ToolOutput, McpError> {
+    let mut json = serde_json::to_value(&result)
+        .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
+    let Some(truncated) = output::cap(&mut json, max_output_bytes) else {
+        return Ok(ToolOutput { result, truncated: None, latency });
+    };
+    let result = serde_json::from_value(json)
+        .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
+    Ok(ToolOutput { result, truncated: Some(truncated), latency })
+}
+
+async fn reap_idle(inner: &Inner, idle: Duration) {
+    let slots: Vec<Arc<Slot>> = inner.slots.read().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+    for slot in slots {
+        let Ok(mut session) = slot.session.try_lock() else { continue };
+        let idle_for = session.as_ref().map(|live| lock(&live.last_used).elapsed());
+        // Only sessions nobody is using: every concurrency permit is free.
+        let unused = slot.concurrency.available_permits() == slot.config.budgets.max_concurrency() as usize;
+        if idle_for.is_some_and(|d| d >= idle)
+            && unused
+            && let Some(live) = session.take()
+        {
+            tracing::info!(server_id = %slot.config.id, "closing idle session");
+            live.conn.close().await;
+        }
+    }
+}
+
+// === impl Slot ===
+
+impl Slot {
+    fn new(config: ServerConfig) -> Self {
+        let permits = config.budgets.max_concurrency().max(1) as usize;
+        Slot {
+            concurrency: Arc::new(Semaphore::new(permits)),
+            config,
+            session: tokio::sync::Mutex::new(None),
+            health: Mutex::new(Health::default()),
+            env_missing: Mutex::new(None),
+            list_changed: Arc::new(ListChanged::default()),
+            tools: tokio::sync::Mutex::new(ToolsCache::default()),
+        }
+    }
+
+    /// Same connection, new budgets: the session, health and caches carry over.
+    fn with_session_of(config: ServerConfig, old: &Slot) -> Self {
+        let session = old.session.try_lock().ok().and_then(|s| s.clone());
+        let mut slot = Slot::new(config);
+        slot.session = tokio::sync::Mutex::new(session);
+        slot.health = Mutex::new(lock(&old.health).clone());
+        slot.list_changed = old.list_changed.clone();
+        slot
+    }
+
+    /// The live session, established if there is none (one establishment at a time: racing
+    /// callers wait on the lock and then share the result).
+    async fn session(&self, inner: &Inner) -> Result<Arc<Live>, McpError> {
+        let mut current = self.session.lock().await;
+        if let Some(live) = current.as_ref() {
+            if !live.conn.is_closed() {
+                return Ok(live.clone());
+            }
+            lock(&self.health).down("the session ended (server exited or closed the connection)");
+            if let Some(old) = current.take() {
+                old.conn.close().await;
+            }
+        }
+        let endpoint = match self.config.resolve(|name| (inner.env)(name)) {
+            Ok(endpoint) => {
+                *lock(&self.env_missing) = None;
+                endpoint
+            }
+            Err(missing) => {
+                let message = missing.to_string();
+                *lock(&self.env_missing) = Some(missing.name);
+                lock(&self.health).down(&message);
+                return Err(McpError { code: ErrorCode::McpUnavailable, message, retryable: false });
+            }
+        };
+        let child_permit = match &endpoint {
+            super::config::Endpoint::Stdio { .. } => {
+                Some(inner.children.clone().try_acquire_owned().map_err(|_| {
+                    McpError::new(
+                        ErrorCode::McpUnavailable,
+                        format!("the agent already runs {} stdio servers (its cap)", inner.options.max_children),
+                    )
+                })?)
+            }
+            _ => None,
+        };
+        let connected = connect::connect(
+            &self.config.id,
+            &endpoint,
+            self.list_changed.clone(),
+            inner.options.frame_limit,
+            inner.options.connect_timeout,
+        )
+        .await;
+        match connected {
+            Ok(conn) => {
+                tracing::info!(server_id = %self.config.id, pid = ?conn.pid(), server = ?conn.info.name, "session established");
+                lock(&self.health).connected();
+                let live = Arc::new(Live { conn, _child_permit: child_permit, last_used: Mutex::new(Instant::now()) });
+                *current = Some(live.clone());
+                Ok(live)
+            }
+            Err(e) => {
+                tracing::warn!(server_id = %self.config.id, error = %e, "session failed");
+                lock(&self.health).down(&e.message);
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes `live` if it is still the current session.
+    async fn discard(&self, live: &Arc<Live>) {
+        let mut current = self.session.lock().await;
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, live)) {
+            current.take();
+        }
+        drop(current);
+        live.conn.close().await;
+    }
+
+    /// Maps a failed call, restarting the session when it is broken.
+    async fn failed(&self, live: &Arc<Live>, error: ServiceError) -> McpError {
+        use std::sync::atomic::Ordering;
+        match error {
+            ServiceError::McpError(data) => {
+                // The server answered with a JSON-RPC error: the session is fine.
+                lock(&self.health).call_ok(Duration::ZERO);
+                let code = if data.code == RpcCode::INVALID_PARAMS || data.code == RpcCode::METHOD_NOT_FOUND {
+                    ErrorCode::McpInvalidArguments
+                } else {
+                    ErrorCode::McpUnavailable
+                };
+                McpError { code, message: data.message.to_string(), retryable: false }
+            }
+            ServiceError::Timeout { timeout } => {
+                McpError::new(ErrorCode::McpTimeout, format!("no answer within {} ms", timeout.as_millis()))
+            }
+            other => {
+                let oversized = live.conn.oversized.load(Ordering::Relaxed);
+                self.discard(live).await;
+                if oversized {
+                    lock(&self.health).down("a reply exceeded the frame limit");
+                    McpError::new(
+                        ErrorCode::McpOutputTooLarge,
+                        "the reply exceeded the transport's frame limit and was dropped; the session was restarted",
+                    )
+                } else {
+                    let message = format!("the session broke: {other}");
+                    lock(&self.health).down(&message);
+                    McpError::new(ErrorCode::McpUnavailable, message)
+                }
+            }
+        }
+    }
+
+    async fn fetch_tools(&self, inner: &Inner) -> Result<Arc<Vec<Tool>>, McpError> {
+        let live = tokio::time::timeout(inner.options.connect_timeout, self.session(inner))
+            .await
+            .map_err(|_| McpError::new(ErrorCode::McpTimeout, "no session to list tools"))??;
+        match tokio::time::timeout(inner.options.connect_timeout, live.conn.service.peer().list_all_tools()).await {
+            Ok(Ok(tools)) => Ok(Arc::new(tools)),
+            Ok(Err(e)) => Err(self.failed(&live, e).await),
+            Err(_) => Err(McpError::new(ErrorCode::McpTimeout, "tools/list did not answer in time")),
+        }
+    }
+
+    async fn close(&self) {
+        let live = self.session.lock().await.take();
+        if let Some(live) = live {
+            live.conn.close().await;
+        }
+        self.concurrency.close();
+    }
+}

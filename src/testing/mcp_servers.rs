@@ -1,0 +1,177 @@
+//! The real MCP servers the tests talk to (DESIGN.md "Testing": MCP peers are real), as argvs.
+//!
+//! ```text
+//! hack/mcp-servers.sh ─installs once─▶ ~/.cache/spear-mcp/mcp-servers/<key>/{node,venv}
+//!                                               │ ($SPEAR_MCP_SERVERS_DIR, else the same <key>)
+//! servers_dir() ◀───────────────────────────────┘
+//!   ├─ everything_stdio() / everything_http(port)  node + @modelcontextprotocol/server-everything
+//!   ├─ filesystem_stdio(root)                       node + @modelcontextprotocol/server-filesystem
+//!   └─ fixture_stdio(flags) / fixture_http(..)      venv python + tests/servers/fixture_server.py
+//! ```
+//!
+//! Each function returns a [`Command`] (program, arguments, extra environment; never a shell) so
+//! the caller picks how to spawn it: `std::process`, `tokio::process` or rmcp's child-process
+//! transport. Like the control-plane launcher, a missing install panics with what to run.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// npm `@modelcontextprotocol/server-everything` version; must match `hack/mcp-servers.sh`.
+pub const EVERYTHING_VERSION: &str = "2026.8.31";
+/// npm `@modelcontextprotocol/server-filesystem` version; must match `hack/mcp-servers.sh`.
+pub const FILESYSTEM_VERSION: &str = "2026.8.31";
+/// PyPI `mcp` (Python SDK) version in the venv; must match `hack/mcp-servers.sh`.
+pub const MCP_VERSION: &str = "2.3.0";
+/// PyPI `openai` version in the venv; must match `hack/mcp-servers.sh`.
+pub const OPENAI_VERSION: &str = "3.54.0";
+/// Layout revision of the install; must match `REVISION` in `hack/mcp-servers.sh`.
+pub const REVISION: &str = "r1";
+/// Env var naming the install directory, overriding the default cache path.
+pub const ENV_DIR: &str = "SPEAR_MCP_SERVERS_DIR";
+
+/// How long one TCP probe of [`wait_for_http`] may take; loopback answers at once.
+const CONNECT_PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// Pause between [`wait_for_http`] probes.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// A server's argv and the environment variables it needs on top of the caller's; no shell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// The executable (an absolute path when it could be resolved).
+    pub program: PathBuf,
+    /// Its arguments, in order.
+    pub args: Vec<String>,
+    /// Extra environment variables (for example `PORT` for server-everything's HTTP mode).
+    pub env: Vec<(String, String)>,
+}
+
+impl Command {
+    /// A `std::process::Command` with the program, arguments and extra environment set
+    /// (`tokio::process::Command::from` takes it as is).
+    pub fn to_std(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(&self.program);
+        command.args(&self.args).envs(self.env.iter().map(|(name, value)| (name, value)));
+        command
+    }
+}
+
+/// The install directory: `$SPEAR_MCP_SERVERS_DIR`, else the cache path `hack/mcp-servers.sh`
+/// uses for the pinned versions (honouring its `SPEAR_CACHE_DIR`). Panics when it is missing.
+pub fn servers_dir() -> PathBuf {
+    let dir = match std::env::var_os(ENV_DIR) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let cache = match (std::env::var_os("SPEAR_CACHE_DIR"), std::env::var_os("HOME")) {
+                (Some(dir), _) => PathBuf::from(dir),
+                (None, Some(home)) => PathBuf::from(home).join(".cache/spear-mcp"),
+                (None, None) => panic!("MCP test servers not installed: run hack/mcp-servers.sh (HOME is not set)"),
+            };
+            cache.join("mcp-servers").join(format!(
+                "everything-{EVERYTHING_VERSION}-filesystem-{FILESYSTEM_VERSION}-mcp-{MCP_VERSION}-openai-{OPENAI_VERSION}-{REVISION}"
+            ))
+        }
+    };
+    if !dir.join("node").is_dir() || !dir.join("venv").is_dir() {
+        panic!("MCP test servers not installed: run hack/mcp-servers.sh (no {})", dir.display());
+    }
+    dir
+}
+
+/// `node` from `PATH` (the npm servers run on it), or the bare name when it is not found.
+pub fn node() -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("node"))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| PathBuf::from("node"))
+}
+
+/// The venv's python, which has the `mcp` SDK and `openai`.
+pub fn python() -> PathBuf {
+    servers_dir().join("venv/bin/python")
+}
+
+/// `@modelcontextprotocol/server-everything` over stdio.
+pub fn everything_stdio() -> Command {
+    node_command("server-everything", &["stdio"], Vec::new())
+}
+
+/// `@modelcontextprotocol/server-everything` over Streamable HTTP at `http://127.0.0.1:{port}/mcp`
+/// (its CLI takes the transport as an argument and the port from `PORT`; it binds all interfaces).
+pub fn everything_http(port: u16) -> Command {
+    node_command("server-everything", &["streamableHttp"], vec![("PORT".to_owned(), port.to_string())])
+}
+
+/// `@modelcontextprotocol/server-filesystem` over stdio, allowed to access `root` only.
+pub fn filesystem_stdio(root: &Path) -> Command {
+    node_command("server-filesystem", &[&root.to_string_lossy()], Vec::new())
+}
+
+/// `tests/servers/fixture_server.py` over stdio, with fault flags such as `--garbage-stdout`.
+pub fn fixture_stdio(flags: &[&str]) -> Command {
+    fixture(&["--transport", "stdio"], flags)
+}
+
+/// `tests/servers/fixture_server.py` over Streamable HTTP at `http://127.0.0.1:{port}/mcp`.
+pub fn fixture_http(port: u16, flags: &[&str]) -> Command {
+    fixture(&["--transport", "http", "--host", "127.0.0.1", "--port", &port.to_string()], flags)
+}
+
+/// A loopback port that was free a moment ago (bound to port 0, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .expect("binding 127.0.0.1:0 must succeed")
+        .port()
+}
+
+/// Polls until `127.0.0.1:{port}` accepts TCP connections; false if `timeout` passes first.
+pub async fn wait_for_http(port: u16, timeout: Duration) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let deadline = Instant::now() + timeout;
+    loop {
+        // A blocking connect is fine here: on loopback it is accepted or refused at once.
+        if TcpStream::connect_timeout(&addr, CONNECT_PROBE_TIMEOUT).is_ok() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// `node <entry point of @modelcontextprotocol/{package}> args...`.
+fn node_command(package: &str, args: &[&str], env: Vec<(String, String)>) -> Command {
+    let mut argv = vec![npm_entry_point(package).to_string_lossy().into_owned()];
+    argv.extend(args.iter().map(|arg| (*arg).to_owned()));
+    Command { program: node(), args: argv, env }
+}
+
+/// The JS file named by the installed package's `package.json` `bin` (a string or a map).
+fn npm_entry_point(package: &str) -> PathBuf {
+    let dir = servers_dir().join("node/node_modules/@modelcontextprotocol").join(package);
+    let manifest = dir.join("package.json");
+    let text = std::fs::read_to_string(&manifest).unwrap_or_else(|e| {
+        panic!("MCP test servers not installed: run hack/mcp-servers.sh ({}: {e})", manifest.display())
+    });
+    let json: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} must be JSON: {e}", manifest.display()));
+    let bin = match &json["bin"] {
+        serde_json::Value::String(path) => Some(path.as_str()),
+        serde_json::Value::Object(map) => map.values().find_map(|path| path.as_str()),
+        _ => None,
+    };
+    let bin = bin.unwrap_or_else(|| panic!("{} must name a `bin` entry point", manifest.display()));
+    dir.join(bin)
+}
+
+/// `python tests/servers/fixture_server.py transport_args... flags...`.
+fn fixture(transport_args: &[&str], flags: &[&str]) -> Command {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/fixture_server.py");
+    let mut args = vec![script.to_string_lossy().into_owned()];
+    args.extend(transport_args.iter().chain(flags).map(|arg| (*arg).to_owned()));
+    Command { program: python(), args, env: Vec::new() }
+}

@@ -1,0 +1,460 @@
+//! The client pool against real MCP servers: the PyPI `mcp` fixture server, npm
+//! server-everything and server-filesystem, over stdio and Streamable HTTP, including the faults
+//! where bridges and gateways were seen to fail.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use spear::api::manifest::Object;
+use spear::api::{HttpSpec, McpServer, McpServerSpec, ServerBudgets, StdioSpec, Transport};
+use spear::mcp::health::HealthState;
+use spear::mcp::{ErrorCode, Pool, PoolOptions};
+use spear::policy::ServerTools;
+use spear::registry::snapshot::{Entry, Snapshot};
+use spear::testing::mcp_servers::{self, Command};
+
+const SECOND: Duration = Duration::from_secs(1);
+const BIG: usize = 1 << 20;
+
+fn stdio_server(id: &str, command: &Command) -> McpServer {
+    let env = command
+        .env
+        .iter()
+        .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar { name: k.clone(), value: Some(v.clone()), value_from: None })
+        .collect();
+    McpServer::new(
+        id,
+        McpServerSpec {
+            transport: Transport::Stdio,
+            stdio: Some(StdioSpec {
+                command: command.program.to_string_lossy().into_owned(),
+                args: command.args.clone(),
+                env,
+                ..Default::default()
+            }),
+            allowed_tools: vec!["*".into()],
+            ..Default::default()
+        },
+    )
+}
+
+fn http_server(id: &str, port: u16) -> McpServer {
+    McpServer::new(
+        id,
+        McpServerSpec {
+            transport: Transport::StreamableHttp,
+            http: Some(HttpSpec { url: format!("http://127.0.0.1:{port}/mcp"), headers: vec![] }),
+            allowed_tools: vec!["*".into()],
+            ..Default::default()
+        },
+    )
+}
+
+fn snapshot(servers: Vec<McpServer>) -> Snapshot {
+    Snapshot::build(servers.into_iter().map(|s| Entry::local("test.yaml", 1, Object::Server(s))), Vec::new())
+}
+
+fn options() -> PoolOptions {
+    PoolOptions { idle_timeout: None, ..PoolOptions::default() }
+}
+
+async fn pool_with(servers: Vec<McpServer>, options: PoolOptions) -> Pool {
+    let pool = Pool::with_env(options, Arc::new(|name: &str| std::env::var(name).ok()));
+    let errors = pool.apply(&snapshot(servers)).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    pool
+}
+
+fn args(value: Value) -> Option<Map<String, Value>> {
+    value.as_object().cloned()
+}
+
+fn text(output: &spear::mcp::ToolOutput) -> String {
+    let json = serde_json::to_value(&output.result).expect("result serializes");
+    json["content"].as_array().expect("content").iter().filter_map(|c| c["text"].as_str()).collect::<Vec<_>>().join("")
+}
+
+async fn call(
+    pool: &Pool,
+    server: &str,
+    tool: &str,
+    a: Value,
+    timeout: Duration,
+) -> Result<String, spear::mcp::McpError> {
+    pool.call_tool(server, tool, args(a), timeout, BIG).await.map(|o| text(&o))
+}
+
+/// A child process of the test (an HTTP server), killed when dropped.
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn start_http_fixture(port: u16) -> Spawned {
+    let child = mcp_servers::fixture_http(port, &[])
+        .to_std()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the fixture server starts");
+    assert!(mcp_servers::wait_for_http(port, 20 * SECOND).await, "the HTTP fixture did not listen on {port}");
+    Spawned(child)
+}
+
+fn kill(signal: &str, pid: u32) {
+    let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill runs");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+// === basics ===
+
+#[tokio::test]
+async fn lists_and_calls_tools_over_stdio() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let tools = pool.list_tools("fx").await.expect("tools/list");
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for expected in ["echo", "sleep", "big", "probe", "add_tool", "env", "pid"] {
+        assert!(names.contains(&expected), "{expected} missing from {names:?}");
+    }
+    assert_eq!(call(&pool, "fx", "echo", json!({"text": "hi"}), 10 * SECOND).await.expect("echo"), "hi");
+    let status = pool.status("fx").expect("status");
+    assert_eq!(status.health.state, HealthState::Connected);
+    assert!(status.info.and_then(|i| i.name).is_some(), "initialize captured");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn npm_everything_and_filesystem_servers_work_over_stdio() {
+    let root = tempfile::tempdir().expect("tempdir");
+    std::fs::write(root.path().join("hello.txt"), "hello from disk").expect("write");
+    let pool = pool_with(
+        vec![
+            stdio_server("everything", &mcp_servers::everything_stdio()),
+            stdio_server("fs", &mcp_servers::filesystem_stdio(root.path())),
+        ],
+        options(),
+    )
+    .await;
+    let out = call(&pool, "everything", "echo", json!({"message": "ping"}), 20 * SECOND).await.expect("echo");
+    assert!(out.contains("ping"), "{out}");
+    let fs_tools = pool.list_tools("fs").await.expect("fs tools");
+    let read = if fs_tools.iter().any(|t| t.name == "read_text_file") { "read_text_file" } else { "read_file" };
+    let path = root.path().join("hello.txt");
+    let out = call(&pool, "fs", read, json!({"path": path}), 20 * SECOND).await.expect("read");
+    assert!(out.contains("hello from disk"), "{out}");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn lists_and_calls_over_streamable_http() {
+    let port = mcp_servers::free_port();
+    let _server = start_http_fixture(port).await;
+    let pool = pool_with(vec![http_server("web", port)], options()).await;
+    assert!(pool.list_tools("web").await.expect("tools").iter().any(|t| t.name == "echo"));
+    assert_eq!(call(&pool, "web", "echo", json!({"text": "over http"}), 10 * SECOND).await.expect("echo"), "over http");
+    pool.shutdown().await;
+}
+
+// === budgets ===
+
+#[tokio::test]
+async fn output_over_the_budget_is_truncated_with_a_marker() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let out = pool.call_tool("fx", "big", args(json!({"bytes": 100_000})), 10 * SECOND, 1000).await.expect("call");
+    let truncated = out.truncated.expect("over the cap");
+    assert_eq!(truncated.original_bytes, 100_000);
+    let body = text(&out);
+    assert!(body.starts_with(&"x".repeat(1000)) || body.len() >= 1000, "kept the first 1000 bytes");
+    assert!(body.contains("mcp_output_too_large"), "explicit marker");
+    assert!(body.len() < 1000 + 200, "cut to the cap plus the marker");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_call_times_out_on_budget_and_other_servers_are_unaffected() {
+    let pool = pool_with(
+        vec![
+            stdio_server("slow", &mcp_servers::fixture_stdio(&[])),
+            stdio_server("fast", &mcp_servers::fixture_stdio(&[])),
+        ],
+        options(),
+    )
+    .await;
+    call(&pool, "slow", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
+    call(&pool, "fast", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
+    let budget = Duration::from_millis(300);
+    let started = Instant::now();
+    let (slow, fast) = tokio::join!(
+        call(&pool, "slow", "sleep", json!({"ms": 5000}), budget),
+        call(&pool, "fast", "echo", json!({"text": "still here"}), 5 * SECOND),
+    );
+    let err = slow.expect_err("times out");
+    assert_eq!(err.code, ErrorCode::McpTimeout);
+    assert!(err.retryable);
+    assert!(started.elapsed() < budget + Duration::from_millis(100) + Duration::from_millis(400), "bounded wait");
+    assert_eq!(fast.expect("the other server answers"), "still here");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_concurrency_cap_makes_extra_calls_wait() {
+    let mut server = stdio_server("fx", &mcp_servers::fixture_stdio(&[]));
+    server.spec.budgets = Some(ServerBudgets { max_concurrency: Some(2), ..Default::default() });
+    let pool = pool_with(vec![server], options()).await;
+    call(&pool, "fx", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
+    let calls = (0..5).map(|_| call(&pool, "fx", "probe", json!({"ms": 150}), 10 * SECOND));
+    let seen: Vec<i64> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.expect("probe").trim().parse().expect("a number"))
+        .collect();
+    let max = seen.iter().copied().max().expect("five answers");
+    assert_eq!(max, 2, "the server saw at most 2 calls at once (and the cap was used): {seen:?}");
+    pool.shutdown().await;
+}
+
+// === cache ===
+
+#[tokio::test]
+async fn list_changed_refreshes_the_cached_tool_list() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let before = pool.list_tools("fx").await.expect("tools");
+    assert!(!before.iter().any(|t| t.name == "fresh_tool"));
+    let again = pool.list_tools("fx").await.expect("cached");
+    assert!(Arc::ptr_eq(&before, &again), "served from the cache");
+    let changed = pool.list_changed("fx").expect("known server");
+    call(&pool, "fx", "add_tool", json!({"name": "fresh_tool"}), 10 * SECOND).await.expect("add_tool");
+    tokio::time::timeout(5 * SECOND, changed).await.expect("notification within 5 s");
+    let after = pool.list_tools("fx").await.expect("refreshed");
+    assert!(after.iter().any(|t| t.name == "fresh_tool"), "refreshed after list_changed");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_config_change_restarts_only_the_changed_server() {
+    let a = stdio_server("a", &mcp_servers::fixture_stdio(&[]));
+    let b = stdio_server("b", &mcp_servers::fixture_stdio(&[]));
+    let pool = pool_with(vec![a.clone(), b.clone()], options()).await;
+    let pid = |pool: &Pool, id: &str| pool.status(id).and_then(|s| s.pid);
+    call(&pool, "a", "echo", json!({"text": "1"}), 10 * SECOND).await.expect("a");
+    call(&pool, "b", "echo", json!({"text": "1"}), 10 * SECOND).await.expect("b");
+    let (a_pid, b_pid) = (pid(&pool, "a").expect("a pid"), pid(&pool, "b").expect("b pid"));
+
+    let mut changed = b.clone();
+    changed.spec.stdio.as_mut().expect("stdio").args.push("--stderr-chatter".into());
+    let mut narrowed = a.clone();
+    narrowed.spec.allowed_tools = vec!["echo".into()]; // not a connection field
+    assert!(pool.apply(&snapshot(vec![narrowed, changed])).await.is_empty());
+    call(&pool, "a", "echo", json!({"text": "2"}), 10 * SECOND).await.expect("a");
+    call(&pool, "b", "echo", json!({"text": "2"}), 10 * SECOND).await.expect("b");
+    assert_eq!(pid(&pool, "a"), Some(a_pid), "unchanged server keeps its session");
+    assert_ne!(pid(&pool, "b"), Some(b_pid), "changed server got a new one");
+
+    assert!(pool.apply(&snapshot(vec![a])).await.is_empty());
+    let removed = call(&pool, "b", "echo", json!({"text": "3"}), SECOND).await.expect_err("removed");
+    assert_eq!(removed.code, ErrorCode::McpUnavailable);
+    pool.shutdown().await;
+}
+
+// === faults ===
+
+#[tokio::test]
+async fn a_killed_child_fails_its_call_and_the_next_call_gets_a_new_process() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    call(&pool, "fx", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
+    let old = pool.status("fx").and_then(|s| s.pid).expect("pid");
+    let pending = call(&pool, "fx", "sleep", json!({"ms": 10_000}), 20 * SECOND);
+    let killer = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        kill("-9", old);
+    };
+    let (result, ()) = tokio::join!(pending, killer);
+    let err = result.expect_err("the call's process died");
+    assert_eq!(err.code, ErrorCode::McpUnavailable);
+    assert!(err.retryable);
+    assert_eq!(pool.status("fx").expect("status").health.state, HealthState::Down, "Down until respawned");
+    assert_eq!(call(&pool, "fx", "echo", json!({"text": "back"}), 10 * SECOND).await.expect("recovered"), "back");
+    let new = pool.status("fx").and_then(|s| s.pid).expect("pid");
+    assert_ne!(new, old);
+    assert_eq!(pool.status("fx").expect("status").health.state, HealthState::Connected);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_frozen_child_times_out_every_call_on_budget_then_is_respawned() {
+    let pool = pool_with(
+        vec![
+            stdio_server("fx", &mcp_servers::fixture_stdio(&[])),
+            stdio_server("ok", &mcp_servers::fixture_stdio(&[])),
+        ],
+        options(),
+    )
+    .await;
+    call(&pool, "fx", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
+    let frozen = pool.status("fx").and_then(|s| s.pid).expect("pid");
+    kill("-STOP", frozen);
+    let budget = Duration::from_millis(300);
+    for attempt in 1..=3 {
+        let started = Instant::now();
+        let err = call(&pool, "fx", "echo", json!({"text": "?"}), budget).await.expect_err("frozen");
+        let took = started.elapsed();
+        assert_eq!(err.code, ErrorCode::McpTimeout, "attempt {attempt}");
+        assert!(took < budget + Duration::from_millis(100), "attempt {attempt} answered after {took:?}");
+        let state = pool.status("fx").expect("status").health.state;
+        let expected = if attempt < 3 { HealthState::Degraded } else { HealthState::Down };
+        assert_eq!(state, expected, "attempt {attempt}");
+        assert_eq!(call(&pool, "ok", "echo", json!({"text": "fine"}), 5 * SECOND).await.expect("unaffected"), "fine");
+    }
+    assert_eq!(
+        call(&pool, "fx", "echo", json!({"text": "respawned"}), 10 * SECOND).await.expect("new child"),
+        "respawned"
+    );
+    assert_ne!(pool.status("fx").and_then(|s| s.pid), Some(frozen));
+    assert_eq!(pool.status("fx").expect("status").health.state, HealthState::Connected);
+    pool.shutdown().await;
+    // The frozen child was killed by the restart; SIGCONT is harmless if it is already gone.
+    let _ = std::process::Command::new("kill").args(["-CONT", &frozen.to_string()]).status();
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_times_out_without_affecting_others() {
+    let pool = pool_with(
+        vec![
+            stdio_server("hang", &mcp_servers::fixture_stdio(&["--hang"])),
+            stdio_server("ok", &mcp_servers::fixture_stdio(&[])),
+        ],
+        options(),
+    )
+    .await;
+    let budget = Duration::from_millis(500);
+    let started = Instant::now();
+    let (hung, ok) = tokio::join!(
+        call(&pool, "hang", "echo", json!({"text": "?"}), budget),
+        call(&pool, "ok", "echo", json!({"text": "fine"}), 10 * SECOND),
+    );
+    assert_eq!(hung.expect_err("never answers").code, ErrorCode::McpTimeout);
+    assert!(started.elapsed() < 10 * SECOND);
+    assert_eq!(ok.expect("unaffected"), "fine");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn garbage_on_stdout_is_an_error_or_skipped_never_a_panic() {
+    let pool =
+        pool_with(vec![stdio_server("junk", &mcp_servers::fixture_stdio(&["--garbage-stdout"]))], options()).await;
+    // rmcp skips a line that is not JSON-RPC and logs it; the session then works. Either way the
+    // caller gets a clear answer, not a hang or a crash.
+    match call(&pool, "junk", "echo", json!({"text": "after garbage"}), 10 * SECOND).await {
+        Ok(out) => assert_eq!(out, "after garbage"),
+        Err(e) => assert!(!e.message.is_empty()),
+    }
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reply_over_the_frame_limit_fails_that_call_and_the_next_succeeds() {
+    let options = PoolOptions { frame_limit: 256 * 1024, ..options() };
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options).await;
+    let err = pool
+        .call_tool("fx", "big", args(json!({"bytes": 1_000_000})), 10 * SECOND, usize::MAX)
+        .await
+        .expect_err("over the frame limit");
+    assert_eq!(err.code, ErrorCode::McpOutputTooLarge, "{err}");
+    assert_eq!(call(&pool, "fx", "echo", json!({"text": "next"}), 10 * SECOND).await.expect("new session"), "next");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_http_server_restarted_is_reached_again() {
+    let port = mcp_servers::free_port();
+    let server = start_http_fixture(port).await;
+    let pool = pool_with(vec![http_server("web", port)], options()).await;
+    call(&pool, "web", "echo", json!({"text": "one"}), 10 * SECOND).await.expect("first");
+    drop(server);
+    let down = call(&pool, "web", "echo", json!({"text": "two"}), 3 * SECOND).await.expect_err("server is down");
+    assert!(matches!(down.code, ErrorCode::McpUnavailable | ErrorCode::McpTimeout), "{down}");
+    let _server = start_http_fixture(port).await;
+    let mut last = None;
+    // The first call after the restart may still see the old session fail; the next one works.
+    for _ in 0..3 {
+        match call(&pool, "web", "echo", json!({"text": "three"}), 10 * SECOND).await {
+            Ok(out) => {
+                last = Some(out);
+                break;
+            }
+            Err(e) => tracing::debug!(error = %e, "retrying after restart"),
+        }
+    }
+    assert_eq!(last.as_deref(), Some("three"));
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_missing_env_var_makes_only_that_server_unavailable() {
+    let mut needs = stdio_server("needs", &mcp_servers::fixture_stdio(&[]));
+    needs.spec.stdio.as_mut().expect("stdio").env.push(k8s_openapi::api::core::v1::EnvVar {
+        name: "TOKEN".into(),
+        value: Some("${ENV:SPEAR_TEST_SURELY_UNSET_VAR}".into()),
+        value_from: None,
+    });
+    let mut passes = stdio_server("passes", &mcp_servers::fixture_stdio(&[]));
+    passes.spec.stdio.as_mut().expect("stdio").env.push(k8s_openapi::api::core::v1::EnvVar {
+        name: "GREETING".into(),
+        value: Some("${ENV:SPEAR_TEST_SURELY_UNSET_VAR:-hello}".into()),
+        value_from: None,
+    });
+    let pool = pool_with(vec![needs, passes], options()).await;
+    let err = call(&pool, "needs", "echo", json!({"text": "?"}), 5 * SECOND).await.expect_err("env missing");
+    assert_eq!(err.code, ErrorCode::McpUnavailable);
+    assert!(!err.retryable);
+    assert!(err.message.contains("SPEAR_TEST_SURELY_UNSET_VAR"), "{err}");
+    assert_eq!(
+        pool.server_tools("needs", "needs").await,
+        ServerTools::EnvMissing { variable: "SPEAR_TEST_SURELY_UNSET_VAR".into() }
+    );
+    let greeting = call(&pool, "passes", "env", json!({"name": "GREETING"}), 10 * SECOND).await.expect("default used");
+    assert_eq!(greeting, "hello");
+    let leaked = call(&pool, "passes", "env", json!({"name": "CARGO_MANIFEST_DIR"}), 10 * SECOND).await.expect("env");
+    assert_eq!(leaked, "<unset>", "the agent's own environment is not passed to children");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_hundred_concurrent_first_calls_share_one_session() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let calls = (0..100).map(|i| call(&pool, "fx", "pid", json!({}), 30 * SECOND).map_err(move |e| (i, e)));
+    let pids: Vec<String> = futures::future::join_all(calls).await.into_iter().map(|r| r.expect("call")).collect();
+    assert!(
+        pids.iter().all(|p| *p == pids[0]),
+        "one process served all: {:?}",
+        pids.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+    let health = pool.status("fx").expect("status").health;
+    assert_eq!((health.sessions, health.reconnects), (1, 0));
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_leaves_no_child_behind() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    call(&pool, "fx", "echo", json!({"text": "x"}), 10 * SECOND).await.expect("call");
+    let pid = pool.status("fx").and_then(|s| s.pid).expect("pid");
+    pool.shutdown().await;
+    let gone = !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+    assert!(
+        gone || {
+            tokio::time::sleep(SECOND).await;
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        },
+        "child {pid} still runs"
+    );
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "child {pid} was not reaped");
+}
+
+use futures::TryFutureExt as _;

@@ -1,0 +1,199 @@
+"""A small, real MCP server for spear-mcp's integration tests.
+
+It is written with the PyPI `mcp` SDK (2.x, low-level `Server`) so the tests talk to an MCP
+implementation that is not ours, and it has the knobs the agent's tests need: a concurrency probe,
+runtime tool registration with `notifications/tools/list_changed`, large outputs, and fault modes.
+
+    python fixture_server.py --transport stdio [--garbage-stdout] [--hang] [--stderr-chatter]
+    python fixture_server.py --transport http --port 8931 [--host 127.0.0.1] [--hang] [--stderr-chatter]
+
+Streamable HTTP is served at `/mcp` with stateful sessions (`Mcp-Session-Id`). Tools: `echo`,
+`sleep`, `big`, `probe`, `add_tool`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
+the stdio transport's wire.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import anyio
+import mcp.types as types
+import uvicorn
+from mcp.server import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+
+def schema(**properties: str) -> dict:
+    """A JSON Schema object whose properties (all required) have the given JSON types."""
+    return {
+        "type": "object",
+        "properties": {name: {"type": kind} for name, kind in properties.items()},
+        "required": list(properties),
+    }
+
+
+# === tools ===
+
+# --stderr-chatter: a stderr line on every tool call.
+CHATTER = False
+# In-process state of `probe`: calls running now, and the most ever seen at once.
+in_flight = 0
+max_in_flight = 0
+
+
+async def echo(ctx, text: str) -> str:
+    return text
+
+
+async def sleep(ctx, ms: int) -> str:
+    await anyio.sleep(ms / 1000)
+    return "slept"
+
+
+async def big(ctx, bytes: int) -> str:
+    # A repeating alphabet rather than one letter, so a cut or a reorder is visible.
+    return ("abcdefghijklmnopqrstuvwxyz" * (bytes // 26 + 1))[:bytes]
+
+
+async def probe(ctx, ms: int) -> int:
+    global in_flight, max_in_flight
+    in_flight += 1
+    max_in_flight = max(max_in_flight, in_flight)
+    try:
+        await anyio.sleep(ms / 1000)
+    finally:
+        in_flight -= 1
+    return max_in_flight
+
+
+async def add_tool(ctx, name: str) -> str:
+    if name in TOOLS:
+        raise ValueError(f"tool {name!r} already exists")
+    TOOLS[name] = ("Echoes its text (added at runtime by add_tool).", schema(text="string"), echo)
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
+
+
+async def env(ctx, name: str) -> str:
+    return os.environ.get(name, "<unset>")
+
+
+async def pid(ctx) -> int:
+    return os.getpid()
+
+
+# name -> (description, input schema, handler called with the arguments as keywords)
+TOOLS = {
+    "echo": ("Returns its text.", schema(text="string"), echo),
+    "sleep": ("Sleeps ms milliseconds, then returns 'slept'.", schema(ms="integer"), sleep),
+    "big": ("Returns a string of that many ASCII bytes.", schema(bytes="integer"), big),
+    "probe": (
+        "Sleeps ms milliseconds; returns the most probe calls ever seen running at once.",
+        schema(ms="integer"),
+        probe,
+    ),
+    "add_tool": (
+        "Registers an echo-like tool with that name and sends notifications/tools/list_changed.",
+        schema(name="string"),
+        add_tool,
+    ),
+    "env": ("Returns an environment variable of the server process, or '<unset>'.", schema(name="string"), env),
+    "pid": ("Returns the server's process id.", schema(), pid),
+}
+
+
+# === MCP wiring ===
+
+
+async def list_tools(ctx, params) -> types.ListToolsResult:
+    return types.ListToolsResult(
+        tools=[
+            types.Tool(name=name, description=description, input_schema=input_schema)
+            for name, (description, input_schema, _) in TOOLS.items()
+        ]
+    )
+
+
+async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    if CHATTER:
+        print(f"fixture: call {params.name} {params.arguments}", file=sys.stderr, flush=True)
+    if params.name not in TOOLS:
+        raise MCPError(types.INVALID_PARAMS, f"unknown tool: {params.name}")
+    _, _, handler = TOOLS[params.name]
+    try:
+        result = await handler(ctx, **(params.arguments or {}))
+    except (TypeError, ValueError) as error:
+        # Bad arguments are a tool error the caller (a model) can read, not a protocol error.
+        return types.CallToolResult(content=[types.TextContent(text=str(error))], is_error=True)
+    return types.CallToolResult(content=[types.TextContent(text=str(result))])
+
+
+class FixtureServer(Server):
+    """The SDK's low-level server, advertising `tools.listChanged` on every transport."""
+
+    def create_initialization_options(self, notification_options=None, *args, **kwargs):
+        options = notification_options or NotificationOptions(tools_changed=True)
+        return super().create_initialization_options(options, *args, **kwargs)
+
+
+server = FixtureServer("spear-fixture", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def serve_stdio() -> None:
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def serve_http(host: str, port: int) -> None:
+    app = server.streamable_http_app(streamable_http_path="/mcp", host=host)
+    await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+
+def hang_stdio() -> None:
+    # Read (so the writer never blocks on a full pipe) and never answer; exit at EOF.
+    for _ in sys.stdin.buffer:
+        pass
+
+
+async def hang_http(host: str, port: int) -> None:
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    listener = await asyncio.start_server(swallow, host, port)
+    async with listener:
+        await listener.serve_forever()
+
+
+def main() -> None:
+    global CHATTER
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8931)
+    parser.add_argument("--garbage-stdout", action="store_true", help="stdio: a non-JSON line first")
+    parser.add_argument("--hang", action="store_true", help="never answer anything")
+    parser.add_argument("--stderr-chatter", action="store_true", help="a stderr line on every call")
+    args = parser.parse_args()
+    CHATTER = args.stderr_chatter
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="fixture: %(levelname)s %(message)s")
+    print(f"fixture: starting (transport={args.transport}, pid={os.getpid()})", file=sys.stderr, flush=True)
+
+    if args.garbage_stdout and args.transport == "stdio":
+        sys.stdout.write("this is not json\n")
+        sys.stdout.flush()
+    if args.transport == "stdio" and args.hang:
+        hang_stdio()
+    elif args.transport == "stdio":
+        anyio.run(serve_stdio)
+    elif args.hang:
+        asyncio.run(hang_http(args.host, args.port))
+    else:
+        anyio.run(serve_http, args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()
