@@ -1,5 +1,6 @@
 //! `spearlet` subcommands available so far: offline validation and migration.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,6 +10,7 @@ use clap::{Parser, Subcommand};
 use super::{EXIT_INVALID, usage_error};
 use crate::api::manifest;
 use crate::convert;
+use crate::mcp::{Pool, PoolOptions};
 use crate::policy::{CompiledProfile, EffectiveSet, RequestScope, ServerTools};
 use crate::registry::dir::{DirOptions, DirSource};
 use crate::registry::snapshot::Snapshot;
@@ -53,9 +55,9 @@ enum Command {
     },
     /// Explain what a profile exposes: the effective servers and tools, and why the rest is not.
     ///
-    /// Decides on servers and patterns alone (tool lists need a connection to each server,
-    /// which arrives with the client pool); says so in its output. Exit status: 0 on success,
-    /// 1 when the profile is unknown or the request is refused, 2 on a usage error.
+    /// Without --connect it decides on servers and patterns alone and says so; with --connect it
+    /// lists every allowed server's tools first. Exit status: 0 on success, 1 when the profile
+    /// is unknown or the request is refused, 2 on a usage error.
     Explain {
         /// Directory of McpServer/McpProfile manifests (local mode).
         #[arg(long, env = "SPEAR_REGISTRY_DIR", value_name = "DIR")]
@@ -70,6 +72,10 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
+        /// Connect to each allowed server first and list its tools, so tool-level decisions are
+        /// shown too (stdio servers are started as local child processes, then stopped).
+        #[arg(long, env = "SPEAR_EXPLAIN_CONNECT")]
+        connect: bool,
     },
     /// Validate McpServer/McpProfile manifests offline (for CI and GitOps pipelines).
     ///
@@ -126,8 +132,8 @@ impl Args {
         }
         match command {
             Command::Registry { registry_dir, watch } => registry(&registry_dir, watch),
-            Command::Explain { registry_dir, profile, request, output } => {
-                explain(&registry_dir, &profile, request.as_deref(), output)
+            Command::Explain { registry_dir, profile, request, output, connect } => {
+                explain(&registry_dir, &profile, request.as_deref(), output, connect)
             }
             Command::Validate { paths } => validate(&paths),
             Command::Convert { files, output_dir, namespace } => {
@@ -371,7 +377,7 @@ fn describe_change(old: &Snapshot, new: &Snapshot) -> String {
 /// Said wherever tools are not listed, so nobody mistakes a pattern-level answer for the full one.
 const NOT_LISTED: &str = "tool lists not fetched: decided on servers and patterns alone (per-tool decisions need a connection to each server)";
 
-fn explain(dir: &Path, profile: &str, request: Option<&str>, output: OutputFormat) -> ExitCode {
+fn explain(dir: &Path, profile: &str, request: Option<&str>, output: OutputFormat, connect: bool) -> ExitCode {
     let scope: Option<RequestScope> = match request.map(serde_json::from_str).transpose() {
         Ok(scope) => scope,
         Err(e) => return usage_error(format!("--request is not a valid request scope: {e}")),
@@ -383,9 +389,26 @@ fn explain(dir: &Path, profile: &str, request: Option<&str>, output: OutputForma
     for problem in snapshot.problems() {
         eprintln!("warning: registry problem (last good objects are used): {problem}");
     }
-    let set = CompiledProfile::compile(&snapshot, profile)
-        .and_then(|compiled| compiled.effective(|_| ServerTools::Unknown, scope.as_ref(), &[]));
-    let set = match set {
+    let compiled = match CompiledProfile::compile(&snapshot, profile) {
+        Ok(compiled) => compiled,
+        Err(e) => {
+            eprintln!("error: {} ({})", e, e.code());
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    let tools = if connect {
+        match list_all_tools(&snapshot, &compiled) {
+            Ok(tools) => tools,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        BTreeMap::new()
+    };
+    let lookup = |id: &str| tools.get(id).cloned().unwrap_or(ServerTools::Unknown);
+    let set = match compiled.effective(lookup, scope.as_ref(), &[]) {
         Ok(set) => set,
         Err(e) => {
             eprintln!("error: {} ({})", e, e.code());
@@ -393,13 +416,31 @@ fn explain(dir: &Path, profile: &str, request: Option<&str>, output: OutputForma
         }
     };
     match output {
-        OutputFormat::Json => println!("{}", explain_json(&snapshot, &set)),
-        OutputFormat::Table => print!("{}", explain_table(&snapshot, &set)),
+        OutputFormat::Json => println!("{}", explain_json(&snapshot, &set, connect)),
+        OutputFormat::Table => print!("{}", explain_table(&snapshot, &set, connect)),
     }
     ExitCode::SUCCESS
 }
 
-fn explain_json(snapshot: &Snapshot, set: &EffectiveSet) -> serde_json::Value {
+/// Lists every allowed server's tools through a short-lived client pool.
+fn list_all_tools(snapshot: &Snapshot, compiled: &CompiledProfile) -> std::io::Result<BTreeMap<String, ServerTools>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    Ok(runtime.block_on(async {
+        let pool = Pool::new(PoolOptions { idle_timeout: None, ..PoolOptions::default() });
+        for error in pool.apply(snapshot).await {
+            eprintln!("warning: {error}");
+        }
+        let lists = compiled.servers().map(|(id, part)| {
+            let pool = pool.clone();
+            async move { (id.to_string(), pool.server_tools(id, part).await) }
+        });
+        let tools = futures::future::join_all(lists).await.into_iter().collect();
+        pool.shutdown().await;
+        tools
+    }))
+}
+
+fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> serde_json::Value {
     let servers: Vec<serde_json::Value> = set
         .servers
         .iter()
@@ -420,19 +461,21 @@ fn explain_json(snapshot: &Snapshot, set: &EffectiveSet) -> serde_json::Value {
     serde_json::json!({
         "profile": set.profile,
         "revision": set.revision.as_str(),
-        "toolsListed": false,
-        "note": NOT_LISTED,
+        "toolsListed": listed,
+        "note": if listed { None } else { Some(NOT_LISTED) },
         "servers": servers,
         "excluded": set.decisions(),
         "loopBudgets": set.loop_budgets,
     })
 }
 
-fn explain_table(snapshot: &Snapshot, set: &EffectiveSet) -> String {
+fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "profile {} at registry revision {}", set.profile, set.revision);
-    let _ = writeln!(out, "note: {NOT_LISTED}");
+    if !listed {
+        let _ = writeln!(out, "note: {NOT_LISTED}");
+    }
     let _ = writeln!(
         out,
         "{:<24} {:<20} {:>10} {:>12} {:>6}  TOOLS (allowed / denied patterns)",

@@ -424,6 +424,11 @@ impl CompiledProfile {
         &self.revision
     }
 
+    /// The allowed servers present in the registry, as (id, name part): whose tools to list.
+    pub fn servers(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.servers.values().map(|s| (&*s.id, &*s.server_part))
+    }
+
     /// Applies the server and profile layers to what is known of each server's tools and names
     /// every tool. Rebuild it when the snapshot or a tool list changes; reuse it per request.
     pub fn catalog(&self, tools: impl Fn(&str) -> ServerTools) -> Arc<ProfileCatalog> {

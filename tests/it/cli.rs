@@ -224,3 +224,35 @@ fn explain_json_applies_the_request_and_refuses_servers_outside_the_profile() {
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("mcp_policy_denied"));
 }
+
+#[test]
+fn explain_connect_lists_tools_and_gives_tool_level_reasons() {
+    let fixture = spear::testing::mcp_servers::fixture_stdio(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args: Vec<String> = fixture.args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        dir.path().join("registry.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: fx}}\nspec:\n  transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [\"echo\", \"big\", \"s*\"]\n  deniedTools: [\"sleep\"]\n---\napiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  servers: [fx]\n  toolDenylist: [\"big\"]\n",
+            fixture.program.display().to_string(),
+            args.join(", ")
+        ),
+    )
+    .expect("write");
+    let dir_arg = dir.path().to_str().expect("utf-8");
+    let out =
+        spearlet(&["explain", "--registry-dir", dir_arg, "--profile", "p", "--connect", "--output", "json"], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(json["toolsListed"], true);
+    assert_eq!(json["servers"][0]["tools"], serde_json::json!([{"name": "mcp__fx__echo", "tool": "echo"}]));
+    let reasons: Vec<String> = json["excluded"]
+        .as_array()
+        .expect("excluded")
+        .iter()
+        .map(|d| format!("{}: {}", d["tool"].as_str().unwrap_or("-"), d["reason"].as_str().unwrap_or("-")))
+        .collect();
+    assert!(reasons.contains(&"big: denied_by:profile".to_string()), "{reasons:?}");
+    assert!(reasons.contains(&"sleep: denied_by:server".to_string()), "{reasons:?}");
+    assert!(reasons.contains(&"pid: not_allowed_by:server".to_string()), "{reasons:?}");
+}
