@@ -275,52 +275,59 @@ impl Pool {
     ) -> Result<ToolOutput, McpError> {
         let slot = self.slot(server)?;
         let started = Instant::now();
-        let deadline = tokio::time::Instant::from_std(started + timeout);
-        let timed_out = || {
-            McpError::new(
-                ErrorCode::McpTimeout,
-                format!("'{tool}' on '{server}' did not finish within {} ms", timeout.as_millis()),
-            )
+        // One timer for the whole call: waiting for permits and the session counts against the
+        // budget too (the caller's budget is wall time), and a single timer keeps the hot path
+        // cheap. `reached` records the session the call went out on, if it got that far.
+        let reached: Mutex<Option<Arc<Live>>> = Mutex::new(None);
+        let work = async {
+            let _call = self
+                .inner
+                .calls
+                .acquire()
+                .await
+                .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the pool is shutting down"))?;
+            let _permit = slot
+                .concurrency
+                .acquire()
+                .await
+                .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
+            let live = slot.session(&self.inner).await?;
+            *lock(&reached) = Some(live.clone());
+            let mut params = CallToolRequestParams::new(tool.to_string());
+            params.arguments = arguments;
+            Ok(live.conn.service.peer().call_tool(params).await)
         };
-        // Waiting for a permit counts against the timeout: the caller's budget is wall time.
-        let _call = tokio::time::timeout_at(deadline, self.inner.calls.clone().acquire_owned())
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the pool is shutting down"))?;
-        let _permit = tokio::time::timeout_at(deadline, slot.concurrency.clone().acquire_owned())
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
-        let live = match tokio::time::timeout_at(deadline, slot.session(&self.inner)).await {
-            Ok(live) => live?,
-            Err(_) => return Err(timed_out()),
-        };
-        *lock(&live.last_used) = Instant::now();
-
-        let mut params = CallToolRequestParams::new(tool.to_string());
-        params.arguments = arguments;
-        let outcome = tokio::time::timeout_at(deadline, live.conn.service.peer().call_tool(params)).await;
+        let outcome = tokio::time::timeout(timeout, work).await;
         let latency = started.elapsed();
-        match outcome {
-            Err(_) => {
-                let error = timed_out();
-                let action = lock(&slot.health).call_timed_out(
-                    latency,
-                    self.inner.options.timeouts_before_restart,
-                    &error.message,
+        let live = lock(&reached).take();
+        match (outcome, live) {
+            (Err(_), live) => {
+                let error = McpError::new(
+                    ErrorCode::McpTimeout,
+                    format!("'{tool}' on '{server}' did not finish within {} ms", timeout.as_millis()),
                 );
-                if action == Action::Restart {
-                    tracing::warn!(server_id = %slot.config.id, "calls keep timing out: restarting the session");
-                    slot.discard(&live).await;
+                // Only a call that went out counts against the session's health.
+                if let Some(live) = live {
+                    let action = lock(&slot.health).call_timed_out(
+                        latency,
+                        self.inner.options.timeouts_before_restart,
+                        &error.message,
+                    );
+                    if action == Action::Restart {
+                        tracing::warn!(server_id = %slot.config.id, "calls keep timing out: restarting the session");
+                        slot.discard(&live).await;
+                    }
                 }
                 Err(error)
             }
-            Ok(Err(e)) => Err(slot.failed(&live, e).await),
-            Ok(Ok(result)) => {
+            (Ok(Err(error)), _) => Err(error),
+            (Ok(Ok(Err(e))), Some(live)) => Err(slot.failed(&live, e).await),
+            (Ok(Ok(Ok(result))), Some(live)) => {
                 lock(&slot.health).call_ok(latency);
                 *lock(&live.last_used) = Instant::now();
                 cap_result(result, max_output_bytes, latency)
             }
+            (Ok(Ok(_)), None) => Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session")),
         }
     }
 
@@ -394,6 +401,16 @@ impl Pool {
 }
 
 fn cap_result(result: CallToolResult, max_output_bytes: usize, latency: Duration) -> Result<ToolOutput, McpError> {
+    // The common case (text only, well under the cap) is decided without serializing anything.
+    let text_only: Option<usize> = result
+        .content
+        .iter()
+        .map(|c| c.as_text().map(|t| t.text.len()))
+        .sum::<Option<usize>>()
+        .filter(|_| result.structured_content.is_none());
+    if text_only.is_some_and(|size| size <= max_output_bytes) {
+        return Ok(ToolOutput { result, truncated: None, latency });
+    }
     let mut json = serde_json::to_value(&result)
         .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
     let Some(truncated) = output::cap(&mut json, max_output_bytes) else {
