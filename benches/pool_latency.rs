@@ -93,7 +93,7 @@ async fn pool_call(pool: &Pool, server: &str) -> Duration {
 
 /// Starts `spearlet bridge` serving the echo server on `socket`.
 fn start_bridge(socket: &Path, echo: &Path) -> tokio::process::Child {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_spearlet"))
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_spearlet"))
         .arg("bridge")
         .arg("--socket")
         .arg(socket)
@@ -105,8 +105,7 @@ fn start_bridge(socket: &Path, echo: &Path) -> tokio::process::Child {
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("spearlet bridge starts");
-    child
+        .expect("spearlet bridge starts")
 }
 
 async fn wait_for(socket: &Path) {
