@@ -458,3 +458,100 @@ async fn shutdown_leaves_no_child_behind() {
 }
 
 use futures::TryFutureExt as _;
+
+// === through the bridge (Kubernetes sidecar mode) ===
+
+/// `spearlet bridge` serving `command` on `socket`, killed when dropped.
+struct Bridge(std::process::Child);
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn start_bridge(socket: &std::path::Path, command: &Command) -> Bridge {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_spearlet"));
+    cmd.arg("bridge").arg("--socket").arg(socket).arg("--").arg(&command.program).args(&command.args);
+    cmd.envs(command.env.iter().map(|(k, v)| (k, v)))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let bridge = Bridge(cmd.spawn().expect("spearlet bridge starts"));
+    for _ in 0..200 {
+        if socket.exists() {
+            return bridge;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the bridge did not create {}", socket.display());
+}
+
+#[tokio::test]
+async fn npm_servers_work_through_the_bridge_socket() {
+    let run = tempfile::tempdir().expect("run dir");
+    let root = tempfile::tempdir().expect("fs root");
+    std::fs::write(root.path().join("note.txt"), "through the bridge").expect("write");
+    let _everything = start_bridge(&run.path().join("everything.sock"), &mcp_servers::everything_stdio()).await;
+    let _fs = start_bridge(&run.path().join("fs.sock"), &mcp_servers::filesystem_stdio(root.path())).await;
+    let options =
+        PoolOptions { mode: spear::mcp::config::Mode::Sidecar { socket_dir: run.path().to_path_buf() }, ..options() };
+    // In sidecar mode the stdio command is the sidecar's business; the pool only needs the socket.
+    let pool = pool_with(
+        vec![
+            stdio_server("everything", &mcp_servers::everything_stdio()),
+            stdio_server("fs", &mcp_servers::fixture_stdio(&[])),
+        ],
+        options,
+    )
+    .await;
+    let out = call(&pool, "everything", "echo", json!({"message": "via socket"}), 20 * SECOND).await.expect("echo");
+    assert!(out.contains("via socket"), "{out}");
+    assert_eq!(pool.status("everything").and_then(|s| s.pid), None, "no child of the agent in sidecar mode");
+    let path = root.path().join("note.txt");
+    let out = call(&pool, "fs", "read_text_file", json!({"path": path}), 20 * SECOND).await.expect("read");
+    assert!(out.contains("through the bridge"), "{out}");
+    pool.shutdown().await;
+}
+
+// === caps and lifecycle ===
+
+#[tokio::test]
+async fn the_child_process_cap_refuses_one_more_child_with_a_clear_error() {
+    let options = PoolOptions { max_children: 1, ..options() };
+    let pool = pool_with(
+        vec![stdio_server("a", &mcp_servers::fixture_stdio(&[])), stdio_server("b", &mcp_servers::fixture_stdio(&[]))],
+        options,
+    )
+    .await;
+    call(&pool, "a", "echo", json!({"text": "1"}), 10 * SECOND).await.expect("first child");
+    let err = call(&pool, "b", "echo", json!({"text": "2"}), 10 * SECOND).await.expect_err("over the cap");
+    assert_eq!(err.code, ErrorCode::McpUnavailable);
+    assert!(err.message.contains("cap"), "{err}");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn idle_sessions_are_reaped_and_come_back_on_the_next_call() {
+    let options = PoolOptions { idle_timeout: Some(Duration::from_millis(200)), ..PoolOptions::default() };
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options).await;
+    call(&pool, "fx", "echo", json!({"text": "x"}), 10 * SECOND).await.expect("call");
+    let pid = pool.status("fx").and_then(|s| s.pid).expect("pid");
+    let deadline = Instant::now() + 5 * SECOND;
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "idle child {pid} was reaped");
+    assert_eq!(call(&pool, "fx", "echo", json!({"text": "again"}), 10 * SECOND).await.expect("respawned"), "again");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn eager_connect_starts_sessions_before_any_call() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    assert_eq!(pool.status("fx").and_then(|s| s.pid), None, "lazy by default");
+    pool.connect_all().await;
+    assert!(pool.status("fx").and_then(|s| s.pid).is_some(), "eager connect spawned the child");
+    assert_eq!(pool.status("fx").expect("status").health.state, HealthState::Connected);
+    pool.shutdown().await;
+}
