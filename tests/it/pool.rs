@@ -555,3 +555,43 @@ async fn eager_connect_starts_sessions_before_any_call() {
     assert_eq!(pool.status("fx").expect("status").health.state, HealthState::Connected);
     pool.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_20_mib_reply_over_the_default_frame_limit_fails_alone() {
+    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let err = pool
+        .call_tool("fx", "big", args(json!({"bytes": 20 << 20})), 30 * SECOND, usize::MAX)
+        .await
+        .expect_err("20 MiB is over the 16 MiB frame limit");
+    assert_eq!(err.code, ErrorCode::McpOutputTooLarge, "{err}");
+    assert_eq!(call(&pool, "fx", "echo", json!({"text": "next"}), 10 * SECOND).await.expect("new session"), "next");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_listing_is_remembered_for_the_failure_ttl_then_retried() {
+    let token_set = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let env = {
+        let token_set = token_set.clone();
+        move |name: &str| match name {
+            "SPEAR_TEST_TOKEN" if token_set.load(std::sync::atomic::Ordering::SeqCst) => Some("t".to_string()),
+            "SPEAR_TEST_TOKEN" => None,
+            other => std::env::var(other).ok(),
+        }
+    };
+    let mut server = stdio_server("fx", &mcp_servers::fixture_stdio(&[]));
+    server.spec.stdio.as_mut().expect("stdio").env.push(k8s_openapi::api::core::v1::EnvVar {
+        name: "TOKEN".into(),
+        value: Some("${ENV:SPEAR_TEST_TOKEN}".into()),
+        value_from: None,
+    });
+    let options = PoolOptions { failure_ttl: Duration::from_millis(300), ..options() };
+    let pool = Pool::with_env(options, Arc::new(env));
+    assert!(pool.apply(&snapshot(vec![server])).await.is_empty());
+    assert!(pool.list_tools("fx").await.is_err(), "env missing");
+    token_set.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(pool.list_tools("fx").await.is_err(), "the failure is remembered for the failure TTL");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(pool.list_tools("fx").await.is_ok(), "retried after the failure TTL");
+    pool.shutdown().await;
+}
