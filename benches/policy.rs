@@ -4,8 +4,8 @@
 //! Run: `cargo bench --bench policy`.
 //!
 //! Measured alongside, in the same run:
-//! - baseline `copy_tool_list`: walking the cached lists and cloning every tool into a Vec, the
-//!   least work any injector must do; the policy's cost is reported as a ratio against it;
+//! - baseline `copy_tool_list`: walking the cached lists and collecting every tool (borrowed)
+//!   into a Vec, the least work any injector must do; the policy's cost is a ratio against it;
 //! - `compile_profile`: compiling the profile's patterns, done once per snapshot revision;
 //! - `catalog`: the server and profile layers applied to the cached lists and every tool named,
 //!   done once per revision or tool-list change (what `effective` then shares per request);
@@ -77,7 +77,7 @@ fn bench(c: &mut Criterion) {
             let mut out = Vec::with_capacity(SERVERS * TOOLS);
             for list in lists.values() {
                 if let ServerTools::Listed(list) = list {
-                    out.extend(list.tools().iter().map(|(t, name)| (name.clone(), t.clone())));
+                    out.extend(list.tools().iter().map(|(t, name)| (name, t)));
                 }
             }
             black_box(out)
@@ -86,9 +86,12 @@ fn bench(c: &mut Criterion) {
     c.bench_function("effective_tool_list_50x20", |b| {
         b.iter(|| {
             let set = catalog.effective(None, &[]).expect("effective set");
-            // The injected list itself: every exposed tool's name and definition.
-            let tools: Vec<_> = set.tools().map(|(_, t)| (t.name.clone(), t.tool.clone())).collect();
-            black_box((set, tools))
+            // The injected list itself: every exposed tool's name and definition, borrowed as a
+            // request builder serializes them (the baseline borrows the same way).
+            let tools: Vec<_> = set.tools().map(|(_, t)| (&t.name, &t.tool)).collect();
+            black_box(&tools);
+            drop(tools);
+            black_box(set)
         })
     });
     let request = RequestScope {
@@ -100,8 +103,10 @@ fn bench(c: &mut Criterion) {
     c.bench_function("effective_with_request_50x20", |b| {
         b.iter(|| {
             let set = catalog.effective(Some(&request), &caller).expect("effective set");
-            let tools: Vec<_> = set.tools().map(|(_, t)| (t.name.clone(), t.tool.clone())).collect();
-            black_box((set, tools))
+            let tools: Vec<_> = set.tools().map(|(_, t)| (&t.name, &t.tool)).collect();
+            black_box(&tools);
+            drop(tools);
+            black_box(set)
         })
     });
     c.bench_function("catalog_50x20", |b| b.iter(|| black_box(compiled.catalog(lookup))));
