@@ -67,10 +67,10 @@ enum Command {
         profile: String,
         /// A request scope as JSON: {"server_ids": [...], "tool_allowlist": [...],
         /// "tool_denylist": [...], "budgets": {...}}.
-        #[arg(long, value_name = "JSON")]
+        #[arg(long, env = "SPEAR_EXPLAIN_REQUEST", value_name = "JSON")]
         request: Option<String>,
         /// Output format.
-        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        #[arg(long, env = "SPEAR_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
         /// Connect to each allowed server first and list its tools, so tool-level decisions are
         /// shown too (stdio servers are started as local child processes, then stopped).
