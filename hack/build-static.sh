@@ -8,11 +8,10 @@
 # usual) and puts the result under target/x86_64-unknown-linux-gnu/, so this build and the
 # regular one never invalidate each other's cache.
 #
-# glibc warns that getaddrinfo/getpwnam "in statically linked applications requires at runtime
-# the shared libraries from the glibc version used for linking": name lookups through NSS
-# (/etc/nsswitch.conf) load libnss_* at run time. The bridge resolves no names; an agent command
-# that resolves a host name (an upstream model URL) behaves best in an image with the same glibc,
-# or with an IP address / a resolver that does not use NSS.
+# glibc's warning that getaddrinfo "in statically linked applications requires at runtime the
+# shared libraries from the glibc version used for linking" (hidden by rustc's allow-by-default
+# `linker_messages` lint) concerns NSS sources other than `files` and `dns`, which glibc >= 2.34
+# builds into the static libc too. The bridge resolves no names; see src/bridge/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -83,6 +83,9 @@ pub struct Timings {
     /// When the child exits with a client connected, how long its last output may take to reach
     /// the client before the connection is closed.
     pub drain_grace: Duration,
+    /// How long a connection that arrives while a client is connected is held before it is
+    /// refused, in case the connected client is in fact gone (see `policy`).
+    pub hold_grace: Duration,
 }
 
 impl Default for Timings {
@@ -97,6 +100,9 @@ impl Default for Timings {
             // kubelet no reason to SIGKILL the sidecar itself.
             shutdown_grace: Duration::from_secs(10),
             drain_grace: Duration::from_secs(1),
+            // Far longer than the moment between a client's close and the bridge seeing it, short
+            // enough that a genuinely second client gets its answer without noticeable delay.
+            hold_grace: Duration::from_millis(500),
         }
     }
 }
@@ -151,7 +157,8 @@ pub async fn run(config: BridgeConfig, shutdown: CancellationToken) -> Result<()
         let listener = Listener::bind(&config.socket)?;
         tracing::info!(socket = %config.socket.display(), mode = format_args!("{SOCKET_MODE:o}"), "listening");
         let supervisor = Supervisor::new(config.timings.backoff, Instant::now());
-        let mut bridge = Bridge { config, server, listener, supervisor, child: None, session: None, waiting: None };
+        let mut bridge =
+            Bridge { config, server, listener, supervisor, child: None, session: None, held: None, hold_timer: None };
         bridge.serve(shutdown).await
     }
     .instrument(span)
@@ -167,6 +174,7 @@ enum Input {
     ChildExited(std::io::Result<ExitStatus>),
     SpawnDue,
     Accepted(std::io::Result<tokio::net::UnixStream>),
+    HoldExpired,
 }
 
 struct Bridge {
@@ -176,16 +184,16 @@ struct Bridge {
     supervisor: Supervisor,
     child: Option<Child>,
     session: Option<Session>,
-    /// A connection accepted while the previous client's end was still unsettled; it is judged
-    /// once that is done, as if it had waited in the listen backlog.
-    waiting: Option<tokio::net::UnixStream>,
+    /// The held connection (`Action::Hold`).
+    held: Option<tokio::net::UnixStream>,
+    /// End of the held connection's grace; cleared when it fires (a timer fires once).
+    hold_timer: Option<Instant>,
 }
 
 impl Bridge {
     async fn serve(&mut self, shutdown: CancellationToken) -> Result<(), Error> {
         loop {
             let input = self.next_input(&shutdown).await;
-            let input = self.settle(input);
             let event = match &input {
                 Input::Shutdown => Event::ShutdownRequested,
                 Input::ClientGone(_) => Event::ClientLeft,
@@ -195,6 +203,7 @@ impl Bridge {
                     Event::Spawned
                 }
                 Input::Accepted(Ok(_)) => Event::ClientConnected,
+                Input::HoldExpired => Event::HoldExpired,
                 Input::Accepted(Err(error)) => {
                     tracing::warn!(%error, "accepting a connection failed");
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
@@ -211,12 +220,7 @@ impl Bridge {
     async fn next_input(&mut self, shutdown: &CancellationToken) -> Input {
         let restart_at = self.supervisor.restart_at();
         let accepting = self.supervisor.accepts_clients();
-        if accepting
-            && !shutdown.is_cancelled()
-            && let Some(stream) = self.waiting.take()
-        {
-            return Input::Accepted(Ok(stream));
-        }
+        let hold_timer = self.hold_timer;
         tokio::select! {
             // Order matters when several are ready: shutdown first; a client's end before the
             // child's exit, because a client that closes makes the child exit on stdin EOF
@@ -227,19 +231,10 @@ impl Bridge {
             status = child_exit(&mut self.child) => Input::ChildExited(status),
             () = sleep_until(restart_at) => Input::SpawnDue,
             accepted = self.listener.accept(), if accepting => Input::Accepted(accepted),
-        }
-    }
-
-    /// Puts a race in the order it happened: a connection accepted while the current client's
-    /// end is already pending is held back, and that end is reported first.
-    fn settle(&mut self, input: Input) -> Input {
-        let Input::Accepted(Ok(stream)) = input else { return input };
-        match self.session.as_mut().and_then(Session::client_gone_now) {
-            Some(gone) => {
-                self.waiting = Some(stream);
-                Input::ClientGone(gone)
+            () = sleep_until(hold_timer) => {
+                self.hold_timer = None;
+                Input::HoldExpired
             }
-            None => Input::Accepted(Ok(stream)),
         }
     }
 
@@ -249,16 +244,27 @@ impl Bridge {
             Action::None => {}
             Action::Attach => {
                 let Input::Accepted(Ok(stream)) = input else { return false };
-                let child = self.child.as_mut().expect("Attach comes only in Idle, which a spawned child entered");
-                let (stdin, stdout) =
-                    child.take_stdio().expect("a child serves one session: every client that leaves replaces it");
-                tracing::info!(pid = child.pid(), "client connected");
-                self.session = Some(Session::start(stream, stdin, stdout));
+                self.attach(stream);
+            }
+            Action::AttachHeld => {
+                self.hold_timer = None;
+                let stream = self.held.take().expect("AttachHeld follows Hold, whose stream is kept until then");
+                self.attach(stream);
+            }
+            Action::Hold => {
+                let Input::Accepted(Ok(stream)) = input else { return false };
+                tracing::debug!(grace = ?self.config.timings.hold_grace, "a client is connected; holding the new one");
+                self.held = Some(stream);
+                self.hold_timer = Some(Instant::now() + self.config.timings.hold_grace);
             }
             Action::Refuse => {
                 let Input::Accepted(Ok(stream)) = input else { return false };
-                tracing::warn!("refused a second client: another one is connected (one client at a time)");
-                tokio::spawn(relay::refuse(stream).in_current_span());
+                refuse(stream);
+            }
+            Action::RefuseHeld => {
+                if let Some(stream) = self.held.take() {
+                    refuse(stream);
+                }
             }
             Action::ReplaceChild => {
                 let reason = match &input {
@@ -297,11 +303,26 @@ impl Bridge {
                     tracing::info!(pid = child.pid(), status = %display_status(&status), "MCP server stopped");
                 }
                 self.session = None;
+                self.held = None;
                 return true;
             }
         }
         false
     }
+
+    /// Relays `stream` to the current child.
+    fn attach(&mut self, stream: tokio::net::UnixStream) {
+        let child = self.child.as_mut().expect("attaching happens only when a spawned child is up");
+        let (stdin, stdout) =
+            child.take_stdio().expect("a child serves one session: every client that leaves replaces it");
+        tracing::info!(pid = child.pid(), "client connected");
+        self.session = Some(Session::start(stream, stdin, stdout));
+    }
+}
+
+fn refuse(stream: tokio::net::UnixStream) {
+    tracing::warn!("refused a second client: another one is connected (one client at a time)");
+    tokio::spawn(relay::refuse(stream).in_current_span());
 }
 
 async fn client_gone(session: &mut Option<Session>) -> ClientGone {

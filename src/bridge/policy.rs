@@ -2,16 +2,23 @@
 //! session. No I/O and no clock: the caller passes `now` (STYLE.md rules 1 and 7).
 //!
 //! ```text
-//!  events from the I/O loop (mod.rs)        Supervisor                actions it executes
-//!  Spawned, ClientConnected, ClientLeft, ─▶ state Down | Idle |   ─▶  Attach | Refuse | ReplaceChild
-//!  ChildExited, ShutdownRequested           Serving | Stopping        | ChildGone | Shutdown | None
-//!                                           + Backoff (restart delay)
+//!  events from the I/O loop (mod.rs)          Supervisor              actions it executes
+//!  Spawned, ClientConnected, HoldExpired,  ─▶ state Down | Idle |  ─▶ Attach | Hold | Refuse |
+//!  ClientLeft, ChildExited,                   Serving | Stopping      AttachHeld | RefuseHeld |
+//!  ShutdownRequested                          + held newcomer          ReplaceChild | ChildGone |
+//!                                             + Backoff                Shutdown | None
 //! ```
 //!
 //! States: `Down` (no child; one is due at `restart_at`), `Idle` (child up, no client),
-//! `Serving` (child up, one client relayed to it), `Stopping` (shutdown requested). Clients are
-//! accepted only in `Idle` and `Serving`: while `Down` they wait in the socket's listen backlog
-//! and are served by the next child, so a client replacing a dead one is never refused.
+//! `Serving` (child up, one client relayed to it), `Stopping` (shutdown requested).
+//!
+//! A client replacing a dead one is never refused. Connections are accepted only in `Idle` and
+//! `Serving`: while `Down` they wait in the listen backlog for the next child. A connection that
+//! arrives while `Serving` is first *held* for a short grace: the current client may be gone
+//! already with its end not yet seen (its close and the new connection arrive together, or a
+//! process that forked keeps its socket open a moment longer). If the current session ends within
+//! the grace, the held client gets the fresh child; otherwise it is refused. A third connection
+//! while one is held is refused at once.
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +57,8 @@ pub struct Backoff {
     failures: u32,
 }
 
+// === impl Backoff ===
+
 impl Backoff {
     /// A backoff with no failure recorded yet.
     pub fn new(policy: BackoffPolicy) -> Self {
@@ -81,6 +90,8 @@ pub enum Event {
     Spawned,
     /// A client connection was accepted.
     ClientConnected,
+    /// The grace of a held connection ran out.
+    HoldExpired,
     /// The relayed client went away (end of its stream, or a read/write error on it).
     ClientLeft,
     /// The child exited on its own.
@@ -96,8 +107,14 @@ pub enum Action {
     None,
     /// Relay the new client to the idle child.
     Attach,
+    /// Keep the new connection aside and start its grace timer: the current client may be gone.
+    Hold,
     /// Another client is connected: tell the new one so and close it.
     Refuse,
+    /// Relay the held connection to the child that just started (and stop its grace timer).
+    AttachHeld,
+    /// The current client stayed: refuse the held connection like [`Action::Refuse`].
+    RefuseHeld,
     /// The client left mid-session: close its stream, stop the child (stdin EOF, SIGTERM,
     /// SIGKILL) and start a fresh one at once, so no half-initialized session is reused.
     ReplaceChild,
@@ -124,13 +141,17 @@ enum State {
 pub struct Supervisor {
     state: State,
     backoff: Backoff,
+    /// A connection is held (see the module header); the I/O loop holds its stream.
+    held: bool,
 }
+
+// === impl Supervisor ===
 
 impl Supervisor {
     /// Starts `Down` with the first child due at once (eager start: a command that cannot start
     /// fails the bridge before any client arrives, and the first call does not pay for startup).
     pub fn new(policy: BackoffPolicy, now: Instant) -> Self {
-        Self { state: State::Down { restart_at: now }, backoff: Backoff::new(policy) }
+        Self { state: State::Down { restart_at: now }, backoff: Backoff::new(policy), held: false }
     }
 
     /// When the next child is due, if none is running and the bridge is not stopping.
@@ -151,9 +172,15 @@ impl Supervisor {
         match (event, self.state) {
             (Event::ShutdownRequested, _) => {
                 self.state = State::Stopping;
+                self.held = false;
                 Action::Shutdown
             }
             (_, State::Stopping) => Action::None,
+            (Event::Spawned, State::Down { .. }) if self.held => {
+                self.held = false;
+                self.state = State::Serving { since: now };
+                Action::AttachHeld
+            }
             (Event::Spawned, State::Down { .. }) => {
                 self.state = State::Idle { since: now };
                 Action::None
@@ -162,9 +189,19 @@ impl Supervisor {
                 self.state = State::Serving { since };
                 Action::Attach
             }
+            (Event::ClientConnected, State::Serving { .. }) if !self.held => {
+                self.held = true;
+                Action::Hold
+            }
             // One client at a time, and a live client keeps its session. Connections are not
             // accepted while `Down`, so refusing there is only the total-function default.
             (Event::ClientConnected, _) => Action::Refuse,
+            (Event::HoldExpired, State::Serving { .. }) if self.held => {
+                self.held = false;
+                Action::RefuseHeld
+            }
+            // While `Down` the held client waits for the next child, like those in the backlog.
+            (Event::HoldExpired, _) => Action::None,
             (Event::ClientLeft, State::Serving { since }) => {
                 let _ = self.backoff.child_ended(now.saturating_duration_since(since), false);
                 self.state = State::Down { restart_at: now };
@@ -236,15 +273,40 @@ mod tests {
     }
 
     #[test]
-    fn the_first_client_is_attached_and_a_second_is_refused() {
+    fn the_first_client_is_attached_and_a_second_is_held_then_refused_while_the_first_stays() {
         let t0 = Instant::now();
         let mut s = up(t0);
         assert!(s.accepts_clients());
         assert_eq!(s.restart_at(), None);
         assert_eq!(s.on(Event::ClientConnected, t0), Action::Attach);
-        assert!(s.accepts_clients(), "a second connection is accepted to be told it is refused");
-        assert_eq!(s.on(Event::ClientConnected, t0), Action::Refuse);
-        assert_eq!(s.on(Event::ClientConnected, t0), Action::Refuse);
+        assert!(s.accepts_clients(), "a second connection is accepted to be held, then answered");
+        assert_eq!(s.on(Event::ClientConnected, t0), Action::Hold);
+        assert_eq!(s.on(Event::ClientConnected, t0), Action::Refuse, "a third while one is held");
+        assert_eq!(s.on(Event::HoldExpired, t0), Action::RefuseHeld);
+        assert_eq!(s.on(Event::HoldExpired, t0), Action::None, "nothing held any more");
+        assert_eq!(s.on(Event::ClientConnected, t0), Action::Hold, "the next newcomer is held again");
+    }
+
+    #[test]
+    fn a_held_client_gets_the_fresh_child_when_the_current_client_turns_out_gone() {
+        let t0 = Instant::now();
+        let mut s = up(t0);
+        s.on(Event::ClientConnected, t0);
+        assert_eq!(s.on(Event::ClientConnected, t0), Action::Hold);
+        assert_eq!(s.on(Event::ClientLeft, t0), Action::ReplaceChild);
+        assert_eq!(s.on(Event::HoldExpired, t0), Action::None, "while Down the held client keeps waiting");
+        assert_eq!(s.on(Event::Spawned, t0), Action::AttachHeld);
+        assert_eq!(s.on(Event::ClientConnected, t0), Action::Hold, "serving the formerly held client");
+    }
+
+    #[test]
+    fn a_held_client_waits_through_a_child_restart() {
+        let t0 = Instant::now();
+        let mut s = up(t0);
+        s.on(Event::ClientConnected, t0);
+        s.on(Event::ClientConnected, t0);
+        assert_eq!(s.on(Event::ChildExited, t0), Action::ChildGone { restart_in: 100 * MS });
+        assert_eq!(s.on(Event::Spawned, t0 + 100 * MS), Action::AttachHeld);
     }
 
     #[test]
@@ -279,11 +341,14 @@ mod tests {
         let idle = up(t0);
         let mut serving = up(t0);
         serving.on(Event::ClientConnected, t0);
-        for mut s in [down, idle, serving] {
+        let mut holding = serving.clone();
+        assert_eq!(holding.on(Event::ClientConnected, t0), Action::Hold);
+        for mut s in [down, idle, serving, holding] {
             assert_eq!(s.on(Event::ShutdownRequested, t0), Action::Shutdown);
             assert_eq!(s.restart_at(), None, "no child is started while stopping");
             assert!(!s.accepts_clients());
-            for e in [Event::Spawned, Event::ClientConnected, Event::ClientLeft, Event::ChildExited] {
+            for e in [Event::Spawned, Event::ClientConnected, Event::HoldExpired, Event::ClientLeft, Event::ChildExited]
+            {
                 assert_eq!(s.on(e, t0), Action::None, "{e:?} after shutdown");
             }
         }
@@ -298,6 +363,7 @@ mod tests {
         let mut s = up(t0);
         assert_eq!(s.on(Event::Spawned, t0), Action::None);
         assert_eq!(s.on(Event::ClientLeft, t0), Action::None, "idle: nobody to leave");
+        assert_eq!(s.on(Event::HoldExpired, t0), Action::None, "idle: nothing held");
         assert!(s.accepts_clients(), "still idle");
     }
 }

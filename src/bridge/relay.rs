@@ -12,10 +12,7 @@
 //! went away" (the latter is learned from the process exit, not from its pipes).
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
-
-use rustix::net::RecvFlags;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -77,24 +74,16 @@ pub(super) struct Session {
     pumps: [JoinHandle<()>; 2],
     /// Set once the down pump (child → client) has reported.
     down_done: bool,
-    /// A duplicate of the client's socket, to peek at it without taking bytes from the up pump
-    /// (see [`Session::client_gone_now`]); `None` if the descriptor could not be duplicated.
-    probe: Option<OwnedFd>,
 }
 
 impl Session {
     /// Starts relaying `client` to the child's `stdin`/`stdout`.
     pub(super) fn start(client: UnixStream, stdin: ChildStdin, stdout: ChildStdout) -> Self {
-        let probe = client
-            .as_fd()
-            .try_clone_to_owned()
-            .inspect_err(|error| tracing::debug!(%error, "cannot duplicate the client socket; no early EOF check"))
-            .ok();
         let (client_read, client_write) = client.into_split();
         let (tx, reports) = mpsc::unbounded_channel();
         let up = tokio::spawn(report(Direction::Up, tx.clone(), pump(client_read, stdin)).in_current_span());
         let down = tokio::spawn(report(Direction::Down, tx, pump(stdout, client_write)).in_current_span());
-        Self { reports, pumps: [up, down], down_done: false, probe }
+        Self { reports, pumps: [up, down], down_done: false }
     }
 
     /// Resolves when the client is gone: its stream ended or failed (cancel-safe).
@@ -110,30 +99,6 @@ impl Session {
             if let Some(gone) = self.note(direction, end) {
                 return gone;
             }
-        }
-    }
-
-    /// Whether the client is gone already, without waiting: an end a pump reported, or else an
-    /// EOF or error pending on its socket that the up pump has not been scheduled to read yet.
-    ///
-    /// A client that closes and a new one that connects right after reach the bridge together;
-    /// this lets the old one be settled first, so the new one replaces it instead of being
-    /// refused as a second client.
-    pub(super) fn client_gone_now(&mut self) -> Option<ClientGone> {
-        while let Ok((direction, end)) = self.reports.try_recv() {
-            if let Some(gone) = self.note(direction, end) {
-                return Some(gone);
-            }
-        }
-        let probe = self.probe.as_ref()?;
-        let mut byte = [0u8; 1];
-        match rustix::net::recv(probe, &mut byte, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-            Ok((0, _)) => Some(ClientGone::Closed),
-            // Bytes waiting for the up pump: the client is alive (or they are its last words,
-            // and its EOF comes right after through the pump).
-            Ok(_) => None,
-            Err(errno) if errno == rustix::io::Errno::AGAIN || errno == rustix::io::Errno::INTR => None,
-            Err(errno) => Some(ClientGone::Failed(errno.into())),
         }
     }
 

@@ -1,11 +1,16 @@
 //! The listening Unix socket: checked directory, stale file replaced, mode 0660, removed on drop.
 //!
 //! ```text
-//!  --socket PATH ──▶ parent dir exists? ──▶ stale socket? remove ──▶ bind ──▶ chmod 0660
-//!                                            other file? refuse              │
-//!                                                                 Drop: remove PATH if still ours
+//!  --socket DIR/NAME ──▶ DIR exists? ──▶ NAME a socket (stale)? replaced below; other file? refuse
+//!        ──▶ bind + listen DIR/.NAME~ ──▶ chmod 0660 ──▶ rename to DIR/NAME
+//!                                                        Drop: remove DIR/NAME if still ours
 //! ```
+//!
+//! Binding under a staging name and renaming makes the socket appear at its path only once it
+//! listens with its final mode: a client that waits for the file (the agent, tests) never meets
+//! the instant between bind(2) and listen(2) (connection refused) or before the chmod.
 
+use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -32,6 +37,7 @@ pub(super) struct Listener {
 impl Listener {
     /// Binds `path` after checking its directory and replacing a stale socket file.
     pub(super) fn bind(path: &Path) -> Result<Self, Error> {
+        let listen_error = |source| Error::Listen { path: path.to_path_buf(), source };
         let dir = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
             _ => Path::new("."),
@@ -47,28 +53,41 @@ impl Listener {
             }
             Err(e) => return Err(Error::SocketDir { dir: dir.to_path_buf(), reason: e.to_string() }),
         }
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => {
-                // Left by an earlier run of this container (the pod's volume outlives it). A live
-                // bridge on the same path would be a misconfiguration of the pod; it keeps its
-                // open listener, and new clients reach this one.
-                std::fs::remove_file(path).map_err(|source| Error::Listen { path: path.to_path_buf(), source })?;
-                tracing::info!(path = %path.display(), "removed a stale socket file");
-            }
+        // A socket left by an earlier run of this container (the pod's volume outlives it) is
+        // replaced by the rename below. A live bridge on the same path would be a misconfigured
+        // pod; it keeps its open listener, and new clients reach this one.
+        let stale = match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => true,
             Ok(meta) => {
                 let kind = if meta.is_dir() { "a directory" } else { "not a socket" };
                 return Err(Error::SocketPathTaken { path: path.to_path_buf(), kind });
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => return Err(Error::Listen { path: path.to_path_buf(), source }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(source) => return Err(listen_error(source)),
+        };
+        let Some(name) = path.file_name() else {
+            return Err(listen_error(io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name")));
+        };
+        // Two bytes longer than the final name: the 108-byte socket path limit is rarely the
+        // difference, and a too-long path is reported against the path the operator gave.
+        let mut staging_name = OsString::from(".");
+        staging_name.push(name);
+        staging_name.push("~");
+        let staging = dir.join(staging_name);
+        match std::fs::symlink_metadata(&staging) {
+            Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(&staging).map_err(listen_error)?,
+            _ => {}
         }
-        let inner = UnixListener::bind(path).map_err(|source| Error::Listen { path: path.to_path_buf(), source })?;
+        let inner = UnixListener::bind(&staging).map_err(listen_error)?;
         // From here on the file is ours: `Self`'s drop removes it on every exit path.
-        let meta =
-            std::fs::symlink_metadata(path).map_err(|source| Error::Listen { path: path.to_path_buf(), source })?;
-        let listener = Self { inner, path: path.to_path_buf(), identity: (meta.dev(), meta.ino()) };
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-            .map_err(|source| Error::Listen { path: path.to_path_buf(), source })?;
+        let meta = std::fs::symlink_metadata(&staging).map_err(listen_error)?;
+        let mut listener = Self { inner, path: staging.clone(), identity: (meta.dev(), meta.ino()) };
+        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(listen_error)?;
+        std::fs::rename(&staging, path).map_err(listen_error)?;
+        listener.path = path.to_path_buf();
+        if stale {
+            tracing::info!(path = %path.display(), "replaced a stale socket file");
+        }
         Ok(listener)
     }
 
@@ -100,6 +119,10 @@ mod tests {
         let listener = Listener::bind(&path).expect("bind over a stale socket");
         let mode = std::fs::metadata(&path).expect("socket file").permissions().mode();
         assert_eq!(mode & 0o777, SOCKET_MODE);
+        let _client = std::os::unix::net::UnixStream::connect(&path).expect("listening as soon as the file is there");
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).expect("dir").map(|e| e.expect("entry").file_name()).collect();
+        assert_eq!(names, ["s.sock"], "no staging file is left");
         drop(listener);
         assert!(!path.exists(), "removed on drop");
     }

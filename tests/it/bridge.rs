@@ -34,6 +34,8 @@ fn echo_child() -> Vec<String> {
     vec!["python3".into(), "-c".into(), ECHO_PY.into()]
 }
 
+// === harness ===
+
 /// A running `spearlet bridge`; killed on drop if still running.
 pub(crate) struct Bridge {
     process: Child,
@@ -56,8 +58,8 @@ impl Bridge {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("s.sock");
         let bridge = Self::spawn(bin, &socket, extra, child, dir);
-        // Not the file's existence: bind(2) creates it a moment before listen(2) lets clients in.
-        bridge.wait_for_log("listening");
+        // The socket file appears only once it listens (it is renamed into place).
+        wait_until("the socket file to appear", || bridge.socket.exists());
         bridge
     }
 
@@ -268,6 +270,8 @@ pub(crate) fn assert_relays_byte_exact(bridge: &Bridge, len: usize) {
     assert!(started.elapsed() < SOON);
 }
 
+// === tests ===
+
 #[test]
 fn relays_five_mib_byte_exact_in_both_directions() {
     let bridge = Bridge::start(&["cat".to_string()]);
@@ -333,6 +337,21 @@ fn a_second_client_is_refused_while_the_first_keeps_its_session() {
     drop(first);
     let mut third = bridge.connect();
     assert_ne!(third.child_pid(), pid, "once the first left, the next client is served by a fresh child");
+}
+
+#[test]
+fn a_client_that_connects_just_before_the_first_leaves_is_served_not_refused() {
+    let bridge = Bridge::start(&echo_child());
+    let mut first = bridge.connect();
+    let old = first.child_pid();
+    // Connected while `first` still is: held (not refused) for a moment, and served by a fresh
+    // child once `first` turns out to be gone.
+    let mut next = bridge.connect();
+    drop(first);
+    let new = next.child_pid();
+    assert_ne!(old, new);
+    next.send(b"hi\n");
+    assert_eq!(next.line(), "echo hi\n");
 }
 
 #[test]
@@ -415,7 +434,7 @@ fn a_stale_socket_file_is_replaced_and_the_socket_is_mode_0660() {
     bridge.wait_for_log("listening");
     let mode = std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777;
     assert_eq!(mode, 0o660);
-    assert!(bridge.stderr().contains("removed a stale socket file"));
+    assert!(bridge.stderr().contains("replaced a stale socket file"));
     assert_relays_byte_exact(&bridge, 1024);
 }
 

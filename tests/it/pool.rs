@@ -461,23 +461,14 @@ use futures::TryFutureExt as _;
 
 // === through the bridge (Kubernetes sidecar mode) ===
 
-/// `spearlet bridge` serving `command` on `socket`, killed when dropped.
-struct Bridge(std::process::Child);
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn start_bridge(socket: &std::path::Path, command: &Command) -> Bridge {
+/// Starts `spearlet bridge` serving `command` on `socket` (killed when the guard drops).
+async fn start_bridge(socket: &std::path::Path, command: &Command) -> Spawned {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_spearlet"));
     cmd.arg("bridge").arg("--socket").arg(socket).arg("--").arg(&command.program).args(&command.args);
     cmd.envs(command.env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    let bridge = Bridge(cmd.spawn().expect("spearlet bridge starts"));
+    let bridge = Spawned(cmd.spawn().expect("spearlet bridge starts"));
     for _ in 0..200 {
         if socket.exists() {
             return bridge;
