@@ -3,8 +3,9 @@
 //! through the `spearlet bridge` Unix socket. Issue target: pool/bare p50 ratio <= 1.05.
 //!
 //! Run: `cargo bench --bench pool_latency`. The echo server is this binary itself, re-run with
-//! `--serve-echo` (an rmcp stdio server), so no interpreter's speed is in the figures. Rounds
-//! alternate between the four clients so drift (other load, CPU frequency) hits all alike.
+//! `--serve-echo` (an rmcp stdio server), so no interpreter's speed is in the figures. Calls
+//! alternate one by one between the four clients so drift (other load, CPU idle states) hits
+//! all alike.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -178,26 +179,20 @@ async fn run(calls_per_round: usize) {
         pool_call(&local, "echo").await;
         pool_call(&sidecar, "echo").await;
     }
+    // Calls alternate one by one between the four clients, so every client sees the same
+    // machine state (CPU idle states and wake-up latency dominate at this scale).
     let mut samples: [Vec<Duration>; 4] = Default::default();
-    for _ in 0..ROUNDS {
-        for _ in 0..calls_per_round {
-            samples[0].push(bare_call(&bare_stdio).await);
-        }
-        for _ in 0..calls_per_round {
-            samples[1].push(pool_call(&local, "echo").await);
-        }
-        for _ in 0..calls_per_round {
-            samples[2].push(bare_call(&bare_bridge).await);
-        }
-        for _ in 0..calls_per_round {
-            samples[3].push(pool_call(&sidecar, "echo").await);
-        }
+    for _ in 0..ROUNDS * calls_per_round {
+        samples[0].push(bare_call(&bare_stdio).await);
+        samples[1].push(pool_call(&local, "echo").await);
+        samples[2].push(bare_call(&bare_bridge).await);
+        samples[3].push(pool_call(&sidecar, "echo").await);
     }
     for s in &mut samples {
         s.sort();
     }
     let names = ["bare rmcp, stdio", "pool, stdio", "bare rmcp, bridge socket", "pool, bridge socket"];
-    println!("pool_latency: {} calls per client ({ROUNDS} alternating rounds), echo tool", samples[0].len());
+    println!("pool_latency: {} calls per client, alternating call by call, echo tool", samples[0].len());
     println!("{:<28} {:>10} {:>10}", "client", "p50 us", "p99 us");
     for (name, s) in names.iter().zip(&samples) {
         println!("{name:<28} {:>10.1} {:>10.1}", us(percentile(s, 0.5)), us(percentile(s, 0.99)));
