@@ -1,8 +1,16 @@
-//! Logging setup shared by both binaries: tracing to stderr, plain or JSON.
+//! Logging setup shared by both binaries (tracing to stderr, plain or JSON) and the metrics
+//! of DESIGN.md "Observability", built once per process on one `prometheus_client::Registry`.
 //!
 //! stderr only: an MCP stdio stream (the bridge's stdout) must never carry a log line.
 
+use std::time::Duration;
+
 use clap::{Args, ValueEnum};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
 /// Default filter when neither `--log-level` nor `SPEAR_LOG` is set.
@@ -42,5 +50,119 @@ impl LogArgs {
             LogFormat::Json => builder.json().try_init(),
         };
         result.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
+    }
+}
+
+// === metrics ===
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabels {
+    server_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    server_id: String,
+    tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    server_id: String,
+    tool: String,
+    code: String,
+}
+
+/// Milliseconds: 0.25 ms to about 16 s in doublings (tool calls range from an in-process echo to
+/// a slow remote search).
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.25, 2.0, 17))
+}
+
+/// Bytes: 64 B to 16 MiB in quadruplings (the output cap's range).
+fn output_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(64.0, 4.0, 10))
+}
+
+/// The client pool's metrics. Cheap to clone; clones share the series. `Default` gives metrics
+/// registered nowhere (they count, nobody scrapes them).
+#[derive(Clone, Debug)]
+pub struct PoolMetrics {
+    connects: Family<ServerLabels, Counter>,
+    calls: Family<ToolLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    latency: Family<ToolLabels, Histogram, fn() -> Histogram>,
+    output_bytes: Family<ToolLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for PoolMetrics {
+    fn default() -> Self {
+        PoolMetrics {
+            connects: Family::default(),
+            calls: Family::default(),
+            errors: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            output_bytes: Family::new_with_constructor(output_histogram),
+        }
+    }
+}
+
+impl PoolMetrics {
+    /// Metrics registered under their DESIGN.md names (counters get `_total` on the wire).
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = PoolMetrics::default();
+        registry.register("mcp_server_connect", "Sessions established with an MCP server", metrics.connects.clone());
+        registry.register("mcp_tool_call", "Tool calls made, whatever their outcome", metrics.calls.clone());
+        registry.register("mcp_tool_call_error", "Tool calls that failed, by error code", metrics.errors.clone());
+        registry.register("mcp_tool_call_latency_ms", "Tool call latency in milliseconds", metrics.latency.clone());
+        registry.register("mcp_tool_call_output_bytes", "Size of tool results in bytes", metrics.output_bytes.clone());
+        metrics
+    }
+
+    /// A session with `server` was established.
+    pub fn connected(&self, server: &str) {
+        self.connects.get_or_create(&ServerLabels { server_id: server.to_string() }).inc();
+    }
+
+    /// A call finished, with the size of its result (when there was one) and its error code
+    /// (when it failed, or its output was truncated: `mcp_output_too_large`).
+    pub fn call(&self, server: &str, tool: &str, latency: Duration, bytes: Option<usize>, error: Option<&str>) {
+        let labels = ToolLabels { server_id: server.to_string(), tool: tool.to_string() };
+        self.calls.get_or_create(&labels).inc();
+        self.latency.get_or_create(&labels).observe(latency.as_secs_f64() * 1000.0);
+        if let Some(bytes) = bytes {
+            self.output_bytes.get_or_create(&labels).observe(bytes as f64);
+        }
+        if let Some(code) = error {
+            let labels = ErrorLabels { server_id: labels.server_id, tool: labels.tool, code: code.to_string() };
+            self.errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    #[test]
+    fn pool_metrics_use_the_design_names() {
+        let mut registry = Registry::default();
+        let metrics = PoolMetrics::register(&mut registry);
+        metrics.connected("fs");
+        metrics.call("fs", "read", Duration::from_millis(3), Some(120), None);
+        metrics.call("fs", "read", Duration::from_millis(5000), None, Some("mcp_timeout"));
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encodes");
+        for line in [
+            "mcp_server_connect_total{server_id=\"fs\"} 1",
+            "mcp_tool_call_total{server_id=\"fs\",tool=\"read\"} 2",
+            "mcp_tool_call_error_total{server_id=\"fs\",tool=\"read\",code=\"mcp_timeout\"} 1",
+            "mcp_tool_call_latency_ms_count{server_id=\"fs\",tool=\"read\"} 2",
+            "mcp_tool_call_output_bytes_count{server_id=\"fs\",tool=\"read\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
     }
 }

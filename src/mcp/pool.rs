@@ -31,6 +31,7 @@ use super::output::{self, Truncation};
 use crate::api::ServerInfo;
 use crate::policy::{ServerTools, ToolInfo, ToolList};
 use crate::registry::snapshot::Snapshot;
+use crate::telemetry::PoolMetrics;
 
 /// Tuning of the pool. Defaults suit an agent serving one pod.
 #[derive(Clone, Debug)]
@@ -53,6 +54,8 @@ pub struct PoolOptions {
     pub max_children: usize,
     /// Sessions idle this long are closed (children reaped); `None` keeps them.
     pub idle_timeout: Option<Duration>,
+    /// Where calls and connects are counted (register them on the process registry).
+    pub metrics: PoolMetrics,
 }
 
 impl Default for PoolOptions {
@@ -70,6 +73,7 @@ impl Default for PoolOptions {
             max_concurrent_calls: 256,
             max_children: 64,
             idle_timeout: Some(Duration::from_secs(600)),
+            metrics: PoolMetrics::default(),
         }
     }
 }
@@ -81,6 +85,8 @@ pub struct ToolOutput {
     pub result: CallToolResult,
     /// Set when the output was cut (`mcp_output_too_large`).
     pub truncated: Option<Truncation>,
+    /// Size of the result before the cap, as `output::result_size` counts it.
+    pub bytes: usize,
     /// How long the call took, waiting for permits and the session included.
     pub latency: Duration,
 }
@@ -300,7 +306,7 @@ impl Pool {
         let outcome = tokio::time::timeout(timeout, work).await;
         let latency = started.elapsed();
         let live = lock(&reached).take();
-        match (outcome, live) {
+        let result = match (outcome, live) {
             (Err(_), live) => {
                 let error = McpError::new(
                     ErrorCode::McpTimeout,
@@ -328,7 +334,13 @@ impl Pool {
                 cap_result(result, max_output_bytes, latency)
             }
             (Ok(Ok(_)), None) => Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session")),
-        }
+        };
+        let (bytes, error) = match &result {
+            Ok(output) => (Some(output.bytes), output.truncated.map(|_| ErrorCode::McpOutputTooLarge.as_str())),
+            Err(error) => (None, Some(error.code.as_str())),
+        };
+        self.inner.options.metrics.call(server, tool, latency, bytes, error);
+        result
     }
 
     /// The server's tools, from the cache while fresh (TTL, list_changed), else fetched once
@@ -408,17 +420,18 @@ fn cap_result(result: CallToolResult, max_output_bytes: usize, latency: Duration
         .map(|c| c.as_text().map(|t| t.text.len()))
         .sum::<Option<usize>>()
         .filter(|_| result.structured_content.is_none());
-    if text_only.is_some_and(|size| size <= max_output_bytes) {
-        return Ok(ToolOutput { result, truncated: None, latency });
+    if let Some(bytes) = text_only.filter(|size| *size <= max_output_bytes) {
+        return Ok(ToolOutput { result, truncated: None, bytes, latency });
     }
     let mut json = serde_json::to_value(&result)
         .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
+    let bytes = output::result_size(&json);
     let Some(truncated) = output::cap(&mut json, max_output_bytes) else {
-        return Ok(ToolOutput { result, truncated: None, latency });
+        return Ok(ToolOutput { result, truncated: None, bytes, latency });
     };
     let result = serde_json::from_value(json)
         .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
-    Ok(ToolOutput { result, truncated: Some(truncated), latency })
+    Ok(ToolOutput { result, truncated: Some(truncated), bytes, latency })
 }
 
 async fn reap_idle(inner: &Inner, idle: Duration) {
@@ -512,6 +525,7 @@ impl Slot {
             Ok(conn) => {
                 tracing::info!(server_id = %self.config.id, pid = ?conn.pid(), server = ?conn.info.name, "session established");
                 lock(&self.health).connected();
+                inner.options.metrics.connected(&self.config.id);
                 let live = Arc::new(Live { conn, _child_permit: child_permit, last_used: Mutex::new(Instant::now()) });
                 *current = Some(live.clone());
                 Ok(live)

@@ -586,3 +586,27 @@ async fn a_failed_listing_is_remembered_for_the_failure_ttl_then_retried() {
     assert!(pool.list_tools("fx").await.is_ok(), "retried after the failure TTL");
     pool.shutdown().await;
 }
+
+#[tokio::test]
+async fn calls_and_connects_are_counted_under_the_design_metric_names() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = spear::telemetry::PoolMetrics::register(&mut registry);
+    let pool =
+        pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], PoolOptions { metrics, ..options() })
+            .await;
+    call(&pool, "fx", "echo", json!({"text": "ok"}), 10 * SECOND).await.expect("echo");
+    call(&pool, "fx", "sleep", json!({"ms": 2000}), Duration::from_millis(100)).await.expect_err("timeout");
+    pool.call_tool("fx", "big", args(json!({"bytes": 5000})), 10 * SECOND, 100).await.expect("truncated");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+    for line in [
+        "mcp_server_connect_total{server_id=\"fx\"} 1",
+        "mcp_tool_call_total{server_id=\"fx\",tool=\"echo\"} 1",
+        "mcp_tool_call_error_total{server_id=\"fx\",tool=\"sleep\",code=\"mcp_timeout\"} 1",
+        "mcp_tool_call_error_total{server_id=\"fx\",tool=\"big\",code=\"mcp_output_too_large\"} 1",
+        "mcp_tool_call_output_bytes_sum{server_id=\"fx\",tool=\"big\"} 5000",
+    ] {
+        assert!(text.contains(line), "missing {line} in:\n{text}");
+    }
+    pool.shutdown().await;
+}
