@@ -49,12 +49,32 @@ pub struct FrameGuard<R> {
     limit: usize,
     line: usize,
     tripped: Arc<AtomicBool>,
+    /// Whether the current line's first non-blank byte was seen yet.
+    classified: bool,
+    /// Lines that did not start like JSON (`{` or `[`): a server printing to stdout.
+    garbage: Arc<AtomicU64>,
+    server_id: Arc<str>,
 }
 
 impl<R> FrameGuard<R> {
     /// Guards `inner`; `tripped` is set when a frame is too large.
     pub fn new(inner: R, limit: usize, tripped: Arc<AtomicBool>) -> Self {
-        FrameGuard { inner, limit, line: 0, tripped }
+        FrameGuard {
+            inner,
+            limit,
+            line: 0,
+            tripped,
+            classified: false,
+            garbage: Arc::new(AtomicU64::new(0)),
+            server_id: Arc::from(""),
+        }
+    }
+
+    /// Names the server in the warning about non-JSON lines, counted in `garbage`.
+    pub fn reporting(mut self, server_id: Arc<str>, garbage: Arc<AtomicU64>) -> Self {
+        self.server_id = server_id;
+        self.garbage = garbage;
+        self
     }
 }
 
@@ -67,7 +87,15 @@ impl<R: AsyncRead + Unpin> AsyncRead for FrameGuard<R> {
         let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = &poll {
             let mut line = self.line;
+            let mut classified = self.classified;
+            let mut garbage = 0;
             for &byte in &buf.filled()[before..] {
+                if byte == b'\n' {
+                    classified = false;
+                } else if !classified && !byte.is_ascii_whitespace() {
+                    classified = true;
+                    garbage += u64::from(byte != b'{' && byte != b'[');
+                }
                 line = if byte == b'\n' { 0 } else { line + 1 };
                 if line > self.limit {
                     self.tripped.store(true, Ordering::Relaxed);
@@ -81,6 +109,16 @@ impl<R: AsyncRead + Unpin> AsyncRead for FrameGuard<R> {
                 }
             }
             self.line = line;
+            self.classified = classified;
+            if garbage > 0 {
+                self.garbage.fetch_add(garbage, Ordering::Relaxed);
+                // The content is not logged: it is the server's, and may be anything.
+                tracing::warn!(
+                    server_id = %self.server_id,
+                    lines = garbage,
+                    "server wrote output that is not JSON-RPC to stdout (ignored); MCP stdio servers must log to stderr"
+                );
+            }
         }
         poll
     }
@@ -149,6 +187,8 @@ pub struct Connection {
     pub info: ServerInfo,
     /// Set when the server sent a message over the frame limit (the session is then over).
     pub oversized: Arc<AtomicBool>,
+    /// Lines on the server's stdout that were not JSON-RPC (skipped, logged as warnings).
+    pub garbage_lines: Arc<AtomicU64>,
     child: std::sync::Mutex<Option<Child>>,
     pid: Option<u32>,
 }
@@ -215,6 +255,7 @@ pub async fn connect(
     let handler_list_changed = list_changed.clone();
     let handler = PoolHandler { server_id: server_id.clone(), list_changed };
     let oversized = Arc::new(AtomicBool::new(false));
+    let garbage = Arc::new(AtomicU64::new(0));
     let attempt = async {
         match endpoint {
             Endpoint::Stdio { command, args, env, working_dir } => {
@@ -236,7 +277,8 @@ pub async fn connect(
                 if let Some(stderr) = child.stderr.take() {
                     forward_stderr(server_id.clone(), stderr);
                 }
-                let reader = FrameGuard::new(stdout, frame_limit, oversized.clone());
+                let reader = FrameGuard::new(stdout, frame_limit, oversized.clone())
+                    .reporting(server_id.clone(), garbage.clone());
                 let service =
                     handler.serve((reader, stdin)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
                 Ok((service, Some(child)))
@@ -246,7 +288,8 @@ pub async fn connect(
                     .await
                     .map_err(|e| unavailable(format!("cannot connect to the bridge at {}: {e}", display(path))))?;
                 let (read, write) = stream.into_split();
-                let reader = FrameGuard::new(read, frame_limit, oversized.clone());
+                let reader =
+                    FrameGuard::new(read, frame_limit, oversized.clone()).reporting(server_id.clone(), garbage.clone());
                 let service =
                     handler.serve((reader, write)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
                 Ok((service, None))
@@ -285,7 +328,7 @@ pub async fn connect(
         .unwrap_or_default();
     subscribe_to_list_changes(server_id, &service, &handler_list_changed);
     let pid = child.as_ref().and_then(Child::id);
-    Ok(Connection { service, info, oversized, child: std::sync::Mutex::new(child), pid })
+    Ok(Connection { service, info, oversized, garbage_lines: garbage, child: std::sync::Mutex::new(child), pid })
 }
 
 /// Protocol versions from this one on deliver list_changed only to a `subscriptions/listen`
@@ -374,5 +417,17 @@ mod tests {
         let err = guard.read_to_end(&mut Vec::new()).await.expect_err("too long");
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
         assert!(tripped.load(Ordering::Relaxed));
+    }
+
+    #[tokio::test]
+    async fn lines_that_are_not_json_are_counted_and_still_passed_on() {
+        let garbage = Arc::new(AtomicU64::new(0));
+        let data = b"starting server...\n{\"jsonrpc\":\"2.0\"}\n  [1]\n\nnot json\n".to_vec();
+        let guard = FrameGuard::new(&data[..], 1024, Arc::new(AtomicBool::new(false)));
+        let mut guard = guard.reporting("fx".into(), garbage.clone());
+        let mut out = Vec::new();
+        guard.read_to_end(&mut out).await.expect("read");
+        assert_eq!(out, data, "rmcp decides what to do with the lines; the guard only counts");
+        assert_eq!(garbage.load(Ordering::Relaxed), 2);
     }
 }

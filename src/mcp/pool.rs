@@ -102,6 +102,8 @@ pub struct ServerStatus {
     pub pid: Option<u32>,
     /// A required variable that is not set, if that is why the server is unavailable.
     pub env_missing: Option<String>,
+    /// Lines of the current session's stdout that were not JSON-RPC (skipped and warned about).
+    pub garbage_lines: u64,
 }
 
 /// A live session and what it holds.
@@ -399,6 +401,7 @@ impl Pool {
             info: live.as_ref().map(|l| l.conn.info.clone()),
             pid: live.as_ref().and_then(|l| l.conn.pid()),
             env_missing: lock(&slot.env_missing).clone(),
+            garbage_lines: live.as_ref().map_or(0, |l| l.conn.garbage_lines.load(std::sync::atomic::Ordering::Relaxed)),
         })
     }
 

@@ -344,15 +344,14 @@ async fn a_server_that_never_answers_times_out_without_affecting_others() {
 }
 
 #[tokio::test]
-async fn garbage_on_stdout_is_an_error_or_skipped_never_a_panic() {
+async fn garbage_on_stdout_is_reported_and_the_session_keeps_working() {
     let pool =
         pool_with(vec![stdio_server("junk", &mcp_servers::fixture_stdio(&["--garbage-stdout"]))], options()).await;
-    // rmcp skips a line that is not JSON-RPC and logs it; the session then works. Either way the
-    // caller gets a clear answer, not a hang or a crash.
-    match call(&pool, "junk", "echo", json!({"text": "after garbage"}), 10 * SECOND).await {
-        Ok(out) => assert_eq!(out, "after garbage"),
-        Err(e) => assert!(!e.message.is_empty()),
-    }
+    // The non-JSON line is skipped (rmcp), counted and warned about with the server id (the
+    // frame guard); the session is not torn down for one stray print.
+    let out = call(&pool, "junk", "echo", json!({"text": "after garbage"}), 10 * SECOND).await.expect("echo");
+    assert_eq!(out, "after garbage");
+    assert_eq!(pool.status("junk").expect("status").garbage_lines, 1);
     pool.shutdown().await;
 }
 
