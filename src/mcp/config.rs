@@ -14,10 +14,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 use crate::api::env_ref::{self, MissingEnv, Template};
 use crate::api::{McpServer, ServerBudgets, Transport};
+use crate::registry::snapshot::short_hash;
 
 /// Where stdio servers run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,12 +211,11 @@ impl ServerConfig {
         };
         // The fingerprint covers what a session depends on; allowlists and budgets do not
         // restart anything.
-        let mut hasher = Sha256::new();
-        hasher.update(serde_json::to_vec(&(&spec.transport, &spec.stdio, &spec.http)).unwrap_or_default());
+        let mut fields = serde_json::to_vec(&(&spec.transport, &spec.stdio, &spec.http)).unwrap_or_default();
         if let Mode::Sidecar { socket_dir } = mode {
-            hasher.update(socket_dir.as_os_str().as_encoded_bytes());
+            fields.extend_from_slice(socket_dir.as_os_str().as_encoded_bytes());
         }
-        let fingerprint = hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let fingerprint = short_hash(&fields);
         Ok(ServerConfig { id: id.as_str().into(), transport, budgets: spec.budgets(), fingerprint })
     }
 

@@ -41,7 +41,7 @@ use crate::api::{McpProfile, McpServer};
 const HASH_HEX_LEN: usize = 16;
 
 /// The first [`HASH_HEX_LEN`] hex characters of the sha256 of `bytes`.
-fn short_hash(bytes: &[u8]) -> String {
+pub(crate) fn short_hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     let mut hex = String::with_capacity(HASH_HEX_LEN);
     for byte in digest.iter().take(HASH_HEX_LEN / 2) {
