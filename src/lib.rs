@@ -11,6 +11,7 @@
 //! - [`telemetry`]: logging shared by both binaries
 //! - `testing` (feature `testing`): the test control plane and fixtures
 
+pub mod agent;
 pub mod api;
 pub mod bridge;
 pub mod cli;

@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
@@ -137,6 +138,39 @@ impl PoolMetrics {
             let labels = ErrorLabels { server_id: labels.server_id, tool: labels.tool, code: code.to_string() };
             self.errors.get_or_create(&labels).inc();
         }
+    }
+}
+
+/// The registry's metrics: which revision is served and whether the source is degraded.
+#[derive(Clone, Debug, Default)]
+pub struct RegistryMetrics {
+    /// Snapshots served so far (1 after the first): a number that moves on every new revision,
+    /// since revisions themselves are opaque hashes.
+    revision: Gauge,
+    degraded: Gauge,
+}
+
+impl RegistryMetrics {
+    /// Metrics registered as `mcp_registry_revision` and `mcp_registry_degraded`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = RegistryMetrics::default();
+        registry.register(
+            "mcp_registry_revision",
+            "Registry snapshots served by this process (increments on every new revision)",
+            metrics.revision.clone(),
+        );
+        registry.register(
+            "mcp_registry_degraded",
+            "1 while the registry source has problems (the last good objects keep serving)",
+            metrics.degraded.clone(),
+        );
+        metrics
+    }
+
+    /// A snapshot is now served.
+    pub fn served(&self, generation: u64, degraded: bool) {
+        self.revision.set(i64::try_from(generation).unwrap_or(i64::MAX));
+        self.degraded.set(i64::from(degraded));
     }
 }
 

@@ -1,0 +1,189 @@
+//! The audit log: one JSON line per tool call (DESIGN.md "Observability"), whichever door it
+//! came through. Arguments are redacted unless the operator turns them on.
+
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// Which door a call came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Door {
+    /// `POST /v1/chat/completions` (the tool loop).
+    Chat,
+    /// The aggregated `/mcp` endpoint.
+    Mcp,
+    /// The gRPC `McpSessions` service.
+    Grpc,
+}
+
+/// One audit line.
+#[derive(Clone, Debug, Serialize)]
+pub struct AuditLine<'a> {
+    /// When the call finished (RFC 3339).
+    pub ts: String,
+    /// The chat completion, MCP request or gRPC call this belongs to.
+    pub request_id: &'a str,
+    /// The `/mcp` or gRPC session, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<&'a str>,
+    /// The door.
+    pub door: Door,
+    /// The McpProfile in force.
+    pub profile: &'a str,
+    /// The registry revision the decision used.
+    pub registry_revision: &'a str,
+    /// The server called (absent when the name did not route anywhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<&'a str>,
+    /// The tool's name on its server, or the name as asked for when it did not route.
+    pub tool_name: &'a str,
+    /// The model-facing name the caller used.
+    pub called_as: &'a str,
+    /// `ok`, or the error code.
+    pub status: &'a str,
+    /// Wall time of the call in milliseconds.
+    pub latency_ms: f64,
+    /// Size of the result before any cap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<usize>,
+    /// The arguments when the audit includes them; `"[redacted]"` otherwise.
+    pub arguments: Value,
+}
+
+/// Where audit lines go.
+pub struct AuditSink {
+    writer: Option<Mutex<Box<dyn Write + Send>>>,
+    include_arguments: bool,
+}
+
+impl std::fmt::Debug for AuditSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditSink")
+            .field("enabled", &self.writer.is_some())
+            .field("include_arguments", &self.include_arguments)
+            .finish()
+    }
+}
+
+impl AuditSink {
+    /// Audit lines to `writer`, with arguments when `include_arguments`.
+    pub fn new(writer: Box<dyn Write + Send>, include_arguments: bool) -> Self {
+        AuditSink { writer: Some(Mutex::new(writer)), include_arguments }
+    }
+
+    /// No audit.
+    pub fn disabled() -> Self {
+        AuditSink { writer: None, include_arguments: false }
+    }
+
+    /// Lines go to stderr, beside the logs.
+    pub fn stderr(include_arguments: bool) -> Self {
+        AuditSink::new(Box::new(std::io::stderr()), include_arguments)
+    }
+
+    /// What the `arguments` field of a line holds for these arguments.
+    pub fn arguments(&self, arguments: Option<&Map<String, Value>>) -> Value {
+        match (self.include_arguments, arguments) {
+            (true, Some(args)) => Value::Object(args.clone()),
+            (true, None) => Value::Null,
+            (false, _) => Value::String("[redacted]".into()),
+        }
+    }
+
+    /// Writes one line. A failing sink is logged, never fails the call.
+    pub fn record(&self, line: &AuditLine<'_>) {
+        let Some(writer) = &self.writer else { return };
+        let mut bytes = match serde_json::to_vec(line) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::warn!(error = %e, "audit line not serializable");
+                return;
+            }
+        };
+        bytes.push(b'\n');
+        // One write per line, under the lock, so lines never interleave.
+        let mut writer = writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) = writer.write_all(&bytes).and_then(|()| writer.flush()) {
+            tracing::warn!(error = %e, "audit line not written");
+        }
+    }
+}
+
+/// The current time as RFC 3339 (UTC).
+pub fn now() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+/// Milliseconds as a float with microsecond precision.
+pub fn millis(latency: Duration) -> f64 {
+    (latency.as_micros() as f64) / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A writer the test can read back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn line<'a>(arguments: Value) -> AuditLine<'a> {
+        AuditLine {
+            ts: now(),
+            request_id: "req-1",
+            session_id: None,
+            door: Door::Chat,
+            profile: "default",
+            registry_revision: "abc",
+            server_id: Some("fs"),
+            tool_name: "read_file",
+            called_as: "mcp__fs__read_file",
+            status: "ok",
+            latency_ms: 1.5,
+            output_bytes: Some(10),
+            arguments,
+        }
+    }
+
+    #[test]
+    fn arguments_are_redacted_by_default() {
+        let shared = Shared::default();
+        let sink = AuditSink::new(Box::new(shared.clone()), false);
+        let args: Map<String, Value> = serde_json::from_str(r#"{"token": "s3cret"}"#).expect("json");
+        sink.record(&line(sink.arguments(Some(&args))));
+        let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
+        assert!(!text.contains("s3cret"), "{text}");
+        let parsed: Value = serde_json::from_str(text.trim_end()).expect("one JSON line");
+        assert_eq!(parsed["arguments"], "[redacted]");
+        assert_eq!(parsed["server_id"], "fs");
+        assert_eq!(parsed["request_id"], "req-1");
+        assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
+    }
+
+    #[test]
+    fn arguments_are_kept_when_enabled() {
+        let shared = Shared::default();
+        let sink = AuditSink::new(Box::new(shared.clone()), true);
+        let args: Map<String, Value> = serde_json::from_str(r#"{"path": "/tmp"}"#).expect("json");
+        sink.record(&line(sink.arguments(Some(&args))));
+        let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
+        let parsed: Value = serde_json::from_str(text.trim_end()).expect("one JSON line");
+        assert_eq!(parsed["arguments"]["path"], "/tmp");
+    }
+}
