@@ -393,7 +393,7 @@ impl Agent {
 
     /// Swaps a new state in when anything a door can see changed.
     fn publish(&self, snapshot: Arc<Snapshot>, catalog: Option<Arc<ProfileCatalog>>) {
-        let fingerprint = catalog.as_ref().map_or(0, |c| fingerprint(c));
+        let fingerprint = catalog.as_ref().map_or(0, fingerprint);
         let metrics = &self.inner.options.registry_metrics;
         self.inner.state.send_if_modified(|current| {
             let same = current.generation > 0
