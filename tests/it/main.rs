@@ -1,5 +1,6 @@
 //! The single integration-test binary (STYLE.md rule 11): one module per area.
 
+mod agent;
 mod bridge;
 mod cli;
 mod control_plane;
@@ -8,3 +9,4 @@ mod mcp_servers;
 mod pool;
 mod registry;
 mod static_binary;
+mod support;
