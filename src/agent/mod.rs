@@ -3,9 +3,15 @@
 //! - [`core`]: registry + pool + profile catalog in step; the one tool-call path (policy,
 //!   approval, budgets, audit) every door uses.
 //! - [`audit`]: one JSON line per tool call.
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/effective` (loopback).
+//! - [`serve`]: binding the ports, running the doors, shutting down in order.
+//! - [`mcp_endpoint`]: `/mcp`, the aggregated Streamable HTTP MCP server.
 
+pub mod admin;
 pub mod audit;
 pub mod core;
+pub mod mcp_endpoint;
+pub mod serve;
 
 pub use self::audit::{AuditSink, Door};
 pub use self::core::{Agent, AgentOptions, AgentState, CallContext, ToolCall};

@@ -39,6 +39,12 @@ enum OutputFormat {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the agent in local mode: chat completions with MCP tools and /mcp on --http-addr,
+    /// gRPC on --grpc-addr, health and metrics on --admin-addr, over a registry directory
+    /// (stdio servers run as child processes). Stops on SIGINT/SIGTERM after in-flight requests
+    /// finish (--shutdown-grace-seconds). Exit status: 0 after a clean shutdown, 1 when a server
+    /// fails, 2 on a usage error.
+    Serve(super::serve::ServeArgs),
     /// Load a registry directory (local mode) and print its snapshot.
     ///
     /// With --watch, keeps running and prints every new revision as files change (until SIGINT
@@ -131,6 +137,7 @@ impl Args {
             return usage_error(e);
         }
         match command {
+            Command::Serve(args) => args.run(),
             Command::Registry { registry_dir, watch } => registry(&registry_dir, watch),
             Command::Explain { registry_dir, profile, request, output, connect } => {
                 explain(&registry_dir, &profile, request.as_deref(), output, connect)
@@ -375,7 +382,7 @@ fn describe_change(old: &Snapshot, new: &Snapshot) -> String {
 // === explain ===
 
 /// Said wherever tools are not listed, so nobody mistakes a pattern-level answer for the full one.
-const NOT_LISTED: &str = "tool lists not fetched: decided on servers and patterns alone (per-tool decisions need a connection to each server)";
+use crate::policy::explain::{NOT_LISTED, explain_json};
 
 fn explain(dir: &Path, profile: &str, request: Option<&str>, output: OutputFormat, connect: bool) -> ExitCode {
     let scope: Option<RequestScope> = match request.map(serde_json::from_str).transpose() {
@@ -438,35 +445,6 @@ fn list_all_tools(snapshot: &Snapshot, compiled: &CompiledProfile) -> std::io::R
         pool.shutdown().await;
         tools
     }))
-}
-
-fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> serde_json::Value {
-    let servers: Vec<serde_json::Value> = set
-        .servers
-        .iter()
-        .map(|s| {
-            let spec = snapshot.server(&s.id).map(|v| v.object.spec.clone()).unwrap_or_default();
-            serde_json::json!({
-                "id": &*s.id,
-                "namePart": &*s.server_part,
-                "budgets": s.budgets,
-                "allowedTools": spec.allowed_tools,
-                "deniedTools": spec.denied_tools,
-                "tools": s.tools.as_ref().map(|tools| tools.iter().map(|t| serde_json::json!({
-                    "name": &*t.name, "tool": &*t.tool.name,
-                })).collect::<Vec<_>>()),
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "profile": set.profile,
-        "revision": set.revision.as_str(),
-        "toolsListed": listed,
-        "note": if listed { None } else { Some(NOT_LISTED) },
-        "servers": servers,
-        "excluded": set.decisions(),
-        "loopBudgets": set.loop_budgets,
-    })
 }
 
 fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> String {

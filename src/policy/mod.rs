@@ -10,11 +10,13 @@
 //! - [`name`]: `mcp__<server>__<tool>` names and the route table back to (server, tool).
 //! - [`effective`]: the layered intersection and the decision log.
 //! - [`budget`]: composition where every layer only tightens.
+//! - [`explain`]: the effective set as JSON with the reason for every exclusion.
 //! - [`approval`]: per-tool approval mode, most specific pattern first.
 
 pub mod approval;
 pub mod budget;
 pub mod effective;
+pub mod explain;
 pub mod name;
 pub mod pattern;
 
