@@ -96,7 +96,11 @@ impl McpEndpoint {
                     serde_json::Value::Object(map) => Arc::new(map.clone()),
                     _ => Arc::new(serde_json::Map::new()),
                 };
-                Tool::new_with_raw(t.name.to_string(), t.tool.description.as_deref().map(|d| d.to_string().into()), schema)
+                Tool::new_with_raw(
+                    t.name.to_string(),
+                    t.tool.description.as_deref().map(|d| d.to_string().into()),
+                    schema,
+                )
             })
             .collect())
     }

@@ -127,12 +127,10 @@ impl ServeArgs {
         let audit = match &self.audit_log {
             AuditTarget::Stderr => AuditSink::stderr(self.audit_arguments),
             AuditTarget::Off => AuditSink::disabled(),
-            AuditTarget::File(path) => {
-                match std::fs::OpenOptions::new().create(true).append(true).open(path) {
-                    Ok(file) => AuditSink::new(Box::new(file), self.audit_arguments),
-                    Err(e) => return usage_error(format!("--audit-log {}: {e}", path.display())),
-                }
-            }
+            AuditTarget::File(path) => match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                Ok(file) => AuditSink::new(Box::new(file), self.audit_arguments),
+                Err(e) => return usage_error(format!("--audit-log {}: {e}", path.display())),
+            },
         };
         let config = ServeConfig {
             http_addr: self.http_addr,
@@ -150,7 +148,8 @@ impl ServeArgs {
         let pool_metrics = PoolMetrics::register(&mut metrics);
         let registry_metrics = RegistryMetrics::register(&mut metrics);
         // The agent keeps its sessions: a pod's servers stay connected while the pod lives.
-        let pool = Pool::new(PoolOptions { idle_timeout: None, metrics: pool_metrics.clone(), ..PoolOptions::default() });
+        let pool =
+            Pool::new(PoolOptions { idle_timeout: None, metrics: pool_metrics.clone(), ..PoolOptions::default() });
         let mut options = AgentOptions::new(profile);
         options.audit = audit;
         options.registry_metrics = registry_metrics;

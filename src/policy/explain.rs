@@ -36,4 +36,3 @@ pub fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> se
         "loopBudgets": set.loop_budgets,
     })
 }
-

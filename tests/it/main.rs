@@ -8,5 +8,6 @@ mod fixtures;
 mod mcp_servers;
 mod pool;
 mod registry;
+mod serve;
 mod static_binary;
 mod support;

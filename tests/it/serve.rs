@@ -1,0 +1,222 @@
+//! `spearlet serve` as a user runs it: the real binary in local mode over a registry directory,
+//! a real stdio server behind it, and real clients (PyPI `mcp`) in front.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use spear::testing::mcp_servers;
+
+/// A running `spearlet serve`, killed (SIGTERM, then SIGKILL) on drop.
+pub struct Served {
+    child: Child,
+    /// 127.0.0.1 port of chat and /mcp.
+    pub http: u16,
+    /// 127.0.0.1 port of gRPC.
+    pub grpc: u16,
+    /// 127.0.0.1 port of the admin server.
+    pub admin: u16,
+    /// The registry directory (edit it to change the registry).
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            terminate(&mut self.child, Duration::from_secs(5));
+        }
+    }
+}
+
+fn terminate(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// A registry with the Python fixture server as `fx` (all tools but `big` allowed) and a
+/// profile `p` that also denies `pid` — so `big` and `pid` are outside what the workload sees.
+pub fn fixture_registry(dir: &Path) {
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let args: Vec<String> = fixture.args.iter().map(|a| format!("{a:?}")).collect();
+    let env: Vec<String> = fixture.env.iter().map(|(k, v)| format!("{{name: {k:?}, value: {v:?}}}")).collect();
+    let yaml = format!(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: fx\nspec:\n  transport: stdio\n  \
+         stdio:\n    command: {:?}\n    args: [{}]\n    env: [{}]\n  allowedTools: [\"*\"]\n  deniedTools: [big]\n",
+        fixture.program.to_string_lossy(),
+        args.join(", "),
+        env.join(", "),
+    );
+    std::fs::write(dir.join("fx.yaml"), yaml).expect("write fx.yaml");
+    std::fs::write(
+        dir.join("profile.yaml"),
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [fx]\n  \
+         toolDenylist: [pid]\n",
+    )
+    .expect("write profile.yaml");
+}
+
+/// Starts `spearlet serve` over `dir` (already filled) with `extra` flags; waits for /readyz.
+pub fn serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
+    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+        .arg("serve")
+        .arg("--registry-dir")
+        .arg(dir.path())
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .args(["--shutdown-grace-seconds", "3"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn spearlet serve");
+    let served = Served { child, http, grpc, admin, dir };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((200, _)) = http_get(admin, "/readyz") {
+            return served;
+        }
+        assert!(Instant::now() < deadline, "spearlet serve not ready within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1: (status, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers").join(name)
+}
+
+/// The next JSON event line of the Python client.
+fn next_event(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> Value {
+    let line = lines.next().expect("the client printed another line").expect("readable");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON event: {line}: {e}"))
+}
+
+fn start_client(served: &Served, calls: &[&str], wait: bool) -> (Child, std::io::Lines<BufReader<ChildStdout>>) {
+    let mut command = Command::new(mcp_servers::python());
+    command.arg(script("mcp_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
+    for call in calls {
+        command.args(["--call", call]);
+    }
+    if wait {
+        command.arg("--wait-list-changed");
+    }
+    let mut child = command.stdout(Stdio::piped()).spawn().expect("spawn the Python MCP client");
+    let stdout = child.stdout.take().expect("piped stdout");
+    (child, BufReader::new(stdout).lines())
+}
+
+#[test]
+fn the_python_mcp_client_lists_calls_and_hears_list_changed_after_a_registry_edit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    let (mut client, mut lines) = start_client(
+        &served,
+        &[
+            r#"mcp__fx__echo={"text": "hello through the agent"}"#,
+            r#"mcp__fx__pid={}"#,
+            r#"mcp__fx__big={"bytes": 10}"#,
+        ],
+        true,
+    );
+
+    let init = next_event(&mut lines);
+    assert_eq!(init["event"], "initialized");
+    let tools = next_event(&mut lines);
+    let names: Vec<&str> = tools["names"].as_array().expect("names").iter().filter_map(Value::as_str).collect();
+    assert!(names.contains(&"mcp__fx__echo"), "{names:?}");
+    // Outside the profile (denied by the profile, and by the server): not listed ...
+    assert!(!names.contains(&"mcp__fx__pid") && !names.contains(&"mcp__fx__big"), "{names:?}");
+
+    let echo = next_event(&mut lines);
+    assert_eq!(echo["is_error"], false, "{echo}");
+    assert!(echo["text"].as_str().unwrap_or_default().contains("hello through the agent"), "{echo}");
+    // ... and not callable: a structured policy error, not a call to the server.
+    for _ in 0..2 {
+        let denied = next_event(&mut lines);
+        assert_eq!(denied["is_error"], true, "{denied}");
+        let error: Value = serde_json::from_str(denied["text"].as_str().unwrap_or_default()).expect("error JSON");
+        assert_eq!(error["error"]["code"], "mcp_policy_denied", "{denied}");
+    }
+
+    assert_eq!(next_event(&mut lines)["event"], "waiting");
+    // The platform team narrows the server: `add_tool` leaves the set.
+    let path = served.dir.path().join("fx.yaml");
+    let yaml = std::fs::read_to_string(&path)
+        .expect("read fx.yaml")
+        .replace("deniedTools: [big]", "deniedTools: [big, add_tool]");
+    std::fs::write(&path, yaml).expect("edit fx.yaml");
+
+    assert_eq!(next_event(&mut lines)["event"], "list_changed");
+    let after = next_event(&mut lines);
+    let after: Vec<&str> = after["names"].as_array().expect("names").iter().filter_map(Value::as_str).collect();
+    assert!(!after.contains(&"mcp__fx__add_tool") && after.contains(&"mcp__fx__echo"), "{after:?}");
+    assert!(names.contains(&"mcp__fx__add_tool"), "add_tool was listed before the edit: {names:?}");
+    assert!(client.wait().expect("client exit").success());
+}
+
+#[test]
+fn admin_port_reports_readiness_metrics_and_the_effective_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    assert_eq!(http_get(served.admin, "/healthz").map(|(s, _)| s), Some(200));
+    let (status, metrics) = http_get(served.admin, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    for name in ["mcp_registry_revision 1", "mcp_registry_degraded 0", "mcp_server_connect_total{server_id=\"fx\"} 1"] {
+        assert!(metrics.contains(name), "{name} missing in\n{metrics}");
+    }
+    let (status, body) = http_get(served.admin, "/debug/effective").expect("debug");
+    assert_eq!(status, 200, "{body}");
+    let explained: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(explained["profile"], "p");
+    let excluded = explained["excluded"].as_array().expect("excluded");
+    assert!(
+        excluded.iter().any(|d| d["tool"] == "pid" && d["reason"] == "denied_by:profile"),
+        "pid excluded with the profile's reason: {excluded:?}"
+    );
+}
+
+#[test]
+fn sigterm_stops_the_agent_and_reaps_its_servers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let mut served = serve(dir, &["--audit-log", "off"]);
+    let (_, body) = http_get(served.admin, "/debug/effective").expect("debug");
+    assert!(body.contains("echo"), "{body}");
+    let agent_pid = served.child.id();
+    let children = || -> Vec<String> {
+        let out = Command::new("pgrep").args(["-P", &agent_pid.to_string()]).output().expect("pgrep");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+    };
+    let before = children();
+    assert!(!before.is_empty(), "the stdio server runs as a child of the agent");
+    let status = terminate(&mut served.child, Duration::from_secs(10)).expect("exited on SIGTERM within 10 s");
+    assert!(status.success(), "{status:?}");
+    for pid in before {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "server child {pid} was reaped");
+    }
+}

@@ -1,0 +1,68 @@
+"""A real MCP client (the PyPI `mcp` SDK) driven by tests/it/serve.rs against spearlet's /mcp.
+
+Prints one JSON object per line on stdout so the test can follow along:
+  {"event": "initialized", "instructions": ...}
+  {"event": "tools", "names": [...]}
+  {"event": "call", "name": ..., "is_error": ..., "text": ...}      (one per --call)
+  {"event": "waiting"}                                              (then the test edits the registry)
+  {"event": "list_changed"}
+  {"event": "tools", "names": [...]}
+Exits non-zero with a message on stderr if list_changed does not arrive within --timeout.
+"""
+
+import argparse
+import json
+import sys
+
+import anyio
+import mcp.types as types
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+
+def emit(**event):
+    print(json.dumps(event), flush=True)
+
+
+async def main(args):
+    changed = anyio.Event()
+
+    async def on_message(message):
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+        elif isinstance(message, Exception):
+            print(f"transport error: {message!r}", file=sys.stderr, flush=True)
+
+    async with streamable_http_client(args.url) as streams:
+        read, write = streams[0], streams[1]
+        async with ClientSession(read, write, message_handler=on_message) as session:
+            init = await session.initialize()
+            emit(event="initialized", instructions=init.instructions)
+            tools = await session.list_tools()
+            emit(event="tools", names=sorted(t.name for t in tools.tools))
+            for call in args.call:
+                name, _, raw = call.partition("=")
+                result = await session.call_tool(name, json.loads(raw or "{}"))
+                text = "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+                emit(event="call", name=name, is_error=bool(result.is_error), text=text)
+            if not args.wait_list_changed:
+                return
+            emit(event="waiting")
+            with anyio.fail_after(args.timeout):
+                await changed.wait()
+            emit(event="list_changed")
+            tools = await session.list_tools()
+            emit(event="tools", names=sorted(t.name for t in tools.tools))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--call", action="append", default=[], help="NAME=JSON_ARGS")
+    parser.add_argument("--wait-list-changed", action="store_true")
+    parser.add_argument("--timeout", type=float, default=20.0)
+    try:
+        anyio.run(main, parser.parse_args())
+    except TimeoutError:
+        print("list_changed did not arrive in time", file=sys.stderr)
+        sys.exit(3)
