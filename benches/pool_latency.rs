@@ -8,15 +8,11 @@
 //! all alike.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
-};
-use rmcp::service::{RequestContext, RunningService};
-use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt};
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
 use serde_json::json;
 use spear::api::manifest::Object;
 use spear::api::{McpServer, McpServerSpec, StdioSpec, Transport};
@@ -25,45 +21,6 @@ use spear::mcp::{Pool, PoolOptions};
 use spear::registry::snapshot::{Entry, Snapshot};
 
 const ROUNDS: usize = 20;
-
-/// The echo server run by `--serve-echo`.
-struct Echo;
-
-impl ServerHandler for Echo {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        let schema = json!({"type": "object", "properties": {"text": {"type": "string"}}});
-        let schema = schema.as_object().cloned().unwrap_or_default();
-        Ok(ListToolsResult {
-            tools: vec![Tool::new("echo", "Returns its text.", Arc::new(schema))],
-            ..Default::default()
-        })
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let text = request.arguments.as_ref().and_then(|a| a.get("text")).and_then(|t| t.as_str()).unwrap_or_default();
-        Ok(CallToolResult::success(vec![ContentBlock::text(text.to_string())]).into())
-    }
-}
-
-fn serve_echo() {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-    runtime.block_on(async {
-        let service = Echo.serve((tokio::io::stdin(), tokio::io::stdout())).await.expect("serving echo");
-        let _ = service.waiting().await;
-    });
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -210,7 +167,7 @@ async fn run(calls_per_round: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--serve-echo") {
-        serve_echo();
+        spear::testing::echo::serve_stdio();
         return;
     }
     spear::install_crypto_provider();

@@ -136,17 +136,21 @@ pub fn services(agent: Agent, options: GrpcOptions, shutdown: CancellationToken)
         .map_err(|source| GrpcError::Reflection { source })?;
     let sessions = SessionsDoor { agent: agent.clone(), sessions: Arc::new(Mutex::new(Sessions::new(&options))) };
     let registry = RegistryDoor { agent, feed, shutdown };
-    Ok(Routes::builder()
+    let mut routes = Routes::builder();
+    routes
         .add_service(McpSessionsServer::new(sessions))
         .add_service(McpRegistryServer::new(registry))
-        .add_service(reflection)
-        .clone()
-        .routes())
+        .add_service(reflection);
+    Ok(routes.routes())
 }
 
 /// Serves the gRPC door on `listener` with default options until `shutdown`; then stops
 /// accepting connections and returns once in-flight calls have finished.
-pub async fn serve(agent: Agent, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> Result<(), GrpcError> {
+pub async fn serve(
+    agent: Agent,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), GrpcError> {
     serve_with(agent, GrpcOptions::default(), listener, shutdown).await
 }
 
@@ -416,7 +420,8 @@ fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
 /// passes the policy): the same shape a routed refusal has.
 fn refused_reply(error: &PolicyError, revision: &str) -> pb::CallToolReply {
     let tool_error = pb::ToolError { code: error.code().to_string(), message: error.to_string(), retryable: false };
-    let text = serde_json::json!({"error": {"code": tool_error.code, "message": tool_error.message, "retryable": false}});
+    let text =
+        serde_json::json!({"error": {"code": tool_error.code, "message": tool_error.message, "retryable": false}});
     pb::CallToolReply {
         registry_revision: revision.to_string(),
         status: tool_error.code.clone(),
@@ -447,7 +452,10 @@ impl McpSessions for SessionsDoor {
         let set = self.agent.effective(Some(&scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
         let revision = set.revision.to_string();
         // The profile may name a server the registry does not have: allowed, yet nothing to open.
-        if set.decisions().iter().any(|d| d.server == server_id && d.tool.is_none() && d.reason == Reason::UnknownServer)
+        if set
+            .decisions()
+            .iter()
+            .any(|d| d.server == server_id && d.tool.is_none() && d.reason == Reason::UnknownServer)
         {
             let refusal = Refusal::UnknownServer { server: server_id, profile: set.profile.clone() };
             return Err(refusal.into_status(&revision));

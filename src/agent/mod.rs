@@ -3,6 +3,7 @@
 //! - [`core`]: registry + pool + profile catalog in step; the one tool-call path (policy,
 //!   approval, budgets, audit) every door uses.
 //! - [`audit`]: one JSON line per tool call.
+//! - [`grpc`]: the gRPC door (tool sessions, registry List/Watch, reflection) on 127.0.0.1:4041.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/effective` (loopback).
 //! - [`serve`]: binding the ports, running the doors, shutting down in order.
 //! - [`mcp_endpoint`]: `/mcp`, the aggregated Streamable HTTP MCP server.
@@ -10,6 +11,7 @@
 pub mod admin;
 pub mod audit;
 pub mod core;
+pub mod grpc;
 pub mod mcp_endpoint;
 pub mod serve;
 

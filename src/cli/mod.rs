@@ -3,6 +3,7 @@
 pub mod operator;
 pub mod serve;
 pub mod spearlet;
+pub mod tools;
 
 use std::process::ExitCode;
 

@@ -157,11 +157,11 @@ impl ServeArgs {
         let agent = Agent::new(options, watch.clone(), pool);
 
         let chat = axum::Router::new();
-        let grpc: ExtraDoor = Box::new(|_listener, stop: CancellationToken| {
-            Box::pin(async move {
-                stop.cancelled().await;
-                Ok(())
-            })
+        let grpc_agent = agent.clone();
+        let grpc: ExtraDoor = Box::new(move |listener, stop| {
+            Box::pin(
+                async move { crate::agent::grpc::serve(grpc_agent, listener, stop).await.map_err(|e| e.to_string()) },
+            )
         });
         let signal = cancel.clone();
         tokio::spawn(async move {

@@ -45,6 +45,11 @@ enum Command {
     /// finish (--shutdown-grace-seconds). Exit status: 0 after a clean shutdown, 1 when a server
     /// fails, 2 on a usage error.
     Serve(super::serve::ServeArgs),
+    /// List and call the tools this pod may use, through the agent's gRPC door.
+    Tools {
+        #[command(subcommand)]
+        command: super::tools::ToolsCommand,
+    },
     /// Load a registry directory (local mode) and print its snapshot.
     ///
     /// With --watch, keeps running and prints every new revision as files change (until SIGINT
@@ -138,6 +143,7 @@ impl Args {
         }
         match command {
             Command::Serve(args) => args.run(),
+            Command::Tools { command } => super::tools::run(command),
             Command::Registry { registry_dir, watch } => registry(&registry_dir, watch),
             Command::Explain { registry_dir, profile, request, output, connect } => {
                 explain(&registry_dir, &profile, request.as_deref(), output, connect)

@@ -4,4 +4,5 @@
 //! - [`control_plane`]: a real kube-apiserver + etcd per test binary, one namespace per test.
 
 pub mod control_plane;
+pub mod echo;
 pub mod mcp_servers;

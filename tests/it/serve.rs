@@ -220,3 +220,28 @@ fn sigterm_stops_the_agent_and_reaps_its_servers() {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "server child {pid} was reaped");
     }
 }
+
+#[test]
+fn spearlet_tools_lists_and_calls_over_the_grpc_door_of_a_running_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    let addr = format!("127.0.0.1:{}", served.grpc);
+    let tools = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_spearlet")).arg("tools").args(args).args(["--grpc-addr", &addr]).output()
+    };
+    let list = tools(&["list"]).expect("spearlet tools list");
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "{listed}\n{}", String::from_utf8_lossy(&list.stderr));
+    assert!(listed.contains("mcp__fx__echo") && !listed.contains("mcp__fx__pid"), "{listed}");
+
+    let call = tools(&["call", "fx/echo", "--args", r#"{"text": "over grpc"}"#]).expect("spearlet tools call");
+    assert!(call.status.success(), "{}", String::from_utf8_lossy(&call.stderr));
+    assert!(String::from_utf8_lossy(&call.stdout).contains("over grpc"));
+
+    // Outside the profile: refused with the policy code, exit 1.
+    let denied = tools(&["call", "fx/pid"]).expect("spearlet tools call");
+    assert_eq!(denied.status.code(), Some(1));
+    let said = format!("{}{}", String::from_utf8_lossy(&denied.stdout), String::from_utf8_lossy(&denied.stderr));
+    assert!(said.contains("mcp_policy_denied"), "{said}");
+}

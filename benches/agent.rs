@@ -1,0 +1,296 @@
+//! The agent's own cost, measured against bare baselines in the same run (issue 6):
+//!
+//! - latency of `tools/call` on an echo tool: S = bare rmcp client → echo server over stdio;
+//!   H = bare rmcp Streamable HTTP client → echo server over HTTP; A = the same HTTP client →
+//!   `spearlet serve` `/mcp` → the echo server over stdio. Target: p50(A) ≤ p50(S) + p50(H) + 50 µs,
+//!   p99(A) ≤ p99(S) + p99(H) + 200 µs.
+//! - throughput: 64 concurrent HTTP clients for 10 s on H and on A; target A ≥ 0.7 × H, 0 errors.
+//! - idle RSS of `spearlet serve` on `examples/registry` with its servers connected (target
+//!   ≤ 15 MiB), next to the RSS of the bare echo server process as a floor.
+//!
+//! Run: `cargo bench --bench agent`. The echo servers are this binary re-run with `--serve-echo`
+//! (stdio) or `--serve-echo-http PORT`, so no interpreter's speed is in the figures; the agent is
+//! the real `spearlet` binary of the same build. Latency calls alternate one by one between the
+//! clients so drift (other load, CPU idle states) hits all alike. Without `--bench` (under
+//! `cargo test --all-targets`) it is a short smoke run of the harness.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::json;
+use spear::testing::{echo, mcp_servers};
+
+type Client = RunningService<RoleClient, ()>;
+
+/// Bench size: full under `cargo bench`, tiny as a smoke test.
+struct Size {
+    latency_calls: usize,
+    clients: usize,
+    throughput_for: Duration,
+    idle_rss: bool,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+async fn call(client: &Client, tool: &str) -> Result<Duration, String> {
+    let mut params = CallToolRequestParams::new(tool.to_string());
+    params.arguments = json!({"text": "ping"}).as_object().cloned();
+    let started = Instant::now();
+    let result = client.peer().call_tool(params).await.map_err(|e| e.to_string())?;
+    if result.is_error == Some(true) {
+        return Err(format!("tool error: {:?}", result.content));
+    }
+    Ok(started.elapsed())
+}
+
+async fn http_client(url: &str) -> Client {
+    ().serve(StreamableHttpClientTransport::from_uri(url.to_string())).await.expect("an HTTP MCP client session")
+}
+
+/// A child process killed when dropped.
+struct Spawned(tokio::process::Child);
+
+fn spawn(command: &mut tokio::process::Command) -> Spawned {
+    Spawned(command.kill_on_drop(true).spawn().expect("a bench process starts"))
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Starts `spearlet serve` on free ports over `dir`; returns it and its HTTP and admin ports.
+async fn start_agent(dir: &Path, profile: &str, audit: &Path) -> (Spawned, u16, u16) {
+    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    let agent = spawn(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .arg("serve")
+            .arg("--registry-dir")
+            .arg(dir)
+            .args(["--profile", profile])
+            .args(["--http-addr", &format!("127.0.0.1:{http}")])
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .arg("--audit-log")
+            .arg(audit)
+            .env("SPEAR_LOG", "warn")
+            .stdin(Stdio::null()),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready(admin).await {
+        assert!(Instant::now() < deadline, "spearlet serve not ready within 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (agent, http, admin)
+}
+
+async fn ready(admin: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", admin)).await else { return false };
+    let request = "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text).await;
+    text.starts_with("HTTP/1.1 200")
+}
+
+fn echo_registry(dir: &Path, exe: &Path) {
+    let yaml = format!(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: echo\nspec:\n  transport: stdio\n  \
+         stdio:\n    command: {:?}\n    args: [\"--serve-echo\"]\n  allowedTools: [\"*\"]\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: bench\nspec:\n  servers: [echo]\n",
+        exe.display().to_string()
+    );
+    std::fs::write(dir.join("echo.yaml"), yaml).expect("write the bench registry");
+}
+
+/// `clients` sessions calling `tool` in a loop for `duration`: (calls, errors).
+async fn throughput(url: &str, tool: &str, clients: usize, duration: Duration) -> (u64, u64) {
+    let mut sessions = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        sessions.push(http_client(url).await);
+    }
+    let calls = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + duration;
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|client| {
+            let (calls, errors, tool) = (calls.clone(), errors.clone(), tool.to_string());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    match call(&client, &tool).await {
+                        Ok(_) => calls.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+                let _ = client.cancel().await;
+            })
+        })
+        .collect();
+    for task in tasks {
+        let _ = task.await;
+    }
+    (calls.load(Ordering::Relaxed), errors.load(Ordering::Relaxed))
+}
+
+async fn run(size: Size) {
+    let exe: PathBuf = std::env::current_exe().expect("the bench binary's path");
+    let dir = tempfile::tempdir().expect("a temp dir");
+
+    // S: bare rmcp over stdio.
+    let mut stdio_echo =
+        spawn(tokio::process::Command::new(&exe).arg("--serve-echo").stdin(Stdio::piped()).stdout(Stdio::piped()));
+    let (stdin, stdout) = (stdio_echo.0.stdin.take().expect("stdin"), stdio_echo.0.stdout.take().expect("stdout"));
+    let bare_stdio: Client = ().serve((stdout, stdin)).await.expect("bare stdio client");
+
+    // H: bare rmcp over Streamable HTTP, to an echo server in its own process.
+    let echo_port = mcp_servers::free_port();
+    let _http_echo = spawn(tokio::process::Command::new(&exe).args(["--serve-echo-http", &echo_port.to_string()]));
+    assert!(mcp_servers::wait_for_http(echo_port, Duration::from_secs(10)).await, "the HTTP echo server listens");
+    let echo_url = format!("http://127.0.0.1:{echo_port}/mcp");
+    let bare_http = http_client(&echo_url).await;
+
+    // A: the agent, forwarding to the echo server over stdio.
+    let registry = dir.path().join("registry");
+    std::fs::create_dir(&registry).expect("registry dir");
+    echo_registry(&registry, &exe);
+    let (agent, agent_http, _) = start_agent(&registry, "bench", &dir.path().join("audit.log")).await;
+    let agent_url = format!("http://127.0.0.1:{agent_http}/mcp");
+    let through_agent = http_client(&agent_url).await;
+
+    for _ in 0..50 {
+        call(&bare_stdio, "echo").await.expect("S warm-up");
+        call(&bare_http, "echo").await.expect("H warm-up");
+        call(&through_agent, "mcp__echo__echo").await.expect("A warm-up");
+    }
+    let mut samples: [Vec<Duration>; 3] = Default::default();
+    for _ in 0..size.latency_calls {
+        samples[0].push(call(&bare_stdio, "echo").await.expect("S"));
+        samples[1].push(call(&bare_http, "echo").await.expect("H"));
+        samples[2].push(call(&through_agent, "mcp__echo__echo").await.expect("A"));
+    }
+    for s in &mut samples {
+        s.sort();
+    }
+    let p = |i: usize, q: f64| us(percentile(&samples[i], q));
+    println!("agent bench: latency, {} calls per client, alternating call by call", samples[0].len());
+    println!("{:<44} {:>10} {:>10}", "client", "p50 us", "p99 us");
+    for (i, name) in
+        ["S  bare rmcp, stdio", "H  bare rmcp, Streamable HTTP", "A  HTTP client -> spearlet /mcp -> stdio"]
+            .iter()
+            .enumerate()
+    {
+        println!("{name:<44} {:>10.1} {:>10.1}", p(i, 0.5), p(i, 0.99));
+    }
+    let (p50_budget, p99_budget) = (p(0, 0.5) + p(1, 0.5) + 50.0, p(0, 0.99) + p(1, 0.99) + 200.0);
+    println!(
+        "A p50 {:.1} us vs S+H+50 = {:.1} us (ratio {:.2}); A p99 {:.1} us vs S+H+200 = {:.1} us (ratio {:.2})",
+        p(2, 0.5),
+        p50_budget,
+        p(2, 0.5) / p50_budget,
+        p(2, 0.99),
+        p99_budget,
+        p(2, 0.99) / p99_budget
+    );
+    println!("agent-added p50 over S+H: {:.1} us", p(2, 0.5) - p(0, 0.5) - p(1, 0.5));
+
+    // Throughput: the same number of clients against H, then A.
+    let secs = size.throughput_for.as_secs_f64();
+    let (h_calls, h_errors) = throughput(&echo_url, "echo", size.clients, size.throughput_for).await;
+    let (a_calls, a_errors) = throughput(&agent_url, "mcp__echo__echo", size.clients, size.throughput_for).await;
+    println!(
+        "throughput, {} clients for {secs:.1} s: H {:.0} calls/s ({h_errors} errors), A {:.0} calls/s ({a_errors} errors), A/H {:.2}",
+        size.clients,
+        h_calls as f64 / secs,
+        a_calls as f64 / secs,
+        a_calls as f64 / h_calls.max(1) as f64
+    );
+    let agent_pid = agent.0.id().unwrap_or(0);
+    println!(
+        "RSS after load: agent {:.1} MiB, bare echo server {:.1} MiB",
+        rss_kib(agent_pid) as f64 / 1024.0,
+        rss_kib(stdio_echo.0.id().unwrap_or(0)) as f64 / 1024.0
+    );
+    drop(agent);
+
+    // Idle RSS on the example registry, its servers connected (everything over HTTP too, when
+    // the npm servers are installed). Its servers start with `npx`: not in the smoke run.
+    if size.idle_rss {
+        idle_rss(dir.path(), stdio_echo.0.id().unwrap_or(0)).await;
+    }
+}
+
+async fn idle_rss(dir: &Path, floor_pid: u32) {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/registry");
+    let everything = std::panic::catch_unwind(|| mcp_servers::everything_http(3001)).ok();
+    let _everything_http = everything.as_ref().map(|command| {
+        let mut command = tokio::process::Command::from(command.to_std());
+        spawn(command.stdout(Stdio::null()).stderr(Stdio::null()))
+    });
+    if everything.is_some() {
+        assert!(mcp_servers::wait_for_http(3001, Duration::from_secs(30)).await, "server-everything listens on :3001");
+    }
+    let (agent, _, _) = start_agent(&examples, "developer", &dir.join("audit-idle.log")).await;
+    // Idle: let start-up allocations settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = agent.0.id().unwrap_or(0);
+    let children = std::process::Command::new("pgrep")
+        .args(["-P", &pid.to_string()])
+        .output()
+        .map_or(0, |o| String::from_utf8_lossy(&o.stdout).split_whitespace().count());
+    let (rss, floor) = (rss_kib(pid) as f64 / 1024.0, rss_kib(floor_pid) as f64 / 1024.0);
+    println!(
+        "idle RSS of spearlet serve on examples/registry ({children} stdio servers as children{}): {rss:.1} MiB \
+         (target <= 15 MiB); bare rmcp echo server process: {floor:.1} MiB; ratio {:.2}",
+        if everything.is_some() { ", everything over HTTP on :3001" } else { ", no HTTP server running" },
+        rss / floor.max(0.1)
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--serve-echo") {
+        echo::serve_stdio();
+        return;
+    }
+    if let Some(port) = args.iter().position(|a| a == "--serve-echo-http").and_then(|i| args.get(i + 1)) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("a port")))
+                .await
+                .expect("the echo port is free");
+            echo::serve_http(listener).await.expect("serving echo over HTTP");
+        });
+        return;
+    }
+    spear::install_crypto_provider();
+    let size = if args.iter().any(|a| a == "--bench") {
+        Size { latency_calls: 2000, clients: 64, throughput_for: Duration::from_secs(10), idle_rss: true }
+    } else {
+        Size { latency_calls: 5, clients: 4, throughput_for: Duration::from_millis(300), idle_rss: false }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(run(size));
+}
