@@ -6,6 +6,7 @@
 //! - [`policy`]: tool names, patterns, effective sets, budgets (pure)
 //! - [`mcp`]: the client pool (rmcp sessions, budgets, health)
 //! - [`bridge`]: the stdio sidecar (a child process served on a Unix socket)
+//! - [`chat`]: `POST /v1/chat/completions` (OpenAI types, upstream client, the tool-call loop)
 //! - [`convert`]: migration from the file-based registry format (pure)
 //! - [`cli`]: the binaries' flags and subcommands (thin wiring)
 //! - [`telemetry`]: logging shared by both binaries
@@ -14,6 +15,7 @@
 pub mod agent;
 pub mod api;
 pub mod bridge;
+pub mod chat;
 pub mod cli;
 pub mod convert;
 pub mod mcp;

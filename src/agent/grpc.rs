@@ -62,7 +62,7 @@ use pb::mcp_sessions_server::{McpSessions, McpSessionsServer};
 /// Metadata key of the DESIGN.md error code on an error status.
 pub const ERROR_CODE_METADATA: &str = "x-spear-error-code";
 /// Metadata key of the registry revision on an error status.
-pub const REVISION_METADATA: &str = "x-spear-registry-revision";
+pub const REVISION_METADATA: &str = crate::api::keys::HEADER_REGISTRY_REVISION;
 /// Metadata key a client may set to correlate its calls with audit lines.
 pub const REQUEST_ID_METADATA: &str = "x-request-id";
 

@@ -29,7 +29,7 @@ use super::core::Agent;
 use super::mcp_endpoint::McpEndpoint;
 
 /// The response header naming the registry revision an answer used (DESIGN.md).
-pub const REVISION_HEADER: &str = "x-spear-registry-revision";
+pub use crate::api::keys::HEADER_REGISTRY_REVISION as REVISION_HEADER;
 
 /// Where the agent listens and how it stops.
 #[derive(Clone, Debug)]

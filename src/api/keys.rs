@@ -28,6 +28,12 @@ pub const ENV_CHAT_URL: &str = "SPEAR_CHAT_URL";
 /// Env var given to app containers: the gRPC address.
 pub const ENV_GRPC_ADDR: &str = "SPEAR_GRPC_ADDR";
 
+/// Response header (and gRPC metadata key) naming the registry revision an answer used.
+pub const HEADER_REGISTRY_REVISION: &str = "x-spear-registry-revision";
+/// Env var the agent reads the chat upstream's API key from (the webhook sets it from the
+/// profile's `chat.upstream.apiKeySecretRef`; in local mode, export it).
+pub const ENV_UPSTREAM_API_KEY: &str = "SPEAR_UPSTREAM_API_KEY";
+
 /// Agent HTTP port (chat completions and `/mcp`), loopback only.
 pub const PORT_HTTP: u16 = 4040;
 /// Agent gRPC port, loopback only.

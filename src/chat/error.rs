@@ -118,7 +118,7 @@ mod tests {
         let denied = ChatError::from(PolicyError::ServerNotInProfile { server: "x".into(), profile: "p".into() });
         assert_eq!(denied.wire().0, StatusCode::FORBIDDEN);
         assert_eq!(denied.code(), "mcp_policy_denied");
-        let pattern = crate::policy::pattern::PatternSet::new(&["[".to_string()]).expect_err("bad glob");
+        let pattern = crate::policy::pattern::PatternError { pattern: "x".into(), message: "bad".into() };
         let bad = ChatError::from(PolicyError::InvalidPattern { layer: Layer::Request, source: pattern });
         assert_eq!(bad.wire().0, StatusCode::BAD_REQUEST);
     }

@@ -219,7 +219,9 @@ impl McpOptions {
             None | Some(Value::Null) => return Ok(McpOptions::default()),
             Some(Value::Object(o)) => o,
             Some(other) => {
-                return Err(ChatError::InvalidMcp { message: format!("expected an object, got {}", json_kind(&other)) });
+                return Err(ChatError::InvalidMcp {
+                    message: format!("expected an object, got {}", json_kind(&other)),
+                });
             }
         };
         let enabled = match object.remove("enabled") {
@@ -461,12 +463,13 @@ mod tests {
 
     #[test]
     fn tool_choice_kinds() {
-        let kind = |v: Value| serde_json::from_value::<ToolChoice>(v).expect("parses").kind();
-        assert_eq!(kind(json!("none")), ChoiceKind::None);
-        assert_eq!(kind(json!("auto")), ChoiceKind::Auto);
-        assert_eq!(kind(json!("required")), ChoiceKind::Required);
-        assert_eq!(kind(json!({"type": "function", "function": {"name": "f"}})), ChoiceKind::Function("f"));
-        assert_eq!(kind(json!({"type": "allowed_tools", "allowed_tools": {}})), ChoiceKind::Other);
+        let parse = |v: Value| serde_json::from_value::<ToolChoice>(v).expect("parses");
+        assert_eq!(parse(json!("none")).kind(), ChoiceKind::None);
+        assert_eq!(parse(json!("auto")).kind(), ChoiceKind::Auto);
+        assert_eq!(parse(json!("required")).kind(), ChoiceKind::Required);
+        let forced = parse(json!({"type": "function", "function": {"name": "f"}}));
+        assert_eq!(forced.kind(), ChoiceKind::Function("f"));
+        assert_eq!(parse(json!({"type": "allowed_tools", "allowed_tools": {}})).kind(), ChoiceKind::Other);
         assert_eq!(ToolChoice::from(ProfileToolChoice::Required).kind(), ChoiceKind::Required);
     }
 

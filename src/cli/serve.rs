@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{EXIT_USAGE, shutdown_signal, usage_error};
 use crate::agent::serve::{ExtraDoor, Listeners, ServeConfig, serve};
 use crate::agent::{Agent, AgentOptions, AuditSink};
+use crate::chat::{self, ChatService, UpstreamOverride, UpstreamTimeouts};
 use crate::mcp::{Pool, PoolOptions};
 use crate::registry::dir::{DirOptions, DirSource};
 use crate::registry::view::RegistryView;
@@ -156,7 +157,18 @@ impl ServeArgs {
         options.pool_metrics = pool_metrics;
         let agent = Agent::new(options, watch.clone(), pool);
 
-        let chat = axum::Router::new();
+        if let Some(var) = self.upstream_api_key_env.as_deref()
+            && std::env::var(var).map_or(true, |v| v.is_empty())
+        {
+            return usage_error(format!(
+                "--upstream-api-key-env: the env var {var} is not set (export it, or drop the flag)"
+            ));
+        }
+        let overrides = UpstreamOverride::from_flags(self.upstream_url.clone(), self.upstream_api_key_env.as_deref());
+        let chat = match ChatService::new(agent.clone(), overrides, UpstreamTimeouts::default()) {
+            Ok(service) => chat::router(service),
+            Err(e) => return usage_error(format!("chat upstream client: {e}")),
+        };
         let grpc_agent = agent.clone();
         let grpc: ExtraDoor = Box::new(move |listener, stop| {
             Box::pin(

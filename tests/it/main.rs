@@ -2,9 +2,11 @@
 
 mod agent;
 mod bridge;
+mod chat;
 mod cli;
 mod control_plane;
 mod fixtures;
+mod grpc;
 mod mcp_servers;
 mod pool;
 mod registry;

@@ -1,0 +1,514 @@
+//! The tool-call loop's decisions, pure: what to send upstream, which calls are whose, what the
+//! budgets allow, and what the caller gets back. The I/O shell ([`super::ChatService`]) only
+//! moves requests, tool calls and answers through these functions.
+//!
+//! ```text
+//! request ──upstream_body + plan_tool_choice──▶ first upstream request
+//!    ┌────────────────────────────────────────────────────────────────┘
+//!    ▼
+//! answer ──classify──▶ [Mcp | Caller | Unknown] ──LoopState::decide──▶ Next
+//!    Return                    no MCP call: the answer goes back as is
+//!    Execute(round)            run `run` (the rest get mcp_budget_exceeded), append the assistant
+//!      then AskAgain           message + one role=tool message per call, ask again (tool_choice auto)
+//!      then ReturnToCaller     caller's calls present: return them (strip_executed), exchange in spear.messages
+//!    Stop(note)                a budget is used up: strip MCP calls, return with the note
+//! ```
+//!
+//! A call is the caller's when its name is one of the request's own tools (the effective set
+//! renamed any MCP tool with that name), MCP when the set routes it, and unknown otherwise.
+//! Unknown calls are executed like MCP calls so the agent answers them with `mcp_policy_denied`
+//! tool output, which the model can read and recover from.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::error::ChatError;
+use super::types::{ChatRequest, Choice, ChoiceKind, Message, ToolCallItem, ToolChoice, ToolDef};
+use crate::api::ToolChoice as ProfileToolChoice;
+use crate::mcp::{ErrorCode, McpError};
+use crate::policy::EffectiveSet;
+use crate::policy::budget::LoopBudgets;
+
+/// Whose a tool call in a model answer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// Routed by the effective set: the agent runs it.
+    Mcp,
+    /// One of the request's own tools: returned to the caller unexecuted.
+    Caller,
+    /// Neither: run through the agent, which answers `mcp_policy_denied`.
+    Unknown,
+}
+
+impl CallKind {
+    /// Whether the agent executes it (MCP and unknown calls).
+    pub fn is_executed(self) -> bool {
+        !matches!(self, CallKind::Caller)
+    }
+}
+
+/// Classifies each call: the caller's own tools first, then what `is_mcp` routes.
+pub fn classify(calls: &[ToolCallItem], caller: &HashSet<&str>, is_mcp: impl Fn(&str) -> bool) -> Vec<CallKind> {
+    calls
+        .iter()
+        .map(|call| {
+            let name = call.name();
+            if caller.contains(name) {
+                CallKind::Caller
+            } else if call.is_function() && is_mcp(name) {
+                CallKind::Mcp
+            } else {
+                CallKind::Unknown
+            }
+        })
+        .collect()
+}
+
+// === budgets and the next step ===
+
+/// Why the loop stopped early, reported in the `spear.budget_exceeded` extension field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BudgetNote {
+    /// Always `mcp_budget_exceeded`.
+    pub code: &'static str,
+    /// Which budget, and what was not done.
+    pub message: String,
+}
+
+impl BudgetNote {
+    fn new(message: String) -> Self {
+        BudgetNote { code: ErrorCode::McpBudgetExceeded.as_str(), message }
+    }
+}
+
+/// What happens after the calls of a round are executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    /// Append the results and ask the model again.
+    AskAgain,
+    /// The answer also calls the caller's tools: return it with only those calls.
+    ReturnToCaller,
+}
+
+/// One round of calls to execute, as indices into the answer's `tool_calls`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Round {
+    /// Executed, concurrently.
+    pub run: Vec<usize>,
+    /// Not executed: past `maxTotalToolCalls`; answered with `mcp_budget_exceeded` output.
+    pub refused: Vec<usize>,
+    /// What comes next.
+    pub then: After,
+    /// Set when calls were refused.
+    pub note: Option<BudgetNote>,
+}
+
+/// The loop's next step after an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// No call for the agent: return the answer as it is.
+    Return,
+    /// Execute a round.
+    Execute(Round),
+    /// A budget is used up: return the answer without its MCP calls.
+    Stop(BudgetNote),
+}
+
+/// Counters of one completion's loop against its budgets.
+#[derive(Clone, Debug)]
+pub struct LoopState {
+    budgets: LoopBudgets,
+    iterations: u32,
+    tool_calls: u32,
+}
+
+impl LoopState {
+    /// A loop under `budgets`, nothing done yet.
+    pub fn new(budgets: LoopBudgets) -> Self {
+        LoopState { budgets, iterations: 0, tool_calls: 0 }
+    }
+
+    /// Upstream requests made so far (`maxIterations` counts these).
+    pub fn iterations(&self) -> u32 {
+        self.iterations
+    }
+
+    /// Records an upstream request; call it before each one.
+    pub fn request_sent(&mut self) {
+        self.iterations += 1;
+    }
+
+    /// Decides what to do with an answer whose calls are `kinds`, and counts the calls it lets run.
+    pub fn decide(&mut self, kinds: &[CallKind]) -> Next {
+        let executed: Vec<usize> = (0..kinds.len()).filter(|&i| kinds[i].is_executed()).collect();
+        if executed.is_empty() {
+            return Next::Return;
+        }
+        let LoopBudgets { max_iterations, max_total_tool_calls } = self.budgets;
+        let remaining = max_total_tool_calls.saturating_sub(self.tool_calls) as usize;
+        if remaining == 0 {
+            return Next::Stop(BudgetNote::new(format!(
+                "maxTotalToolCalls ({max_total_tool_calls}) reached: {} more tool call(s) not executed",
+                executed.len()
+            )));
+        }
+        let to_caller = kinds.contains(&CallKind::Caller);
+        // Results the model never sees are not worth running: without another request allowed,
+        // stop (unless the answer goes back to the caller, who continues the conversation).
+        if !to_caller && self.iterations >= max_iterations {
+            return Next::Stop(BudgetNote::new(format!(
+                "maxIterations ({max_iterations}) reached: the model asked for {} more tool call(s), not executed",
+                executed.len()
+            )));
+        }
+        let run_count = remaining.min(executed.len());
+        let (run, refused) = executed.split_at(run_count);
+        // `run_count <= remaining`, which came from a u32.
+        self.tool_calls += u32::try_from(run_count).unwrap_or(u32::MAX);
+        let note = (!refused.is_empty()).then(|| {
+            BudgetNote::new(format!(
+                "maxTotalToolCalls ({max_total_tool_calls}) reached: {} of {} tool call(s) in iteration {} not executed",
+                refused.len(),
+                executed.len(),
+                self.iterations
+            ))
+        });
+        Next::Execute(Round {
+            run: run.to_vec(),
+            refused: refused.to_vec(),
+            then: if to_caller { After::ReturnToCaller } else { After::AskAgain },
+            note,
+        })
+    }
+}
+
+/// The tool output of a call refused by `maxTotalToolCalls`.
+pub fn budget_refusal(max_total_tool_calls: u32) -> String {
+    McpError::new(
+        ErrorCode::McpBudgetExceeded,
+        format!(
+            "not executed: this completion may make at most {max_total_tool_calls} tool call(s) (maxTotalToolCalls)"
+        ),
+    )
+    .to_tool_output()
+    .to_string()
+}
+
+// === the request sent upstream ===
+
+/// The effective set's tools as OpenAI function tools.
+pub fn injected_tools(set: &EffectiveSet) -> Vec<ToolDef> {
+    set.tools()
+        .map(|(_, t)| {
+            ToolDef::function(
+                &*t.name,
+                t.tool.description.as_deref().map(str::to_string),
+                (*t.tool.input_schema).clone(),
+            )
+        })
+        .collect()
+}
+
+/// The body sent upstream: the caller's request with the MCP tools appended after its own, the
+/// default model filled in, and non-streaming (the loop needs whole answers; the final one is
+/// streamed to the caller by [`super::stream`]). The `mcp` object is never serialized.
+pub fn upstream_body(mut request: ChatRequest, injected: Vec<ToolDef>, default_model: Option<&str>) -> ChatRequest {
+    request.mcp = None;
+    if request.model.is_none() {
+        request.model = default_model.map(str::to_string);
+    }
+    // `stream_options` is refused by OpenAI unless `stream` is true.
+    request.stream = request.stream.map(|_| false);
+    request.stream_options = None;
+    if !injected.is_empty() {
+        request.tools.get_or_insert_with(Vec::new).extend(injected);
+    }
+    request
+}
+
+/// `tool_choice` of the first upstream request and of the later ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChoicePlan {
+    /// The first request's.
+    pub first: Option<ToolChoice>,
+    /// Every later request's.
+    pub later: Option<ToolChoice>,
+}
+
+impl ChoicePlan {
+    /// The choice for the request after `iterations` earlier ones.
+    pub fn for_iteration(&self, iterations: u32) -> Option<ToolChoice> {
+        if iterations == 0 { self.first.clone() } else { self.later.clone() }
+    }
+}
+
+/// Plans `tool_choice`: the caller's passes through; absent, and with MCP tools injected, the
+/// profile's `toolChoice` applies. A forcing choice (`required`, a named function) applies to the
+/// first request only and later ones use `auto`, or the model would call tools forever. A named
+/// function must be offered: one of the caller's tools or an injected MCP tool.
+pub fn plan_tool_choice(
+    requested: Option<&ToolChoice>,
+    profile_default: ProfileToolChoice,
+    caller: &HashSet<&str>,
+    injected: &HashSet<&str>,
+) -> Result<ChoicePlan, ChatError> {
+    let choice = match requested {
+        Some(choice) => choice.clone(),
+        None if injected.is_empty() => return Ok(ChoicePlan { first: None, later: None }),
+        None => ToolChoice::from(profile_default),
+    };
+    match choice.kind() {
+        ChoiceKind::Function(name) if !caller.contains(name) && !injected.contains(name) => {
+            Err(ChatError::UnknownForcedTool { name: name.to_string() })
+        }
+        ChoiceKind::Function(_) | ChoiceKind::Required => {
+            Ok(ChoicePlan { first: Some(choice), later: Some(ToolChoice::auto()) })
+        }
+        ChoiceKind::None | ChoiceKind::Auto | ChoiceKind::Other => {
+            Ok(ChoicePlan { first: Some(choice.clone()), later: Some(choice) })
+        }
+    }
+}
+
+// === messages ===
+
+/// The assistant message as appended to the conversation: the fields a request may carry
+/// (role, content, name, refusal, tool_calls), not response-only ones such as `annotations`
+/// that strict APIs refuse in a request.
+pub fn assistant_history(message: &Message) -> Value {
+    let mut out = serde_json::Map::new();
+    out.insert("role".into(), Value::from("assistant"));
+    out.insert("content".into(), message.extra.get("content").cloned().unwrap_or(Value::Null));
+    for key in ["name", "refusal"] {
+        if let Some(value) = message.extra.get(key).filter(|v| !v.is_null()) {
+            out.insert(key.into(), value.clone());
+        }
+    }
+    let calls: Vec<Value> = message
+        .calls()
+        .iter()
+        .map(|call| match &call.function {
+            Some(f) => json!({
+                "id": call.id, "type": call.kind,
+                "function": {"name": f.name, "arguments": call.arguments_string()},
+            }),
+            None => serde_json::to_value(call).unwrap_or(Value::Null),
+        })
+        .collect();
+    if !calls.is_empty() {
+        out.insert("tool_calls".into(), Value::Array(calls));
+    }
+    Value::Object(out)
+}
+
+/// The `role=tool` message answering call `call_id`.
+pub fn tool_message(call_id: &str, content: String) -> Value {
+    json!({"role": "tool", "tool_call_id": call_id, "content": content})
+}
+
+/// Removes the calls the agent executed (or refused) from the returned answer; what remains is
+/// the caller's. Without remaining calls the answer is a plain stop.
+pub fn strip_executed(choice: &mut Choice, kinds: &[CallKind]) {
+    let Some(calls) = choice.message.tool_calls.take() else { return };
+    let kept: Vec<ToolCallItem> = calls
+        .into_iter()
+        .zip(kinds.iter().chain(std::iter::repeat(&CallKind::Caller)))
+        .filter(|(_, k)| !k.is_executed())
+        .map(|(c, _)| c)
+        .collect();
+    if kept.is_empty() {
+        if choice.finish_reason.as_deref() == Some("tool_calls") {
+            choice.finish_reason = Some("stop".to_string());
+        }
+    } else {
+        choice.message.tool_calls = Some(kept);
+        choice.finish_reason = Some("tool_calls".to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budgets(max_iterations: u32, max_total_tool_calls: u32) -> LoopBudgets {
+        LoopBudgets { max_iterations, max_total_tool_calls }
+    }
+
+    fn calls(names: &[&str]) -> Vec<ToolCallItem> {
+        names.iter().enumerate().map(|(i, n)| ToolCallItem::function(&format!("call_{i}"), n, "{}")).collect()
+    }
+
+    use CallKind::{Caller, Mcp, Unknown};
+
+    #[test]
+    fn caller_tools_win_then_routed_names_then_unknown() {
+        let caller: HashSet<&str> = ["weather"].into();
+        let kinds = classify(&calls(&["weather", "mcp__fx__echo", "made_up"]), &caller, |n| n.starts_with("mcp__"));
+        assert_eq!(kinds, [Caller, Mcp, Unknown]);
+    }
+
+    #[test]
+    fn non_function_calls_are_never_mcp() {
+        let mut call = ToolCallItem::function("c", "mcp__fx__echo", "{}");
+        call.kind = "custom".into();
+        call.function = None;
+        call.extra.insert("custom".into(), json!({"name": "mcp__fx__echo"}));
+        assert_eq!(classify(&[call], &HashSet::new(), |_| true), [Unknown]);
+    }
+
+    #[test]
+    fn an_answer_without_agent_calls_is_returned() {
+        let mut state = LoopState::new(budgets(8, 32));
+        state.request_sent();
+        assert_eq!(state.decide(&[]), Next::Return);
+        assert_eq!(state.decide(&[Caller, Caller]), Next::Return);
+    }
+
+    #[test]
+    fn mcp_and_unknown_calls_run_and_the_model_is_asked_again() {
+        let mut state = LoopState::new(budgets(8, 32));
+        state.request_sent();
+        let Next::Execute(round) = state.decide(&[Mcp, Unknown]) else { panic!("executes") };
+        assert_eq!(round, Round { run: vec![0, 1], refused: vec![], then: After::AskAgain, note: None });
+    }
+
+    #[test]
+    fn a_mixed_answer_runs_the_mcp_calls_and_goes_back_to_the_caller() {
+        let mut state = LoopState::new(budgets(1, 32));
+        state.request_sent();
+        // maxIterations is used up, but no further request is needed: the caller continues.
+        let Next::Execute(round) = state.decide(&[Caller, Mcp]) else { panic!("executes") };
+        assert_eq!(round.run, [1]);
+        assert_eq!(round.then, After::ReturnToCaller);
+    }
+
+    #[test]
+    fn max_iterations_counts_upstream_requests() {
+        let mut state = LoopState::new(budgets(2, 32));
+        state.request_sent();
+        assert!(matches!(state.decide(&[Mcp]), Next::Execute(_)));
+        state.request_sent();
+        let Next::Stop(note) = state.decide(&[Mcp]) else { panic!("stops") };
+        assert_eq!(note.code, "mcp_budget_exceeded");
+        assert!(note.message.contains("maxIterations (2)"), "{}", note.message);
+        assert_eq!(state.iterations(), 2);
+    }
+
+    #[test]
+    fn max_total_tool_calls_runs_the_first_remaining_and_refuses_the_rest() {
+        let mut state = LoopState::new(budgets(8, 3));
+        state.request_sent();
+        assert!(matches!(state.decide(&[Mcp, Mcp]), Next::Execute(Round { ref refused, .. }) if refused.is_empty()));
+        state.request_sent();
+        let Next::Execute(round) = state.decide(&[Mcp, Caller, Mcp, Mcp]) else { panic!("executes") };
+        assert_eq!(round.run, [0]);
+        assert_eq!(round.refused, [2, 3]);
+        assert!(round.note.is_some_and(|n| n.message.contains("2 of 3")));
+        state.request_sent();
+        let Next::Stop(note) = state.decide(&[Mcp]) else { panic!("stops") };
+        assert!(note.message.contains("maxTotalToolCalls (3)"), "{}", note.message);
+    }
+
+    #[test]
+    fn the_refusal_is_the_design_error_object() {
+        let out: Value = serde_json::from_str(&budget_refusal(4)).expect("json");
+        assert_eq!(out["error"]["code"], "mcp_budget_exceeded");
+        assert_eq!(out["error"]["retryable"], false);
+    }
+
+    fn names<'a>(n: &[&'a str]) -> HashSet<&'a str> {
+        n.iter().copied().collect()
+    }
+
+    #[test]
+    fn absent_choice_uses_the_profile_default_only_when_tools_were_injected() {
+        let plan = plan_tool_choice(None, ProfileToolChoice::Auto, &names(&[]), &names(&["mcp__a__b"])).expect("ok");
+        assert_eq!(plan.first, Some(ToolChoice::auto()));
+        assert_eq!(plan.later, Some(ToolChoice::auto()));
+        let plan = plan_tool_choice(None, ProfileToolChoice::Auto, &names(&["f"]), &names(&[])).expect("ok");
+        assert_eq!(plan, ChoicePlan { first: None, later: None });
+        let plan =
+            plan_tool_choice(None, ProfileToolChoice::Required, &names(&[]), &names(&["mcp__a__b"])).expect("ok");
+        assert_eq!(plan.first.map(|c| c.as_value().clone()), Some(json!("required")));
+        assert_eq!(plan.later, Some(ToolChoice::auto()));
+    }
+
+    #[test]
+    fn none_and_auto_pass_through_to_every_round() {
+        let none: ToolChoice = serde_json::from_value(json!("none")).expect("ok");
+        let plan = plan_tool_choice(Some(&none), ProfileToolChoice::Required, &names(&[]), &names(&["mcp__a__b"]))
+            .expect("ok");
+        assert_eq!(plan.for_iteration(0), Some(none.clone()));
+        assert_eq!(plan.for_iteration(3), Some(none));
+    }
+
+    #[test]
+    fn a_forced_function_applies_to_the_first_round_and_must_be_offered() {
+        let caller = names(&["weather"]);
+        let injected = names(&["mcp__fx__echo"]);
+        for name in ["weather", "mcp__fx__echo"] {
+            let forced = ToolChoice::function(name);
+            let plan = plan_tool_choice(Some(&forced), ProfileToolChoice::Auto, &caller, &injected).expect("ok");
+            assert_eq!(plan.for_iteration(0), Some(forced));
+            assert_eq!(plan.for_iteration(1), Some(ToolChoice::auto()));
+        }
+        let error = plan_tool_choice(Some(&ToolChoice::function("nope")), ProfileToolChoice::Auto, &caller, &injected)
+            .expect_err("refused");
+        assert!(error.to_string().contains("'nope'"), "{error}");
+    }
+
+    #[test]
+    fn the_upstream_body_appends_tools_fills_the_model_and_never_streams() {
+        let request = ChatRequest::from_slice(
+            br#"{"messages": [], "stream": true, "stream_options": {"include_usage": true}, "mcp": {},
+                "tools": [{"type": "function", "function": {"name": "weather"}}], "seed": 7}"#,
+        )
+        .expect("parses");
+        let body = upstream_body(request, vec![ToolDef::function("mcp__fx__echo", None, json!({}))], Some("m"));
+        let wire = serde_json::to_value(&body).expect("serializes");
+        assert_eq!(wire["model"], "m");
+        assert_eq!(wire["stream"], false);
+        assert_eq!(wire["seed"], 7);
+        assert!(wire.get("stream_options").is_none() && wire.get("mcp").is_none());
+        let tools: Vec<&str> = body.tools.iter().flatten().filter_map(ToolDef::name).collect();
+        assert_eq!(tools, ["weather", "mcp__fx__echo"]);
+
+        let plain =
+            upstream_body(ChatRequest { model: Some("own".into()), ..ChatRequest::default() }, vec![], Some("m"));
+        assert_eq!(plain.model.as_deref(), Some("own"));
+        assert!(plain.tools.is_none() && plain.stream.is_none());
+    }
+
+    #[test]
+    fn history_keeps_request_fields_only() {
+        let message: Message = serde_json::from_value(json!({
+            "role": "assistant", "content": null, "refusal": null, "annotations": [],
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}],
+        }))
+        .expect("parses");
+        assert_eq!(
+            assistant_history(&message),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]})
+        );
+        assert_eq!(tool_message("c1", "out".into()), json!({"role": "tool", "tool_call_id": "c1", "content": "out"}));
+    }
+
+    #[test]
+    fn stripping_keeps_the_callers_calls_and_stops_when_none_remain() {
+        let mut choice = Choice {
+            message: Message { tool_calls: Some(calls(&["weather", "mcp__fx__echo"])), ..Message::default() },
+            finish_reason: Some("tool_calls".into()),
+            ..Choice::default()
+        };
+        strip_executed(&mut choice, &[Caller, Mcp]);
+        assert_eq!(choice.message.calls().iter().map(ToolCallItem::name).collect::<Vec<_>>(), ["weather"]);
+        assert_eq!(choice.finish_reason.as_deref(), Some("tool_calls"));
+
+        strip_executed(&mut choice, &[Mcp]);
+        assert!(choice.message.tool_calls.is_none());
+        assert_eq!(choice.finish_reason.as_deref(), Some("stop"));
+    }
+}

@@ -1,0 +1,668 @@
+//! `POST /v1/chat/completions` end to end: a real agent core over the real PyPI-`mcp` fixture
+//! server, the chat router on a loopback port, and a scripted upstream in place of the hosted
+//! model API (the one test double DESIGN.md "Testing" allows). Each test asserts on what the
+//! caller got back and on what the upstream was sent.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use serde_json::{Value, json};
+use spear::api::manifest::Object;
+use spear::api::{ChatSpec, McpProfileSpec, UpstreamSpec};
+use spear::chat::{self, ChatService, UpstreamOverride, UpstreamTimeouts};
+use spear::testing::mcp_servers;
+
+use crate::support::{self, TestAgent, start_agent};
+
+// === the scripted upstream ===
+
+/// One request the upstream received.
+#[derive(Clone, Debug)]
+struct Recorded {
+    authorization: Option<String>,
+    body: Value,
+}
+
+#[derive(Default)]
+struct Script {
+    answers: Mutex<VecDeque<(StatusCode, Value)>>,
+    requests: Mutex<Vec<Recorded>>,
+}
+
+/// Stands in for a hosted OpenAI-compatible model API (`POST {base}/chat/completions`): it
+/// replays a script of answers in order and records every request, so tests assert on what the
+/// agent forwarded. An exhausted script answers 500, failing the test visibly.
+struct ScriptedUpstream {
+    /// `http://127.0.0.1:<port>/v1`.
+    base_url: String,
+    script: Arc<Script>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScriptedUpstream {
+    async fn start(answers: Vec<(StatusCode, Value)>) -> Self {
+        let script = Arc::new(Script { answers: Mutex::new(answers.into()), requests: Mutex::default() });
+        async fn handle(State(script): State<Arc<Script>>, headers: HeaderMap, body: String) -> (StatusCode, String) {
+            let body: Value = serde_json::from_str(&body).unwrap_or_else(|e| json!({"unparsable": e.to_string()}));
+            let authorization = headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+            script.requests.lock().expect("lock").push(Recorded { authorization, body });
+            let next = script.answers.lock().expect("lock").pop_front();
+            let (status, answer) = next.unwrap_or((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": {"message": "scripted upstream: script exhausted", "type": "test"}}),
+            ));
+            (status, answer.to_string())
+        }
+        let app = axum::Router::new().route("/v1/chat/completions", post(handle)).with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let port = listener.local_addr().expect("addr").port();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        ScriptedUpstream { base_url: format!("http://127.0.0.1:{port}/v1"), script, task }
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.script.requests.lock().expect("lock").clone()
+    }
+}
+
+/// A final answer.
+fn answer(content: &str) -> (StatusCode, Value) {
+    completion(json!({"role": "assistant", "content": content, "refusal": null}), "stop")
+}
+
+/// An answer calling tools: `(id, name, arguments JSON string)`.
+fn calls(calls: &[(&str, &str, &str)]) -> (StatusCode, Value) {
+    let tool_calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
+        .collect();
+    completion(json!({"role": "assistant", "content": null, "refusal": null, "tool_calls": tool_calls}), "tool_calls")
+}
+
+fn completion(message: Value, finish_reason: &str) -> (StatusCode, Value) {
+    let body = json!({
+        "id": "chatcmpl-scripted", "object": "chat.completion", "created": 1_700_000_000, "model": "test-model",
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        "system_fingerprint": "fp_test",
+    });
+    (StatusCode::OK, body)
+}
+
+// === the agent with its chat door ===
+
+/// A running agent (fixture server `fx` in its profile `p`, server `outside` not), its chat
+/// router on a loopback port, and the scripted upstream the profile points at.
+struct Chat {
+    /// `http://127.0.0.1:<port>/v1`: an OpenAI SDK's `base_url`.
+    base_url: String,
+    upstream: ScriptedUpstream,
+    client: reqwest::Client,
+    _agent: TestAgent,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Chat {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// What the caller got.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    text: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+
+    fn revision(&self) -> Option<&str> {
+        self.headers.get("x-spear-registry-revision").and_then(|v| v.to_str().ok())
+    }
+}
+
+async fn start(script: Vec<(StatusCode, Value)>) -> Chat {
+    start_with(script, |_| {}, UpstreamOverride::default()).await
+}
+
+async fn start_with(
+    script: Vec<(StatusCode, Value)>,
+    edit: impl FnOnce(&mut McpProfileSpec),
+    overrides: UpstreamOverride,
+) -> Chat {
+    let upstream = ScriptedUpstream::start(script).await;
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let mut profile = support::profile("p", &["fx"]);
+    profile.spec.chat = Some(ChatSpec {
+        upstream: UpstreamSpec {
+            url: upstream.base_url.clone(),
+            api_key_secret_ref: None,
+            model: Some("test-model".into()),
+        },
+    });
+    edit(&mut profile.spec);
+    let agent = start_agent(
+        vec![
+            Object::Server(support::stdio_server("fx", &fixture)),
+            // Never in the profile: connected lazily, so never started either.
+            Object::Server(support::stdio_server("outside", &fixture)),
+            Object::Profile(profile),
+        ],
+        "p",
+    )
+    .await;
+    let service = ChatService::new(agent.agent.clone(), overrides, UpstreamTimeouts::default()).expect("chat service");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind chat");
+    let port = listener.local_addr().expect("addr").port();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, chat::router(service)).await;
+    });
+    spear::install_crypto_provider();
+    let client = reqwest::Client::builder().build().expect("client");
+    Chat { base_url: format!("http://127.0.0.1:{port}/v1"), upstream, client, _agent: agent, server }
+}
+
+impl Chat {
+    async fn post(&self, body: Value) -> Answer {
+        let response = self
+            .client
+            .post(format!("{}/chat/completions", self.base_url))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-caller")
+            .body(body.to_string())
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("chat request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.expect("body");
+        Answer { status, headers, text }
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// Names of the tools a recorded request offered.
+fn tool_names(request: &Recorded) -> Vec<String> {
+    request.body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools.iter().filter_map(|t| t["function"]["name"].as_str()).map(str::to_string).collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+}
+
+/// The `role=tool` messages of a recorded request, as `(tool_call_id, content)`.
+fn tool_messages(request: &Recorded) -> Vec<(String, String)> {
+    request.body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap_or_default().to_string(),
+                m["content"].as_str().unwrap_or_default().into(),
+            )
+        })
+        .collect()
+}
+
+// === tests ===
+
+#[tokio::test]
+async fn an_mcp_tool_call_is_executed_and_the_model_is_asked_again() {
+    let chat = start(vec![calls(&[("call_1", "mcp__fx__echo", r#"{"text": "hello"}"#)]), answer("done")]).await;
+    let reply = chat.post(json!({"messages": user("say hello"), "temperature": 0.5})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["choices"][0]["message"]["content"], "done");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let spear = &body["spear"];
+    assert_eq!(spear["iterations"], 2);
+    assert_eq!(spear["tool_calls"][0]["name"], "mcp__fx__echo");
+    assert_eq!(spear["tool_calls"][0]["server_id"], "fx");
+    assert_eq!(spear["tool_calls"][0]["tool"], "echo");
+    assert_eq!(spear["tool_calls"][0]["status"], "ok");
+    assert_eq!(spear["tool_calls"][0]["iteration"], 1);
+    assert!(spear["tool_calls"][0]["latency_ms"].is_number());
+    assert!(spear.get("budget_exceeded").is_none());
+    let revision = reply.revision().expect("revision header");
+    assert_eq!(spear["registry_revision"], revision);
+
+    let requests = chat.upstream.requests();
+    assert_eq!(requests.len(), 2);
+    let first = &requests[0];
+    assert_eq!(first.body["model"], "test-model", "the profile's model fills a request without one");
+    assert_eq!(first.body["temperature"], 0.5, "unknown fields are forwarded");
+    assert_eq!(first.body["tool_choice"], "auto", "the profile's default toolChoice");
+    assert!(first.body.get("mcp").is_none());
+    assert_eq!(first.authorization.as_deref(), Some("Bearer sk-caller"), "no key configured: the caller's");
+    let echo = first.body["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .find(|t| t["function"]["name"] == "mcp__fx__echo")
+        .expect("echo injected");
+    assert_eq!(echo["type"], "function");
+    assert_eq!(echo["function"]["description"], "Returns its text.");
+    assert_eq!(echo["function"]["parameters"]["properties"]["text"]["type"], "string");
+
+    let second = &requests[1];
+    let messages = second.body["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 3, "user, assistant with the call, tool answer: {messages:?}");
+    assert_eq!(messages[1]["role"], "assistant");
+    assert_eq!(messages[1]["tool_calls"][0]["id"], "call_1");
+    assert_eq!(tool_messages(second), [("call_1".to_string(), "hello".to_string())]);
+    assert_eq!(spear["messages"].as_array().map(Vec::len), Some(2), "the exchange is reported");
+}
+
+#[tokio::test]
+async fn parallel_calls_run_concurrently_and_each_gets_its_tool_message() {
+    let chat = start(vec![
+        calls(&[("call_a", "mcp__fx__probe", r#"{"ms": 800}"#), ("call_b", "mcp__fx__probe", r#"{"ms": 800}"#)]),
+        answer("both done"),
+    ])
+    .await;
+    let reply = chat.post(json!({"messages": user("probe twice")})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["spear"]["tool_calls"].as_array().map(Vec::len), Some(2));
+    let requests = chat.upstream.requests();
+    let answers = tool_messages(&requests[1]);
+    let ids: Vec<&str> = answers.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["call_a", "call_b"]);
+    // `probe` returns the most calls the server saw running at once: both were in flight.
+    for (_, content) in &answers {
+        assert_eq!(content, "2", "calls ran concurrently: {answers:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_tool_timeout_is_tool_output_and_the_request_still_succeeds() {
+    let chat =
+        start(vec![calls(&[("call_1", "mcp__fx__sleep", r#"{"ms": 5000}"#)]), answer("the tool was too slow")]).await;
+    let reply = chat.post(json!({"messages": user("sleep"), "mcp": {"budgets": {"tool_timeout_ms": 300}}})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["spear"]["tool_calls"][0]["status"], "mcp_timeout");
+    assert_eq!(body["choices"][0]["message"]["content"], "the tool was too slow");
+    let (_, content) = &tool_messages(&chat.upstream.requests()[1])[0];
+    let output: Value = serde_json::from_str(content).expect("error object");
+    assert_eq!(output["error"]["code"], "mcp_timeout");
+    assert_eq!(output["error"]["retryable"], true);
+}
+
+#[tokio::test]
+async fn max_iterations_stops_the_loop_with_a_budget_note() {
+    let echo = || calls(&[("call_1", "mcp__fx__echo", r#"{"text": "again"}"#)]);
+    let chat = start(vec![echo(), echo(), echo()]).await;
+    let reply = chat.post(json!({"messages": user("loop"), "mcp": {"budgets": {"max_iterations": 2}}})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(chat.upstream.requests().len(), 2, "maxIterations counts upstream requests");
+    let choice = &body["choices"][0];
+    assert!(choice["message"].get("tool_calls").is_none(), "MCP calls stripped: {choice}");
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(body["spear"]["iterations"], 2);
+    assert_eq!(body["spear"]["tool_calls"].as_array().map(Vec::len), Some(1), "only the first round ran");
+    assert_eq!(body["spear"]["budget_exceeded"]["code"], "mcp_budget_exceeded");
+    assert!(body["spear"]["budget_exceeded"]["message"].as_str().is_some_and(|m| m.contains("maxIterations")));
+}
+
+#[tokio::test]
+async fn max_total_tool_calls_runs_the_first_calls_and_refuses_the_rest() {
+    let chat = start_with(
+        vec![
+            calls(&[
+                ("call_1", "mcp__fx__echo", r#"{"text": "one"}"#),
+                ("call_2", "mcp__fx__echo", r#"{"text": "two"}"#),
+            ]),
+            answer("one of two"),
+        ],
+        |spec| {
+            spec.budgets = Some(spear::api::ProfileBudgets { max_total_tool_calls: Some(1), ..Default::default() });
+        },
+        UpstreamOverride::default(),
+    )
+    .await;
+    let reply = chat.post(json!({"messages": user("two echoes")})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    let answers = tool_messages(&chat.upstream.requests()[1]);
+    assert_eq!(answers[0], ("call_1".to_string(), "one".to_string()));
+    assert_eq!(answers[1].0, "call_2");
+    assert!(answers[1].1.contains("mcp_budget_exceeded"), "{}", answers[1].1);
+    let statuses: Vec<&str> =
+        body["spear"]["tool_calls"].as_array().expect("calls").iter().filter_map(|c| c["status"].as_str()).collect();
+    assert_eq!(statuses, ["ok", "mcp_budget_exceeded"]);
+    assert_eq!(body["spear"]["budget_exceeded"]["code"], "mcp_budget_exceeded");
+    assert_eq!(body["choices"][0]["message"]["content"], "one of two");
+}
+
+#[tokio::test]
+async fn a_forced_mcp_tool_applies_to_the_first_request_only() {
+    let chat = start(vec![calls(&[("call_1", "mcp__fx__echo", r#"{"text": "x"}"#)]), answer("ok")]).await;
+    let forced = json!({"type": "function", "function": {"name": "mcp__fx__echo"}});
+    let reply = chat.post(json!({"messages": user("echo"), "tool_choice": forced})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let requests = chat.upstream.requests();
+    assert_eq!(requests[0].body["tool_choice"], forced);
+    assert_eq!(requests[1].body["tool_choice"], "auto", "later rounds let the model stop");
+}
+
+#[tokio::test]
+async fn a_forced_unknown_tool_is_refused_naming_it() {
+    let chat = start(vec![answer("never asked")]).await;
+    let forced = json!({"type": "function", "function": {"name": "mcp__fx__nope"}});
+    let reply = chat.post(json!({"messages": user("x"), "tool_choice": forced})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    let error = &reply.json()["error"];
+    assert!(error["message"].as_str().is_some_and(|m| m.contains("mcp__fx__nope")), "{error}");
+    assert_eq!(error["param"], "tool_choice");
+    assert!(reply.revision().is_some(), "the set was computed: the revision is stamped");
+    assert!(chat.upstream.requests().is_empty());
+}
+
+#[tokio::test]
+async fn tool_choice_none_passes_through() {
+    let chat = start(vec![answer("no tools used")]).await;
+    let reply = chat.post(json!({"messages": user("x"), "tool_choice": "none"})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.json()["spear"]["iterations"], 1);
+    let requests = chat.upstream.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].body["tool_choice"], "none");
+}
+
+#[tokio::test]
+async fn the_mcp_object_narrows_the_tools_and_is_never_forwarded() {
+    let chat = start(vec![answer("narrowed")]).await;
+    let reply = chat
+        .post(json!({"messages": user("x"), "mcp": {"server_ids": ["fx"], "tool_allowlist": ["echo", "sleep"]}}))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let requests = chat.upstream.requests();
+    assert_eq!(tool_names(&requests[0]), ["mcp__fx__echo", "mcp__fx__sleep"]);
+    assert!(requests[0].body.get("mcp").is_none());
+}
+
+#[tokio::test]
+async fn a_server_outside_the_profile_is_refused_before_the_model_is_asked() {
+    let chat = start(vec![answer("never asked")]).await;
+    let reply = chat.post(json!({"messages": user("x"), "mcp": {"server_ids": ["outside"]}})).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.text);
+    let error = &reply.json()["error"];
+    assert_eq!(error["code"], "mcp_policy_denied");
+    assert!(error["message"].as_str().is_some_and(|m| m.contains("outside")), "{error}");
+    assert!(chat.upstream.requests().is_empty());
+}
+
+#[tokio::test]
+async fn an_unknown_key_in_the_mcp_object_is_refused_naming_it() {
+    let chat = start(vec![answer("never asked")]).await;
+    let reply = chat.post(json!({"messages": user("x"), "mcp": {"server_idz": ["fx"]}})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    let error = &reply.json()["error"];
+    assert!(error["message"].as_str().is_some_and(|m| m.contains("server_idz")), "{error}");
+    assert!(chat.upstream.requests().is_empty());
+}
+
+fn weather_tool(name: &str) -> Value {
+    json!({"type": "function", "function": {"name": name, "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})
+}
+
+#[tokio::test]
+async fn caller_tools_are_kept_and_their_calls_returned_unexecuted() {
+    let chat = start(vec![calls(&[("call_w", "get_weather", r#"{"city": "Oslo"}"#)])]).await;
+    let reply = chat.post(json!({"messages": user("weather?"), "tools": [weather_tool("get_weather")]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["tool_calls"][0]["id"], "call_w");
+    assert_eq!(choice["message"]["tool_calls"][0]["function"]["arguments"], r#"{"city": "Oslo"}"#);
+    assert_eq!(body["spear"]["tool_calls"], json!([]));
+    let requests = chat.upstream.requests();
+    assert_eq!(requests.len(), 1);
+    let names = tool_names(&requests[0]);
+    assert_eq!(names[0], "get_weather", "the caller's tools come first");
+    assert!(names.contains(&"mcp__fx__echo".to_string()));
+}
+
+#[tokio::test]
+async fn a_mixed_answer_runs_the_mcp_calls_and_returns_only_the_callers() {
+    let chat = start(vec![calls(&[
+        ("call_w", "get_weather", r#"{"city": "Oslo"}"#),
+        ("call_e", "mcp__fx__echo", r#"{"text": "side"}"#),
+    ])])
+    .await;
+    let reply = chat.post(json!({"messages": user("both"), "tools": [weather_tool("get_weather")]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(chat.upstream.requests().len(), 1, "the caller continues, not the agent");
+    let returned = body["choices"][0]["message"]["tool_calls"].as_array().expect("calls");
+    assert_eq!(returned.len(), 1);
+    assert_eq!(returned[0]["id"], "call_w");
+    assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+    let messages = body["spear"]["messages"].as_array().expect("exchange");
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0]["tool_calls"].as_array().map(Vec::len), Some(2), "the full assistant message");
+    assert_eq!(messages[1], json!({"role": "tool", "tool_call_id": "call_e", "content": "side"}));
+}
+
+#[tokio::test]
+async fn a_caller_tool_with_an_mcp_name_wins_and_the_mcp_tool_is_renamed() {
+    let chat = start(vec![calls(&[("call_1", "mcp__fx__echo", r#"{"text": "mine"}"#)])]).await;
+    let reply = chat.post(json!({"messages": user("x"), "tools": [weather_tool("mcp__fx__echo")]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["choices"][0]["message"]["tool_calls"][0]["id"], "call_1", "the caller's, unexecuted");
+    assert_eq!(body["spear"]["tool_calls"], json!([]));
+    let names = tool_names(&chat.upstream.requests()[0]);
+    assert_eq!(names.iter().filter(|n| *n == "mcp__fx__echo").count(), 1, "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("mcp__fx__echo") && n != "mcp__fx__echo"), "renamed: {names:?}");
+}
+
+#[tokio::test]
+async fn invalid_arguments_become_tool_output() {
+    let chat = start(vec![calls(&[("call_1", "mcp__fx__echo", "{not json")]), answer("fixed")]).await;
+    let reply = chat.post(json!({"messages": user("x")})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.json()["spear"]["tool_calls"][0]["status"], "mcp_invalid_arguments");
+    let (id, content) = &tool_messages(&chat.upstream.requests()[1])[0];
+    assert_eq!(id, "call_1");
+    assert!(content.contains("mcp_invalid_arguments"), "{content}");
+}
+
+#[tokio::test]
+async fn a_tool_outside_the_profile_is_neither_injected_nor_executed() {
+    let chat = start_with(
+        vec![calls(&[("call_1", "mcp__outside__pid", "{}"), ("call_2", "mcp__fx__pid", "{}")]), answer("denied")],
+        |spec| spec.tool_denylist = vec!["pid".into()],
+        UpstreamOverride::default(),
+    )
+    .await;
+    let reply = chat.post(json!({"messages": user("pids")})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let requests = chat.upstream.requests();
+    let names = tool_names(&requests[0]);
+    assert!(names.contains(&"mcp__fx__echo".to_string()));
+    assert!(!names.iter().any(|n| n.contains("outside") || n.ends_with("pid")), "{names:?}");
+    let body = reply.json();
+    for call in body["spear"]["tool_calls"].as_array().expect("calls") {
+        assert_eq!(call["status"], "mcp_policy_denied", "{call}");
+        assert_eq!(call["server_id"], Value::Null, "never routed to a server: {call}");
+    }
+    for (_, content) in tool_messages(&requests[1]) {
+        assert!(content.contains("mcp_policy_denied"), "{content}");
+    }
+}
+
+#[tokio::test]
+async fn mcp_disabled_is_a_plain_proxy() {
+    let chat = start(vec![calls(&[("call_1", "mcp__fx__echo", r#"{"text": "x"}"#)])]).await;
+    let reply = chat.post(json!({"messages": user("x"), "mcp": {"enabled": false}})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["choices"][0]["message"]["tool_calls"][0]["id"], "call_1", "returned, not executed");
+    assert!(body.get("spear").is_none());
+    let requests = chat.upstream.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(requests[0].body.get("tools").is_none() && requests[0].body.get("tool_choice").is_none());
+    assert!(requests[0].body.get("mcp").is_none());
+}
+
+/// Splits an SSE body into its `data:` payloads.
+fn sse_events(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}")).to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn streaming_sends_the_final_answer_as_openai_chunks() {
+    let long = "The echo tool said hello, and this answer is long enough to need several content deltas.";
+    let chat = start(vec![calls(&[("call_1", "mcp__fx__echo", r#"{"text": "hello"}"#)]), answer(long)]).await;
+    let reply =
+        chat.post(json!({"messages": user("x"), "stream": true, "stream_options": {"include_usage": true}})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.headers.get("content-type").and_then(|v| v.to_str().ok()), Some("text/event-stream"));
+    assert!(reply.revision().is_some());
+
+    let events = sse_events(&reply.text);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("chunk JSON")).collect();
+    for chunk in &chunks {
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        assert_eq!(chunk["id"], "chatcmpl-scripted");
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let content: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    assert_eq!(content, long);
+    assert!(chunks.iter().filter(|c| c["choices"][0]["delta"]["content"].is_string()).count() > 2);
+    let finish: Vec<&Value> =
+        chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).filter(|f| !f.is_null()).collect();
+    assert_eq!(finish, [&json!("stop")]);
+    let last = chunks.last().expect("chunks");
+    assert_eq!(last["choices"], json!([]), "the usage chunk comes last");
+    assert_eq!(last["usage"]["total_tokens"], 15);
+    assert_eq!(last["spear"]["tool_calls"][0]["status"], "ok");
+
+    for request in chat.upstream.requests() {
+        assert_eq!(request.body["stream"], false, "the loop asks without streaming");
+        assert!(request.body.get("stream_options").is_none());
+    }
+}
+
+#[tokio::test]
+async fn no_upstream_configured_is_503_saying_how_to_configure_one() {
+    let chat = start_with(vec![], |spec| spec.chat = None, UpstreamOverride::default()).await;
+    let reply = chat.post(json!({"messages": user("x")})).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.text);
+    let error = &reply.json()["error"];
+    assert_eq!(error["code"], "upstream_not_configured");
+    assert!(error["message"].as_str().is_some_and(|m| m.contains("spec.chat.upstream.url")), "{error}");
+}
+
+#[tokio::test]
+async fn an_upstream_error_status_and_body_pass_through() {
+    let limited =
+        json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}});
+    let chat = start(vec![(StatusCode::TOO_MANY_REQUESTS, limited.clone())]).await;
+    let reply = chat.post(json!({"messages": user("x")})).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.json(), limited);
+    assert!(reply.revision().is_some());
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_502() {
+    let closed = mcp_servers::free_port();
+    let overrides = UpstreamOverride { url: Some(format!("http://127.0.0.1:{closed}/v1")), api_key: None };
+    let chat = start_with(vec![], |_| {}, overrides).await;
+    let reply = chat.post(json!({"messages": user("x")})).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", reply.text);
+    assert_eq!(reply.json()["error"]["code"], "upstream_unreachable");
+}
+
+#[tokio::test]
+async fn a_configured_key_replaces_the_callers_authorization() {
+    let overrides = UpstreamOverride { url: None, api_key: Some("sk-agent".into()) };
+    let chat = start_with(vec![answer("ok")], |_| {}, overrides).await;
+    let reply = chat.post(json!({"messages": user("x"), "model": "own-model"})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let requests = chat.upstream.requests();
+    assert_eq!(requests[0].authorization.as_deref(), Some("Bearer sk-agent"));
+    assert_eq!(requests[0].body["model"], "own-model", "the request's model wins over the profile's");
+}
+
+#[tokio::test]
+async fn the_openai_python_sdk_completes_a_tool_using_chat() {
+    let echo = |id: &str, text: &str| calls(&[(id, "mcp__fx__echo", &format!(r#"{{"text": "{text}"}}"#))]);
+    let chat = start(vec![
+        // Non-streaming: one MCP round, then the answer.
+        echo("call_1", "plain"),
+        answer("plain done"),
+        // Streaming: one MCP round, then the answer.
+        echo("call_2", "streamed"),
+        answer("streamed done"),
+        // The SDK's stream helper, given a caller tool the model calls.
+        calls(&[("call_w", "get_weather", r#"{"city": "Oslo"}"#)]),
+    ])
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/servers/openai_client.py");
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(mcp_servers::python()).arg(script).arg(&chat.base_url).output(),
+    )
+    .await
+    .expect("SDK script within 120 s")
+    .expect("run the SDK script");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "SDK script failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let result: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+
+    assert_eq!(result["plain"]["content"], "plain done");
+    assert_eq!(result["plain"]["finish_reason"], "stop");
+    assert!(result["plain"]["revision"].is_string());
+    assert_eq!(result["plain"]["spear"]["tool_calls"][0]["status"], "ok");
+    assert_eq!(result["stream"]["content"], "streamed done");
+    assert_eq!(result["stream"]["finish_reason"], "stop");
+    assert_eq!(result["stream"]["usage_total_tokens"], 15);
+    assert_eq!(
+        result["stream_helper"]["tool_call"],
+        json!({"id": "call_w", "name": "get_weather", "arguments": {"city": "Oslo"}})
+    );
+    assert_eq!(result["stream_helper"]["finish_reason"], "tool_calls");
+
+    let requests = chat.upstream.requests();
+    assert_eq!(requests.len(), 5);
+    assert_eq!(tool_messages(&requests[1]), [("call_1".to_string(), "plain".to_string())]);
+    assert_eq!(tool_messages(&requests[3]), [("call_2".to_string(), "streamed".to_string())]);
+    assert!(requests.iter().all(|r| r.body.get("mcp").is_none()));
+    assert_eq!(requests[0].authorization.as_deref(), Some("Bearer sk-sdk"));
+}
