@@ -7,6 +7,7 @@
 //! - [`mcp`]: the client pool (rmcp sessions, budgets, health)
 //! - [`bridge`]: the stdio sidecar (a child process served on a Unix socket)
 //! - [`chat`]: `POST /v1/chat/completions` (OpenAI types, upstream client, the tool-call loop)
+//! - [`operator`]: status computation, pod injection and RBAC of `spear-operator` (pure)
 //! - [`convert`]: migration from the file-based registry format (pure)
 //! - [`cli`]: the binaries' flags and subcommands (thin wiring)
 //! - [`telemetry`]: logging shared by both binaries
@@ -19,6 +20,7 @@ pub mod chat;
 pub mod cli;
 pub mod convert;
 pub mod mcp;
+pub mod operator;
 pub mod policy;
 pub mod registry;
 pub mod telemetry;

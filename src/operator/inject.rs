@@ -1,0 +1,829 @@
+//! Pod mutation for the injecting webhook, as a pure function (DESIGN.md "Pods").
+//!
+//! ```text
+//! Pod + namespace labels + McpProfile + its McpServers + InjectConfig
+//!   │
+//!   ├─ gate ──▶ Skip  (namespace not enabled · inject: "false" · no profile annotation · already injected)
+//!   ├─ check ─▶ Deny  (unknown profile · name, port or env collision · hostNetwork · bad annotation)
+//!   └─ plan ──▶ volumes, init containers, sidecars, env ──ops──▶ json_patch::Patch
+//!                                                                 └─apply to the pod──▶ Patch { patch, pod }
+//! ```
+//!
+//! The patch is built operation by operation (not by diffing two pods) so that it inserts at the
+//! front of `initContainers` and appends elsewhere, as a reviewer expects to read it, and never
+//! rewrites anything the pod already had. The returned pod is that patch applied to the input, so
+//! the two can never disagree.
+//!
+//! What one injected pod looks like:
+//!
+//! ```text
+//! volumes:        spear-bin (emptyDir: the static spearlet)   spear-run (emptyDir: sockets)
+//!                 mcp-tmp-<server> (emptyDir: /tmp and HOME of one stdio server)
+//! initContainers: spear-init (cp /spearlet → /spear/bin/spearlet)
+//!                 [native] mcp-<server>… (bridge sidecars)  spearlet (agent)  ← restartPolicy: Always
+//!                 the pod's own init containers
+//! containers:     the pod's own containers (+ SPEAR_MCP_URL, SPEAR_CHAT_URL, SPEAR_GRPC_ADDR)
+//!                 [classic] mcp-<server>…  spearlet
+//! ```
+//!
+//! Decisions, and why:
+//! - **Order.** The copy runs first: every later container executes `/spear/bin/spearlet`. In
+//!   native mode the sidecars come before the pod's own init containers, so those may use tools
+//!   too; bridges come before the agent, so their sockets exist when it connects and (sidecars stop
+//!   in reverse order) the agent closes its sessions before the bridges go. The agent's startup
+//!   probe is `/readyz`, so in native mode the kubelet starts the app only once the agent has its
+//!   registry snapshot (Istio's "hold application until proxy starts").
+//! - **Users.** Every injected container runs as uid/gid 65532 (distroless `nonroot`),
+//!   non-root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
+//!   read-only root filesystem. The server sidecars too: one uid for all of them means the bridge's
+//!   0660 socket is always reachable by the agent whatever the pod's `fsGroup`, and an explicit
+//!   numeric uid lets `runAsNonRoot` pass for images whose user is root or non-numeric. A server
+//!   image must therefore run as an arbitrary non-root user (as OpenShift's restricted policy
+//!   asks). Each server sidecar gets its own writable `emptyDir` at `/tmp`, with `HOME` and
+//!   `TMPDIR` pointing there unless `stdio.env` sets them, because `npx`/`uvx` write caches there.
+//! - **Marker.** `mcp.spear.dev/injected: <hash of what was injected>` plus the `spearlet`
+//!   container mean "already injected" (Skip). The agent container without the marker is a name
+//!   collision (Deny); the marker without the agent (an annotation copied from a live pod) is
+//!   ignored and the pod is injected.
+//! - **Argv and env values.** The kubelet expands `$(VAR)` in `command`, `args` and env values.
+//!   Server argv is literal (never a shell), so every `$` in it is written as `$$`. In
+//!   `stdio.env` values, `${ENV:NAME}` becomes `$(NAME)` when `NAME` is defined before it on the
+//!   sidecar (the bridge's child inherits the container's environment), else its default;
+//!   without a default it stays `$(NAME)` and the admission response carries a warning.
+//! - **Secrets.** The agent never reads Secrets: http header `secretKeyRef`s become
+//!   `SPEAR_SECRET_<SERVER>_<HEADER>` env vars on the agent and the upstream key becomes
+//!   `SPEAR_UPSTREAM_API_KEY`; stdio `valueFrom`s stay on the sidecar that needs them.
+//! - **Copy command.** `cp /spearlet /spear/bin/spearlet`: the spearlet image must hold the static
+//!   binary at `/spearlet` and a `cp` (for example a busybox- or distroless-`debug`-based image).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Pod, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::api::env_ref::{self, Segment};
+use crate::api::keys::{
+    ANNOTATION_INJECT, ANNOTATION_PROFILE, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_MCP_URL, INJECTION_ENABLED,
+    LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP,
+};
+use crate::api::validate::is_dns1123_subdomain;
+use crate::api::{McpProfile, McpServer, StdioSpec};
+use crate::chat::ENV_UPSTREAM_API_KEY;
+use crate::mcp::config::secret_env_var;
+use crate::registry::snapshot::short_hash;
+
+/// Pod annotation the webhook sets on every pod it injects: a hash of what it injected.
+// Belongs with the other keys in `api::keys`; kept here until that file's owner moves it.
+pub const ANNOTATION_INJECTED: &str = "mcp.spear.dev/injected";
+/// Name of the agent container.
+pub const AGENT_CONTAINER: &str = "spearlet";
+/// Name of the init container that copies the static spearlet into [`BIN_DIR`].
+pub const INIT_CONTAINER: &str = "spear-init";
+/// Prefix of the stdio server sidecars' names (`mcp-<server>`).
+pub const SIDECAR_PREFIX: &str = "mcp-";
+/// Prefix of the stdio server sidecars' scratch volumes (`mcp-tmp-<server>`).
+pub const TMP_VOLUME_PREFIX: &str = "mcp-tmp-";
+/// Volume holding the static spearlet.
+pub const VOLUME_BIN: &str = "spear-bin";
+/// Volume holding the bridges' Unix sockets.
+pub const VOLUME_RUN: &str = "spear-run";
+/// Where [`VOLUME_BIN`] is mounted.
+pub const BIN_DIR: &str = "/spear/bin";
+/// Where [`VOLUME_RUN`] is mounted; the bridge of server `s` listens on `<RUN_DIR>/<s>.sock`.
+pub const RUN_DIR: &str = "/spear/run";
+/// The spearlet every injected container runs.
+pub const SPEARLET: &str = "/spear/bin/spearlet";
+/// Where the spearlet image holds the static binary the init container copies.
+pub const IMAGE_SPEARLET: &str = "/spearlet";
+/// Scratch directory of a server sidecar (its own `emptyDir`; the root filesystem is read-only).
+pub const SIDECAR_TMP: &str = "/tmp";
+/// uid and gid of every injected container (distroless `nonroot`).
+pub const INJECTED_UID: i64 = 65532;
+/// Name of the agent's admin port (at most 15 characters, as Kubernetes requires).
+pub const ADMIN_PORT_NAME: &str = "spear-admin";
+
+/// Agent env: the profile to serve.
+pub const ENV_PROFILE: &str = "SPEAR_PROFILE";
+/// Agent env: the pod's namespace (downward API), where the agent watches its registry.
+pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
+/// Agent env: the pod's name (downward API), for logs and audit lines.
+pub const ENV_POD_NAME: &str = "POD_NAME";
+/// Agent env: the directory of the bridges' sockets.
+pub const ENV_SOCKET_DIR: &str = "SPEAR_SOCKET_DIR";
+/// Agent env: the HTTP listen address (loopback).
+pub const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
+/// Agent env: the admin listen address (all interfaces, for the kubelet's probes).
+pub const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
+
+/// Longest container or volume name (a DNS-1123 label).
+const MAX_NAME_LEN: usize = 63;
+/// Hex characters of the hash that keeps a shortened sidecar name unique.
+const NAME_HASH_LEN: usize = 8;
+/// Startup probe: checked every second for up to two minutes. Long enough for a cold API server
+/// watch; after that the kubelet restarts the agent, which is visible, rather than holding the
+/// pod forever.
+const STARTUP_PERIOD_SECONDS: i32 = 1;
+const STARTUP_FAILURE_THRESHOLD: i32 = 120;
+/// Readiness every 5 s, liveness every 10 s: the kubelet's usual cadence, cheap for `/healthz`.
+const READINESS_PERIOD_SECONDS: i32 = 5;
+const LIVENESS_PERIOD_SECONDS: i32 = 10;
+
+// === config ===
+
+/// The agent's ports (DESIGN.md: 4040 HTTP and 4041 gRPC on loopback, 4042 admin).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ports {
+    /// Chat completions and `/mcp`, on 127.0.0.1.
+    pub http: u16,
+    /// gRPC, on 127.0.0.1.
+    pub grpc: u16,
+    /// `/healthz`, `/readyz`, `/metrics`, on all interfaces.
+    pub admin: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports { http: PORT_HTTP, grpc: PORT_GRPC, admin: PORT_ADMIN }
+    }
+}
+
+/// What the webhook injects with, from the operator's flags.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InjectConfig {
+    /// Image of the agent container (it runs the copied `/spear/bin/spearlet`).
+    pub agent_image: String,
+    /// Image of the init container; holds the static spearlet at `/spearlet`, and `cp`.
+    pub spearlet_image: String,
+    /// The API server supports native sidecars (`initContainers` with `restartPolicy: Always`,
+    /// Kubernetes 1.29 and later).
+    pub native_sidecars: bool,
+    /// Resources of the agent container.
+    pub agent_resources: ResourceRequirements,
+    /// Resources of a stdio server sidecar whose McpServer sets none.
+    pub sidecar_default_resources: ResourceRequirements,
+    /// The agent's ports.
+    pub ports: Ports,
+}
+
+impl InjectConfig {
+    /// A config with native sidecars, the default ports and the default resources.
+    pub fn new(agent_image: impl Into<String>, spearlet_image: impl Into<String>) -> Self {
+        InjectConfig {
+            agent_image: agent_image.into(),
+            spearlet_image: spearlet_image.into(),
+            native_sidecars: true,
+            agent_resources: default_agent_resources(),
+            sidecar_default_resources: default_sidecar_resources(),
+            ports: Ports::default(),
+        }
+    }
+}
+
+fn resources(cpu_request: &str, memory_request: &str, memory_limit: &str) -> ResourceRequirements {
+    let q = |s: &str| Quantity(s.to_string());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), q(cpu_request)),
+            ("memory".to_string(), q(memory_request)),
+        ])),
+        // A memory limit bounds a leak; no CPU limit, so a busy agent is throttled by its
+        // neighbours' requests rather than by CFS quotas.
+        limits: Some(BTreeMap::from([("memory".to_string(), q(memory_limit))])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// The agent's default resources: a small Rust process holding a few sessions.
+pub fn default_agent_resources() -> ResourceRequirements {
+    resources("50m", "64Mi", "256Mi")
+}
+
+/// A server sidecar's default resources: room for a Node.js or Python MCP server.
+pub fn default_sidecar_resources() -> ResourceRequirements {
+    resources("50m", "128Mi", "512Mi")
+}
+
+/// The copy init container's resources: `cp` of one file.
+fn init_resources() -> ResourceRequirements {
+    resources("10m", "16Mi", "64Mi")
+}
+
+// === decision ===
+
+/// Why a pod is admitted unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    /// The namespace lacks `mcp.spear.dev/injection=enabled`.
+    NamespaceNotEnabled,
+    /// The pod has `mcp.spear.dev/inject: "false"`.
+    OptedOut,
+    /// The pod has no `mcp.spear.dev/profile` annotation.
+    NoProfileAnnotation,
+    /// The pod already carries the agent and the injection marker.
+    AlreadyInjected,
+}
+
+impl SkipReason {
+    /// A short, stable label for metrics and structured logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::NamespaceNotEnabled => "namespace_not_enabled",
+            SkipReason::OptedOut => "opted_out",
+            SkipReason::NoProfileAnnotation => "no_profile_annotation",
+            SkipReason::AlreadyInjected => "already_injected",
+        }
+    }
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SkipReason::NamespaceNotEnabled => "namespace is not labelled mcp.spear.dev/injection=enabled",
+            SkipReason::OptedOut => "pod is annotated mcp.spear.dev/inject: \"false\"",
+            SkipReason::NoProfileAnnotation => "pod has no mcp.spear.dev/profile annotation",
+            SkipReason::AlreadyInjected => "pod is already injected",
+        })
+    }
+}
+
+/// What the webhook answers for one pod.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Admit unchanged.
+    Skip {
+        /// Why.
+        reason: SkipReason,
+    },
+    /// Admit with this patch.
+    Patch {
+        /// RFC 6902 operations against the pod as received.
+        patch: Patch,
+        /// The pod with the patch applied.
+        pod: Box<Pod>,
+        /// Problems that do not block the pod, for the admission response's `warnings`.
+        warnings: Vec<String>,
+    },
+    /// Refuse the pod.
+    Deny {
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+/// A failure that is a bug, not a property of the pod: the webhook answers with an error (and
+/// the webhook's failure policy decides).
+#[derive(Debug, Error)]
+pub enum InjectError {
+    /// The caller looked up a different profile than the pod names.
+    #[error("the pod names McpProfile '{annotation}' but the webhook passed '{given}': the profile lookup is wrong")]
+    ProfileMismatch {
+        /// The pod's `mcp.spear.dev/profile`.
+        annotation: String,
+        /// The profile passed in.
+        given: String,
+    },
+    /// The pod cannot be turned into JSON.
+    #[error("cannot serialize the pod as JSON")]
+    Serialize(#[source] serde_json::Error),
+    /// The patch does not apply to the pod it was built for.
+    #[error("the injection patch does not apply to the pod it was built for (a webhook bug)")]
+    Apply(#[source] json_patch::PatchError),
+    /// The patched pod is no longer a Pod.
+    #[error("the injected pod does not parse as a Pod (a webhook bug)")]
+    Deserialize(#[source] serde_json::Error),
+}
+
+fn deny(message: impl Into<String>) -> Result<Decision, InjectError> {
+    Ok(Decision::Deny { message: message.into() })
+}
+
+// === mutate ===
+
+/// Decides what to do with `pod`: skip it, refuse it, or inject the agent and the sidecars of
+/// `profile`'s stdio `servers` (the McpServers the profile resolves to; the order does not
+/// matter). `profile` is the McpProfile the pod's annotation names, `None` when it does not
+/// exist. `pod.metadata.namespace` should be set (the webhook copies it from the request): the
+/// messages name it.
+pub fn mutate(
+    pod: &Pod,
+    namespace_labels: &BTreeMap<String, String>,
+    profile: Option<&McpProfile>,
+    servers: &[McpServer],
+    config: &InjectConfig,
+) -> Result<Decision, InjectError> {
+    // Checked again here although the webhook's namespaceSelector filters already: a
+    // misconfigured webhook must not inject everywhere.
+    if namespace_labels.get(LABEL_INJECTION).map(String::as_str) != Some(INJECTION_ENABLED) {
+        return Ok(Decision::Skip { reason: SkipReason::NamespaceNotEnabled });
+    }
+    let annotation = |key: &str| pod.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str);
+    match annotation(ANNOTATION_INJECT) {
+        Some(v) if v.eq_ignore_ascii_case("false") => return Ok(Decision::Skip { reason: SkipReason::OptedOut }),
+        Some(v) if v.eq_ignore_ascii_case("true") => {}
+        // "no", "off", "0"…: the intent is unclear, and guessing either way surprises someone.
+        Some(other) => {
+            return deny(format!(
+                "annotation {ANNOTATION_INJECT} is {other:?}: set it to \"false\" to opt the pod out of injection, or remove it"
+            ));
+        }
+        None => {}
+    }
+    let Some(profile_name) = annotation(ANNOTATION_PROFILE) else {
+        return Ok(Decision::Skip { reason: SkipReason::NoProfileAnnotation });
+    };
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("<unknown>");
+    let Some(spec) = pod.spec.as_ref() else {
+        return deny("the pod has no spec");
+    };
+
+    let own_init = spec.init_containers.as_deref().unwrap_or_default();
+    let has_agent = spec.containers.iter().chain(own_init).any(|c| c.name == AGENT_CONTAINER);
+    if has_agent && annotation(ANNOTATION_INJECTED).is_some() {
+        return Ok(Decision::Skip { reason: SkipReason::AlreadyInjected });
+    }
+    if has_agent {
+        return deny(format!(
+            "the pod already has a container named {AGENT_CONTAINER:?} but no {ANNOTATION_INJECTED} annotation, so it was not injected by spear: rename that container, or set {ANNOTATION_INJECT}: \"false\""
+        ));
+    }
+    if !is_dns1123_subdomain(profile_name) {
+        return deny(format!(
+            "annotation {ANNOTATION_PROFILE} is {profile_name:?}, which is not a valid McpProfile name: use the metadata.name of an McpProfile in namespace {namespace}"
+        ));
+    }
+    let Some(profile) = profile else {
+        return deny(format!(
+            "McpProfile {profile_name:?} does not exist in namespace {namespace}: create it (kubectl get mcpprofiles -n {namespace} lists the existing ones), fix the {ANNOTATION_PROFILE} annotation, or set {ANNOTATION_INJECT}: \"false\""
+        ));
+    };
+    let given = profile.metadata.name.as_deref().unwrap_or_default();
+    if given != profile_name {
+        return Err(InjectError::ProfileMismatch { annotation: profile_name.to_string(), given: given.to_string() });
+    }
+    if spec.host_network == Some(true) {
+        return deny(format!(
+            "the pod uses hostNetwork, so the agent's loopback ports would be open to every process on the node: remove hostNetwork, or set {ANNOTATION_INJECT}: \"false\""
+        ));
+    }
+
+    let plan = match Plan::build(profile_name, profile, servers, config) {
+        Ok(plan) => plan,
+        Err(message) => return deny(message),
+    };
+    if let Some(message) = plan.conflicts(pod, config.ports) {
+        return deny(message);
+    }
+    let patch = plan.patch(pod)?;
+    let mut doc = serde_json::to_value(pod).map_err(InjectError::Serialize)?;
+    json_patch::patch(&mut doc, &patch.0).map_err(InjectError::Apply)?;
+    let patched: Pod = serde_json::from_value(doc).map_err(InjectError::Deserialize)?;
+    Ok(Decision::Patch { patch, pod: Box::new(patched), warnings: plan.warnings })
+}
+
+// === impl Plan ===
+
+/// Everything one pod gets, before it becomes patch operations.
+#[derive(Debug)]
+struct Plan {
+    volumes: Vec<Volume>,
+    /// Inserted at the front of `initContainers`, in this order.
+    init_containers: Vec<Container>,
+    /// Appended to `containers`.
+    containers: Vec<Container>,
+    /// Set on the pod's own containers (and, with native sidecars, its init containers).
+    app_env: Vec<EnvVar>,
+    app_init_env: bool,
+    warnings: Vec<String>,
+}
+
+impl Plan {
+    /// The plan, or a Deny message.
+    fn build(
+        profile_name: &str,
+        profile: &McpProfile,
+        servers: &[McpServer],
+        config: &InjectConfig,
+    ) -> Result<Self, String> {
+        let mut warnings = Vec::new();
+        // Sorted and deduplicated by name: the result must not depend on list order, or the
+        // marker hash (and the pod) would change with it.
+        let servers: BTreeMap<&str, &McpServer> =
+            servers.iter().map(|s| (s.metadata.name.as_deref().unwrap_or_default(), s)).collect();
+
+        let mut volumes = vec![empty_dir(VOLUME_BIN), empty_dir(VOLUME_RUN)];
+        let mut sidecars = Vec::new();
+        let mut secret_env: BTreeMap<String, (String, SecretKeySelector)> = BTreeMap::new();
+        for (&name, server) in &servers {
+            if let Some(stdio) = &server.spec.stdio {
+                let Some(image) = stdio.image.as_deref().filter(|i| !i.is_empty()) else {
+                    warnings.push(format!(
+                        "McpServer {name:?} has no spec.stdio.image, so it cannot run as a sidecar and was not injected: set spec.stdio.image"
+                    ));
+                    continue;
+                };
+                let tmp = dns_label(TMP_VOLUME_PREFIX, name);
+                volumes.push(empty_dir(&tmp));
+                sidecars.push(bridge_container(name, image, stdio, &tmp, config, &mut warnings));
+            }
+            for header in server.spec.http.iter().flat_map(|h| &h.headers) {
+                let Some(source) = &header.value_from else { continue };
+                let var = secret_env_var(name, &header.name);
+                let owner = format!("McpServer {name:?} header {:?}", header.name);
+                insert_secret(&mut secret_env, var, owner, source.secret_key_ref.clone())?;
+            }
+        }
+        if let Some(key) = profile.spec.chat.as_ref().and_then(|c| c.upstream.api_key_secret_ref.as_ref()) {
+            let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
+            let owner = format!("McpProfile {profile_name:?} chat.upstream.apiKeySecretRef");
+            insert_secret(&mut secret_env, ENV_UPSTREAM_API_KEY.to_string(), owner, selector)?;
+        }
+
+        let secret_env = secret_env.into_iter().map(|(name, (_, selector))| EnvVar {
+            name,
+            value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
+            ..EnvVar::default()
+        });
+        let agent = agent_container(profile_name, secret_env.collect(), config);
+
+        let mut init_containers = vec![init_container(config)];
+        let mut containers = Vec::new();
+        if config.native_sidecars {
+            for mut c in sidecars.into_iter().chain([agent]) {
+                c.restart_policy = Some("Always".to_string());
+                init_containers.push(c);
+            }
+        } else {
+            containers.extend(sidecars);
+            containers.push(agent);
+        }
+        let ports = config.ports;
+        let app_env = vec![
+            env(ENV_MCP_URL, format!("http://127.0.0.1:{}/mcp", ports.http)),
+            env(ENV_CHAT_URL, format!("http://127.0.0.1:{}/v1", ports.http)),
+            env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)),
+        ];
+        Ok(Plan { volumes, init_containers, containers, app_env, app_init_env: config.native_sidecars, warnings })
+    }
+
+    /// A Deny message when the pod already uses a name or port the plan needs.
+    fn conflicts(&self, pod: &Pod, ports: Ports) -> Option<String> {
+        let spec = pod.spec.as_ref()?;
+        let own: Vec<&Container> = spec.containers.iter().chain(spec.init_containers.iter().flatten()).collect();
+        let ours = self.init_containers.iter().chain(&self.containers);
+        if let Some(c) = ours.clone().find(|c| own.iter().any(|o| o.name == c.name)) {
+            return Some(format!(
+                "the pod already has a container named {:?}, which spear needs for its injected containers: rename it, or set {ANNOTATION_INJECT}: \"false\"",
+                c.name
+            ));
+        }
+        let volumes = spec.volumes.as_deref().unwrap_or_default();
+        if let Some(v) = self.volumes.iter().find(|v| volumes.iter().any(|o| o.name == v.name)) {
+            return Some(format!(
+                "the pod already has a volume named {:?}, which spear needs for its injected containers: rename it, or set {ANNOTATION_INJECT}: \"false\"",
+                v.name
+            ));
+        }
+        let taken = [ports.http, ports.grpc, ports.admin];
+        for c in &own {
+            for p in c.ports.iter().flatten() {
+                if u16::try_from(p.container_port).is_ok_and(|n| taken.contains(&n)) {
+                    return Some(format!(
+                        "container {:?} declares port {}, which the injected agent listens on (ports {}, {} and {} are taken): use another port, or set {ANNOTATION_INJECT}: \"false\"",
+                        c.name, p.container_port, ports.http, ports.grpc, ports.admin
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// The patch against `pod` (whose spec exists).
+    fn patch(&self, pod: &Pod) -> Result<Patch, InjectError> {
+        let mut ops = Vec::new();
+        let hash = self.hash()?;
+        match &pod.metadata.annotations {
+            None => add(&mut ops, &["metadata", "annotations"], serde_json::json!({ ANNOTATION_INJECTED: hash })),
+            Some(_) => add(&mut ops, &["metadata", "annotations", ANNOTATION_INJECTED], Value::String(hash)),
+        }
+        let spec = pod.spec.as_ref();
+        let volumes = spec.and_then(|s| s.volumes.as_ref()).map(Vec::len);
+        extend(&mut ops, &["spec", "volumes"], volumes, false, to_values(&self.volumes)?);
+        let init = spec.and_then(|s| s.init_containers.as_ref());
+        extend(&mut ops, &["spec", "initContainers"], init.map(Vec::len), true, to_values(&self.init_containers)?);
+        let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+        extend(&mut ops, &["spec", "containers"], Some(containers.len()), false, to_values(&self.containers)?);
+
+        // The pod's own containers keep their indexes: injected init containers went in front
+        // of its init containers, so theirs moved by that many.
+        for (i, c) in containers.iter().enumerate() {
+            self.app_env_ops(&mut ops, "containers", i, c)?;
+        }
+        if self.app_init_env {
+            for (i, c) in init.into_iter().flatten().enumerate() {
+                self.app_env_ops(&mut ops, "initContainers", i + self.init_containers.len(), c)?;
+            }
+        }
+        Ok(Patch(ops))
+    }
+
+    /// Adds the app env vars `c` does not set itself (its own value wins).
+    fn app_env_ops(
+        &self,
+        ops: &mut Vec<PatchOperation>,
+        list: &str,
+        index: usize,
+        c: &Container,
+    ) -> Result<(), InjectError> {
+        let existing = c.env.as_deref().unwrap_or_default();
+        let missing: Vec<&EnvVar> =
+            self.app_env.iter().filter(|e| !existing.iter().any(|x| x.name == e.name)).collect();
+        let index = index.to_string();
+        extend(ops, &["spec", list, &index, "env"], c.env.as_ref().map(Vec::len), false, to_values(&missing)?);
+        Ok(())
+    }
+
+    /// The marker's value: a hash of everything injected, so a pod shows which injection it got.
+    fn hash(&self) -> Result<String, InjectError> {
+        let injected = (&self.volumes, &self.init_containers, &self.containers, &self.app_env, self.app_init_env);
+        let bytes = serde_json::to_vec(&injected).map_err(InjectError::Serialize)?;
+        Ok(short_hash(&bytes))
+    }
+}
+
+/// Records `selector` under `var`; two different Secret keys on one var would hand one server
+/// another's credential, so that is refused.
+fn insert_secret(
+    env: &mut BTreeMap<String, (String, SecretKeySelector)>,
+    var: String,
+    owner: String,
+    selector: SecretKeySelector,
+) -> Result<(), String> {
+    match env.get(&var) {
+        Some((first, existing)) if *existing != selector => Err(format!(
+            "{first} and {owner} both need the agent env var {var} but name different Secret keys: rename one of the servers or headers so their SPEAR_SECRET_ names differ"
+        )),
+        Some(_) => Ok(()),
+        None => {
+            env.insert(var, (owner, selector));
+            Ok(())
+        }
+    }
+}
+
+fn to_values<T: serde::Serialize>(items: &[T]) -> Result<Vec<Value>, InjectError> {
+    items.iter().map(|i| serde_json::to_value(i).map_err(InjectError::Serialize)).collect()
+}
+
+fn pointer(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+fn add(ops: &mut Vec<PatchOperation>, path: &[&str], value: Value) {
+    ops.push(PatchOperation::Add(AddOperation { path: pointer(path), value }));
+}
+
+/// Adds `items` to the list at `path`, which has `len` items (`None`: absent, so the whole list
+/// is added, the parent being there). At the front: `add` at 0, 1, … inserts before the old
+/// items in order; otherwise `-` appends.
+fn extend(ops: &mut Vec<PatchOperation>, path: &[&str], len: Option<usize>, front: bool, items: Vec<Value>) {
+    if items.is_empty() {
+        return;
+    }
+    if len.is_none() {
+        add(ops, path, Value::Array(items));
+        return;
+    }
+    for (i, item) in items.into_iter().enumerate() {
+        let index = if front { i.to_string() } else { "-".to_string() };
+        let mut tokens = path.to_vec();
+        tokens.push(&index);
+        add(ops, &tokens, item);
+    }
+}
+
+// === containers ===
+
+fn empty_dir(name: &str) -> Volume {
+    Volume { name: name.to_string(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.to_string(), value: Some(value.into()), ..EnvVar::default() }
+}
+
+fn field_env(name: &str, field_path: &str) -> EnvVar {
+    let field_ref = ObjectFieldSelector { field_path: field_path.to_string(), ..ObjectFieldSelector::default() };
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource { field_ref: Some(field_ref), ..EnvVarSource::default() }),
+        ..EnvVar::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// The restricted Pod Security Standard, and a fixed uid (see the module header).
+fn security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".to_string()]), ..Capabilities::default() }),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(INJECTED_UID),
+        run_as_group: Some(INJECTED_UID),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".to_string(), ..SeccompProfile::default() }),
+        ..SecurityContext::default()
+    }
+}
+
+fn http_probe(path: &str, port: u16, period: i32, failure_threshold: Option<i32>) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::Int(i32::from(port)),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold,
+        ..Probe::default()
+    }
+}
+
+fn init_container(config: &InjectConfig) -> Container {
+    Container {
+        name: INIT_CONTAINER.to_string(),
+        image: Some(config.spearlet_image.clone()),
+        command: Some(vec!["cp".to_string(), IMAGE_SPEARLET.to_string(), SPEARLET.to_string()]),
+        resources: Some(init_resources()),
+        security_context: Some(security_context()),
+        volume_mounts: Some(vec![mount(VOLUME_BIN, BIN_DIR, false)]),
+        ..Container::default()
+    }
+}
+
+fn agent_container(profile: &str, secret_env: Vec<EnvVar>, config: &InjectConfig) -> Container {
+    let ports = config.ports;
+    let mut env = vec![
+        env(ENV_PROFILE, profile),
+        field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
+        field_env(ENV_POD_NAME, "metadata.name"),
+        env(ENV_SOCKET_DIR, RUN_DIR),
+        env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", ports.http)),
+        env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)),
+        env(ENV_ADMIN_ADDR, format!("0.0.0.0:{}", ports.admin)),
+    ];
+    env.extend(secret_env);
+    Container {
+        name: AGENT_CONTAINER.to_string(),
+        image: Some(config.agent_image.clone()),
+        command: Some(vec![SPEARLET.to_string(), "run".to_string()]),
+        env: Some(env),
+        // Only the admin port is declared: the other two listen on loopback, unreachable from
+        // outside the pod, and declaring them would suggest otherwise.
+        ports: Some(vec![ContainerPort {
+            name: Some(ADMIN_PORT_NAME.to_string()),
+            container_port: i32::from(ports.admin),
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        startup_probe: Some(http_probe(
+            "/readyz",
+            ports.admin,
+            STARTUP_PERIOD_SECONDS,
+            Some(STARTUP_FAILURE_THRESHOLD),
+        )),
+        readiness_probe: Some(http_probe("/readyz", ports.admin, READINESS_PERIOD_SECONDS, None)),
+        liveness_probe: Some(http_probe("/healthz", ports.admin, LIVENESS_PERIOD_SECONDS, None)),
+        resources: Some(config.agent_resources.clone()),
+        security_context: Some(security_context()),
+        // Read-only sockets still accept connect(2): the read-only flag covers file creation.
+        volume_mounts: Some(vec![mount(VOLUME_BIN, BIN_DIR, true), mount(VOLUME_RUN, RUN_DIR, true)]),
+        ..Container::default()
+    }
+}
+
+fn bridge_container(
+    server: &str,
+    image: &str,
+    stdio: &StdioSpec,
+    tmp_volume: &str,
+    config: &InjectConfig,
+    warnings: &mut Vec<String>,
+) -> Container {
+    let mut args = vec![
+        "bridge".to_string(),
+        "--socket".to_string(),
+        format!("{RUN_DIR}/{server}.sock"),
+        "--server-id".to_string(),
+        server.to_string(),
+        "--".to_string(),
+    ];
+    args.push(escape_dollars(&stdio.command));
+    args.extend(stdio.args.iter().map(|a| escape_dollars(a)));
+
+    let mut env = Vec::new();
+    for name in ["HOME", "TMPDIR"] {
+        if !stdio.env.iter().any(|e| e.name == name) {
+            env.push(self::env(name, SIDECAR_TMP));
+        }
+    }
+    for (i, var) in stdio.env.iter().enumerate() {
+        let mut var = var.clone();
+        if let Some(value) = &var.value {
+            let defined: BTreeSet<&str> = env.iter().map(|e: &EnvVar| e.name.as_str()).collect();
+            let field = format!("spec.stdio.env[{i}].value");
+            var.value = Some(kubelet_value(server, &field, value, &defined, warnings));
+        }
+        env.push(var);
+    }
+
+    Container {
+        name: dns_label(SIDECAR_PREFIX, server),
+        image: Some(image.to_string()),
+        command: Some(vec![SPEARLET.to_string()]),
+        args: Some(args),
+        working_dir: stdio.working_dir.clone(),
+        env: Some(env),
+        resources: Some(stdio.resources.clone().unwrap_or_else(|| config.sidecar_default_resources.clone())),
+        security_context: Some(security_context()),
+        volume_mounts: Some(vec![
+            mount(VOLUME_BIN, BIN_DIR, true),
+            mount(VOLUME_RUN, RUN_DIR, false),
+            mount(tmp_volume, SIDECAR_TMP, false),
+        ]),
+        ..Container::default()
+    }
+}
+
+/// `s` with every `$` doubled: the kubelet turns `$$` into `$` and expands nothing else, so the
+/// process sees `s` exactly.
+fn escape_dollars(s: &str) -> String {
+    s.replace('$', "$$")
+}
+
+/// An `${ENV:...}` template rewritten for the kubelet's `$(VAR)` expansion (see the module
+/// header). `defined` are the variables set before this one on the same container.
+fn kubelet_value(
+    server: &str,
+    field: &str,
+    value: &str,
+    defined: &BTreeSet<&str>,
+    warnings: &mut Vec<String>,
+) -> String {
+    let template = match env_ref::parse(value) {
+        Ok(t) => t,
+        Err(e) => {
+            // Validation refuses this (Accepted=False); passed on literally so the server sees
+            // what the manifest says.
+            warnings.push(format!("McpServer {server:?} {field}: {e}; passed on literally"));
+            return escape_dollars(value);
+        }
+    };
+    let mut out = String::new();
+    for segment in template.segments() {
+        match segment {
+            Segment::Literal(text) => out.push_str(&escape_dollars(text)),
+            Segment::Env { name, .. } if defined.contains(name.as_str()) => out.push_str(&format!("$({name})")),
+            Segment::Env { default: Some(default), .. } => out.push_str(&escape_dollars(default)),
+            Segment::Env { name, default: None } => {
+                warnings.push(format!(
+                    "McpServer {server:?} {field} references ${{ENV:{name}}}, which is not set before it on the sidecar: define {name} earlier in spec.stdio.env (for example from a Secret), or give a default (${{ENV:{name}:-value}})"
+                ));
+                out.push_str(&format!("$({name})"));
+            }
+        }
+    }
+    out
+}
+
+/// `prefix + name`, shortened to a DNS-1123 label with a hash of `name` that keeps it unique.
+fn dns_label(prefix: &str, name: &str) -> String {
+    let full = format!("{prefix}{name}");
+    if full.len() <= MAX_NAME_LEN {
+        return full;
+    }
+    let hash = short_hash(name.as_bytes());
+    let keep = MAX_NAME_LEN - prefix.len() - 1 - NAME_HASH_LEN;
+    let head: String = name.chars().take(keep).collect();
+    format!("{prefix}{}-{}", head.trim_end_matches('-'), &hash[..NAME_HASH_LEN.min(hash.len())])
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,655 @@
+//! Tests of the pod mutation: golden patches under `tests/golden/inject/` (rewritten with
+//! `SPEAR_BLESS=1 cargo test --lib operator::inject`), then properties the goldens only imply.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{ConfigMapKeySelector, PodSpec};
+use kube::core::ObjectMeta;
+use serde_json::json;
+
+use super::*;
+use crate::api::{
+    ChatSpec, HeaderValueSource, HttpHeader, HttpSpec, McpProfileSpec, McpServerSpec, SecretKeyRef, Transport,
+    UpstreamSpec,
+};
+
+// === fixtures ===
+
+const IMAGE: &str = "ghcr.io/spear-mcp/spearlet:0.1.0";
+
+fn enabled() -> BTreeMap<String, String> {
+    BTreeMap::from([(LABEL_INJECTION.to_string(), INJECTION_ENABLED.to_string())])
+}
+
+fn config(native: bool) -> InjectConfig {
+    InjectConfig { native_sidecars: native, ..InjectConfig::new(IMAGE, IMAGE) }
+}
+
+fn container(name: &str) -> Container {
+    Container { name: name.to_string(), image: Some(format!("example.com/{name}:1")), ..Container::default() }
+}
+
+/// A pod in `team-a` with one app container and the given annotations.
+fn pod(annotations: &[(&str, &str)]) -> Pod {
+    let annotations: BTreeMap<String, String> =
+        annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Pod {
+        metadata: ObjectMeta {
+            name: Some("app".into()),
+            namespace: Some("team-a".into()),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec { containers: vec![container("app")], ..PodSpec::default() }),
+        ..Pod::default()
+    }
+}
+
+fn with_profile() -> Pod {
+    pod(&[(ANNOTATION_PROFILE, "dev")])
+}
+
+fn spec_mut(pod: &mut Pod) -> &mut PodSpec {
+    pod.spec.get_or_insert_with(PodSpec::default)
+}
+
+fn stdio_server(name: &str) -> McpServer {
+    McpServer::new(
+        name,
+        McpServerSpec {
+            transport: Transport::Stdio,
+            stdio: Some(StdioSpec {
+                image: Some("node:22-slim".into()),
+                command: "npx".into(),
+                args: vec!["-y".into(), "@modelcontextprotocol/server-filesystem".into(), "/data".into()],
+                ..StdioSpec::default()
+            }),
+            allowed_tools: vec!["read_*".into()],
+            ..McpServerSpec::default()
+        },
+    )
+}
+
+fn http_server(name: &str) -> McpServer {
+    McpServer::new(
+        name,
+        McpServerSpec {
+            transport: Transport::StreamableHttp,
+            http: Some(HttpSpec {
+                url: "https://mcp.example.com/mcp".into(),
+                headers: vec![HttpHeader { name: "X-Tenant".into(), value: Some("acme".into()), value_from: None }],
+            }),
+            allowed_tools: vec!["*".into()],
+            ..McpServerSpec::default()
+        },
+    )
+}
+
+fn profile(servers: &[&McpServer]) -> McpProfile {
+    let names = servers.iter().filter_map(|s| s.metadata.name.clone()).collect();
+    McpProfile::new("dev", McpProfileSpec { servers: names, ..McpProfileSpec::default() })
+}
+
+fn secret(name: &str, key: &str) -> SecretKeySelector {
+    SecretKeySelector { name: name.into(), key: key.into(), optional: None }
+}
+
+fn secret_env(name: &str, secret_name: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource { secret_key_ref: Some(secret(secret_name, key)), ..EnvVarSource::default() }),
+        ..EnvVar::default()
+    }
+}
+
+/// The profile `dev` with a stdio server `fs` and an http server `web`.
+fn mixed() -> (McpProfile, Vec<McpServer>) {
+    let servers = vec![stdio_server("fs"), http_server("web")];
+    (profile(&servers.iter().collect::<Vec<_>>()), servers)
+}
+
+/// `fs` with a Secret and a ConfigMap env var, `web` with a Secret header, and an upstream key.
+fn with_secrets() -> (McpProfile, Vec<McpServer>) {
+    let mut fs = stdio_server("fs");
+    if let Some(stdio) = fs.spec.stdio.as_mut() {
+        stdio.env = vec![
+            secret_env("FS_TOKEN", "fs-credentials", "token"),
+            EnvVar {
+                name: "FS_ROOT".into(),
+                value_from: Some(EnvVarSource {
+                    config_map_key_ref: Some(ConfigMapKeySelector {
+                        name: "fs-config".into(),
+                        key: "root".into(),
+                        optional: None,
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
+            env("FS_AUTH", "Bearer ${ENV:FS_TOKEN}"),
+        ];
+    }
+    let mut web = http_server("web");
+    if let Some(http) = web.spec.http.as_mut() {
+        http.headers.push(HttpHeader {
+            name: "Authorization".into(),
+            value: None,
+            value_from: Some(HeaderValueSource { secret_key_ref: secret("web-credentials", "authorization") }),
+        });
+    }
+    let mut profile = profile(&[&fs, &web]);
+    profile.spec.chat = Some(ChatSpec {
+        upstream: UpstreamSpec {
+            url: "https://api.openai.com/v1".into(),
+            api_key_secret_ref: Some(SecretKeyRef { name: "openai".into(), key: "api-key".into() }),
+            model: None,
+        },
+    });
+    (profile, vec![fs, web])
+}
+
+fn run(pod: &Pod, profile: Option<&McpProfile>, servers: &[McpServer], native: bool) -> Decision {
+    match mutate(pod, &enabled(), profile, servers, &config(native)) {
+        Ok(d) => d,
+        Err(e) => panic!("mutate failed: {e}"),
+    }
+}
+
+fn patched(decision: &Decision) -> (&Patch, &Pod, &[String]) {
+    match decision {
+        Decision::Patch { patch, pod, warnings } => (patch, pod, warnings),
+        other => panic!("expected a patch, got {other:?}"),
+    }
+}
+
+fn denied(decision: &Decision) -> &str {
+    match decision {
+        Decision::Deny { message } => message,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn names(containers: Option<&Vec<Container>>) -> Vec<&str> {
+    containers.into_iter().flatten().map(|c| c.name.as_str()).collect()
+}
+
+fn find<'a>(pod: &'a Pod, name: &str) -> &'a Container {
+    let spec = pod.spec.as_ref().expect("an injected pod has a spec");
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn env_of<'a>(c: &'a Container, name: &str) -> Option<&'a EnvVar> {
+    c.env.iter().flatten().find(|e| e.name == name)
+}
+
+// === goldens ===
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/inject")
+}
+
+fn bless() -> bool {
+    std::env::var_os("SPEAR_BLESS").is_some_and(|v| v == "1")
+}
+
+/// What a golden file holds: the patch, or the skip reason, or the denial.
+fn render(decision: &Decision) -> String {
+    let value = match decision {
+        Decision::Skip { reason } => json!({ "skip": reason.as_str(), "reason": reason.to_string() }),
+        Decision::Deny { message } => json!({ "deny": message }),
+        Decision::Patch { patch, .. } => serde_json::to_value(patch).expect("a patch serializes"),
+    };
+    let mut text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+    text.push('\n');
+    text
+}
+
+/// One golden case: its input pod and the decision on it.
+struct Case {
+    name: &'static str,
+    input: Pod,
+    decision: Decision,
+}
+
+fn case(name: &'static str, input: Pod, decision: impl FnOnce(&Pod) -> Decision) -> Case {
+    let decision = decision(&input);
+    Case { name, input, decision }
+}
+
+/// Every golden case.
+fn cases() -> Vec<Case> {
+    let (mixed_profile, mixed_servers) = mixed();
+    let (secret_profile, secret_servers) = with_secrets();
+    let mixed = |native: bool| {
+        let (profile, servers) = (mixed_profile.clone(), mixed_servers.clone());
+        move |p: &Pod| run(p, Some(&profile), &servers, native)
+    };
+    let classic = run(&with_profile(), Some(&mixed_profile), &mixed_servers, false);
+    let (_, injected, _) = patched(&classic);
+
+    // A pod that has everything already: annotations, volumes, init containers, env.
+    let mut busy = pod(&[(ANNOTATION_PROFILE, "dev"), ("team", "a")]);
+    let spec = spec_mut(&mut busy);
+    spec.volumes = Some(vec![empty_dir("data")]);
+    spec.init_containers = Some(vec![container("migrate")]);
+    spec.containers[0].env = Some(vec![env(ENV_MCP_URL, "http://elsewhere/mcp"), env("LOG", "debug")]);
+    spec.containers.push(container("worker"));
+
+    vec![
+        case("no_profile_annotation", pod(&[]), mixed(true)),
+        case("namespace_not_enabled", with_profile(), |p| {
+            mutate(p, &BTreeMap::new(), None, &[], &config(true)).expect("decides")
+        }),
+        case("opt_out", pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "false")]), mixed(true)),
+        case("classic_sidecars", with_profile(), mixed(false)),
+        case("native_sidecars", with_profile(), mixed(true)),
+        case("already_injected", injected.clone(), mixed(false)),
+        case("secret_env", with_profile(), |p| run(p, Some(&secret_profile), &secret_servers, true)),
+        case("missing_profile", with_profile(), |p| run(p, None, &[], true)),
+        case("existing_lists_native", busy, mixed(true)),
+    ]
+}
+
+#[test]
+fn golden_patches_match() {
+    let dir = golden_dir();
+    let cases = cases();
+    let mut problems = Vec::new();
+    for Case { name: case, decision, .. } in &cases {
+        let path = dir.join(format!("{case}.json"));
+        let rendered = render(decision);
+        if bless() {
+            std::fs::create_dir_all(&dir).expect("tests/golden/inject must be creatable");
+            std::fs::write(&path, &rendered).expect("tests/golden/inject must be writable");
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Err(_) => problems.push(format!("{case}: {} is missing", path.display())),
+            Ok(expected) if expected != rendered => {
+                problems.push(format!("{case}: {} differs; now:\n{rendered}", path.display()))
+            }
+            Ok(_) => {}
+        }
+    }
+    // A golden without a case is stale too.
+    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let case = name.strip_suffix(".json").unwrap_or(&name);
+        if !cases.iter().any(|c| c.name == case) {
+            problems.push(format!("{name}: no such case; delete it"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "injection goldens are stale:\n{}\nrun `SPEAR_BLESS=1 cargo test --lib operator::inject` to rewrite them, review the diff and commit it",
+        problems.join("\n")
+    );
+}
+
+// === properties ===
+
+#[test]
+fn patch_applied_to_the_input_yields_the_returned_pod() {
+    let mut patches = 0;
+    for Case { name, input, decision } in cases() {
+        let Decision::Patch { patch, pod: expected, .. } = &decision else { continue };
+        // Over the wire: the patch as JSON, parsed back, applied to the pod as JSON.
+        let wire: Patch = serde_json::from_str(&serde_json::to_string(patch).expect("serializes")).expect("parses");
+        let mut doc = serde_json::to_value(&input).expect("a pod serializes");
+        json_patch::patch(&mut doc, &wire.0).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let applied: Pod = serde_json::from_value(doc).expect("a patched pod parses");
+        assert_eq!(&applied, expected.as_ref(), "{name}");
+        patches += 1;
+    }
+    assert_eq!(patches, 4, "every injecting case is checked");
+}
+
+#[test]
+fn patch_applies_to_a_pod_that_already_has_every_list() {
+    let (profile, servers) = mixed();
+    let mut input = pod(&[(ANNOTATION_PROFILE, "dev"), ("team", "a")]);
+    let spec = spec_mut(&mut input);
+    spec.volumes = Some(vec![empty_dir("data")]);
+    spec.init_containers = Some(vec![container("migrate")]);
+    spec.containers[0].env = Some(vec![env(ENV_MCP_URL, "http://elsewhere/mcp")]);
+    let decision = run(&input, Some(&profile), &servers, true);
+    let (patch, out, _) = patched(&decision);
+    let mut doc = serde_json::to_value(&input).expect("a pod serializes");
+    json_patch::patch(&mut doc, &patch.0).expect("the patch applies");
+    assert_eq!(&serde_json::from_value::<Pod>(doc).expect("parses"), out);
+
+    let spec = out.spec.as_ref().expect("spec");
+    assert_eq!(names(spec.init_containers.as_ref()), ["spear-init", "mcp-fs", "spearlet", "migrate"]);
+    assert_eq!(
+        spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+        ["data", "spear-bin", "spear-run", "mcp-tmp-fs"]
+    );
+    assert_eq!(out.metadata.annotations.as_ref().and_then(|a| a.get("team")).map(String::as_str), Some("a"));
+    // The app's own value wins; the rest is added.
+    let app = find(out, "app");
+    assert_eq!(env_of(app, ENV_MCP_URL).and_then(|e| e.value.as_deref()), Some("http://elsewhere/mcp"));
+    assert_eq!(env_of(app, ENV_CHAT_URL).and_then(|e| e.value.as_deref()), Some("http://127.0.0.1:4040/v1"));
+    // Native sidecars run before the pod's init containers, which may therefore use tools.
+    assert_eq!(env_of(find(out, "migrate"), ENV_GRPC_ADDR).and_then(|e| e.value.as_deref()), Some("127.0.0.1:4041"));
+}
+
+#[test]
+fn injecting_twice_changes_nothing() {
+    let (profile, servers) = with_secrets();
+    for native in [false, true] {
+        let first = run(&with_profile(), Some(&profile), &servers, native);
+        let (_, once, _) = patched(&first);
+        let second = run(once, Some(&profile), &servers, native);
+        assert_eq!(second, Decision::Skip { reason: SkipReason::AlreadyInjected }, "native={native}");
+    }
+}
+
+#[test]
+fn gates_skip_in_order() {
+    let (profile, servers) = mixed();
+    let not_enabled = BTreeMap::from([(LABEL_INJECTION.to_string(), "disabled".to_string())]);
+    let d = mutate(&with_profile(), &not_enabled, Some(&profile), &servers, &config(true)).expect("decides");
+    assert_eq!(d, Decision::Skip { reason: SkipReason::NamespaceNotEnabled });
+    let opted_out = pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "False")]);
+    assert_eq!(run(&opted_out, Some(&profile), &servers, true), Decision::Skip { reason: SkipReason::OptedOut });
+    assert_eq!(
+        run(&pod(&[]), Some(&profile), &servers, true),
+        Decision::Skip { reason: SkipReason::NoProfileAnnotation }
+    );
+    let explicit = pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "true")]);
+    patched(&run(&explicit, Some(&profile), &servers, true));
+}
+
+#[test]
+fn unclear_inject_annotation_is_denied() {
+    let p = pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "no")]);
+    let decision = run(&p, None, &[], true);
+    assert!(denied(&decision).contains("\"no\""), "{decision:?}");
+}
+
+#[test]
+fn missing_profile_names_profile_namespace_and_fix() {
+    let decision = run(&with_profile(), None, &[], true);
+    let message = denied(&decision);
+    assert!(message.contains("\"dev\"") && message.contains("team-a"), "{message}");
+    assert!(message.contains("kubectl get mcpprofiles -n team-a"), "{message}");
+}
+
+#[test]
+fn invalid_profile_name_is_denied() {
+    let decision = run(&pod(&[(ANNOTATION_PROFILE, "Not A Name")]), None, &[], true);
+    assert!(denied(&decision).contains("not a valid McpProfile name"));
+}
+
+#[test]
+fn a_foreign_spearlet_container_is_a_collision() {
+    let (profile, servers) = mixed();
+    let mut p = with_profile();
+    spec_mut(&mut p).containers.push(container(AGENT_CONTAINER));
+    let decision = run(&p, Some(&profile), &servers, true);
+    assert!(denied(&decision).contains("already has a container named \"spearlet\""));
+}
+
+#[test]
+fn a_copied_marker_without_the_agent_is_injected_anyway() {
+    let (profile, servers) = mixed();
+    let p = pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECTED, "0123456789abcdef")]);
+    let decision = run(&p, Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    let marker = out.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_INJECTED));
+    assert_ne!(marker.map(String::as_str), Some("0123456789abcdef"));
+    find(out, AGENT_CONTAINER);
+}
+
+#[test]
+fn sidecar_and_volume_name_collisions_are_denied() {
+    let (profile, servers) = mixed();
+    let mut p = with_profile();
+    spec_mut(&mut p).containers.push(container("mcp-fs"));
+    assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("\"mcp-fs\""));
+
+    let mut p = with_profile();
+    spec_mut(&mut p).volumes = Some(vec![empty_dir(VOLUME_RUN)]);
+    assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("volume named \"spear-run\""));
+}
+
+#[test]
+fn agent_ports_in_use_and_host_network_are_denied() {
+    let (profile, servers) = mixed();
+    let mut p = with_profile();
+    spec_mut(&mut p).containers[0].ports =
+        Some(vec![ContainerPort { container_port: 4040, ..ContainerPort::default() }]);
+    assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("declares port 4040"));
+
+    let mut p = with_profile();
+    spec_mut(&mut p).host_network = Some(true);
+    assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("hostNetwork"));
+}
+
+#[test]
+fn native_sidecars_order_and_restart_policy() {
+    let (profile, servers) = mixed();
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    let spec = out.spec.as_ref().expect("spec");
+    assert_eq!(names(spec.init_containers.as_ref()), ["spear-init", "mcp-fs", "spearlet"]);
+    assert_eq!(names(Some(&spec.containers)), ["app"]);
+    for c in spec.init_containers.iter().flatten() {
+        let expected = (c.name != INIT_CONTAINER).then_some("Always");
+        assert_eq!(c.restart_policy.as_deref(), expected, "{}", c.name);
+    }
+}
+
+#[test]
+fn classic_sidecars_are_appended_after_the_app() {
+    let (profile, servers) = mixed();
+    let decision = run(&with_profile(), Some(&profile), &servers, false);
+    let (_, out, _) = patched(&decision);
+    let spec = out.spec.as_ref().expect("spec");
+    assert_eq!(names(spec.init_containers.as_ref()), ["spear-init"]);
+    assert_eq!(names(Some(&spec.containers)), ["app", "mcp-fs", "spearlet"]);
+    assert!(spec.containers.iter().all(|c| c.restart_policy.is_none()));
+}
+
+#[test]
+fn bridge_runs_the_servers_argv_through_the_copied_spearlet() {
+    let (profile, servers) = mixed();
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    let bridge = find(out, "mcp-fs");
+    assert_eq!(bridge.image.as_deref(), Some("node:22-slim"));
+    assert_eq!(bridge.command.as_deref(), Some(&[SPEARLET.to_string()][..]));
+    let args: Vec<&str> = bridge.args.iter().flatten().map(String::as_str).collect();
+    assert_eq!(
+        args,
+        [
+            "bridge",
+            "--socket",
+            "/spear/run/fs.sock",
+            "--server-id",
+            "fs",
+            "--",
+            "npx",
+            "-y",
+            "@modelcontextprotocol/server-filesystem",
+            "/data"
+        ]
+    );
+    let mounts: Vec<(&str, &str, Option<bool>)> =
+        bridge.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only)).collect();
+    assert_eq!(
+        mounts,
+        [("spear-bin", "/spear/bin", Some(true)), ("spear-run", "/spear/run", None), ("mcp-tmp-fs", "/tmp", None)]
+    );
+    assert_eq!(env_of(bridge, "HOME").and_then(|e| e.value.as_deref()), Some("/tmp"));
+    assert_eq!(bridge.resources.as_ref(), Some(&default_sidecar_resources()));
+    // The http server gets no sidecar.
+    assert!(out.spec.iter().flat_map(|s| s.init_containers.iter().flatten()).all(|c| c.name != "mcp-web"));
+}
+
+#[test]
+fn agent_gets_profile_namespace_ports_and_probes() {
+    let (profile, servers) = mixed();
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    let agent = find(out, AGENT_CONTAINER);
+    assert_eq!(agent.command.as_deref(), Some(&[SPEARLET.to_string(), "run".to_string()][..]));
+    assert_eq!(env_of(agent, ENV_PROFILE).and_then(|e| e.value.as_deref()), Some("dev"));
+    let namespace =
+        env_of(agent, ENV_POD_NAMESPACE).and_then(|e| e.value_from.as_ref()).and_then(|v| v.field_ref.as_ref());
+    assert_eq!(namespace.map(|f| f.field_path.as_str()), Some("metadata.namespace"));
+    assert_eq!(env_of(agent, ENV_SOCKET_DIR).and_then(|e| e.value.as_deref()), Some(RUN_DIR));
+    assert_eq!(env_of(agent, ENV_HTTP_ADDR).and_then(|e| e.value.as_deref()), Some("127.0.0.1:4040"));
+    let path = |p: Option<&Probe>| p.and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone());
+    assert_eq!(path(agent.readiness_probe.as_ref()).as_deref(), Some("/readyz"));
+    assert_eq!(path(agent.liveness_probe.as_ref()).as_deref(), Some("/healthz"));
+    assert_eq!(path(agent.startup_probe.as_ref()).as_deref(), Some("/readyz"));
+    assert_eq!(agent.resources.as_ref(), Some(&default_agent_resources()));
+}
+
+#[test]
+fn every_injected_container_is_locked_down() {
+    let (profile, servers) = with_secrets();
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    for name in [INIT_CONTAINER, "mcp-fs", AGENT_CONTAINER] {
+        let sc = find(out, name).security_context.clone().expect("a security context");
+        assert_eq!(sc.run_as_non_root, Some(true), "{name}");
+        assert_eq!(sc.run_as_user, Some(INJECTED_UID), "{name}");
+        assert_eq!(sc.allow_privilege_escalation, Some(false), "{name}");
+        assert_eq!(sc.read_only_root_filesystem, Some(true), "{name}");
+        assert_eq!(sc.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_string()]), "{name}");
+        assert_eq!(sc.seccomp_profile.map(|s| s.type_).as_deref(), Some("RuntimeDefault"), "{name}");
+        assert!(find(out, name).resources.as_ref().and_then(|r| r.requests.as_ref()).is_some(), "{name}");
+    }
+    // The app container is left as it was, apart from its env.
+    assert!(find(out, "app").security_context.is_none());
+}
+
+#[test]
+fn secrets_go_to_the_container_that_needs_them() {
+    let (profile, servers) = with_secrets();
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, warnings) = patched(&decision);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let secret_of = |c: &Container, var: &str| {
+        env_of(c, var).and_then(|e| e.value_from.clone()).and_then(|v| v.secret_key_ref).map(|s| (s.name, s.key))
+    };
+    let agent = find(out, AGENT_CONTAINER);
+    let pair = |a: &str, b: &str| Some((a.to_string(), b.to_string()));
+    assert_eq!(secret_of(agent, "SPEAR_SECRET_WEB_AUTHORIZATION"), pair("web-credentials", "authorization"));
+    assert_eq!(secret_of(agent, ENV_UPSTREAM_API_KEY), pair("openai", "api-key"));
+    // Literal headers stay in the McpServer, read by the agent from the registry.
+    assert!(env_of(agent, "SPEAR_SECRET_WEB_X_TENANT").is_none());
+    assert!(env_of(agent, "FS_TOKEN").is_none());
+
+    let bridge = find(out, "mcp-fs");
+    assert_eq!(secret_of(bridge, "FS_TOKEN"), pair("fs-credentials", "token"));
+    let root = env_of(bridge, "FS_ROOT").and_then(|e| e.value_from.clone()).and_then(|v| v.config_map_key_ref);
+    assert_eq!(root.map(|r| r.name).as_deref(), Some("fs-config"));
+    // A reference to a variable defined before it becomes the kubelet's $(VAR).
+    assert_eq!(env_of(bridge, "FS_AUTH").and_then(|e| e.value.as_deref()), Some("Bearer $(FS_TOKEN)"));
+    // No Secret reaches the app container.
+    assert!(find(out, "app").env.iter().flatten().all(|e| e.value_from.is_none()));
+}
+
+#[test]
+fn env_templates_and_argv_survive_the_kubelets_expansion() {
+    let mut fs = stdio_server("fs");
+    if let Some(stdio) = fs.spec.stdio.as_mut() {
+        stdio.args = vec!["--price=$5".into(), "$(HOME)".into()];
+        stdio.env = vec![
+            env("CACHE", "${ENV:HOME}/cache"),
+            env("PRICE", "$5 and $${ENV:X} and ${ENV:UNSET:-fallback}"),
+            env("TOKEN", "${ENV:GITHUB_TOKEN}"),
+        ];
+    }
+    let profile = profile(&[&fs]);
+    let decision = run(&with_profile(), Some(&profile), &[fs], true);
+    let (_, out, warnings) = patched(&decision);
+    let bridge = find(out, "mcp-fs");
+    let args = bridge.args.clone().unwrap_or_default();
+    assert_eq!(&args[args.len() - 2..], ["--price=$$5", "$$(HOME)"]);
+    let value = |name: &str| env_of(bridge, name).and_then(|e| e.value.clone());
+    assert_eq!(value("CACHE").as_deref(), Some("$(HOME)/cache"));
+    assert_eq!(value("PRICE").as_deref(), Some("$$5 and $${ENV:X} and fallback"));
+    assert_eq!(value("TOKEN").as_deref(), Some("$(GITHUB_TOKEN)"));
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("GITHUB_TOKEN") && warnings[0].contains("spec.stdio.env[2].value"), "{warnings:?}");
+}
+
+#[test]
+fn conflicting_secret_env_vars_are_denied() {
+    // `a-b` + header `c` and `a` + header `b-c` both map to SPEAR_SECRET_A_B_C.
+    let header = |name: &str, secret_name: &str| HttpHeader {
+        name: name.into(),
+        value: None,
+        value_from: Some(HeaderValueSource { secret_key_ref: secret(secret_name, "k") }),
+    };
+    let mut one = http_server("a-b");
+    let mut two = http_server("a");
+    if let (Some(h1), Some(h2)) = (one.spec.http.as_mut(), two.spec.http.as_mut()) {
+        h1.headers = vec![header("c", "one")];
+        h2.headers = vec![header("b-c", "two")];
+    }
+    let profile = profile(&[&one, &two]);
+    let decision = run(&with_profile(), Some(&profile), &[one, two], true);
+    assert!(denied(&decision).contains("SPEAR_SECRET_A_B_C"));
+}
+
+#[test]
+fn stdio_server_without_image_is_left_out_with_a_warning() {
+    let mut fs = stdio_server("fs");
+    if let Some(stdio) = fs.spec.stdio.as_mut() {
+        stdio.image = None;
+    }
+    let profile = profile(&[&fs]);
+    let decision = run(&with_profile(), Some(&profile), &[fs], true);
+    let (_, out, warnings) = patched(&decision);
+    assert_eq!(names(out.spec.as_ref().and_then(|s| s.init_containers.as_ref())), ["spear-init", "spearlet"]);
+    assert!(warnings.iter().any(|w| w.contains("spec.stdio.image")), "{warnings:?}");
+}
+
+#[test]
+fn long_server_names_give_unique_valid_container_names() {
+    let a = "a".repeat(63);
+    let b = format!("{}b", "a".repeat(62));
+    let (na, nb) = (dns_label(SIDECAR_PREFIX, &a), dns_label(SIDECAR_PREFIX, &b));
+    assert!(na.len() <= 63 && nb.len() <= 63);
+    assert_ne!(na, nb);
+    assert!(na.starts_with("mcp-aaa") && !na.contains("--"));
+    assert_eq!(dns_label(SIDECAR_PREFIX, "fs"), "mcp-fs");
+}
+
+#[test]
+fn ports_are_configurable() {
+    let (profile, servers) = mixed();
+    let config = InjectConfig { ports: Ports { http: 5050, grpc: 5051, admin: 5052 }, ..config(true) };
+    let decision = mutate(&with_profile(), &enabled(), Some(&profile), &servers, &config).expect("decides");
+    let (_, out, _) = patched(&decision);
+    let app = find(out, "app");
+    assert_eq!(env_of(app, ENV_MCP_URL).and_then(|e| e.value.as_deref()), Some("http://127.0.0.1:5050/mcp"));
+    assert_eq!(env_of(app, ENV_GRPC_ADDR).and_then(|e| e.value.as_deref()), Some("127.0.0.1:5051"));
+    let agent = find(out, AGENT_CONTAINER);
+    assert_eq!(agent.ports.iter().flatten().map(|p| p.container_port).collect::<Vec<_>>(), [5052]);
+}
+
+#[test]
+fn result_does_not_depend_on_server_order() {
+    let (profile, mut servers) = mixed();
+    let first = run(&with_profile(), Some(&profile), &servers, true);
+    servers.reverse();
+    assert_eq!(run(&with_profile(), Some(&profile), &servers, true), first);
+}
+
+#[test]
+fn a_profile_other_than_the_annotated_one_is_an_error() {
+    let (mut profile, servers) = mixed();
+    profile.metadata.name = Some("other".into());
+    let result = mutate(&with_profile(), &enabled(), Some(&profile), &servers, &config(true));
+    assert!(matches!(result, Err(InjectError::ProfileMismatch { .. })), "{result:?}");
+}

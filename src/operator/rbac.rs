@@ -1,0 +1,264 @@
+//! RBAC objects of spear-mcp, as pure constructors: the agent's read-only ClusterRole, the
+//! per-namespace RoleBinding the operator keeps, and the operator's own least-privilege roles
+//! (the chart renders the same objects; tests keep them honest).
+//!
+//! ```text
+//! ClusterRole spear-mcp-agent (get/list/watch McpServer, McpProfile; nothing else)
+//!     ▲ roleRef
+//! RoleBinding spear-mcp-agent in every namespace labelled mcp.spear.dev/injection=enabled
+//!     └ subject: Group system:serviceaccounts:<namespace>  (every pod's service account there)
+//!
+//! ClusterRole spear-operator: read both kinds, write their status, events, watch namespaces,
+//!     manage RoleBindings and `bind` only spear-mcp-agent, its own webhook configuration
+//! Role spear-operator (its namespace): its leader Lease and its webhook certificate Secret
+//! ```
+//!
+//! The agent runs with the pod's own service account (DESIGN.md "Pods"), so the binding names
+//! the namespace's service-account group rather than one account: any injected pod there can
+//! read the registry of its namespace, and nothing of any other. The agent never reads Secrets;
+//! secret values reach it as env vars the kubelet resolves.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::core::ObjectMeta;
+
+use crate::api::keys::{FIELD_MANAGER, GROUP};
+
+/// Name of the agent's ClusterRole and of the RoleBinding in each enabled namespace.
+pub const AGENT_ROLE: &str = "spear-mcp-agent";
+/// Name of the operator's ClusterRole and of its Role in its own namespace.
+pub const OPERATOR_ROLE: &str = "spear-operator";
+/// Name of the operator's leader-election Lease.
+pub const OPERATOR_LEASE: &str = "spear-operator";
+/// Name of the Secret holding the webhook's serving certificate.
+pub const WEBHOOK_CERT_SECRET: &str = "spear-operator-webhook-tls";
+/// Name of the MutatingWebhookConfiguration whose `caBundle` the operator keeps current.
+pub const WEBHOOK_CONFIGURATION: &str = "spear-mcp-injector";
+/// The recommended label saying who manages an object.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// The recommended label naming the application an object belongs to.
+pub const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
+/// Value of [`LABEL_PART_OF`].
+pub const PART_OF: &str = "spear-mcp";
+
+const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+/// The core API group.
+const CORE: &str = "";
+
+/// Labels of every RBAC object here: managed by the operator (its field manager), part of spear-mcp.
+pub fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
+        (LABEL_PART_OF.to_string(), PART_OF.to_string()),
+    ])
+}
+
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(vec![group.to_string()]),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..PolicyRule::default()
+    }
+}
+
+fn named(mut rule: PolicyRule, names: &[&str]) -> PolicyRule {
+    rule.resource_names = Some(names.iter().map(|s| s.to_string()).collect());
+    rule
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(labels()),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The agent's ClusterRole: read McpServers and McpProfiles, nothing else (no Secrets).
+pub fn agent_cluster_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(AGENT_ROLE, None),
+        rules: Some(vec![rule(GROUP, &["mcpservers", "mcpprofiles"], &["get", "list", "watch"])]),
+        ..ClusterRole::default()
+    }
+}
+
+/// The RoleBinding granting [`agent_cluster_role`] in `namespace` to all its service accounts.
+pub fn agent_role_binding(namespace: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(AGENT_ROLE, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: Some(RBAC_GROUP.to_string()),
+            kind: "ClusterRole".to_string(),
+            name: AGENT_ROLE.to_string(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some(RBAC_GROUP.to_string()),
+            kind: "Group".to_string(),
+            name: format!("system:serviceaccounts:{namespace}"),
+            namespace: None,
+        }]),
+    }
+}
+
+/// The operator's cluster-wide permissions: what the controller, the webhook and the RoleBinding
+/// reconciler need. Writes use server-side apply, which is the `patch` verb.
+pub fn operator_cluster_role() -> ClusterRole {
+    let read = ["get", "list", "watch"];
+    ClusterRole {
+        metadata: meta(OPERATOR_ROLE, None),
+        rules: Some(vec![
+            // The controller's reflectors, and the webhook's profile and server lookups.
+            rule(GROUP, &["mcpservers", "mcpprofiles"], &read),
+            rule(GROUP, &["mcpservers/status", "mcpprofiles/status"], &["get", "patch", "update"]),
+            // Condition changes and denied injections are reported as events.
+            rule("events.k8s.io", &["events"], &["create", "patch"]),
+            // Which namespaces are injection-enabled (RoleBindings; the webhook's defence in depth).
+            rule(CORE, &["namespaces"], &read),
+            rule(RBAC_GROUP, &["rolebindings"], &["get", "list", "watch", "create", "update", "patch", "delete"]),
+            // Granting a ClusterRole needs `bind` on it (or holding all its permissions); limited
+            // to the agent's, so the operator cannot hand out any other role.
+            named(rule(RBAC_GROUP, &["clusterroles"], &["bind"]), &[AGENT_ROLE]),
+            // The webhook's caBundle, on its own configuration only.
+            named(
+                rule("admissionregistration.k8s.io", &["mutatingwebhookconfigurations"], &["get", "update", "patch"]),
+                &[WEBHOOK_CONFIGURATION],
+            ),
+        ]),
+        ..ClusterRole::default()
+    }
+}
+
+/// The operator's permissions in its own namespace: its leader Lease and its certificate
+/// Secret. `create` cannot be limited by name (the object has none yet when it is checked), so
+/// it is a rule of its own; reading and updating are limited to the two names.
+pub fn operator_role(namespace: &str) -> Role {
+    Role {
+        metadata: meta(OPERATOR_ROLE, Some(namespace)),
+        rules: Some(vec![
+            rule("coordination.k8s.io", &["leases"], &["create"]),
+            named(rule("coordination.k8s.io", &["leases"], &["get", "update"]), &[OPERATOR_LEASE]),
+            rule(CORE, &["secrets"], &["create"]),
+            named(rule(CORE, &["secrets"], &["get", "update"]), &[WEBHOOK_CERT_SECRET]),
+        ]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_rules() -> Vec<(&'static str, PolicyRule)> {
+        let mut rules = Vec::new();
+        for (who, role) in [("agent", agent_cluster_role()), ("operator", operator_cluster_role())] {
+            rules.extend(role.rules.unwrap_or_default().into_iter().map(|r| (who, r)));
+        }
+        rules.extend(operator_role("spear-system").rules.unwrap_or_default().into_iter().map(|r| ("operator-ns", r)));
+        rules
+    }
+
+    #[test]
+    fn no_rule_uses_a_wildcard() {
+        for (who, r) in all_rules() {
+            let lists =
+                [r.verbs.clone(), r.resources.clone().unwrap_or_default(), r.api_groups.clone().unwrap_or_default()];
+            assert!(lists.iter().flatten().all(|s| !s.contains('*')), "{who}: wildcard in {r:?}");
+            assert!(r.non_resource_urls.is_none(), "{who}: non-resource URLs in {r:?}");
+            assert!(!r.resources.unwrap_or_default().is_empty(), "{who}: a rule without resources");
+        }
+    }
+
+    #[test]
+    fn agent_only_reads_the_registry() {
+        let rules = agent_cluster_role().rules.unwrap_or_default();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].api_groups.as_deref(), Some(&["mcp.spear.dev".to_string()][..]));
+        assert_eq!(rules[0].resources.as_deref(), Some(&["mcpservers".to_string(), "mcpprofiles".to_string()][..]));
+        assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    }
+
+    #[test]
+    fn agent_cannot_touch_secrets() {
+        let rules = agent_cluster_role().rules.unwrap_or_default();
+        assert!(rules.iter().all(|r| !r.resources.iter().flatten().any(|res| res.starts_with("secrets"))));
+    }
+
+    #[test]
+    fn operator_reads_secrets_only_in_its_namespace_and_by_name() {
+        let cluster = operator_cluster_role().rules.unwrap_or_default();
+        assert!(cluster.iter().all(|r| !r.resources.iter().flatten().any(|res| res == "secrets")));
+        let own = operator_role("spear-system");
+        assert_eq!(own.metadata.namespace.as_deref(), Some("spear-system"));
+        for r in own.rules.unwrap_or_default().iter().filter(|r| r.resources.iter().flatten().any(|s| s == "secrets")) {
+            if r.verbs != ["create"] {
+                assert_eq!(r.resource_names.as_deref(), Some(&[WEBHOOK_CERT_SECRET.to_string()][..]), "{r:?}");
+            }
+            assert!(!r.verbs.iter().any(|v| v == "list" || v == "watch" || v == "delete"), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn operator_may_bind_only_the_agent_role() {
+        let rules = operator_cluster_role().rules.unwrap_or_default();
+        let binds: Vec<_> = rules.iter().filter(|r| r.verbs.iter().any(|v| v == "bind" || v == "escalate")).collect();
+        assert_eq!(binds.len(), 1);
+        assert_eq!(binds[0].verbs, ["bind"]);
+        assert_eq!(binds[0].resource_names.as_deref(), Some(&[AGENT_ROLE.to_string()][..]));
+        // The operator itself holds every permission it grants (so `bind` is belt and braces).
+        for granted in agent_cluster_role().rules.unwrap_or_default() {
+            for res in granted.resources.iter().flatten() {
+                assert!(
+                    rules.iter().any(|r| r.api_groups == granted.api_groups
+                        && r.resources.iter().flatten().any(|x| x == res)
+                        && granted.verbs.iter().all(|v| r.verbs.contains(v))),
+                    "operator lacks {res}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn binding_grants_the_agent_role_to_the_namespaces_service_accounts() {
+        let binding = agent_role_binding("team-a");
+        assert_eq!(binding.metadata.name.as_deref(), Some(AGENT_ROLE));
+        assert_eq!(binding.metadata.namespace.as_deref(), Some("team-a"));
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+        assert_eq!(binding.role_ref.name, AGENT_ROLE);
+        assert_eq!(binding.role_ref.api_group.as_deref(), Some("rbac.authorization.k8s.io"));
+        let subjects = binding.subjects.unwrap_or_default();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(subjects[0].kind, "Group");
+        assert_eq!(subjects[0].name, "system:serviceaccounts:team-a");
+        assert_eq!(subjects[0].api_group.as_deref(), Some("rbac.authorization.k8s.io"));
+    }
+
+    #[test]
+    fn every_object_is_labelled_as_managed_by_the_operator() {
+        let metas = [
+            agent_cluster_role().metadata,
+            operator_cluster_role().metadata,
+            agent_role_binding("x").metadata,
+            operator_role("x").metadata,
+        ];
+        for m in metas {
+            let labels = m.labels.unwrap_or_default();
+            assert_eq!(labels.get(LABEL_MANAGED_BY).map(String::as_str), Some("spear-operator"), "{:?}", m.name);
+            assert_eq!(labels.get(LABEL_PART_OF).map(String::as_str), Some("spear-mcp"));
+        }
+    }
+
+    #[test]
+    fn webhook_configuration_access_is_by_name() {
+        let rules = operator_cluster_role().rules.unwrap_or_default();
+        let webhook: Vec<_> = rules
+            .iter()
+            .filter(|r| r.resources.iter().flatten().any(|s| s == "mutatingwebhookconfigurations"))
+            .collect();
+        assert_eq!(webhook.len(), 1);
+        assert_eq!(webhook[0].resource_names.as_deref(), Some(&[WEBHOOK_CONFIGURATION.to_string()][..]));
+    }
+}

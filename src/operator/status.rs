@@ -1,0 +1,296 @@
+//! Status of McpServer and McpProfile, computed as pure functions (STYLE.md rule 7).
+//!
+//! ```text
+//! McpServer (spec + previous status) + probe outcome + now ──server_status──▶ McpServerStatus
+//!     Accepted ← validate()        Ready ← stdio: Unknown/RunsAsSidecar · http: the probe
+//! McpProfile (spec + previous status) + namespace's McpServers + known tool names + now
+//!     ──profile_status──▶ McpProfileStatus
+//!     Accepted ← validate()        ResolvedRefs ← spec.servers all exist
+//!     resolvedServers, missingServers, toolPreview ← policy::CompiledProfile over a Snapshot
+//! ```
+//!
+//! The previous status comes from the object itself. A condition keeps its `lastTransitionTime`
+//! while its `status` stays the same, and every time is cut to whole seconds (what
+//! `metav1.Time` keeps on the wire), so reconciling an unchanged object yields a status equal
+//! to the stored one and the controller skips the write.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::conditions::{reasons, types};
+use crate::api::manifest::Object;
+use crate::api::{
+    MAX_STATUS_TOOLS, McpProfile, McpProfileStatus, McpServer, McpServerStatus, ServerInfo, Transport, Validate,
+    ValidationError,
+};
+use crate::policy::effective::selector_matches;
+use crate::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
+use crate::registry::snapshot::{Entry, Snapshot};
+
+/// Reason of `Ready=Unknown` for an http server not probed yet at this generation.
+// Belongs in `api::conditions::reasons`; kept here until that file's owner moves it.
+pub const REASON_PROBE_PENDING: &str = "ProbePending";
+/// Problems spelled out in an `Accepted=False` message; the rest are counted.
+const MAX_PROBLEMS_IN_MESSAGE: usize = 5;
+/// Longest condition message (the `metav1.Condition` schema's limit).
+const MAX_MESSAGE_BYTES: usize = 32_768;
+/// Longest `lastError`: enough for any transport error, short enough for `kubectl describe`.
+const MAX_ERROR_BYTES: usize = 1024;
+
+/// Condition status values.
+const TRUE: &str = "True";
+const FALSE: &str = "False";
+const UNKNOWN: &str = "Unknown";
+
+/// The result of one probe of a Streamable HTTP server (`initialize` + `tools/list`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProbeOutcome {
+    /// When the probe ran.
+    pub time: Time,
+    /// What it found.
+    pub result: ProbeResult,
+}
+
+/// What a probe found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProbeResult {
+    /// The server answered.
+    Succeeded {
+        /// Tool names from `tools/list` (any order, duplicates allowed).
+        tools: Vec<String>,
+        /// What `initialize` said.
+        server_info: Option<ServerInfo>,
+    },
+    /// The probe failed.
+    Failed {
+        /// Why. The prober must have removed secret values (header values, URL credentials);
+        /// this is written to the status as given.
+        error: String,
+    },
+}
+
+/// The status of `server`: `Accepted` from validation and, for an http server, `Ready` and the
+/// probe fields from `probe`. Without a probe, the previous probe results are kept while the
+/// generation is unchanged (a reconcile that did not probe must not erase them); after a spec
+/// change `Ready` is `Unknown` until the next probe.
+pub fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time) -> McpServerStatus {
+    let now = whole_seconds(&now);
+    let generation = server.metadata.generation;
+    let previous = server.status.as_ref();
+    let old = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let cond = |type_: &str, status: &str, reason: &str, message: String| {
+        condition(old, type_, status, reason, message, generation, &now)
+    };
+
+    let mut status = McpServerStatus { observed_generation: generation, ..McpServerStatus::default() };
+    status.conditions.push(accepted(&server.validate(), old, generation, &now));
+    match server.spec.transport {
+        Transport::Stdio => status.conditions.push(cond(
+            types::READY,
+            UNKNOWN,
+            reasons::RUNS_AS_SIDECAR,
+            "stdio servers run as a sidecar in each pod that uses them; the operator does not probe them".into(),
+        )),
+        Transport::StreamableHttp => match probe {
+            Some(ProbeOutcome { time, result: ProbeResult::Succeeded { tools, server_info } }) => {
+                let mut names: Vec<String> = tools.iter().collect::<BTreeSet<_>>().into_iter().cloned().collect();
+                let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
+                names.truncate(MAX_STATUS_TOOLS);
+                status.conditions.push(cond(
+                    types::READY,
+                    TRUE,
+                    reasons::PROBE_SUCCEEDED,
+                    format!("initialize and tools/list succeeded; the server lists {count} tools"),
+                ));
+                status.tools = names;
+                status.tool_count = Some(count);
+                status.server_info = server_info.clone();
+                status.last_probe_time = Some(whole_seconds(time));
+            }
+            Some(ProbeOutcome { time, result: ProbeResult::Failed { error } }) => {
+                let error = truncate(error, MAX_ERROR_BYTES);
+                status.conditions.push(cond(types::READY, FALSE, reasons::PROBE_FAILED, error.clone()));
+                status.last_probe_time = Some(whole_seconds(time));
+                status.last_error = Some(error);
+            }
+            None => match previous.filter(|p| p.observed_generation == generation) {
+                Some(p) if p.conditions.iter().any(|c| c.type_ == types::READY) => {
+                    status.conditions.extend(p.conditions.iter().filter(|c| c.type_ == types::READY).cloned());
+                    status.tools = p.tools.clone();
+                    status.tool_count = p.tool_count;
+                    status.server_info = p.server_info.clone();
+                    status.last_probe_time = p.last_probe_time.clone();
+                    status.last_error = p.last_error.clone();
+                }
+                _ => status.conditions.push(cond(
+                    types::READY,
+                    UNKNOWN,
+                    REASON_PROBE_PENDING,
+                    "the server has not been probed at this generation yet".into(),
+                )),
+            },
+        },
+    }
+    status
+}
+
+/// The status of `profile`, given every McpServer of its namespace and the tool names known per
+/// server (from their status); servers without known tools add nothing to `toolPreview`.
+pub fn profile_status(
+    profile: &McpProfile,
+    servers_in_namespace: &[McpServer],
+    known_tools: &BTreeMap<String, Vec<String>>,
+    now: Time,
+) -> McpProfileStatus {
+    let now = whole_seconds(&now);
+    let generation = profile.metadata.generation;
+    let old = profile.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let spec = &profile.spec;
+    let name = profile.metadata.name.as_deref().unwrap_or_default();
+
+    let present: BTreeSet<&str> = servers_in_namespace.iter().filter_map(|s| s.metadata.name.as_deref()).collect();
+    let mut allowed: BTreeSet<&str> = spec.servers.iter().map(String::as_str).collect();
+    if let Some(selector) = &spec.server_selector {
+        let empty = BTreeMap::new();
+        for s in servers_in_namespace {
+            let labels = s.metadata.labels.as_ref().unwrap_or(&empty);
+            if let Some(id) = s.metadata.name.as_deref()
+                && selector_matches(selector, labels)
+            {
+                allowed.insert(id);
+            }
+        }
+    }
+    let resolved: Vec<String> = allowed.iter().filter(|s| present.contains(*s)).map(|s| s.to_string()).collect();
+    let missing: Vec<String> = allowed.iter().filter(|s| !present.contains(*s)).map(|s| s.to_string()).collect();
+
+    let resolved_refs = if missing.is_empty() {
+        let message = if resolved.is_empty() {
+            "spec.servers names no McpServer and spec.serverSelector matches none yet".to_string()
+        } else {
+            format!("all {} allowed McpServers exist", resolved.len())
+        };
+        condition(old, types::RESOLVED_REFS, TRUE, reasons::RESOLVED, message, generation, &now)
+    } else {
+        let namespace = profile.metadata.namespace.as_deref().unwrap_or("this namespace");
+        let message = format!(
+            "McpServers not found in namespace {namespace}: {}; create them, or remove them from spec.servers",
+            missing.join(", ")
+        );
+        condition(old, types::RESOLVED_REFS, FALSE, reasons::MISSING_SERVERS, message, generation, &now)
+    };
+
+    McpProfileStatus {
+        observed_generation: generation,
+        conditions: vec![accepted(&profile.validate(), old, generation, &now), resolved_refs],
+        tool_preview: tool_preview(profile, name, servers_in_namespace, &resolved, known_tools),
+        resolved_servers: resolved,
+        missing_servers: missing,
+    }
+}
+
+/// The tool names each http server listed at its last successful probe (from its status), as
+/// [`profile_status`] takes them. stdio servers are not probed and have none.
+pub fn known_tools(servers: &[McpServer]) -> BTreeMap<String, Vec<String>> {
+    servers
+        .iter()
+        .filter_map(|s| {
+            let status = s.status.as_ref().filter(|st| st.tool_count.is_some())?;
+            Some((s.metadata.name.clone()?, status.tools.clone()))
+        })
+        .collect()
+}
+
+/// Model-facing names the profile exposes from the servers whose tools are known, sorted, at
+/// most [`MAX_STATUS_TOOLS`]. Every allowed server counts, not only `defaultServers`: a request
+/// may ask for any of them. Empty when the profile does not compile (its patterns are invalid,
+/// which `Accepted` reports).
+fn tool_preview(
+    profile: &McpProfile,
+    name: &str,
+    servers: &[McpServer],
+    resolved: &[String],
+    known_tools: &BTreeMap<String, Vec<String>>,
+) -> Vec<String> {
+    // The same code path the agent uses, so the preview shows the names a model will see.
+    let entries = servers
+        .iter()
+        .map(|s| Object::Server(s.clone()))
+        .chain([Object::Profile(profile.clone())])
+        .map(|o| Entry::new("", 0, String::new(), o));
+    let snapshot = Snapshot::build(entries, Vec::new());
+    let Ok(compiled) = CompiledProfile::compile(&snapshot, name) else { return Vec::new() };
+    let parts: BTreeMap<&str, &str> = compiled.servers().collect();
+    let tools = |id: &str| match (known_tools.get(id), parts.get(id)) {
+        (Some(tools), Some(part)) => {
+            ServerTools::Listed(ToolList::new(part, tools.iter().map(|t| ToolInfo::named(t)).collect()).into())
+        }
+        _ => ServerTools::Unknown,
+    };
+    let scope = RequestScope { servers: Some(resolved.to_vec()), ..RequestScope::default() };
+    let Ok(set) = compiled.effective(tools, Some(&scope), &[]) else { return Vec::new() };
+    let mut names: Vec<String> = set.tools().map(|(_, t)| t.name.to_string()).collect();
+    names.sort();
+    names.dedup();
+    names.truncate(MAX_STATUS_TOOLS);
+    names
+}
+
+/// `Accepted` from validation problems: the first few as `field: message (fix)`.
+fn accepted(problems: &[ValidationError], old: &[Condition], generation: Option<i64>, now: &Time) -> Condition {
+    if problems.is_empty() {
+        return condition(old, types::ACCEPTED, TRUE, reasons::VALID, "the spec is valid".into(), generation, now);
+    }
+    let mut message =
+        problems.iter().take(MAX_PROBLEMS_IN_MESSAGE).map(ToString::to_string).collect::<Vec<_>>().join("; ");
+    if problems.len() > MAX_PROBLEMS_IN_MESSAGE {
+        message.push_str(&format!("; and {} more", problems.len() - MAX_PROBLEMS_IN_MESSAGE));
+    }
+    condition(old, types::ACCEPTED, FALSE, reasons::INVALID, message, generation, now)
+}
+
+/// A condition that keeps the previous `lastTransitionTime` while its status is unchanged.
+fn condition(
+    old: &[Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let last_transition_time = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: truncate(&message, MAX_MESSAGE_BYTES),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// `t` without its fraction of a second, as it reads back from the API server.
+fn whole_seconds(t: &Time) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(t.0.as_second()).unwrap_or(t.0))
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, with `…` when cut.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    const ELLIPSIS: char = '…';
+    let mut end = max.saturating_sub(ELLIPSIS.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ELLIPSIS}", &s[..end])
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,288 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::*;
+use crate::api::{HttpSpec, McpProfileSpec, McpServerSpec, StdioSpec};
+
+fn at(second: i64) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(second).expect("a valid timestamp"))
+}
+
+/// `at(second)` plus half a second, as a clock reads it.
+fn at_fraction(second: i64) -> Time {
+    let nanos = second as i128 * 1_000_000_000 + 500_000_000;
+    Time(k8s_openapi::jiff::Timestamp::from_nanosecond(nanos).expect("a valid timestamp"))
+}
+
+fn stdio(name: &str) -> McpServer {
+    let mut s = McpServer::new(
+        name,
+        McpServerSpec {
+            stdio: Some(StdioSpec { command: "npx".into(), ..StdioSpec::default() }),
+            allowed_tools: vec!["*".into()],
+            ..McpServerSpec::default()
+        },
+    );
+    s.metadata.generation = Some(1);
+    s
+}
+
+fn http(name: &str) -> McpServer {
+    let mut s = McpServer::new(
+        name,
+        McpServerSpec {
+            transport: Transport::StreamableHttp,
+            http: Some(HttpSpec { url: "https://mcp.example.com/mcp".into(), headers: vec![] }),
+            allowed_tools: vec!["search*".into()],
+            ..McpServerSpec::default()
+        },
+    );
+    s.metadata.generation = Some(2);
+    s
+}
+
+fn succeeded(second: i64, tools: &[&str]) -> ProbeOutcome {
+    ProbeOutcome {
+        time: at_fraction(second),
+        result: ProbeResult::Succeeded {
+            tools: tools.iter().map(|t| t.to_string()).collect(),
+            server_info: Some(ServerInfo {
+                name: Some("web".into()),
+                version: Some("1.2.3".into()),
+                instructions: None,
+            }),
+        },
+    }
+}
+
+fn failed(second: i64, error: &str) -> ProbeOutcome {
+    ProbeOutcome { time: at(second), result: ProbeResult::Failed { error: error.into() } }
+}
+
+fn get<'a>(conditions: &'a [Condition], type_: &str) -> &'a Condition {
+    conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+/// The status as the API server hands it back: through JSON.
+fn stored<T: serde::Serialize + serde::de::DeserializeOwned>(status: &T) -> T {
+    serde_json::from_value(serde_json::to_value(status).expect("serializes")).expect("parses")
+}
+
+// === McpServer ===
+
+#[test]
+fn stdio_server_is_accepted_and_not_probed() {
+    let status = server_status(&stdio("fs"), None, at(100));
+    assert_eq!(status.observed_generation, Some(1));
+    let accepted = get(&status.conditions, types::ACCEPTED);
+    assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("True", reasons::VALID));
+    assert_eq!(accepted.observed_generation, Some(1));
+    let ready = get(&status.conditions, types::READY);
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("Unknown", reasons::RUNS_AS_SIDECAR));
+    assert!(status.tools.is_empty() && status.tool_count.is_none() && status.last_probe_time.is_none());
+}
+
+#[test]
+fn invalid_server_names_the_field_and_the_fix() {
+    let mut s = stdio("fs");
+    s.spec.allowed_tools = vec!["[a-z]*".into()];
+    s.spec.budgets = Some(crate::api::ServerBudgets { max_concurrency: Some(0), ..Default::default() });
+    let status = server_status(&s, None, at(100));
+    let accepted = get(&status.conditions, types::ACCEPTED);
+    assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("False", reasons::INVALID));
+    assert!(accepted.message.contains("spec.allowedTools[0]: "), "{}", accepted.message);
+    assert!(accepted.message.contains("spec.budgets.maxConcurrency: 0 is out of range (use a value from"));
+}
+
+#[test]
+fn many_problems_are_counted_not_listed() {
+    let mut s = stdio("fs");
+    s.spec.allowed_tools = (0..8).map(|i| format!("[{i}]")).collect();
+    let status = server_status(&s, None, at(100));
+    let message = &get(&status.conditions, types::ACCEPTED).message;
+    assert!(message.ends_with("; and 3 more"), "{message}");
+}
+
+#[test]
+fn http_probe_success_fills_the_status() {
+    let status = server_status(&http("web"), Some(&succeeded(200, &["search", "fetch", "search"])), at_fraction(201));
+    let ready = get(&status.conditions, types::READY);
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", reasons::PROBE_SUCCEEDED));
+    assert_eq!(ready.last_transition_time, at(201), "times are whole seconds");
+    assert_eq!(status.tools, ["fetch", "search"]);
+    assert_eq!(status.tool_count, Some(2));
+    assert_eq!(status.server_info.as_ref().and_then(|i| i.version.as_deref()), Some("1.2.3"));
+    assert_eq!(status.last_probe_time, Some(at(200)));
+    assert!(status.last_error.is_none());
+}
+
+#[test]
+fn status_tools_are_capped_and_counted() {
+    let tools: Vec<String> = (0..300).map(|i| format!("tool{i:03}")).collect();
+    let refs: Vec<&str> = tools.iter().map(String::as_str).collect();
+    let status = server_status(&http("web"), Some(&succeeded(200, &refs)), at(201));
+    assert_eq!(status.tools.len(), MAX_STATUS_TOOLS);
+    assert_eq!(status.tool_count, Some(300));
+}
+
+#[test]
+fn http_probe_failure_reports_the_error() {
+    let status = server_status(&http("web"), Some(&failed(300, "connection refused")), at(301));
+    let ready = get(&status.conditions, types::READY);
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::PROBE_FAILED));
+    assert_eq!(ready.message, "connection refused");
+    assert_eq!(status.last_error.as_deref(), Some("connection refused"));
+    assert_eq!(status.last_probe_time, Some(at(300)));
+    assert!(status.tools.is_empty());
+
+    let long = "x".repeat(5000);
+    let status = server_status(&http("web"), Some(&failed(300, &long)), at(301));
+    let error = status.last_error.unwrap_or_default();
+    assert!(error.len() <= MAX_ERROR_BYTES && error.ends_with('…'));
+}
+
+#[test]
+fn unchanged_server_gives_an_identical_status() {
+    let mut s = http("web");
+    let probe = succeeded(200, &["search"]);
+    let first = server_status(&s, Some(&probe), at_fraction(201));
+    s.status = Some(stored(&first));
+    let second = server_status(&s, Some(&probe), at(500));
+    assert_eq!(Some(&second), s.status.as_ref());
+}
+
+#[test]
+fn transition_time_moves_only_when_the_status_flips() {
+    let mut s = http("web");
+    s.status = Some(server_status(&s, Some(&succeeded(200, &["search"])), at(201)));
+    // Still True, other tools: the transition time stays.
+    let again = server_status(&s, Some(&succeeded(300, &["search", "fetch"])), at(301));
+    assert_eq!(get(&again.conditions, types::READY).last_transition_time, at(201));
+    // False now: it moves.
+    s.status = Some(again);
+    let down = server_status(&s, Some(&failed(400, "timeout")), at(401));
+    assert_eq!(get(&down.conditions, types::READY).last_transition_time, at(401));
+    assert_eq!(get(&down.conditions, types::ACCEPTED).last_transition_time, at(201));
+}
+
+#[test]
+fn a_reconcile_without_probe_keeps_the_last_probe_until_the_spec_changes() {
+    let mut s = http("web");
+    s.status = Some(server_status(&s, Some(&succeeded(200, &["search"])), at(201)));
+    let kept = server_status(&s, None, at(300));
+    assert_eq!(Some(&kept), s.status.as_ref());
+
+    s.metadata.generation = Some(3);
+    let pending = server_status(&s, None, at(400));
+    let ready = get(&pending.conditions, types::READY);
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("Unknown", REASON_PROBE_PENDING));
+    assert!(pending.tools.is_empty() && pending.last_probe_time.is_none());
+    assert_eq!(pending.observed_generation, Some(3));
+}
+
+// === McpProfile ===
+
+fn profile(servers: &[&str]) -> McpProfile {
+    let mut p = McpProfile::new(
+        "dev",
+        McpProfileSpec { servers: servers.iter().map(|s| s.to_string()).collect(), ..McpProfileSpec::default() },
+    );
+    p.metadata.namespace = Some("team-a".into());
+    p.metadata.generation = Some(4);
+    p
+}
+
+fn known(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    entries.iter().map(|(s, tools)| (s.to_string(), tools.iter().map(|t| t.to_string()).collect())).collect()
+}
+
+#[test]
+fn profile_with_all_servers_resolves_and_previews_tools() {
+    let servers = [http("web"), stdio("fs")];
+    let tools = known(&[("web", &["search", "search_news", "delete"])]);
+    let status = profile_status(&profile(&["web", "fs"]), &servers, &tools, at(100));
+    assert_eq!(status.observed_generation, Some(4));
+    assert_eq!(get(&status.conditions, types::ACCEPTED).status, "True");
+    let refs = get(&status.conditions, types::RESOLVED_REFS);
+    assert_eq!((refs.status.as_str(), refs.reason.as_str()), ("True", reasons::RESOLVED));
+    assert_eq!(status.resolved_servers, ["fs", "web"]);
+    assert!(status.missing_servers.is_empty());
+    // `delete` is not in web's allowedTools; fs's tools are unknown.
+    assert_eq!(status.tool_preview, ["mcp__web__search", "mcp__web__search_news"]);
+}
+
+#[test]
+fn profile_preview_applies_the_profiles_own_lists() {
+    let servers = [http("web")];
+    let mut p = profile(&["web"]);
+    p.spec.tool_denylist = vec!["*news".into()];
+    p.spec.default_servers = Some(vec![]);
+    let status = profile_status(&p, &servers, &known(&[("web", &["search", "search_news"])]), at(100));
+    // Defaults do not narrow the preview: a request may name any allowed server.
+    assert_eq!(status.tool_preview, ["mcp__web__search"]);
+}
+
+#[test]
+fn missing_servers_are_listed_and_reported() {
+    let status = profile_status(&profile(&["web", "gone", "also-gone"]), &[http("web")], &BTreeMap::new(), at(100));
+    let refs = get(&status.conditions, types::RESOLVED_REFS);
+    assert_eq!((refs.status.as_str(), refs.reason.as_str()), ("False", reasons::MISSING_SERVERS));
+    assert!(refs.message.contains("also-gone, gone") && refs.message.contains("team-a"), "{}", refs.message);
+    assert_eq!(status.resolved_servers, ["web"]);
+    assert_eq!(status.missing_servers, ["also-gone", "gone"]);
+    assert!(status.tool_preview.is_empty());
+}
+
+#[test]
+fn selector_adds_matching_servers() {
+    let mut labelled = http("search");
+    labelled.metadata.labels = Some(BTreeMap::from([("tier".to_string(), "public".to_string())]));
+    let mut p = profile(&[]);
+    p.spec.server_selector = Some(LabelSelector {
+        match_labels: Some(BTreeMap::from([("tier".to_string(), "public".to_string())])),
+        ..LabelSelector::default()
+    });
+    let status = profile_status(&p, &[labelled, http("web")], &known(&[("search", &["search"])]), at(100));
+    assert_eq!(status.resolved_servers, ["search"]);
+    assert!(status.missing_servers.is_empty());
+    assert_eq!(status.tool_preview, ["mcp__search__search"]);
+}
+
+#[test]
+fn invalid_profile_is_not_accepted() {
+    let status = profile_status(&profile(&[]), &[], &BTreeMap::new(), at(100));
+    let accepted = get(&status.conditions, types::ACCEPTED);
+    assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("False", reasons::INVALID));
+    assert!(accepted.message.starts_with("spec.servers: the profile allows no server ("), "{}", accepted.message);
+}
+
+#[test]
+fn unchanged_profile_gives_an_identical_status() {
+    let servers = [http("web")];
+    let tools = known(&[("web", &["search"])]);
+    let mut p = profile(&["web", "gone"]);
+    p.status = Some(stored(&profile_status(&p, &servers, &tools, at_fraction(100))));
+    let again = profile_status(&p, &servers, &tools, at(900));
+    assert_eq!(Some(&again), p.status.as_ref());
+    // The missing server appears: ResolvedRefs flips and only its time moves.
+    let servers = [http("web"), http("gone")];
+    let fixed = profile_status(&p, &servers, &tools, at(1000));
+    assert_eq!(get(&fixed.conditions, types::RESOLVED_REFS).last_transition_time, at(1000));
+    assert_eq!(get(&fixed.conditions, types::ACCEPTED).last_transition_time, at(100));
+}
+
+#[test]
+fn truncation_respects_character_boundaries() {
+    assert_eq!(truncate("short", 10), "short");
+    let cut = truncate("ééééé", 6);
+    assert!(cut.len() <= 6 && cut.ends_with('…'), "{cut}");
+}
+
+#[test]
+fn known_tools_come_from_probed_servers_status() {
+    let mut web = http("web");
+    web.status = Some(server_status(&web, Some(&succeeded(200, &["search"])), at(201)));
+    let mut down = http("down");
+    down.status = Some(server_status(&down, Some(&failed(200, "refused")), at(201)));
+    let fs = stdio("fs");
+    assert_eq!(known_tools(&[web, down, fs]), known(&[("web", &["search"])]));
+}
