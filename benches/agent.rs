@@ -4,7 +4,13 @@
 //!   H = bare rmcp Streamable HTTP client → echo server over HTTP; A = the same HTTP client →
 //!   `spearlet serve` `/mcp` → the echo server over stdio. Target: p50(A) ≤ p50(S) + p50(H) + 50 µs,
 //!   p99(A) ≤ p99(S) + p99(H) + 200 µs.
+//! - gRPC: G = a bare tonic unary echo (the same `CallTool` messages, answered in its own process);
+//!   AG = `spearlet` gRPC `CallTool` → the echo server over stdio. Target as above with G for H.
 //! - throughput: 64 concurrent HTTP clients for 10 s on H and on A; target A ≥ 0.7 × H, 0 errors.
+//! - chat-loop overhead: one completion with one tool round through the agent (a scripted
+//!   upstream in this process, standing in for a hosted model API; the echo tool over stdio)
+//!   against the same three steps made directly (upstream, bare stdio call, upstream); target
+//!   ≤ 1 ms per round.
 //! - idle RSS of `spearlet serve` on `examples/registry` with its servers connected (target
 //!   ≤ 15 MiB), next to the RSS of the bare echo server process as a floor.
 //!
@@ -25,7 +31,11 @@ use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::json;
+use spear::agent::grpc::pb;
+use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
+use spear::agent::grpc::pb::mcp_sessions_server::{McpSessions, McpSessionsServer};
 use spear::testing::{echo, mcp_servers};
+use tonic::{Request, Response, Status};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -78,8 +88,61 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// A bare tonic unary echo: `CallTool` answers with its arguments as text, nothing else.
+struct GrpcEcho;
+
+#[tonic::async_trait]
+impl McpSessions for GrpcEcho {
+    async fn open(&self, _: Request<pb::OpenRequest>) -> Result<Response<pb::OpenReply>, Status> {
+        Err(Status::unimplemented("echo only"))
+    }
+    async fn list_tools(&self, _: Request<pb::ListToolsRequest>) -> Result<Response<pb::ListToolsReply>, Status> {
+        Err(Status::unimplemented("echo only"))
+    }
+    async fn call_tool(&self, request: Request<pb::CallToolRequest>) -> Result<Response<pb::CallToolReply>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(pb::CallToolReply { status: "ok".into(), text: request.args_json, ..Default::default() }))
+    }
+    async fn close(&self, _: Request<pb::CloseRequest>) -> Result<Response<pb::CloseReply>, Status> {
+        Err(Status::unimplemented("echo only"))
+    }
+}
+
+async fn grpc_call(client: &mut McpSessionsClient<tonic::transport::Channel>, session: &str, tool: &str) -> Duration {
+    let request = pb::CallToolRequest {
+        session_id: session.to_string(),
+        tool: tool.to_string(),
+        args_json: r#"{"text":"ping"}"#.to_string(),
+    };
+    let started = Instant::now();
+    let reply = client.call_tool(request).await.expect("gRPC CallTool").into_inner();
+    assert!(reply.error.is_none(), "{reply:?}");
+    started.elapsed()
+}
+
+/// The scripted upstream: stands in for a hosted model API (the only double). The first round
+/// asks for the echo tool; once a tool message is in the conversation it answers.
+async fn scripted_upstream(axum::Json(body): axum::Json<serde_json::Value>) -> axum::Json<serde_json::Value> {
+    let answered = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+    let message = if answered {
+        json!({"role": "assistant", "content": "done"})
+    } else {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "mcp__echo__echo", "arguments": "{\"text\":\"ping\"}"}}]})
+    };
+    let finish = if answered { "stop" } else { "tool_calls" };
+    axum::Json(json!({"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "scripted",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}]}))
+}
+
 /// Starts `spearlet serve` on free ports over `dir`; returns it and its HTTP and admin ports.
 async fn start_agent(dir: &Path, profile: &str, audit: &Path) -> (Spawned, u16, u16) {
+    let (agent, http, _, admin) = start_agent_with(dir, profile, audit, &[]).await;
+    (agent, http, admin)
+}
+
+/// [`start_agent`] with extra flags; also returns the gRPC port.
+async fn start_agent_with(dir: &Path, profile: &str, audit: &Path, extra: &[&str]) -> (Spawned, u16, u16, u16) {
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
     let agent = spawn(
         tokio::process::Command::new(env!("CARGO_BIN_EXE_spearlet"))
@@ -92,6 +155,7 @@ async fn start_agent(dir: &Path, profile: &str, audit: &Path) -> (Spawned, u16, 
             .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
             .arg("--audit-log")
             .arg(audit)
+            .args(extra)
             .env("SPEAR_LOG", "warn")
             .stdin(Stdio::null()),
     );
@@ -100,7 +164,7 @@ async fn start_agent(dir: &Path, profile: &str, audit: &Path) -> (Spawned, u16, 
         assert!(Instant::now() < deadline, "spearlet serve not ready within 60 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    (agent, http, admin)
+    (agent, http, grpc, admin)
 }
 
 async fn ready(admin: u16) -> bool {
@@ -176,20 +240,85 @@ async fn run(size: Size) {
     let registry = dir.path().join("registry");
     std::fs::create_dir(&registry).expect("registry dir");
     echo_registry(&registry, &exe);
-    let (agent, agent_http, _) = start_agent(&registry, "bench", &dir.path().join("audit.log")).await;
+    // The scripted upstream for the chat loop, in this process.
+    let upstream_listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("upstream port");
+    let upstream_port = upstream_listener.local_addr().expect("upstream addr").port();
+    let upstream = axum::Router::new().route("/v1/chat/completions", axum::routing::post(scripted_upstream));
+    tokio::spawn(async move { axum::serve(upstream_listener, upstream).await });
+    let upstream_url = format!("http://127.0.0.1:{upstream_port}/v1");
+    let (agent, agent_http, agent_grpc, _) =
+        start_agent_with(&registry, "bench", &dir.path().join("audit.log"), &["--upstream-url", &upstream_url]).await;
     let agent_url = format!("http://127.0.0.1:{agent_http}/mcp");
     let through_agent = http_client(&agent_url).await;
+
+    // G: a bare tonic echo in its own process; AG: the agent's gRPC door.
+    let grpc_echo_port = mcp_servers::free_port();
+    let _grpc_echo = spawn(tokio::process::Command::new(&exe).args(["--serve-grpc-echo", &grpc_echo_port.to_string()]));
+    assert!(mcp_servers::wait_for_http(grpc_echo_port, Duration::from_secs(10)).await, "the gRPC echo listens");
+    let channel = |port: u16| async move {
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("an endpoint")
+            .connect()
+            .await
+            .expect("a gRPC channel")
+    };
+    let mut bare_grpc = McpSessionsClient::new(channel(grpc_echo_port).await);
+    let mut agent_grpc = McpSessionsClient::new(channel(agent_grpc).await);
+    let session = agent_grpc
+        .open(pb::OpenRequest { server_id: "echo".into(), ..Default::default() })
+        .await
+        .expect("a gRPC session")
+        .into_inner()
+        .session_id;
+
+    // Chat: the direct sequence and the same through the agent.
+    let http = reqwest::Client::new();
+    let chat_body = json!({"model": "scripted", "messages": [{"role": "user", "content": "echo ping"}]});
+    let upstream_completions = format!("{upstream_url}/chat/completions");
+    let agent_completions = format!("http://127.0.0.1:{agent_http}/v1/chat/completions");
+    let post = |url: String, body: serde_json::Value| {
+        let http = http.clone();
+        async move {
+            let response = http.post(url).json(&body).send().await.expect("a chat request");
+            assert!(response.status().is_success(), "{}", response.status());
+            response.json::<serde_json::Value>().await.expect("a JSON completion")
+        }
+    };
+    let direct_chat = || async {
+        let started = Instant::now();
+        let first = post(upstream_completions.clone(), chat_body.clone()).await;
+        call(&bare_stdio, "echo").await.expect("the direct tool call");
+        let mut messages = chat_body["messages"].as_array().cloned().unwrap_or_default();
+        messages.push(first["choices"][0]["message"].clone());
+        messages.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "ping"}));
+        post(upstream_completions.clone(), json!({"model": "scripted", "messages": messages})).await;
+        started.elapsed()
+    };
+    let agent_chat = || async {
+        let started = Instant::now();
+        let answer = post(agent_completions.clone(), chat_body.clone()).await;
+        assert_eq!(answer["choices"][0]["message"]["content"], "done", "{answer}");
+        started.elapsed()
+    };
 
     for _ in 0..50 {
         call(&bare_stdio, "echo").await.expect("S warm-up");
         call(&bare_http, "echo").await.expect("H warm-up");
         call(&through_agent, "mcp__echo__echo").await.expect("A warm-up");
+        grpc_call(&mut bare_grpc, "", "echo").await;
+        grpc_call(&mut agent_grpc, &session, "echo").await;
+        direct_chat().await;
+        agent_chat().await;
     }
-    let mut samples: [Vec<Duration>; 3] = Default::default();
+    let mut samples: [Vec<Duration>; 7] = Default::default();
     for _ in 0..size.latency_calls {
         samples[0].push(call(&bare_stdio, "echo").await.expect("S"));
         samples[1].push(call(&bare_http, "echo").await.expect("H"));
         samples[2].push(call(&through_agent, "mcp__echo__echo").await.expect("A"));
+        samples[3].push(grpc_call(&mut bare_grpc, "", "echo").await);
+        samples[4].push(grpc_call(&mut agent_grpc, &session, "echo").await);
+        samples[5].push(direct_chat().await);
+        samples[6].push(agent_chat().await);
     }
     for s in &mut samples {
         s.sort();
@@ -215,6 +344,21 @@ async fn run(size: Size) {
         p(2, 0.99) / p99_budget
     );
     println!("agent-added p50 over S+H: {:.1} us", p(2, 0.5) - p(0, 0.5) - p(1, 0.5));
+    let (g50, g99) = (p(0, 0.5) + p(3, 0.5) + 50.0, p(0, 0.99) + p(3, 0.99) + 200.0);
+    println!(
+        "AG p50 {:.1} us vs S+G+50 = {g50:.1} us (ratio {:.2}); AG p99 {:.1} us vs S+G+200 = {g99:.1} us (ratio {:.2})",
+        p(4, 0.5),
+        p(4, 0.5) / g50,
+        p(4, 0.99),
+        p(4, 0.99) / g99
+    );
+    // Two upstream rounds per completion; the difference also holds the client's hop to the agent.
+    println!(
+        "chat-loop overhead per round (p50): {:.1} us (through agent {:.1} us - direct {:.1} us, over 2 rounds)",
+        (p(6, 0.5) - p(5, 0.5)) / 2.0,
+        p(6, 0.5),
+        p(5, 0.5)
+    );
 
     // Throughput: the same number of clients against H, then A.
     let secs = size.throughput_for.as_secs_f64();
@@ -282,6 +426,18 @@ fn main() {
                 .await
                 .expect("the echo port is free");
             echo::serve_http(listener).await.expect("serving echo over HTTP");
+        });
+        return;
+    }
+    if let Some(port) = args.iter().position(|a| a == "--serve-grpc-echo").and_then(|i| args.get(i + 1)) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port.parse::<u16>().expect("a port")));
+        runtime.block_on(async {
+            tonic::transport::Server::builder()
+                .add_service(McpSessionsServer::new(GrpcEcho))
+                .serve(addr)
+                .await
+                .expect("serving the gRPC echo");
         });
         return;
     }
