@@ -182,7 +182,8 @@ async fn ready(admin: u16) -> bool {
 fn echo_registry(dir: &Path, exe: &Path) {
     let yaml = format!(
         "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: echo\nspec:\n  transport: stdio\n  \
-         stdio:\n    command: {:?}\n    args: [\"--serve-echo\"]\n  allowedTools: [\"*\"]\n---\n\
+         stdio:\n    command: {:?}\n    args: [\"--serve-echo\"]\n  allowedTools: [\"*\"]\n  \
+         budgets: {{maxConcurrency: 64}}\n---\n\
          apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: bench\nspec:\n  servers: [echo]\n",
         exe.display().to_string()
     );
@@ -326,11 +327,16 @@ async fn run(size: Size) {
     let p = |i: usize, q: f64| us(percentile(&samples[i], q));
     println!("agent bench: latency, {} calls per client, alternating call by call", samples[0].len());
     println!("{:<44} {:>10} {:>10}", "client", "p50 us", "p99 us");
-    for (i, name) in
-        ["S  bare rmcp, stdio", "H  bare rmcp, Streamable HTTP", "A  HTTP client -> spearlet /mcp -> stdio"]
-            .iter()
-            .enumerate()
-    {
+    let rows = [
+        "S  bare rmcp, stdio",
+        "H  bare rmcp, Streamable HTTP",
+        "A  HTTP client -> spearlet /mcp -> stdio",
+        "G  bare tonic unary echo",
+        "AG gRPC CallTool -> spearlet -> stdio",
+        "chat, direct (upstream, tool, upstream)",
+        "chat, through spearlet (one tool round)",
+    ];
+    for (i, name) in rows.iter().enumerate() {
         println!("{name:<44} {:>10.1} {:>10.1}", p(i, 0.5), p(i, 0.99));
     }
     let (p50_budget, p99_budget) = (p(0, 0.5) + p(1, 0.5) + 50.0, p(0, 0.99) + p(1, 0.99) + 200.0);

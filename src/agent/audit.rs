@@ -1,8 +1,9 @@
 //! The audit log: one JSON line per tool call (DESIGN.md "Observability"), whichever door it
 //! came through. Arguments are redacted unless the operator turns them on.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::sync::Mutex;
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -54,30 +55,82 @@ pub struct AuditLine<'a> {
     pub arguments: Value,
 }
 
-/// Where audit lines go.
+/// Lines waiting for the writer thread; past this, a call waits (audit lines are never dropped).
+const QUEUE_LINES: usize = 4096;
+
+enum Message {
+    Line(Vec<u8>),
+    /// Write out everything queued so far, then answer.
+    Flush(mpsc::Sender<()>),
+}
+
+/// Where audit lines go. Lines are handed to a writer thread, so a call never waits for the
+/// disk; the thread flushes whenever the queue is drained (one syscall for a burst of lines, at
+/// once when traffic is light).
 pub struct AuditSink {
-    writer: Option<Mutex<Box<dyn Write + Send>>>,
+    queue: Option<SyncSender<Message>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     include_arguments: bool,
 }
 
 impl std::fmt::Debug for AuditSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuditSink")
-            .field("enabled", &self.writer.is_some())
+            .field("enabled", &self.queue.is_some())
             .field("include_arguments", &self.include_arguments)
             .finish()
     }
 }
 
+/// The writer thread: write what comes, flush when nothing more is waiting.
+fn write_lines(queue: Receiver<Message>, writer: Box<dyn Write + Send>) {
+    let mut writer = BufWriter::with_capacity(64 * 1024, writer);
+    let mut failed = false;
+    let report = |result: std::io::Result<()>, failed: &mut bool| {
+        // One warning per failure streak, not one per line.
+        match result {
+            Err(e) if !*failed => {
+                tracing::warn!(error = %e, "audit lines not written");
+                *failed = true;
+            }
+            Err(_) => {}
+            Ok(()) => *failed = false,
+        }
+    };
+    while let Ok(message) = queue.recv() {
+        let mut next = Some(message);
+        while let Some(message) = next.take() {
+            match message {
+                Message::Line(line) => report(writer.write_all(&line), &mut failed),
+                Message::Flush(done) => {
+                    report(writer.flush(), &mut failed);
+                    let _ = done.send(());
+                }
+            }
+            next = queue.try_recv().ok();
+        }
+        report(writer.flush(), &mut failed);
+    }
+    report(writer.flush(), &mut failed);
+}
+
 impl AuditSink {
     /// Audit lines to `writer`, with arguments when `include_arguments`.
     pub fn new(writer: Box<dyn Write + Send>, include_arguments: bool) -> Self {
-        AuditSink { writer: Some(Mutex::new(writer)), include_arguments }
+        let (queue, lines) = mpsc::sync_channel(QUEUE_LINES);
+        let thread = std::thread::Builder::new().name("spear-audit".into()).spawn(move || write_lines(lines, writer));
+        match thread {
+            Ok(handle) => AuditSink { queue: Some(queue), writer: Mutex::new(Some(handle)), include_arguments },
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the audit writer thread: audit is off");
+                AuditSink::disabled()
+            }
+        }
     }
 
     /// No audit.
     pub fn disabled() -> Self {
-        AuditSink { writer: None, include_arguments: false }
+        AuditSink { queue: None, writer: Mutex::new(None), include_arguments: false }
     }
 
     /// Lines go to stderr, beside the logs.
@@ -94,9 +147,9 @@ impl AuditSink {
         }
     }
 
-    /// Writes one line. A failing sink is logged, never fails the call.
+    /// Queues one line. A failing sink is logged, never fails the call.
     pub fn record(&self, line: &AuditLine<'_>) {
-        let Some(writer) = &self.writer else { return };
+        let Some(queue) = &self.queue else { return };
         let mut bytes = match serde_json::to_vec(line) {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -105,10 +158,22 @@ impl AuditSink {
             }
         };
         bytes.push(b'\n');
-        // One write per line, under the lock, so lines never interleave.
-        let mut writer = writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(e) = writer.write_all(&bytes).and_then(|()| writer.flush()) {
-            tracing::warn!(error = %e, "audit line not written");
+        match queue.try_send(Message::Line(bytes)) {
+            Ok(()) => {}
+            // A full queue means the disk is slower than the calls: wait rather than lose lines.
+            Err(TrySendError::Full(message)) => {
+                let _ = queue.send(message);
+            }
+            Err(TrySendError::Disconnected(_)) => tracing::warn!("audit writer gone: line not written"),
+        }
+    }
+
+    /// Waits until every line queued so far is written and flushed (before the process exits).
+    pub fn flush(&self) {
+        let Some(queue) = &self.queue else { return };
+        let (done, written) = mpsc::channel();
+        if queue.send(Message::Flush(done)).is_ok() {
+            let _ = written.recv_timeout(Duration::from_secs(5));
         }
     }
 }
@@ -121,6 +186,17 @@ pub fn now() -> String {
 /// Milliseconds as a float with microsecond precision.
 pub fn millis(latency: Duration) -> f64 {
     (latency.as_micros() as f64) / 1000.0
+}
+
+impl Drop for AuditSink {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread after it wrote everything.
+        self.queue.take();
+        let handle = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +243,7 @@ mod tests {
         let sink = AuditSink::new(Box::new(shared.clone()), false);
         let args: Map<String, Value> = serde_json::from_str(r#"{"token": "s3cret"}"#).expect("json");
         sink.record(&line(sink.arguments(Some(&args))));
+        sink.flush();
         let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
         assert!(!text.contains("s3cret"), "{text}");
         let parsed: Value = serde_json::from_str(text.trim_end()).expect("one JSON line");
@@ -177,11 +254,37 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_of_lines_from_many_threads_arrives_whole_and_in_full() {
+        let shared = Shared::default();
+        let sink = std::sync::Arc::new(AuditSink::new(Box::new(shared.clone()), false));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let sink = sink.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        sink.record(&line(Value::Null));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        drop(std::sync::Arc::into_inner(sink));
+        let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
+        assert_eq!(text.lines().count(), 8000);
+        for l in text.lines() {
+            serde_json::from_str::<Value>(l).expect("every line is one whole JSON object");
+        }
+    }
+
+    #[test]
     fn arguments_are_kept_when_enabled() {
         let shared = Shared::default();
         let sink = AuditSink::new(Box::new(shared.clone()), true);
         let args: Map<String, Value> = serde_json::from_str(r#"{"path": "/tmp"}"#).expect("json");
         sink.record(&line(sink.arguments(Some(&args))));
+        sink.flush();
         let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
         let parsed: Value = serde_json::from_str(text.trim_end()).expect("one JSON line");
         assert_eq!(parsed["arguments"]["path"], "/tmp");

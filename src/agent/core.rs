@@ -74,6 +74,9 @@ pub struct AgentState {
     /// A hash of the default tool set (names, descriptions, schemas): it changes exactly when
     /// an MCP client must be told `tools/list_changed`.
     pub tools_fingerprint: u64,
+    /// The effective set of a request that narrows nothing, computed once per state (the hot
+    /// path of `/mcp`).
+    pub default_set: Option<Arc<EffectiveSet>>,
 }
 
 /// One tool call as a door reports it.
@@ -161,7 +164,13 @@ impl Agent {
     /// An agent over `registry` and `pool`. Nothing is served until [`Agent::run`] publishes
     /// the first state.
     pub fn new(options: AgentOptions, registry: Arc<dyn RegistryView>, pool: Pool) -> Self {
-        let initial = AgentState { snapshot: registry.snapshot(), catalog: None, generation: 0, tools_fingerprint: 0 };
+        let initial = AgentState {
+            snapshot: registry.snapshot(),
+            catalog: None,
+            generation: 0,
+            tools_fingerprint: 0,
+            default_set: None,
+        };
         let (state, _) = watch::channel(Arc::new(initial));
         Agent { inner: Arc::new(Inner { options, registry, pool, state }) }
     }
@@ -213,6 +222,20 @@ impl Agent {
             None => CompiledProfile::compile(&state.snapshot, self.profile())
                 .and_then(|compiled| compiled.effective(|_| ServerTools::Unknown, scope, caller_tools)),
         }
+    }
+
+    /// The effective set of a request that narrows nothing and registers no tools of its own,
+    /// shared (computed once per published state).
+    pub fn default_set(&self) -> Result<Arc<EffectiveSet>, PolicyError> {
+        if let Some(set) = &self.state().default_set {
+            return Ok(set.clone());
+        }
+        self.effective(None, &[]).map(Arc::new)
+    }
+
+    /// Writes out every audit line queued so far (call before the process exits).
+    pub fn flush_audit(&self) {
+        self.inner.options.audit.flush();
     }
 
     /// Calls the tool `name` (a model-facing or dotted name) of `set`. `arguments` is `Err`
@@ -393,7 +416,8 @@ impl Agent {
 
     /// Swaps a new state in when anything a door can see changed.
     fn publish(&self, snapshot: Arc<Snapshot>, catalog: Option<Arc<ProfileCatalog>>) {
-        let fingerprint = catalog.as_ref().map_or(0, fingerprint);
+        let default_set = catalog.as_ref().and_then(|c| c.effective(None, &[]).ok()).map(Arc::new);
+        let fingerprint = default_set.as_deref().map_or(0, fingerprint);
         let metrics = &self.inner.options.registry_metrics;
         self.inner.state.send_if_modified(|current| {
             let same = current.generation > 0
@@ -407,7 +431,8 @@ impl Agent {
             let generation = current.generation + 1;
             metrics.served(generation, snapshot.is_degraded());
             tracing::debug!(revision = %snapshot.revision(), generation, "agent state published");
-            *current = Arc::new(AgentState { snapshot, catalog, generation, tools_fingerprint: fingerprint });
+            *current =
+                Arc::new(AgentState { snapshot, catalog, generation, tools_fingerprint: fingerprint, default_set });
             true
         });
     }
@@ -428,19 +453,17 @@ fn empty_output() -> ToolOutput {
 }
 
 /// Hash of the default tool set as an MCP client sees it.
-fn fingerprint(catalog: &Arc<ProfileCatalog>) -> u64 {
+fn fingerprint(set: &EffectiveSet) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    if let Ok(set) = catalog.effective(None, &[]) {
-        for (server, tool) in set.tools() {
-            server.id.hash(&mut hasher);
-            tool.name.hash(&mut hasher);
-            tool.tool.description.hash(&mut hasher);
-            tool.tool.input_schema.to_string().hash(&mut hasher);
-        }
-        for server in &set.servers {
-            // A server whose tools become known (or unknown) changes what is listed.
-            server.tools.is_some().hash(&mut hasher);
-        }
+    for (server, tool) in set.tools() {
+        server.id.hash(&mut hasher);
+        tool.name.hash(&mut hasher);
+        tool.tool.description.hash(&mut hasher);
+        tool.tool.input_schema.to_string().hash(&mut hasher);
+    }
+    for server in &set.servers {
+        // A server whose tools become known (or unknown) changes what is listed.
+        server.tools.is_some().hash(&mut hasher);
     }
     hasher.finish()
 }

@@ -60,7 +60,7 @@ impl McpEndpoint {
     /// The endpoint's instructions: each upstream server's own instructions in a delimited group,
     /// marked as untrusted so a client (or model) does not take them as the operator's words.
     fn instructions(&self) -> Option<String> {
-        let set = self.agent.effective(None, &[]).ok()?;
+        let set = self.agent.default_set().ok()?;
         let mut text = String::new();
         for server in &set.servers {
             let Some(instructions) =
@@ -85,10 +85,8 @@ impl McpEndpoint {
     }
 
     fn tools(&self) -> Result<Vec<Tool>, ErrorData> {
-        let set = self
-            .agent
-            .effective(None, &[])
-            .map_err(|e| ErrorData::invalid_request(format!("{}: {e}", e.code()), None))?;
+        let set =
+            self.agent.default_set().map_err(|e| ErrorData::invalid_request(format!("{}: {e}", e.code()), None))?;
         Ok(set
             .tools()
             .map(|(_, t)| {
@@ -136,7 +134,7 @@ impl ServerHandler for McpEndpoint {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let set = match self.agent.effective(None, &[]) {
+        let set = match self.agent.default_set() {
             Ok(set) => set,
             Err(e) => {
                 let error = crate::mcp::McpError::new(crate::mcp::ErrorCode::McpPolicyDenied, e.to_string());

@@ -172,6 +172,7 @@ pub async fn serve(
     if let Err(e) = agent_task.await {
         tracing::warn!(error = %e, "agent task ended abnormally");
     }
+    agent.flush_audit();
     admin_stop.cancel();
     let _ = admin_task.await;
     tracing::info!("spearlet stopped");
