@@ -377,6 +377,17 @@ async fn run(size: Size) {
         a_calls as f64 / secs,
         a_calls as f64 / h_calls.max(1) as f64
     );
+    // The same agent with a two-thread runtime (the default is one thread).
+    let (agent2, agent2_http, _, _) =
+        start_agent_with(&registry, "bench", &dir.path().join("audit2.log"), &["--worker-threads", "2"]).await;
+    let agent2_url = format!("http://127.0.0.1:{agent2_http}/mcp");
+    let (a2_calls, a2_errors) = throughput(&agent2_url, "mcp__echo__echo", size.clients, size.throughput_for).await;
+    println!(
+        "throughput, agent with --worker-threads 2: {:.0} calls/s ({a2_errors} errors), A2/H {:.2}",
+        a2_calls as f64 / secs,
+        a2_calls as f64 / h_calls.max(1) as f64
+    );
+    drop(agent2);
     let agent_pid = agent.0.id().unwrap_or(0);
     println!(
         "RSS after load: agent {:.1} MiB, bare echo server {:.1} MiB",

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
@@ -43,7 +43,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::audit::Door;
-use super::core::{Agent, AgentState, CallContext, ToolCall};
+use super::core::{Agent, AgentState, CallContext, ToolCall, arguments_from_json};
 use crate::policy::effective::Reason;
 use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope};
 
@@ -358,31 +358,6 @@ fn resolve<'a>(set: &'a EffectiveSet, tool: &'a str) -> Cow<'a, str> {
     }
 }
 
-/// `args_json` as the core takes it: empty or `null` is no arguments; anything but a JSON
-/// object is an error with the reason (the core turns it into `mcp_invalid_arguments`).
-fn parse_arguments(args_json: &str) -> Result<Option<Map<String, Value>>, String> {
-    if args_json.trim().is_empty() {
-        return Ok(None);
-    }
-    match serde_json::from_str::<Value>(args_json) {
-        Ok(Value::Object(map)) => Ok(Some(map)),
-        Ok(Value::Null) => Ok(None),
-        Ok(other) => Err(format!("expected a JSON object, got {}", json_kind(&other))),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// The reply for a finished call.
 fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
     let millis = u64::try_from(call.latency.as_millis()).unwrap_or(u64::MAX);
@@ -497,7 +472,7 @@ impl McpSessions for SessionsDoor {
         };
         let name = resolve(&set, &tool);
         let context = CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id) };
-        let call = self.agent.call_tool(&set, &name, parse_arguments(&args_json), context).await;
+        let call = self.agent.call_tool(&set, &name, arguments_from_json(&args_json), context).await;
         // A long call counts as use: the session's idle time starts when the call ends. (A
         // session closed meanwhile stays closed.)
         let _ = self.sessions().touch(&session_id, Instant::now());
@@ -775,11 +750,11 @@ mod tests {
 
     #[test]
     fn arguments_must_be_a_json_object_or_nothing() {
-        assert_eq!(parse_arguments(""), Ok(None));
-        assert_eq!(parse_arguments("null"), Ok(None));
-        assert!(parse_arguments(r#"{"text": "hi"}"#).is_ok_and(|m| m.is_some_and(|m| m.contains_key("text"))));
-        assert_eq!(parse_arguments("[1]"), Err("expected a JSON object, got an array".into()));
-        assert!(parse_arguments("{not json").is_err());
+        assert_eq!(arguments_from_json(""), Ok(None));
+        assert_eq!(arguments_from_json("null"), Ok(None));
+        assert!(arguments_from_json(r#"{"text": "hi"}"#).is_ok_and(|m| m.is_some_and(|m| m.contains_key("text"))));
+        assert_eq!(arguments_from_json("[1]"), Err("expected a JSON object, got an array".into()));
+        assert!(arguments_from_json("{not json").is_err());
     }
 
     #[test]

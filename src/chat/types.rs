@@ -11,6 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::error::ChatError;
+use crate::agent::core::{arguments_from_json, arguments_from_value, json_kind};
 use crate::api::ToolChoice as ProfileToolChoice;
 use crate::policy::RequestScope;
 
@@ -242,18 +243,6 @@ impl McpOptions {
     }
 }
 
-/// The JSON type of `value`, for error messages.
-pub fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 // === response ===
 
 /// A `chat.completion` object as the upstream returns it.
@@ -385,16 +374,10 @@ impl ToolCallItem {
     /// JSON object. Empty or `null` arguments mean none (models send `""` for argument-less
     /// tools); some OpenAI-compatible servers send an object instead of a string, accepted too.
     pub fn arguments_object(&self) -> Result<Option<Map<String, Value>>, String> {
-        let parsed = match self.function.as_ref().map(|f| &f.arguments) {
-            None | Some(Value::Null) => return Ok(None),
-            Some(Value::String(s)) if s.trim().is_empty() => return Ok(None),
-            Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| e.to_string())?,
-            Some(other) => other.clone(),
-        };
-        match parsed {
-            Value::Object(o) => Ok(Some(o)),
-            Value::Null => Ok(None),
-            other => Err(format!("expected a JSON object, got {}", json_kind(&other))),
+        match self.function.as_ref().map(|f| &f.arguments) {
+            None => Ok(None),
+            Some(Value::String(s)) => arguments_from_json(s),
+            Some(other) => arguments_from_value(other.clone()),
         }
     }
 }

@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = "SPEAR_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
+    /// Runtime threads serving the doors. 1 (the default) runs everything on one thread: a pod's
+    /// agent is I/O-bound and usually has a fraction of a core, and one thread means no cross-thread
+    /// wake-ups and less memory. More threads help only with several dedicated cores.
+    #[arg(long, env = "SPEAR_WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub worker_threads: u16,
     /// `Host` header values /mcp accepts (DNS-rebinding protection), repeatable.
     #[arg(long = "allowed-host", env = "SPEAR_ALLOWED_HOSTS", value_delimiter = ',', default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
     pub allowed_hosts: Vec<String>,
@@ -85,7 +90,15 @@ impl ServeArgs {
     /// Runs the agent until SIGINT/SIGTERM. Exit status: 0 after a clean shutdown, 1 when a
     /// server fails, 2 on a usage error (bad directory, taken port, unknown profile).
     pub fn run(self) -> ExitCode {
-        let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        let runtime = if self.worker_threads == 1 {
+            tokio::runtime::Builder::new_current_thread().enable_all().build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(usize::from(self.worker_threads))
+                .enable_all()
+                .build()
+        };
+        let runtime = match runtime {
             Ok(rt) => rt,
             Err(e) => {
                 eprintln!("error: starting the runtime: {e}");

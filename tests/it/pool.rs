@@ -7,49 +7,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use spear::api::manifest::Object;
-use spear::api::{HttpSpec, McpServer, McpServerSpec, ServerBudgets, StdioSpec, Transport};
+use spear::api::{McpServer, ServerBudgets};
 use spear::mcp::health::HealthState;
 use spear::mcp::{ErrorCode, Pool, PoolOptions};
 use spear::policy::ServerTools;
 use spear::registry::snapshot::{Entry, Snapshot};
 use spear::testing::mcp_servers::{self, Command};
 
+use crate::support::{http_server, stdio_server};
+
 const SECOND: Duration = Duration::from_secs(1);
 const BIG: usize = 1 << 20;
-
-fn stdio_server(id: &str, command: &Command) -> McpServer {
-    let env = command
-        .env
-        .iter()
-        .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar { name: k.clone(), value: Some(v.clone()), value_from: None })
-        .collect();
-    McpServer::new(
-        id,
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                command: command.program.to_string_lossy().into_owned(),
-                args: command.args.clone(),
-                env,
-                ..Default::default()
-            }),
-            allowed_tools: vec!["*".into()],
-            ..Default::default()
-        },
-    )
-}
-
-fn http_server(id: &str, port: u16) -> McpServer {
-    McpServer::new(
-        id,
-        McpServerSpec {
-            transport: Transport::StreamableHttp,
-            http: Some(HttpSpec { url: format!("http://127.0.0.1:{port}/mcp"), headers: vec![] }),
-            allowed_tools: vec!["*".into()],
-            ..Default::default()
-        },
-    )
-}
 
 fn snapshot(servers: Vec<McpServer>) -> Snapshot {
     Snapshot::build(servers.into_iter().map(|s| Entry::local("test.yaml", 1, Object::Server(s))), Vec::new())
