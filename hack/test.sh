@@ -13,5 +13,8 @@ eval "$(hack/mcp-servers.sh || echo exit 1)"
 # target dir); tests/it/static_binary.rs checks it has no dynamic dependencies.
 SPEAR_STATIC_SPEARLET="$(hack/build-static.sh)"
 export SPEAR_STATIC_SPEARLET
+# The pinned helm CLI (built from its Go module, cached); tests/it/chart.rs lints and renders the chart.
+SPEAR_HELM="$(hack/helm.sh)"
+export SPEAR_HELM
 
 cargo test --all-targets "$@"
