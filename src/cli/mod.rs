@@ -1,6 +1,7 @@
 //! Command-line interfaces of the two binaries. Thin: parse flags, read files, call the library.
 
 pub mod operator;
+pub mod run;
 pub mod serve;
 pub mod spearlet;
 pub mod tools;

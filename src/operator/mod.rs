@@ -12,7 +12,17 @@
 //! - [`inject`]: the pod mutation (volumes, init container, agent, stdio sidecars, env).
 //! - [`status`]: conditions and status fields, with stable `lastTransitionTime`s.
 //! - [`rbac`]: the agent's and the operator's least-privilege roles and the agent binding.
+//! - [`webhook`]: the HTTPS admission server around [`inject::mutate`] (thin I/O).
+//! - [`certs`]: the webhook's CA and serving certificate: issue, store, rotate, hot-reload.
+//! - [`controller`]: the controllers that write status and keep the agent RoleBindings (thin I/O).
+//! - [`probe`]: when and how an http McpServer is probed (`initialize` + `tools/list`).
+//! - [`leader`]: leader election on a Lease; only the holder runs the controllers.
 
+pub mod certs;
+pub mod controller;
 pub mod inject;
+pub mod leader;
+pub mod probe;
 pub mod rbac;
 pub mod status;
+pub mod webhook;

@@ -123,6 +123,11 @@ pub fn operator_cluster_role() -> ClusterRole {
             // Granting a ClusterRole needs `bind` on it (or holding all its permissions); limited
             // to the agent's, so the operator cannot hand out any other role.
             named(rule(RBAC_GROUP, &["clusterroles"], &["bind"]), &[AGENT_ROLE]),
+            // The controller keeps the agent's ClusterRole present (server-side apply). `create`
+            // cannot be limited by name, but escalation prevention lets the operator create only
+            // roles within its own permissions.
+            named(rule(RBAC_GROUP, &["clusterroles"], &["get", "patch"]), &[AGENT_ROLE]),
+            rule(RBAC_GROUP, &["clusterroles"], &["create"]),
             // The webhook's caBundle, on its own configuration only.
             named(
                 rule("admissionregistration.k8s.io", &["mutatingwebhookconfigurations"], &["get", "update", "patch"]),
@@ -141,11 +146,22 @@ pub fn operator_role(namespace: &str) -> Role {
         metadata: meta(OPERATOR_ROLE, Some(namespace)),
         rules: Some(vec![
             rule("coordination.k8s.io", &["leases"], &["create"]),
-            named(rule("coordination.k8s.io", &["leases"], &["get", "update"]), &[OPERATOR_LEASE]),
+            // Leader election writes the Lease with server-side apply and strategic merge
+            // patches (kube-lease-manager): `patch`.
+            named(rule("coordination.k8s.io", &["leases"], &["get", "update", "patch"]), &[OPERATOR_LEASE]),
             rule(CORE, &["secrets"], &["create"]),
             named(rule(CORE, &["secrets"], &["get", "update"]), &[WEBHOOK_CERT_SECRET]),
         ]),
     }
+}
+
+/// Whether the stored `current` binding grants what `desired` grants and carries its labels,
+/// so the controller can skip the write. Other labels and annotations may be added by others.
+pub fn binding_is_current(current: &RoleBinding, desired: &RoleBinding) -> bool {
+    let labels = current.metadata.labels.clone().unwrap_or_default();
+    current.role_ref == desired.role_ref
+        && current.subjects == desired.subjects
+        && desired.metadata.labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 #[cfg(test)]
@@ -249,6 +265,25 @@ mod tests {
             assert_eq!(labels.get(LABEL_MANAGED_BY).map(String::as_str), Some("spear-operator"), "{:?}", m.name);
             assert_eq!(labels.get(LABEL_PART_OF).map(String::as_str), Some("spear-mcp"));
         }
+    }
+
+    #[test]
+    fn a_binding_is_current_when_its_grant_and_labels_match() {
+        let desired = agent_role_binding("team-a");
+        let mut current = desired.clone();
+        current.metadata.labels.get_or_insert_default().insert("extra".into(), "kept".into());
+        current.metadata.resource_version = Some("7".into());
+        assert!(binding_is_current(&current, &desired), "extra labels and server-set fields do not matter");
+
+        let mut other_subject = current.clone();
+        other_subject.subjects.get_or_insert_default()[0].name = "system:serviceaccounts:team-b".into();
+        assert!(!binding_is_current(&other_subject, &desired));
+        let mut other_role = current.clone();
+        other_role.role_ref.name = "admin".into();
+        assert!(!binding_is_current(&other_role, &desired));
+        let mut unlabelled = current;
+        unlabelled.metadata.labels = None;
+        assert!(!binding_is_current(&unlabelled, &desired));
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub enum ProbeResult {
 /// The status of `server`: `Accepted` from validation and, for an http server, `Ready` and the
 /// probe fields from `probe`. Without a probe, the previous probe results are kept while the
 /// generation is unchanged (a reconcile that did not probe must not erase them); after a spec
-/// change `Ready` is `Unknown` until the next probe.
+/// change `Ready` is `Unknown` until the next probe, and while the spec is invalid (never probed).
 pub fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time) -> McpServerStatus {
     let now = whole_seconds(&now);
     let generation = server.metadata.generation;
@@ -84,7 +84,8 @@ pub fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time
     };
 
     let mut status = McpServerStatus { observed_generation: generation, ..McpServerStatus::default() };
-    status.conditions.push(accepted(&server.validate(), old, generation, &now));
+    let problems = server.validate();
+    status.conditions.push(accepted(&problems, old, generation, &now));
     match server.spec.transport {
         Transport::Stdio => status.conditions.push(cond(
             types::READY,
@@ -114,6 +115,13 @@ pub fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time
                 status.last_probe_time = Some(whole_seconds(time));
                 status.last_error = Some(error);
             }
+            // The controller never probes an invalid spec (its URL may not even be one).
+            None if !problems.is_empty() => status.conditions.push(cond(
+                types::READY,
+                UNKNOWN,
+                REASON_PROBE_PENDING,
+                "not probed while the spec is invalid; fix the problems the Accepted condition lists".into(),
+            )),
             None => match previous.filter(|p| p.observed_generation == generation) {
                 Some(p) if p.conditions.iter().any(|c| c.type_ == types::READY) => {
                     status.conditions.extend(p.conditions.iter().filter(|c| c.type_ == types::READY).cloned());

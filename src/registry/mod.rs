@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! directory of YAML ──dir::DirSource (notify + poll)──┐
-//! (later) kube reflectors ────────────────────────────┤ SourceIndex / Snapshot::build (pure)
+//! kube reflectors (profile + namespace's servers) ────┤ SourceIndex / Snapshot::build (pure)
 //!                                                     ▼
 //!                               view::Publisher (atomic swap, watch channel)
 //!                                                     ▼
@@ -10,15 +10,18 @@
 //! ```
 //!
 //! [`snapshot`] is pure (no I/O); [`view`] is the trait handlers are generic over; [`dir`] is
-//! the thin I/O shell that turns a directory into snapshots.
+//! the thin I/O shell that turns a directory into snapshots; [`kube`] does the same for the
+//! Kubernetes API (the pod's McpProfile and its namespace's McpServers, through reflectors).
 
 use std::path::PathBuf;
 
 pub mod dir;
+pub mod kube;
 pub mod snapshot;
 pub mod view;
 
 pub use dir::{DirOptions, DirSource, DirWatch};
+pub use self::kube::{KubeSource, KubeWatch};
 pub use snapshot::{Entry, Item, Revision, Snapshot, SourceIndex, SourceProblem, Versioned, content_version};
 pub use view::{Publisher, RegistryView, StaticRegistry};
 

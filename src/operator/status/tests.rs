@@ -286,3 +286,16 @@ fn known_tools_come_from_probed_servers_status() {
     let fs = stdio("fs");
     assert_eq!(known_tools(&[web, down, fs]), known(&[("web", &["search"])]));
 }
+
+#[test]
+fn an_invalid_http_server_is_not_probed_and_says_why() {
+    let mut server = http("web");
+    server.spec.http = Some(HttpSpec { url: "https://user:pw@mcp.example.com/mcp".into(), headers: vec![] });
+    let status = server_status(&server, None, at(100));
+    assert_eq!(get(&status.conditions, types::ACCEPTED).status, "False");
+    let ready = get(&status.conditions, types::READY);
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("Unknown", REASON_PROBE_PENDING));
+    assert!(ready.message.contains("spec is invalid"), "{}", ready.message);
+    server.status = Some(stored(&status));
+    assert_eq!(Some(&server_status(&server, None, at(200))), server.status.as_ref(), "stable while unchanged");
+}

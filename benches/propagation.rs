@@ -1,0 +1,172 @@
+//! Propagation of one McpServer edit to many agents' Kubernetes registry sources, and the
+//! kube-apiserver's memory while they watch (DESIGN.md "Scale": measured against the test control
+//! plane, not assumed).
+//!
+//! ```text
+//! N agents = N × KubeSource::watch, each with its own kube::Client (own connections, 2 watches)
+//! patch one McpServer ──t0──▶ every source publishes the new resourceVersion ──▶ p50 / p99 / max
+//! kube-apiserver RSS (/proc/<pid>/status): before the sources, all synced, peak over the edits
+//! ```
+//!
+//! Run with `cargo bench --bench propagation`: a baseline of 1 source, then 200 sources, in the
+//! same process and against the same control plane (started by the bench; run
+//! `hack/control-plane.sh` once first). Without `--bench` (as `cargo test --all-targets` runs it)
+//! it is a smoke run of 1 and 5 sources and 2 edits.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams, PostParams};
+use spear::api::{HttpSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, Transport};
+use spear::registry::snapshot::Snapshot;
+use spear::registry::{KubeSource, KubeWatch, RegistryView};
+use spear::testing::control_plane::{ControlPlane, TestNamespace};
+use tokio_util::sync::CancellationToken;
+
+/// Agent counts under `cargo bench`: the baseline, then the load the issue asks for.
+const SOURCES: [usize; 2] = [1, 200];
+/// Edits timed per agent count under `cargo bench`.
+const EDITS: usize = 10;
+/// Pause between edits, so each is measured alone (not queued behind the previous one).
+const PAUSE: Duration = Duration::from_millis(500);
+/// Upper bound on one edit reaching every source, and on all sources' first sync.
+const GIVE_UP: Duration = Duration::from_secs(120);
+
+fn benching() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn server(edit: usize) -> McpServer {
+    McpServer::new(
+        "fs",
+        McpServerSpec {
+            transport: Transport::StreamableHttp,
+            http: Some(HttpSpec { url: "http://127.0.0.1:9/mcp".into(), headers: vec![] }),
+            allowed_tools: vec![format!("tool_{edit}")],
+            ..McpServerSpec::default()
+        },
+    )
+}
+
+/// Resident memory of `pid` in MiB, from `/proc/<pid>/status` (Linux).
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(f64::NAN);
+    kib / 1024.0
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One row of the report.
+struct Row {
+    sources: usize,
+    sync_all: Duration,
+    samples: Vec<Duration>,
+    rss_before: f64,
+    rss_synced: f64,
+    rss_peak: f64,
+}
+
+/// Starts `count` sources (each with its own client), waits for all to sync, then times `edits`
+/// edits of the server `fs` to every source.
+async fn measure(control_plane: &ControlPlane, ns: &TestNamespace, count: usize, edits: usize) -> Row {
+    let pid = control_plane.apiserver_pid();
+    let rss_before = rss_mib(pid);
+    let begun = Instant::now();
+    let mut sources: Vec<KubeWatch> = Vec::with_capacity(count);
+    let shutdown = CancellationToken::new();
+    for _ in 0..count {
+        let client = control_plane.client().await;
+        sources.push(KubeSource::watch(client, &ns.name, "p", &shutdown).expect("valid names"));
+    }
+    let synced = tokio::time::timeout(GIVE_UP, join_all(sources.iter().map(KubeWatch::ready))).await;
+    let failures = synced.expect("every source must sync in time").into_iter().filter(Result::is_err).count();
+    assert_eq!(failures, 0, "every source must sync");
+    let sync_all = begun.elapsed();
+    let rss_synced = rss_mib(pid);
+    let mut rss_peak = rss_synced;
+
+    let api = ns.api::<McpServer>();
+    let mut samples = Vec::with_capacity(count * edits);
+    for edit in 0..edits {
+        tokio::time::sleep(PAUSE).await;
+        let mut receivers: Vec<_> = sources.iter().map(RegistryView::watch).collect();
+        let t0 = Instant::now();
+        let patched = api
+            .patch("fs", &PatchParams::apply("spear-bench").force(), &Patch::Apply(&server(1000 * count + edit)))
+            .await
+            .expect("the edit must apply");
+        let version = patched.resource_version();
+        let seen = |s: &Snapshot| s.server("fs").map(|v| v.resource_version.clone()) == version;
+        let arrivals =
+            join_all(receivers.iter_mut().map(|rx| async move {
+                rx.wait_for(|s| seen(s)).await.map(|_| t0.elapsed()).expect("a source stopped")
+            }));
+        samples.extend(tokio::time::timeout(GIVE_UP, arrivals).await.expect("every source must see the edit"));
+        rss_peak = rss_peak.max(rss_mib(pid));
+    }
+    shutdown.cancel();
+    drop(sources);
+    samples.sort();
+    Row { sources: count, sync_all, samples, rss_before, rss_synced, rss_peak }
+}
+
+#[tokio::main]
+async fn main() {
+    spear::install_crypto_provider();
+    let (counts, edits) = if benching() { (SOURCES.to_vec(), EDITS) } else { (vec![1, 5], 2) };
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("bench-propagation").await;
+    ns.api::<McpServer>().create(&PostParams::default(), &server(0)).await.expect("create fs");
+    let profile = McpProfile::new("p", McpProfileSpec { servers: vec!["fs".into()], ..McpProfileSpec::default() });
+    ns.api::<McpProfile>().create(&PostParams::default(), &profile).await.expect("create p");
+    // Let the API server settle after start and CRD install before the first memory sample.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut rows = Vec::new();
+    for count in counts {
+        rows.push(measure(control_plane, &ns, count, edits).await);
+    }
+
+    println!(
+        "propagation: patch one McpServer → new snapshot in every agent source ({edits} edits per row; kube-apiserver \
+         {})",
+        spear::testing::control_plane::K8S_VERSION
+    );
+    println!(
+        "{:>7} {:>7} {:>11} {:>8} {:>8} {:>8} {:>8}   {:>22}",
+        "sources", "watches", "sync all s", "p50 ms", "p99 ms", "max ms", "samples", "apiserver RSS MiB b/s/p"
+    );
+    for row in &rows {
+        let max = row.samples.last().copied().unwrap_or_default();
+        println!(
+            "{:>7} {:>7} {:>11.2} {:>8.1} {:>8.1} {:>8.1} {:>8}   {:>6.0} / {:>5.0} / {:>5.0}",
+            row.sources,
+            2 * row.sources,
+            row.sync_all.as_secs_f64(),
+            ms(percentile(&row.samples, 0.50)),
+            ms(percentile(&row.samples, 0.99)),
+            ms(max),
+            row.samples.len(),
+            row.rss_before,
+            row.rss_synced,
+            row.rss_peak,
+        );
+    }
+    println!("(RSS b/s/p: before the sources start / all synced / peak during the edits)");
+}

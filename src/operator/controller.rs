@@ -1,0 +1,929 @@
+//! The controllers of `spear-operator`: McpServer and McpProfile status, and the agent's
+//! RoleBinding in every injection-enabled namespace. Thin I/O: what to write is decided by
+//! [`status`](super::status), [`probe`] and [`rbac`](super::rbac).
+//!
+//! ```text
+//! Elector (leader.rs) ── only the Lease holder runs what follows; a lost Lease drains it ──┐
+//! McpServer watch ─▶ Controller ─▶ reconcile_server: probe when due (probe.rs) ─▶ server_status
+//! McpServer reflector (store) ─each event─▶ the profiles it may affect ─┐        │
+//! McpProfile watch ─▶ Controller ◀─reconcile_on─────────────────────────┘        │
+//!                       └─▶ reconcile_profile: profile_status over the store ────┤
+//!                                       status differs from the stored one? ─────┴─▶ SSA /status
+//!                                       Accepted turned False? ─▶ Warning Event (events.k8s.io)
+//! managed RoleBinding reflector (store) ─each event─▶ its namespace ─┐
+//! Namespace watch ─▶ Controller ◀─reconcile_on────────────────────────┘
+//!      └─▶ labelled: agent ClusterRole (once per term) + RoleBinding when not current (SSA)
+//!          not labelled: delete the RoleBinding we manage there
+//! ```
+//!
+//! Why it is shaped this way:
+//! - **One field manager, status only.** Every write is a server-side apply of the status
+//!   subresource (or an RBAC object) under `spear-operator`, forced, and made only when the
+//!   computed status differs from the stored one. `status.rs` returns an identical status when
+//!   nothing changed, so a settled object sees no writes at all; spec is never sent.
+//! - **Profiles read a cache that has seen the change.** A profile's status depends on every
+//!   McpServer of its namespace. The profile controller is triggered (`reconcile_on`) by the
+//!   same reflector whose store it reads, after the store applied the event, so a reconcile
+//!   never computes from a cache older than its trigger. Deletions trigger too (a shared
+//!   stream would drop them), and a re-list triggers every profile.
+//! - **Scope.** [`Scope::Namespace`] limits every watch to one namespace, so tests (and a
+//!   namespaced install) run their own controllers side by side without interfering.
+//! - **Probes inside the reconcile.** The controller never runs two reconciles of one object
+//!   at once, so a probe cannot race with itself; `concurrency` bounds probes in flight.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as RunConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::leader::{Elector, LeaderConfig, LeaderError};
+use super::probe::{self, ProbeConfig, Schedule};
+use super::rbac::{AGENT_ROLE, LABEL_MANAGED_BY, agent_cluster_role, agent_role_binding, binding_is_current};
+use super::status::{ProbeOutcome, ProbeResult, known_tools, profile_status, server_status};
+use crate::api::conditions::{reasons, types};
+use crate::api::keys::{API_VERSION, FIELD_MANAGER, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
+use crate::api::{McpProfile, McpServer, Validate};
+
+/// Reconciles of one kind running at once (and so probes in flight): enough to probe many
+/// slow servers in parallel, few enough not to flood the API server after a re-list.
+pub const DEFAULT_CONCURRENCY: u16 = 16;
+/// Retry delay after a failed reconcile (an API error). Fixed: the API server's own
+/// priority-and-fairness throttles a flood, and a status write is cheap to retry.
+const ERROR_REQUEUE: Duration = Duration::from_secs(5);
+/// Pending triggers from a reflector to a controller; a full buffer makes the reflector wait
+/// (back-pressure), so nothing is dropped.
+const TRIGGER_BUFFER: usize = 1024;
+/// Longest note of an Event (the events.k8s.io limit is 1 kB).
+const MAX_EVENT_NOTE_BYTES: usize = 1024;
+/// Kind label of the namespace controller in metrics and logs.
+const KIND_NAMESPACE: &str = "Namespace";
+
+// === config ===
+
+/// Which namespaces the controllers watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (the normal install).
+    Cluster,
+    /// One namespace only: McpServers, McpProfiles, RoleBindings there, and that Namespace.
+    Namespace(String),
+}
+
+impl Scope {
+    fn api<K>(&self, client: Client) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match self {
+            Scope::Cluster => Api::all(client),
+            Scope::Namespace(ns) => Api::namespaced(client, ns),
+        }
+    }
+
+    fn namespaces(&self) -> watcher::Config {
+        match self {
+            Scope::Cluster => watcher::Config::default(),
+            Scope::Namespace(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
+        }
+    }
+}
+
+/// Everything [`run`] needs.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Which namespaces to watch.
+    pub scope: Scope,
+    /// When and how http servers are probed.
+    pub probe: ProbeConfig,
+    /// Leader election; `None` runs the controllers at once (a single replica, or tests).
+    pub leader: Option<LeaderConfig>,
+    /// `reportingInstance` of Events (the pod name, or the leader identity).
+    pub instance: String,
+    /// Reconciles of one kind at once.
+    pub concurrency: u16,
+    /// Counters and the leader/ready gauges; clones share them.
+    pub metrics: ControllerMetrics,
+}
+
+impl ControllerConfig {
+    /// A config for `scope` with default probing, no leader election and unregistered metrics.
+    pub fn new(scope: Scope) -> Self {
+        ControllerConfig {
+            scope,
+            probe: ProbeConfig::default(),
+            leader: None,
+            instance: FIELD_MANAGER.to_string(),
+            concurrency: DEFAULT_CONCURRENCY,
+            metrics: ControllerMetrics::default(),
+        }
+    }
+}
+
+// === errors ===
+
+/// Why a reconcile or the controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Writing a status failed (RBAC: patch on `<kind>s/status`).
+    #[error("writing the status of {kind} {namespace}/{name} failed")]
+    WriteStatus {
+        /// Kind of the object.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The API error (boxed: it is large, and errors are the rare path).
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// Applying the agent's ClusterRole failed (RBAC: get, create, patch on it).
+    #[error("applying ClusterRole {name} failed")]
+    ApplyClusterRole {
+        /// The role.
+        name: &'static str,
+        /// The API error (boxed: it is large, and errors are the rare path).
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// Applying the agent's RoleBinding failed (RBAC: patch on rolebindings, bind on the role).
+    #[error("applying RoleBinding {name} in namespace {namespace} failed")]
+    ApplyRoleBinding {
+        /// The binding.
+        name: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// The API error (boxed: it is large, and errors are the rare path).
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// Removing the agent's RoleBinding from a namespace that left injection failed.
+    #[error("deleting RoleBinding {name} from namespace {namespace} failed")]
+    DeleteRoleBinding {
+        /// The binding.
+        name: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// The API error (boxed: it is large, and errors are the rare path).
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// An object from a watch lacks a name or namespace (the API server always sets both).
+    #[error("a {kind} from the watch has no {field}")]
+    MissingMetadata {
+        /// Kind of the object.
+        kind: &'static str,
+        /// `metadata.name` or `metadata.namespace`.
+        field: &'static str,
+    },
+    /// A cache a reconcile reads stopped before its first list completed (only at shutdown).
+    #[error("the {kind} cache stopped before its first list completed")]
+    CacheStopped {
+        /// Kind of the cache.
+        kind: &'static str,
+    },
+    /// Leader election failed; this replica cannot know whether it may write.
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+}
+
+// === metrics ===
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    result: String,
+}
+
+/// The controllers' metrics. Cheap to clone; clones share the series. `Default` gives metrics
+/// registered nowhere (tests read them through the getters).
+#[derive(Clone, Debug, Default)]
+pub struct ControllerMetrics {
+    reconciles: Family<KindLabels, Counter>,
+    errors: Family<KindLabels, Counter>,
+    status_writes: Family<KindLabels, Counter>,
+    rbac_writes: Family<KindLabels, Counter>,
+    probes: Family<ProbeLabels, Counter>,
+    leader: Gauge,
+    ready: Gauge,
+}
+
+impl ControllerMetrics {
+    /// Metrics registered on `registry` (give it a `spear_operator` prefix; counters get
+    /// `_total` on the wire).
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = ControllerMetrics::default();
+        registry.register("reconcile", "Reconciles run, by kind", metrics.reconciles.clone());
+        registry.register("reconcile_error", "Reconciles that failed, by kind", metrics.errors.clone());
+        registry.register("status_write", "Status writes (server-side apply), by kind", metrics.status_writes.clone());
+        registry.register("rbac_write", "RBAC objects applied or deleted, by kind", metrics.rbac_writes.clone());
+        registry.register("probe", "Probes of http McpServers, by result", metrics.probes.clone());
+        registry.register("leader", "1 while this replica holds the leader Lease", metrics.leader.clone());
+        registry.register("ready", "1 while this replica is ready (leader or standby)", metrics.ready.clone());
+        metrics
+    }
+
+    /// Reconciles of `kind` (`McpServer`, `McpProfile`, `Namespace`) so far.
+    pub fn reconciles(&self, kind: &str) -> u64 {
+        self.reconciles.get_or_create(&KindLabels { kind: kind.to_string() }).get()
+    }
+
+    /// Status writes for objects of `kind` so far.
+    pub fn status_writes(&self, kind: &str) -> u64 {
+        self.status_writes.get_or_create(&KindLabels { kind: kind.to_string() }).get()
+    }
+
+    /// Probes with `result` (`succeeded`, `failed`) so far.
+    pub fn probes(&self, result: &str) -> u64 {
+        self.probes.get_or_create(&ProbeLabels { result: result.to_string() }).get()
+    }
+
+    /// Whether this replica leads now (always, without leader election).
+    pub fn is_leader(&self) -> bool {
+        self.leader.get() == 1
+    }
+
+    /// Whether this replica is ready: its election runs (as leader or standby).
+    pub fn is_ready(&self) -> bool {
+        self.ready.get() == 1
+    }
+
+    fn count(family: &Family<KindLabels, Counter>, kind: &str) {
+        family.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+    }
+
+    fn probed(&self, outcome: &ProbeOutcome) {
+        let result = match outcome.result {
+            ProbeResult::Succeeded { .. } => "succeeded",
+            ProbeResult::Failed { .. } => "failed",
+        };
+        self.probes.get_or_create(&ProbeLabels { result: result.to_string() }).inc();
+    }
+}
+
+// === run ===
+
+/// Runs the controllers until `shutdown` is cancelled. With leader election, they run only
+/// while this replica holds the Lease (and drain when it is lost); the Lease is released at
+/// shutdown so a standby takes it at its next check. Errors only when leader election fails.
+pub async fn run(client: Client, config: ControllerConfig, shutdown: CancellationToken) -> Result<(), Error> {
+    let Some(leader) = config.leader.clone() else {
+        config.metrics.ready.set(1);
+        config.metrics.leader.set(1);
+        run_term(client, &config, shutdown).await;
+        config.metrics.leader.set(0);
+        config.metrics.ready.set(0);
+        return Ok(());
+    };
+    let mut elector = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(()),
+        elector = Elector::start(client.clone(), leader) => elector?,
+    };
+    config.metrics.ready.set(1);
+    let result = lead_while_elected(&client, &config, &mut elector, &shutdown).await;
+    config.metrics.ready.set(0);
+    elector.release().await;
+    result
+}
+
+/// Waits for the Lease, runs a term, and again, until shutdown or an election error.
+async fn lead_while_elected(
+    client: &Client,
+    config: &ControllerConfig,
+    elector: &mut Elector,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            acquired = elector.acquired() => acquired?,
+        }
+        tracing::info!(identity = %elector.identity(), "leading: starting the controllers");
+        config.metrics.leader.set(1);
+        let term = shutdown.child_token();
+        let controllers = run_term(client.clone(), config, term.clone());
+        tokio::pin!(controllers);
+        // `None`: the controllers ended by themselves, which only a shutdown makes them do.
+        let lost = tokio::select! {
+            () = &mut controllers => None,
+            lost = elector.lost() => {
+                term.cancel();
+                controllers.await;
+                Some(lost)
+            }
+        };
+        config.metrics.leader.set(0);
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        match lost {
+            Some(lost) => {
+                lost?;
+                tracing::warn!(identity = %elector.identity(), "lost the leader Lease: controllers stopped, waiting to lead again");
+            }
+            None => tracing::warn!("the controllers stopped without a shutdown; starting them again"),
+        }
+    }
+}
+
+/// The controllers of one term of leadership, until `token` is cancelled; they drain (finish
+/// running reconciles) before this returns.
+async fn run_term(client: Client, config: &ControllerConfig, token: CancellationToken) {
+    let run_config = RunConfig::default().concurrency(config.concurrency);
+    let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: Some(config.instance.clone()) };
+    let (servers, server_writer) = reflector::store::<McpServer>();
+    let (bindings, binding_writer) = reflector::store::<RoleBinding>();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        servers,
+        bindings,
+        probe: config.probe.clone(),
+        metrics: config.metrics.clone(),
+        cluster_role_applied: AtomicBool::new(false),
+    });
+    let stop = {
+        let token = token.clone();
+        move || {
+            let token = token.clone();
+            async move { token.cancelled().await }
+        }
+    };
+
+    // McpServer status.
+    let server_api: Api<McpServer> = config.scope.api(client.clone());
+    let server_controller = Controller::new(server_api.clone(), watcher::Config::default())
+        .with_config(run_config.clone())
+        .graceful_shutdown_on(stop())
+        .run(reconcile_server, error_policy, ctx.clone())
+        .for_each(log_outcome)
+        .instrument(tracing::info_span!("controller", kind = KIND_SERVER));
+
+    // McpProfile status, re-reconciled from the server cache it reads.
+    let profile_controller =
+        Controller::new(config.scope.api::<McpProfile>(client.clone()), watcher::Config::default())
+            .with_config(run_config.clone());
+    let profiles = profile_controller.store();
+    let (profile_tx, profile_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let server_cache = cache(
+        server_writer,
+        server_api,
+        watcher::Config::default(),
+        stop(),
+        move |event| profiles_to_trigger(event, &profiles.state()),
+        profile_tx,
+    )
+    .instrument(tracing::info_span!("reflector", kind = KIND_SERVER));
+    let profile_controller = profile_controller
+        .reconcile_on(ReceiverStream::new(profile_rx))
+        .graceful_shutdown_on(stop())
+        .run(reconcile_profile, error_policy, ctx.clone())
+        .for_each(log_outcome)
+        .instrument(tracing::info_span!("controller", kind = KIND_PROFILE));
+
+    // The agent RoleBinding of each injection-enabled namespace, re-reconciled from the cache
+    // of the bindings we manage (someone deleting one gets it back).
+    let namespace_controller =
+        Controller::new(Api::<Namespace>::all(client.clone()), config.scope.namespaces()).with_config(run_config);
+    let namespaces = namespace_controller.store();
+    let (namespace_tx, namespace_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let managed = watcher::Config::default()
+        .labels(&format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}"))
+        .fields(&format!("metadata.name={AGENT_ROLE}"));
+    let binding_cache = cache(
+        binding_writer,
+        config.scope.api(client),
+        managed,
+        stop(),
+        move |event| namespaces_to_trigger(event, &namespaces.state()),
+        namespace_tx,
+    )
+    .instrument(tracing::info_span!("reflector", kind = "RoleBinding"));
+    let namespace_controller = namespace_controller
+        .reconcile_on(ReceiverStream::new(namespace_rx))
+        .graceful_shutdown_on(stop())
+        .run(reconcile_namespace, error_policy, ctx)
+        .for_each(log_outcome)
+        .instrument(tracing::info_span!("controller", kind = KIND_NAMESPACE));
+
+    tokio::join!(server_controller, server_cache, profile_controller, binding_cache, namespace_controller);
+}
+
+/// Runs a reflector into `writer` until `stop`, sending `trigger(event)`'s references after
+/// each event reached the store.
+async fn cache<K, R, F>(
+    writer: reflector::store::Writer<K>,
+    api: Api<K>,
+    config: watcher::Config,
+    stop: impl std::future::Future<Output = ()>,
+    trigger: F,
+    tx: mpsc::Sender<ObjectRef<R>>,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    R: Resource<DynamicType = ()> + Clone + 'static,
+    F: Fn(&watcher::Event<K>) -> Vec<ObjectRef<R>>,
+{
+    let events = reflector::reflector(writer, watcher(api, config).default_backoff()).take_until(stop);
+    tokio::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                for obj_ref in trigger(&event) {
+                    if tx.send(obj_ref).await.is_err() {
+                        // The controller is gone: the term is ending.
+                        return;
+                    }
+                }
+            }
+            // The watcher retries with backoff by itself; the store keeps its last state.
+            Err(error) => tracing::warn!(%error, "watch failed; retrying"),
+        }
+    }
+}
+
+/// The profiles to re-reconcile after a server cache event: those a changed or deleted server
+/// may affect, and all of them after a re-list (a deletion may have been missed).
+fn profiles_to_trigger(event: &watcher::Event<McpServer>, profiles: &[Arc<McpProfile>]) -> Vec<ObjectRef<McpProfile>> {
+    match event {
+        watcher::Event::Apply(server) | watcher::Event::Delete(server) => affected_profiles(server, profiles),
+        watcher::Event::InitDone => profiles.iter().map(|p| ObjectRef::from_obj(&**p)).collect(),
+        watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
+    }
+}
+
+/// The profiles whose status may depend on `server`: in its namespace, and naming it in
+/// `spec.servers` or selecting servers by label (the label change may add or drop it).
+fn affected_profiles(server: &McpServer, profiles: &[Arc<McpProfile>]) -> Vec<ObjectRef<McpProfile>> {
+    let (namespace, name) = (server.metadata.namespace.as_deref(), server.metadata.name.as_deref());
+    profiles
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == namespace)
+        .filter(|p| p.spec.server_selector.is_some() || name.is_some_and(|n| p.spec.servers.iter().any(|s| s == n)))
+        .map(|p| ObjectRef::from_obj(&**p))
+        .collect()
+}
+
+/// The namespaces to re-reconcile after a RoleBinding cache event: the binding's, and all
+/// after a re-list (a deletion may have been missed).
+fn namespaces_to_trigger(
+    event: &watcher::Event<RoleBinding>,
+    namespaces: &[Arc<Namespace>],
+) -> Vec<ObjectRef<Namespace>> {
+    match event {
+        watcher::Event::Apply(binding) | watcher::Event::Delete(binding) => {
+            binding.metadata.namespace.iter().map(|ns| ObjectRef::new(ns)).collect()
+        }
+        watcher::Event::InitDone => namespaces.iter().map(|n| ObjectRef::from_obj(&**n)).collect(),
+        watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
+    }
+}
+
+// === reconcile ===
+
+/// What every reconcile of a term shares.
+struct Context {
+    client: Client,
+    recorder: Recorder,
+    /// Every McpServer in scope (for profiles).
+    servers: Store<McpServer>,
+    /// The agent RoleBindings we manage, in scope.
+    bindings: Store<RoleBinding>,
+    probe: ProbeConfig,
+    metrics: ControllerMetrics,
+    /// Set once the agent ClusterRole was applied in this term.
+    cluster_role_applied: AtomicBool,
+}
+
+/// Kinds the controllers reconcile, for logs, metrics and the shared error policy.
+trait Kind {
+    const KIND: &'static str;
+}
+
+impl Kind for McpServer {
+    const KIND: &'static str = KIND_SERVER;
+}
+
+impl Kind for McpProfile {
+    const KIND: &'static str = KIND_PROFILE;
+}
+
+impl Kind for Namespace {
+    const KIND: &'static str = KIND_NAMESPACE;
+}
+
+fn error_policy<K: Resource + Kind>(obj: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    ControllerMetrics::count(&ctx.metrics.errors, K::KIND);
+    tracing::warn!(
+        kind = K::KIND,
+        namespace = obj.meta().namespace.as_deref().unwrap_or_default(),
+        name = obj.meta().name.as_deref().unwrap_or_default(),
+        error = %error_chain(error),
+        "reconcile failed; retrying in {} s",
+        ERROR_REQUEUE.as_secs()
+    );
+    Action::requeue(ERROR_REQUEUE)
+}
+
+/// `error: source: source…`, so the API server's reason reaches the log.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Reconciler failures are logged by [`error_policy`]; the rest (watch errors) here.
+async fn log_outcome<K: Resource, E: std::error::Error>(
+    outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, watcher::Error>>,
+) where
+    K::DynamicType: Debug,
+{
+    use kube::runtime::controller::Error as RunError;
+    match outcome {
+        Ok(_) | Err(RunError::ReconcilerFailed(..)) => {}
+        // An object deleted between trigger and reconcile: nothing to do.
+        Err(RunError::ObjectNotFound(obj_ref)) => tracing::debug!(%obj_ref, "gone before its reconcile"),
+        Err(error) => tracing::warn!(error = %error_chain(&error), "controller"),
+    }
+}
+
+/// The namespace and name of an object from a watch.
+fn identity<K: Resource + Kind>(obj: &K) -> Result<(String, String), Error> {
+    let meta = obj.meta();
+    let namespace = meta.namespace.clone().ok_or(Error::MissingMetadata { kind: K::KIND, field: "namespace" })?;
+    let name = meta.name.clone().ok_or(Error::MissingMetadata { kind: K::KIND, field: "name" })?;
+    Ok((namespace, name))
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ControllerMetrics::count(&ctx.metrics.reconciles, KIND_SERVER);
+    let (namespace, name) = identity(&*server)?;
+    let now = now();
+    let valid = server.validate().is_empty();
+    let mut outcome = None;
+    if probe::schedule(&server, server.status.as_ref(), valid, &now, &ctx.probe) == Schedule::Now
+        && let Some(target) = probe::target(&server)
+    {
+        let probed = probe::probe(&name, &target, ctx.probe.timeout, now.clone()).await;
+        tracing::debug!(%namespace, server_id = %name, result = ?probed.result, "probed");
+        ctx.metrics.probed(&probed);
+        outcome = Some(probed);
+    }
+    let status = server_status(&server, outcome.as_ref(), now.clone());
+    if server.status.as_ref() != Some(&status) {
+        let api: Api<McpServer> = Api::namespaced(ctx.client.clone(), &namespace);
+        apply_status(&api, &namespace, &name, &status, &ctx.metrics).await?;
+        let old = server.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        ctx.report_rejection(&*server, old, &status.conditions).await;
+    }
+    Ok(match probe::schedule(&server, Some(&status), valid, &now, &ctx.probe) {
+        Schedule::After(delay) => Action::requeue(delay),
+        // Only when the write above did not take (the object went away meanwhile).
+        Schedule::Now => Action::requeue(ctx.probe.min_retry),
+        Schedule::Never => Action::await_change(),
+    })
+}
+
+async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ControllerMetrics::count(&ctx.metrics.reconciles, KIND_PROFILE);
+    let (namespace, name) = identity(&*profile)?;
+    // Before the first list, "missing" would be a lie written to the status.
+    ctx.servers.wait_until_ready().await.map_err(|_| Error::CacheStopped { kind: KIND_SERVER })?;
+    let servers: Vec<McpServer> = ctx
+        .servers
+        .state()
+        .iter()
+        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+        .map(|s| (**s).clone())
+        .collect();
+    let status = profile_status(&profile, &servers, &known_tools(&servers), now());
+    if profile.status.as_ref() != Some(&status) {
+        let api: Api<McpProfile> = Api::namespaced(ctx.client.clone(), &namespace);
+        apply_status(&api, &namespace, &name, &status, &ctx.metrics).await?;
+        let old = profile.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        ctx.report_rejection(&*profile, old, &status.conditions).await;
+    }
+    Ok(Action::await_change())
+}
+
+async fn reconcile_namespace(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ControllerMetrics::count(&ctx.metrics.reconciles, KIND_NAMESPACE);
+    let name = namespace.metadata.name.clone().ok_or(Error::MissingMetadata { kind: KIND_NAMESPACE, field: "name" })?;
+    if namespace.metadata.deletion_timestamp.is_some() {
+        // Terminating: its bindings go with it, and nothing new may be created there.
+        return Ok(Action::await_change());
+    }
+    ctx.bindings.wait_until_ready().await.map_err(|_| Error::CacheStopped { kind: "RoleBinding" })?;
+    let current = ctx.bindings.get(&ObjectRef::new(AGENT_ROLE).within(&name));
+    let api: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &name);
+    if injection_enabled(namespace.metadata.labels.as_ref()) {
+        ctx.ensure_cluster_role().await?;
+        let desired = agent_role_binding(&name);
+        match current {
+            Some(current) if binding_is_current(&current, &desired) => {}
+            Some(current) if current.role_ref != desired.role_ref => {
+                // `roleRef` is immutable: replace the binding.
+                delete_binding(&api, &name, &ctx.metrics).await?;
+                apply_binding(&api, &name, &desired, &ctx.metrics).await?;
+            }
+            _ => apply_binding(&api, &name, &desired, &ctx.metrics).await?,
+        }
+    } else if current.is_some() {
+        delete_binding(&api, &name, &ctx.metrics).await?;
+        tracing::info!(namespace = %name, "injection disabled: removed the agent RoleBinding");
+    }
+    Ok(Action::await_change())
+}
+
+/// Whether a namespace's labels opt it into injection (DESIGN.md "Pods").
+fn injection_enabled(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(LABEL_INJECTION)).is_some_and(|v| v == INJECTION_ENABLED)
+}
+
+async fn apply_binding(
+    api: &Api<RoleBinding>,
+    namespace: &str,
+    desired: &RoleBinding,
+    metrics: &ControllerMetrics,
+) -> Result<(), Error> {
+    api.patch(AGENT_ROLE, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired)).await.map_err(
+        |source| Error::ApplyRoleBinding {
+            name: AGENT_ROLE,
+            namespace: namespace.to_string(),
+            source: Box::new(source),
+        },
+    )?;
+    ControllerMetrics::count(&metrics.rbac_writes, "RoleBinding");
+    tracing::info!(%namespace, "applied the agent RoleBinding");
+    Ok(())
+}
+
+async fn delete_binding(api: &Api<RoleBinding>, namespace: &str, metrics: &ControllerMetrics) -> Result<(), Error> {
+    match api.delete(AGENT_ROLE, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_not_found() => {}
+        Err(source) => {
+            return Err(Error::DeleteRoleBinding {
+                name: AGENT_ROLE,
+                namespace: namespace.to_string(),
+                source: Box::new(source),
+            });
+        }
+    }
+    ControllerMetrics::count(&metrics.rbac_writes, "RoleBinding");
+    Ok(())
+}
+
+/// Server-side applies `status` to the status subresource under `spear-operator`. An object
+/// deleted meanwhile is not an error.
+async fn apply_status<K>(
+    api: &Api<K>,
+    namespace: &str,
+    name: &str,
+    status: &impl Serialize,
+    metrics: &ControllerMetrics,
+) -> Result<(), Error>
+where
+    K: Resource + Kind + Clone + DeserializeOwned + Debug,
+{
+    let patch = serde_json::json!({ "apiVersion": API_VERSION, "kind": K::KIND, "status": status });
+    // Forced: status is ours alone; a stale manager (an older operator) must not block it.
+    match api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
+        Ok(_) => {
+            ControllerMetrics::count(&metrics.status_writes, K::KIND);
+            tracing::debug!(kind = K::KIND, %namespace, %name, "status written");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(source) => Err(Error::WriteStatus {
+            kind: K::KIND,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            source: Box::new(source),
+        }),
+    }
+}
+
+/// The `Accepted=False` message to report as an Event: when the condition is False now and
+/// was not False with the same message before (one Event per rejection, not per reconcile).
+fn new_rejection<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str> {
+    let accepted = |conditions: &[Condition]| conditions.iter().find(|c| c.type_ == types::ACCEPTED).cloned();
+    let now = new.iter().find(|c| c.type_ == types::ACCEPTED).filter(|c| c.status == "False")?;
+    match accepted(old) {
+        Some(before) if before.status == "False" && before.message == now.message => None,
+        _ => Some(now.message.as_str()),
+    }
+}
+
+impl Context {
+    /// Publishes a Warning Event on `obj` when its `Accepted` turned False (or its problems
+    /// changed). A failure is logged, not returned: the status already says it.
+    async fn report_rejection<K: Resource<DynamicType = ()> + Kind>(
+        &self,
+        obj: &K,
+        old: &[Condition],
+        new: &[Condition],
+    ) {
+        let Some(message) = new_rejection(old, new) else { return };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reasons::INVALID.to_string(),
+            note: Some(cut(message, MAX_EVENT_NOTE_BYTES)),
+            action: "Validate".to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(kind = K::KIND, name = obj.meta().name.as_deref().unwrap_or_default(), %error, "publishing an Event failed");
+        }
+    }
+
+    /// Applies the agent ClusterRole once per term (the RoleBindings refer to it).
+    async fn ensure_cluster_role(&self) -> Result<(), Error> {
+        if self.cluster_role_applied.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Api::<ClusterRole>::all(self.client.clone())
+            .patch(AGENT_ROLE, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&agent_cluster_role()))
+            .await
+            .map_err(|source| Error::ApplyClusterRole { name: AGENT_ROLE, source: Box::new(source) })?;
+        ControllerMetrics::count(&self.metrics.rbac_writes, "ClusterRole");
+        self.cluster_role_applied.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+// === admin ===
+
+/// The operator's admin router: `/healthz`, `/readyz` (this replica runs its election, as
+/// leader or standby) and `/metrics` (Prometheus text of `registry`).
+pub fn admin_router(metrics: ControllerMetrics, registry: Arc<Registry>) -> axum::Router {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+
+    /// Content type of the text prometheus-client writes (OpenMetrics).
+    const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || async move {
+                if metrics.is_ready() {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready: leader election has not started\n")
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || async move {
+                let mut text = String::new();
+                match prometheus_client::encoding::text::encode(&mut text, &registry) {
+                    Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response(),
+                }
+            }),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    use super::*;
+    use crate::api::McpProfileSpec;
+
+    fn server(namespace: &str, name: &str) -> McpServer {
+        let mut s = McpServer::new(name, Default::default());
+        s.metadata.namespace = Some(namespace.into());
+        s
+    }
+
+    fn profile(namespace: &str, name: &str, servers: &[&str], selector: bool) -> Arc<McpProfile> {
+        let mut p = McpProfile::new(
+            name,
+            McpProfileSpec {
+                servers: servers.iter().map(|s| s.to_string()).collect(),
+                server_selector: selector.then(LabelSelector::default),
+                ..Default::default()
+            },
+        );
+        p.metadata.namespace = Some(namespace.into());
+        Arc::new(p)
+    }
+
+    fn accepted(status: &str, message: &str) -> Condition {
+        Condition {
+            type_: types::ACCEPTED.into(),
+            status: status.into(),
+            message: message.into(),
+            reason: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn a_server_change_triggers_the_profiles_that_name_or_may_select_it_in_its_namespace() {
+        let profiles = [
+            profile("a", "names-it", &["fs"], false),
+            profile("a", "names-another", &["git"], false),
+            profile("a", "selects", &[], true),
+            profile("b", "other-namespace", &["fs"], true),
+        ];
+        let names: Vec<String> = affected_profiles(&server("a", "fs"), &profiles).into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["names-it", "selects"]);
+    }
+
+    #[test]
+    fn a_relist_triggers_every_profile_and_a_deletion_its_own() {
+        let profiles = [profile("a", "p", &["fs"], false), profile("a", "q", &[], true)];
+        assert_eq!(profiles_to_trigger(&watcher::Event::InitDone, &profiles).len(), 2);
+        assert_eq!(profiles_to_trigger(&watcher::Event::Delete(server("a", "fs")), &profiles).len(), 2);
+        assert!(profiles_to_trigger(&watcher::Event::InitApply(server("a", "fs")), &profiles).is_empty());
+    }
+
+    #[test]
+    fn a_binding_event_triggers_its_namespace() {
+        let binding = agent_role_binding("team-a");
+        let refs = namespaces_to_trigger(&watcher::Event::Delete(binding), &[]);
+        assert_eq!(refs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["team-a"]);
+    }
+
+    #[test]
+    fn a_rejection_is_reported_once_until_its_problems_change() {
+        let bad = accepted("False", "spec.stdio.command: has spaces");
+        assert_eq!(new_rejection(&[], std::slice::from_ref(&bad)), Some("spec.stdio.command: has spaces"));
+        assert_eq!(
+            new_rejection(&[accepted("True", "ok")], std::slice::from_ref(&bad)),
+            Some("spec.stdio.command: has spaces")
+        );
+        assert_eq!(new_rejection(std::slice::from_ref(&bad), std::slice::from_ref(&bad)), None);
+        let worse = accepted("False", "spec.http.url: not http");
+        assert_eq!(new_rejection(&[bad], std::slice::from_ref(&worse)), Some("spec.http.url: not http"));
+        assert_eq!(new_rejection(&[], &[accepted("True", "ok")]), None);
+    }
+
+    #[test]
+    fn only_the_enabled_label_value_enables_injection() {
+        let labels = |v: &str| BTreeMap::from([(LABEL_INJECTION.to_string(), v.to_string())]);
+        assert!(injection_enabled(Some(&labels("enabled"))));
+        assert!(!injection_enabled(Some(&labels("disabled"))));
+        assert!(!injection_enabled(Some(&BTreeMap::new())));
+        assert!(!injection_enabled(None));
+    }
+
+    #[test]
+    fn event_notes_are_cut_on_a_character_boundary() {
+        assert_eq!(cut("héllo", 2), "h");
+        assert_eq!(cut("hello", 10), "hello");
+    }
+}

@@ -1,0 +1,340 @@
+//! Probing Streamable HTTP McpServers for their status: `initialize` + `tools/list`, on every
+//! spec change and then periodically.
+//!
+//! ```text
+//! McpServer ──target (pure)──▶ ProbeTarget { url, literal headers, withheld header names }
+//! McpServer + its status + now ──schedule (pure)──▶ Now | After(d) | Never
+//! ProbeTarget ──probe (I/O: mcp::connect, tools/list, close)──▶ status::ProbeOutcome
+//! ```
+//!
+//! **Secrets.** Header values from Secrets (`valueFrom.secretKeyRef`) reach the agent as env
+//! vars the webhook sets; the operator never reads Secrets (its RBAC has no such rule), and it
+//! does not expand `${ENV:...}` references from its own environment either, since those name
+//! the agent's variables and the operator's own may hold its credentials. So a probe sends
+//! only headers whose value is a plain literal, and withholds the rest. A server that needs a
+//! withheld header answers the probe with an error; `lastError` then says which headers were
+//! withheld and why, so `Ready=False` is read as "the operator could not check", not as "the
+//! server is down". The probe is still made: it shows the URL is reachable and speaks MCP.
+//!
+//! **Schedule.** A probe runs when the generation changed since the last one, then every
+//! `interval` while it succeeds. While it fails, the next attempt comes after as long as the
+//! failure has lasted so far (at least `min_retry`, at most `interval`): retries double, and
+//! the delay derives from the status alone (`Ready`'s `lastTransitionTime`), so a new leader
+//! continues the same backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::status::{ProbeOutcome, ProbeResult};
+use crate::api::conditions::types;
+use crate::api::env_ref;
+use crate::api::{McpServer, McpServerStatus, Transport};
+use crate::mcp::config::Endpoint;
+use crate::mcp::connect::{self, ListChanged};
+
+/// Largest single message accepted from a probed server (rmcp's own line limit, 16 MiB): a
+/// tools/list of a big server fits, a runaway stream does not.
+const FRAME_LIMIT: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;
+
+/// When and how long probes run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeConfig {
+    /// Between two successful probes (`--probe-interval-seconds`).
+    pub interval: Duration,
+    /// The first retry after a failure; later ones double up to `interval`.
+    pub min_retry: Duration,
+    /// One probe (connect, `initialize`, `tools/list`) must finish within this.
+    pub timeout: Duration,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        // 60 s between probes: status is informative, the agent has its own health tracking.
+        // 5 s first retry: a server that is starting up turns Ready quickly. 10 s timeout: the
+        // pool's connect timeout, enough for a remote server on a slow link.
+        ProbeConfig {
+            interval: Duration::from_secs(60),
+            min_retry: Duration::from_secs(5),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a probe connects to. `Debug` shows header names only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProbeTarget {
+    /// The MCP endpoint.
+    pub url: String,
+    /// Headers sent: those whose configured value is a plain literal.
+    pub headers: Vec<(String, String)>,
+    /// Names of headers not sent: from a Secret, or referencing the agent's environment.
+    pub withheld: Vec<String>,
+}
+
+impl std::fmt::Debug for ProbeTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeTarget")
+            .field("url", &self.url)
+            .field("headers", &self.headers.iter().map(|(name, _)| name).collect::<Vec<_>>())
+            .field("withheld", &self.withheld)
+            .finish()
+    }
+}
+
+/// The probe target of a Streamable HTTP server; `None` for stdio servers (they run as
+/// sidecars and are never probed by the operator).
+pub fn target(server: &McpServer) -> Option<ProbeTarget> {
+    if server.spec.transport != Transport::StreamableHttp {
+        return None;
+    }
+    let http = server.spec.http.as_ref()?;
+    let mut target = ProbeTarget { url: http.url.clone(), headers: Vec::new(), withheld: Vec::new() };
+    for header in &http.headers {
+        let literal = header
+            .value
+            .as_deref()
+            .and_then(|v| env_ref::parse(v).ok())
+            .filter(|t| t.references().next().is_none())
+            .and_then(|t| t.expand(|_| None).ok());
+        match literal {
+            Some(value) => target.headers.push((header.name.clone(), value)),
+            None => target.withheld.push(header.name.clone()),
+        }
+    }
+    Some(target)
+}
+
+/// When to probe next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// Now: never probed at this generation, or the next probe is due.
+    Now,
+    /// After this long.
+    After(Duration),
+    /// Not at all: a stdio server, or a spec that failed validation.
+    Never,
+}
+
+/// When `server` should be probed next, given `status` (its current one, or the one just
+/// computed) and whether its spec is `valid`. Pure.
+pub fn schedule(
+    server: &McpServer,
+    status: Option<&McpServerStatus>,
+    valid: bool,
+    now: &Time,
+    config: &ProbeConfig,
+) -> Schedule {
+    if server.spec.transport != Transport::StreamableHttp || !valid {
+        return Schedule::Never;
+    }
+    let Some(status) = status.filter(|s| s.observed_generation == server.metadata.generation) else {
+        return Schedule::Now;
+    };
+    let Some(last) = status.last_probe_time.as_ref() else { return Schedule::Now };
+    let delay = if status.last_error.is_some() {
+        // Failing since the Ready condition turned (False); each retry waits as long again.
+        let since = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == types::READY)
+            .map_or(Duration::ZERO, |c| elapsed(last, &c.last_transition_time));
+        since.clamp(config.min_retry, config.interval.max(config.min_retry))
+    } else {
+        config.interval
+    };
+    let due = elapsed(now, last);
+    if due >= delay { Schedule::Now } else { Schedule::After(delay - due) }
+}
+
+/// `to - from`, zero when `to` is earlier.
+fn elapsed(to: &Time, from: &Time) -> Duration {
+    let nanos = to.0.as_nanosecond().saturating_sub(from.0.as_nanosecond());
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(0))
+}
+
+/// Probes `target`: connect and `initialize`, then `tools/list` (all pages), then close, all
+/// within `timeout`. `now` is recorded as the probe time. Errors never contain header values.
+pub async fn probe(server_id: &str, target: &ProbeTarget, timeout: Duration, now: Time) -> ProbeOutcome {
+    crate::install_crypto_provider();
+    let result = match tokio::time::timeout(timeout, list(server_id, target, timeout)).await {
+        Ok(Ok((tools, server_info))) => ProbeResult::Succeeded { tools, server_info: Some(server_info) },
+        Ok(Err(error)) => ProbeResult::Failed { error: explain(error, target) },
+        Err(_) => ProbeResult::Failed {
+            error: explain(format!("no answer to initialize and tools/list within {} ms", timeout.as_millis()), target),
+        },
+    };
+    ProbeOutcome { time: now, result }
+}
+
+async fn list(
+    server_id: &str,
+    target: &ProbeTarget,
+    timeout: Duration,
+) -> Result<(Vec<String>, crate::api::ServerInfo), String> {
+    let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone() };
+    let id: Arc<str> = Arc::from(server_id);
+    let conn = connect::connect(&id, &endpoint, Arc::new(ListChanged::default()), FRAME_LIMIT, timeout)
+        .await
+        .map_err(|e| e.message)?;
+    let listed = conn.service.peer().list_all_tools().await;
+    // Close before looking at the answer: the session is not reused, and a server keeps
+    // per-session state until told.
+    conn.close().await;
+    let tools = listed.map_err(|e| format!("tools/list failed: {e}"))?;
+    Ok((tools.into_iter().map(|t| t.name.to_string()).collect(), conn.info.clone()))
+}
+
+/// The error, plus which headers were withheld when some were (the likely cause).
+fn explain(error: String, target: &ProbeTarget) -> String {
+    if target.withheld.is_empty() {
+        return error;
+    }
+    format!(
+        "{error} (probed without header{} {}: their values come from Secrets or the agent's environment, which the operator does not read)",
+        if target.withheld.len() == 1 { "" } else { "s" },
+        target.withheld.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::SecretKeySelector;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::api::{HeaderValueSource, HttpHeader, HttpSpec, McpServerSpec, StdioSpec};
+
+    fn at(second: i64) -> Time {
+        Time(Timestamp::from_second(second).expect("a small second count is a valid timestamp"))
+    }
+
+    fn http(headers: Vec<HttpHeader>) -> McpServer {
+        let mut server = McpServer::new(
+            "web",
+            McpServerSpec {
+                transport: Transport::StreamableHttp,
+                http: Some(HttpSpec { url: "http://127.0.0.1:1/mcp".into(), headers }),
+                ..Default::default()
+            },
+        );
+        server.metadata.generation = Some(2);
+        server
+    }
+
+    fn header(name: &str, value: Option<&str>, secret: bool) -> HttpHeader {
+        HttpHeader {
+            name: name.into(),
+            value: value.map(str::to_string),
+            value_from: secret.then(|| HeaderValueSource { secret_key_ref: SecretKeySelector::default() }),
+        }
+    }
+
+    fn probed(generation: i64, last: i64, failing_since: Option<i64>) -> McpServerStatus {
+        McpServerStatus {
+            observed_generation: Some(generation),
+            last_probe_time: Some(at(last)),
+            last_error: failing_since.map(|_| "refused".to_string()),
+            conditions: vec![Condition {
+                type_: types::READY.into(),
+                status: if failing_since.is_some() { "False" } else { "True" }.into(),
+                last_transition_time: at(failing_since.unwrap_or(0)),
+                reason: String::new(),
+                message: String::new(),
+                observed_generation: Some(generation),
+            }],
+            ..Default::default()
+        }
+    }
+
+    const CONFIG: ProbeConfig =
+        ProbeConfig { interval: Duration::from_secs(60), min_retry: Duration::from_secs(5), timeout: Duration::ZERO };
+
+    #[test]
+    fn only_literal_headers_are_sent_and_the_rest_are_named() {
+        let server = http(vec![
+            header("X-Team", Some("search"), false),
+            header("X-Dollar", Some("$${literal}"), false),
+            header("Authorization", None, true),
+            header("X-Key", Some("Bearer ${ENV:KEY:-none}"), false),
+        ]);
+        let target = target(&server).expect("an http server has a target");
+        assert_eq!(
+            target.headers,
+            [("X-Team".to_string(), "search".to_string()), ("X-Dollar".into(), "${literal}".into())]
+        );
+        assert_eq!(target.withheld, ["Authorization", "X-Key"]);
+        assert!(!format!("{target:?}").contains("search"), "Debug shows names only: {target:?}");
+    }
+
+    #[test]
+    fn stdio_servers_have_no_target_and_are_never_probed() {
+        let server = McpServer::new(
+            "fs",
+            McpServerSpec {
+                transport: Transport::Stdio,
+                stdio: Some(StdioSpec { command: "x".into(), ..Default::default() }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(target(&server), None);
+        assert_eq!(schedule(&server, None, true, &at(100), &CONFIG), Schedule::Never);
+    }
+
+    #[test]
+    fn an_invalid_spec_is_never_probed() {
+        assert_eq!(schedule(&http(vec![]), None, false, &at(100), &CONFIG), Schedule::Never);
+    }
+
+    #[test]
+    fn a_new_generation_or_no_probe_yet_probes_now() {
+        let server = http(vec![]);
+        assert_eq!(schedule(&server, None, true, &at(100), &CONFIG), Schedule::Now);
+        assert_eq!(schedule(&server, Some(&probed(1, 99, None)), true, &at(100), &CONFIG), Schedule::Now);
+        let mut never = probed(2, 0, None);
+        never.last_probe_time = None;
+        assert_eq!(schedule(&server, Some(&never), true, &at(100), &CONFIG), Schedule::Now);
+    }
+
+    #[test]
+    fn a_success_is_probed_again_after_the_interval() {
+        let server = http(vec![]);
+        let status = probed(2, 100, None);
+        assert_eq!(schedule(&server, Some(&status), true, &at(100), &CONFIG), Schedule::After(Duration::from_secs(60)));
+        assert_eq!(schedule(&server, Some(&status), true, &at(130), &CONFIG), Schedule::After(Duration::from_secs(30)));
+        assert_eq!(schedule(&server, Some(&status), true, &at(160), &CONFIG), Schedule::Now);
+    }
+
+    #[test]
+    fn failures_back_off_doubling_from_min_retry_up_to_the_interval() {
+        let server = http(vec![]);
+        let next = |last: i64, since: i64| match schedule(
+            &server,
+            Some(&probed(2, last, Some(since))),
+            true,
+            &at(last),
+            &CONFIG,
+        ) {
+            Schedule::After(d) => d.as_secs(),
+            other => panic!("expected a delay, got {other:?}"),
+        };
+        assert_eq!(next(100, 100), 5, "first retry after min_retry");
+        assert_eq!(next(105, 100), 5);
+        assert_eq!(next(110, 100), 10);
+        assert_eq!(next(120, 100), 20);
+        assert_eq!(next(140, 100), 40);
+        assert_eq!(next(180, 100), 60, "capped at the interval");
+        assert_eq!(next(1000, 100), 60);
+    }
+
+    #[test]
+    fn a_failure_names_the_withheld_headers() {
+        let target = ProbeTarget { url: String::new(), headers: vec![], withheld: vec!["Authorization".into()] };
+        let message = explain("HTTP 401".into(), &target);
+        assert!(message.starts_with("HTTP 401 (probed without header Authorization:"), "{message}");
+        let none = ProbeTarget { withheld: vec![], ..target };
+        assert_eq!(explain("HTTP 401".into(), &none), "HTTP 401");
+    }
+}

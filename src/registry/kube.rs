@@ -1,0 +1,865 @@
+//! Kubernetes mode's registry source: kube-runtime reflectors over the pod's McpProfile and the
+//! McpServers of its namespace, turned into snapshots.
+//!
+//! ```text
+//! McpProfile (fieldSelector metadata.name=<profile>) ─watcher─▶ Reflector ─Writer─▶ Store ─┐
+//! McpServer  (every one in the namespace)            ─watcher─▶ Reflector ─Writer─▶ Store ─┤
+//!   error ─▶ problem on that kind (not for 410 Gone) ─▶ backoff ─▶ fresh watcher (relist)    │
+//!   InitDone (a complete list stored) ─▶ that kind's problem cleared                         ▼
+//!        KubeSource::snapshot (pure): read + validate each object ─▶ Snapshot::build ─▶ Publisher
+//! ```
+//!
+//! Why it is shaped this way:
+//! - **Every McpServer of the namespace.** DESIGN.md "Scale" allows a label selector when the
+//!   profile uses `serverSelector`, but a profile also names servers in `spec.servers`, and the
+//!   selector is only known (and may change) once the profile is read: a selected watch would
+//!   have to be a second one, restarted on every profile change. One watch of a namespace's
+//!   servers (a few small objects, served from the API server's watch cache) is simpler and
+//!   always complete; `policy` narrows the set to the profile afterwards.
+//! - **A fresh watcher after an error**, rather than `WatchStreamExt::default_backoff()`: a
+//!   kube-runtime watcher that recovers by resuming its watch yields nothing until the next
+//!   change, so the moment the API is back would be invisible and the source would stay marked
+//!   degraded. A fresh watcher relists and ends with `InitDone`, which proves the store is in sync
+//!   again; that is when the problem is cleared. The backoff is kube-runtime's [`DefaultBackoff`]
+//!   (client-go's parameters: 800 ms doubling to 30 s, jittered), reset by a complete list.
+//! - **410 Gone is not an outage.** The API server answers it when a watch's resourceVersion
+//!   left its watch cache; the fresh watcher relists and nothing is marked degraded.
+//! - **Objects are read one by one** (`DynamicObject`, then the Rust type): an object this agent
+//!   cannot read (a newer CRD version with a value it does not know) is left out with a problem
+//!   naming the field, instead of failing the list of the whole namespace.
+//! - **Validated as in local mode.** The API server enforces the CRD schema and CEL rules;
+//!   [`Validate`] also checks what they cannot (glob syntax, `${ENV:...}` references). An object
+//!   that fails is left out and reported, so both modes serve the same set (the operator's
+//!   `Accepted` condition says the same thing on the object).
+//! - **Degraded until the first sync.** The first snapshot is empty and carries a "not listed
+//!   yet" problem, so a reader that does not wait for [`KubeWatch::ready`] cannot mistake "not
+//!   loaded" for "nothing allowed".
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::store::{Store, Writer};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, DefaultBackoff, Event};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::Instrument;
+
+use super::snapshot::{Entry, Snapshot, SourceProblem};
+use super::view::{Publisher, RegistryView};
+use crate::api::keys::{GROUP, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
+use crate::api::manifest::Object;
+use crate::api::validate::{is_dns1123_label, is_dns1123_subdomain};
+use crate::api::{McpProfile, McpServer, Validate};
+use crate::operator::rbac::AGENT_ROLE;
+
+/// Retry delay used if a backoff ever runs out (kube-runtime's default never does); its maximum.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Errors of the Kubernetes registry source.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The namespace is not a namespace name.
+    #[error("'{namespace}' is not a valid namespace name (a DNS-1123 label): pass the pod's namespace")]
+    InvalidNamespace {
+        /// The value given.
+        namespace: String,
+    },
+    /// The profile is not an McpProfile name.
+    #[error(
+        "'{profile}' is not a valid McpProfile name (a DNS-1123 subdomain): check the pod's mcp.spear.dev/profile annotation"
+    )]
+    InvalidProfile {
+        /// The value given.
+        profile: String,
+    },
+    /// Watching needs a Tokio runtime to run its task on.
+    #[error("watching the Kubernetes registry needs a Tokio runtime: call KubeSource::watch from async code")]
+    NoRuntime,
+    /// The watch task ended before the first complete snapshot (shutdown, or a panic).
+    #[error("the registry watch of namespace {namespace} stopped before its first complete list")]
+    Stopped {
+        /// The watched namespace.
+        namespace: String,
+    },
+    /// The task watching the API panicked.
+    #[error(
+        "the task watching the registry of namespace {namespace} stopped unexpectedly: the registry is no longer updated"
+    )]
+    TaskFailed {
+        /// The watched namespace.
+        namespace: String,
+        /// The task's failure.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl Error {
+    /// A short, stable label for metrics and structured logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::InvalidNamespace { .. } => "invalid_namespace",
+            Error::InvalidProfile { .. } => "invalid_profile",
+            Error::NoRuntime => "no_runtime",
+            Error::Stopped { .. } => "stopped",
+            Error::TaskFailed { .. } => "task_failed",
+        }
+    }
+}
+
+// === Kind ===
+
+/// Which of the two watched kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Server,
+    Profile,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Server => KIND_SERVER,
+            Kind::Profile => KIND_PROFILE,
+        }
+    }
+
+    fn resource(self) -> ApiResource {
+        match self {
+            Kind::Server => ApiResource::erase::<McpServer>(&()),
+            Kind::Profile => ApiResource::erase::<McpProfile>(&()),
+        }
+    }
+
+    fn plural(self) -> String {
+        self.resource().plural
+    }
+}
+
+/// `namespaces/<ns>/<plural>`: where problems about a whole kind are reported (the API path).
+fn collection_path(namespace: &str, kind: Kind) -> PathBuf {
+    PathBuf::from(format!("namespaces/{namespace}/{}", kind.plural()))
+}
+
+/// `namespaces/<ns>/<plural>/<name>`: the "file" of one object, for problems and duplicates.
+fn object_path(namespace: &str, kind: Kind, name: &str) -> PathBuf {
+    collection_path(namespace, kind).join(name)
+}
+
+// === Reflector ===
+
+/// Events of one watcher, boxed so tests can script them.
+type EventStream = BoxStream<'static, watcher::Result<Event<DynamicObject>>>;
+/// Starts a fresh watcher (it lists first).
+type Connect = Box<dyn FnMut() -> EventStream + Send>;
+
+/// What a reflector's next step did.
+#[derive(Debug)]
+enum Update {
+    /// A complete list is in the store (the first sync, or a relist).
+    Listed,
+    /// One object was added, changed or deleted.
+    Changed,
+    /// The watch failed; a fresh watcher starts after `retry_in`.
+    Failed { error: watcher::Error, retry_in: Duration },
+}
+
+/// One kind's reflector: a kube-runtime watcher feeding a store, replaced after an error.
+struct Reflector {
+    connect: Connect,
+    stream: Option<EventStream>,
+    writer: Writer<DynamicObject>,
+    backoff: Box<dyn Backoff>,
+    retry_at: Option<Instant>,
+}
+
+impl Reflector {
+    fn new(kind: Kind, connect: Connect, backoff: Box<dyn Backoff>) -> Self {
+        Reflector { connect, stream: None, writer: Writer::new(kind.resource()), backoff, retry_at: None }
+    }
+
+    fn store(&self) -> Store<DynamicObject> {
+        self.writer.as_reader()
+    }
+
+    /// Waits for the next update of the store, or a failure. Cancel-safe (it is raced in a
+    /// `select!`): the stream and the retry deadline live in `self`, and an event is applied to
+    /// the store before anything awaits again.
+    async fn next(&mut self) -> Update {
+        loop {
+            if let Some(at) = self.retry_at {
+                tokio::time::sleep_until(at).await;
+                self.retry_at = None;
+            }
+            let connect = &mut self.connect;
+            let stream = self.stream.get_or_insert_with(|| connect());
+            match stream.next().await {
+                Some(Ok(event)) => {
+                    self.writer.apply_watcher_event(&event);
+                    match event {
+                        // Buffered by the writer until InitDone: nothing a reader sees changed yet.
+                        Event::Init | Event::InitApply(_) => {}
+                        Event::InitDone => {
+                            self.backoff.reset();
+                            return Update::Listed;
+                        }
+                        Event::Apply(_) | Event::Delete(_) => return Update::Changed,
+                    }
+                }
+                Some(Err(error)) => {
+                    let retry_in = self.retry_later();
+                    return Update::Failed { error, retry_in };
+                }
+                // A kube-runtime watcher never ends; if one does, start another after a backoff
+                // (without one, a stream that keeps ending at once would spin).
+                None => {
+                    self.retry_later();
+                }
+            }
+        }
+    }
+
+    /// Drops the current watcher and schedules a fresh one; returns the delay.
+    fn retry_later(&mut self) -> Duration {
+        self.stream = None;
+        let delay = self.backoff.next().unwrap_or(MAX_BACKOFF);
+        self.retry_at = Some(Instant::now() + delay);
+        delay
+    }
+}
+
+// === impl KubeSource ===
+
+/// What one kind contributes: its store, whether it was ever listed, and why it is failing.
+#[derive(Debug)]
+struct KindState {
+    store: Store<DynamicObject>,
+    listed: bool,
+    problem: Option<SourceProblem>,
+}
+
+/// The Kubernetes registry of one pod: its McpProfile and its namespace's McpServers, as the
+/// reflectors last stored them. [`KubeSource::watch`] starts it.
+#[derive(Debug)]
+pub struct KubeSource {
+    namespace: String,
+    servers: KindState,
+    profiles: KindState,
+}
+
+impl KubeSource {
+    /// Watches `profile` and the McpServers of `namespace` through `client` until the returned
+    /// handle is dropped or `shutdown` is cancelled. Returns at once; [`KubeWatch::ready`] waits
+    /// for the first complete snapshot. Needs a Tokio runtime.
+    pub fn watch(
+        client: Client,
+        namespace: &str,
+        profile: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<KubeWatch, Error> {
+        if !is_dns1123_label(namespace) {
+            return Err(Error::InvalidNamespace { namespace: namespace.to_string() });
+        }
+        // Checked before it goes into a field selector, where a ',' would add a clause.
+        if !is_dns1123_subdomain(profile) {
+            return Err(Error::InvalidProfile { profile: profile.to_string() });
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let connect = |kind: Kind, config: watcher::Config| -> Connect {
+            let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &kind.resource());
+            Box::new(move || watcher::watcher(api.clone(), config.clone()).map_ok(drop_managed_fields).boxed())
+        };
+        let servers = connect(Kind::Server, watcher::Config::default());
+        let profiles = connect(Kind::Profile, watcher::Config::default().fields(&format!("metadata.name={profile}")));
+        Ok(KubeSource::spawn(&runtime, namespace, profile, [servers, profiles], &default_backoff, shutdown))
+    }
+
+    /// Starts the watch task over `[servers, profiles]` watchers.
+    fn spawn(
+        runtime: &tokio::runtime::Handle,
+        namespace: &str,
+        profile: &str,
+        [servers, profiles]: [Connect; 2],
+        backoff: &dyn Fn() -> Box<dyn Backoff>,
+        shutdown: &CancellationToken,
+    ) -> KubeWatch {
+        let servers = Reflector::new(Kind::Server, servers, backoff());
+        let profiles = Reflector::new(Kind::Profile, profiles, backoff());
+        let state = |store| KindState { store, listed: false, problem: None };
+        let source = KubeSource {
+            namespace: namespace.to_string(),
+            servers: state(servers.store()),
+            profiles: state(profiles.store()),
+        };
+        let publisher = Arc::new(Publisher::new(source.snapshot()));
+        let (synced_tx, synced) = watch::channel(false);
+        let stop = shutdown.child_token();
+        let span = tracing::info_span!("registry_kube", namespace, profile);
+        let looping = Loop {
+            source,
+            servers,
+            profiles,
+            publisher: Arc::clone(&publisher),
+            synced: synced_tx,
+            stop: stop.clone(),
+        };
+        let task = runtime.spawn(looping.run().instrument(span));
+        KubeWatch {
+            namespace: namespace.to_string(),
+            profile: profile.to_string(),
+            publisher,
+            synced,
+            task: Some(task),
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    /// Whether both kinds have been listed completely at least once.
+    pub fn is_listed(&self) -> bool {
+        self.servers.listed && self.profiles.listed
+    }
+
+    /// The snapshot of what the stores hold now, with the problems of both watches.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut problems = Vec::new();
+        for (kind, state) in [(Kind::Server, &self.servers), (Kind::Profile, &self.profiles)] {
+            problems.extend(state.problem.clone());
+            if !state.listed {
+                problems.push(not_listed_problem(&self.namespace, kind));
+            }
+        }
+        build(&self.namespace, &self.servers.store.state(), &self.profiles.store.state(), problems)
+    }
+
+    fn state_mut(&mut self, kind: Kind) -> &mut KindState {
+        match kind {
+            Kind::Server => &mut self.servers,
+            Kind::Profile => &mut self.profiles,
+        }
+    }
+
+    /// Records what a reflector's step did to its kind's problem and sync state.
+    fn apply(&mut self, kind: Kind, update: &Update) {
+        let namespace = self.namespace.clone();
+        let state = self.state_mut(kind);
+        match update {
+            Update::Listed => {
+                if state.problem.take().is_some() {
+                    tracing::info!(kind = kind.name(), "watch recovered: complete list stored");
+                }
+                state.listed = true;
+            }
+            Update::Changed => {}
+            Update::Failed { error, retry_in } => match watch_problem(&namespace, kind, error) {
+                Some(problem) => {
+                    tracing::debug!(kind = kind.name(), %error, ?retry_in, "watch failed; retrying with a fresh list");
+                    state.problem = Some(problem);
+                }
+                None => tracing::debug!(kind = kind.name(), %error, ?retry_in, "watch expired (410 Gone); relisting"),
+            },
+        }
+    }
+}
+
+/// kube-runtime's watcher backoff (client-go's parameters), one per reflector.
+fn default_backoff() -> Box<dyn Backoff> {
+    Box::new(DefaultBackoff::default())
+}
+
+/// Managed fields are half of a typical object's metadata and nothing here reads them.
+fn drop_managed_fields(event: Event<DynamicObject>) -> Event<DynamicObject> {
+    event.modify(|object| object.metadata.managed_fields = None)
+}
+
+/// The problem a kind has until its first complete list.
+fn not_listed_problem(namespace: &str, kind: Kind) -> SourceProblem {
+    SourceProblem {
+        file: collection_path(namespace, kind),
+        line: 0,
+        field: "sync".into(),
+        message: format!("{} objects not listed from the Kubernetes API yet", kind.name()),
+        fix: "wait for the first list; if it does not come, the watch problem beside this one says why".into(),
+    }
+}
+
+/// The API status inside a watcher error, if the API server answered.
+fn status_of(error: &watcher::Error) -> Option<&kube::core::Status> {
+    match error {
+        watcher::Error::WatchError(status) => Some(status.as_ref()),
+        watcher::Error::InitialListFailed(e) | watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => {
+            match e {
+                kube::Error::Api(status) => Some(status.as_ref()),
+                _ => None,
+            }
+        }
+        watcher::Error::NoResourceVersion => None,
+    }
+}
+
+/// A watcher error as one line: the API's answer, or the transport error and its causes.
+fn describe(error: &watcher::Error) -> String {
+    if let Some(status) = status_of(error) {
+        return format!("{} {}: {}", status.code, status.reason, status.message);
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // Error types often repeat their source in their own message.
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The problem a failed watch means for its kind; `None` for 410 Gone, which is a relist, not an
+/// outage.
+fn watch_problem(namespace: &str, kind: Kind, error: &watcher::Error) -> Option<SourceProblem> {
+    let plural = kind.plural();
+    let detail = describe(error);
+    let (message, fix) = match status_of(error).map(|s| s.code) {
+        Some(410) => return None,
+        Some(401) => (
+            format!("the Kubernetes API refused the agent's credentials: {detail}"),
+            "check the pod's service account token (automountServiceAccountToken) or the kubeconfig".to_string(),
+        ),
+        Some(403) => (
+            format!("the agent may not list and watch {plural} in namespace {namespace}: {detail}"),
+            format!(
+                "grant get, list and watch on mcpservers and mcpprofiles.{GROUP} in the namespace: the operator binds \
+                 the {AGENT_ROLE} ClusterRole in namespaces labelled {LABEL_INJECTION}={INJECTION_ENABLED}"
+            ),
+        ),
+        Some(404) => (
+            format!("the Kubernetes API does not serve {plural}.{GROUP}: {detail}"),
+            "install the spear-mcp CRDs (crds/ or the Helm chart) in a version this agent knows".to_string(),
+        ),
+        _ => (
+            format!("kubernetes API unreachable: {detail}"),
+            "the last good registry keeps serving while the watch retries with backoff; check the API server and \
+             the pod's network"
+                .to_string(),
+        ),
+    };
+    Some(SourceProblem { file: collection_path(namespace, kind), line: 0, field: "watch".into(), message, fix })
+}
+
+/// The snapshot of the stored objects (pure): each object is read into its Rust type and
+/// validated; one that fails is left out and reported.
+fn build(
+    namespace: &str,
+    servers: &[Arc<DynamicObject>],
+    profiles: &[Arc<DynamicObject>],
+    mut problems: Vec<SourceProblem>,
+) -> Snapshot {
+    let mut entries = Vec::with_capacity(servers.len() + profiles.len());
+    for object in servers {
+        match read::<McpServer>(namespace, Kind::Server, object) {
+            Ok((file, version, server)) => entries.push(Entry::new(file, 0, version, Object::Server(server))),
+            Err(found) => problems.extend(found),
+        }
+    }
+    for object in profiles {
+        match read::<McpProfile>(namespace, Kind::Profile, object) {
+            Ok((file, version, profile)) => entries.push(Entry::new(file, 0, version, Object::Profile(profile))),
+            Err(found) => problems.extend(found),
+        }
+    }
+    Snapshot::build(entries, problems)
+}
+
+/// One stored object as `K` with its path and resourceVersion, or why it cannot be served.
+fn read<K>(namespace: &str, kind: Kind, object: &DynamicObject) -> Result<(PathBuf, String, K), Vec<SourceProblem>>
+where
+    K: DeserializeOwned + Validate,
+{
+    let file = object_path(namespace, kind, object.metadata.name.as_deref().unwrap_or_default());
+    let problem = |field: String, message: String, fix: &str| SourceProblem {
+        file: file.clone(),
+        line: 0,
+        field,
+        message,
+        fix: fix.to_string(),
+    };
+    let unreadable = "upgrade this agent to the version of the installed CRDs, or fix the object";
+    let value = serde_json::to_value(object)
+        .map_err(|e| vec![problem("document".into(), format!("the object cannot be re-encoded: {e}"), unreadable)])?;
+    let typed: K = serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = match e.path().to_string() {
+            path if path == "." => "document".to_string(),
+            path => path,
+        };
+        vec![problem(field, format!("this agent cannot read the object: {}", e.inner()), unreadable)]
+    })?;
+    let invalid = typed.validate();
+    if !invalid.is_empty() {
+        return Err(invalid.into_iter().map(|e| problem(e.field, e.message, &e.fix)).collect());
+    }
+    // The API server sets a resourceVersion on every object it returns; an empty one would still
+    // hash stably.
+    let version = object.metadata.resource_version.clone().unwrap_or_default();
+    Ok((file, version, typed))
+}
+
+// === impl KubeWatch ===
+
+/// A running Kubernetes registry watch; serves its snapshots, and stops when dropped.
+#[derive(Debug)]
+pub struct KubeWatch {
+    namespace: String,
+    profile: String,
+    publisher: Arc<Publisher>,
+    synced: watch::Receiver<bool>,
+    task: Option<JoinHandle<()>>,
+    _stop: DropGuard,
+}
+
+impl KubeWatch {
+    /// The watched namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The watched McpProfile.
+    pub fn profile(&self) -> &str {
+        &self.profile
+    }
+
+    /// Waits until the first complete snapshot (both kinds listed) is published; at once after
+    /// that. Fails if the watch stopped first. Does not time out: while the API cannot be
+    /// listed, the snapshot's problems say why.
+    pub async fn ready(&self) -> Result<(), Error> {
+        let mut synced = self.synced.clone();
+        match synced.wait_for(|synced| *synced).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::Stopped { namespace: self.namespace.clone() }),
+        }
+    }
+
+    /// Whether the first complete snapshot has been published.
+    pub fn is_ready(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// A shareable view of the snapshots, for the agent's doors; it keeps the last snapshot (and
+    /// stops changing) once this watch is dropped.
+    pub fn view(&self) -> Arc<dyn RegistryView> {
+        self.publisher.clone()
+    }
+
+    /// Completes when the watch task ends (shutdown, or a panic, reported as an error), for a
+    /// `select!` over critical tasks. Completes at once if called again after it ended.
+    pub async fn finished(&mut self) -> Result<(), Error> {
+        let Some(task) = self.task.as_mut() else { return Ok(()) };
+        let result = task.await;
+        self.task = None;
+        result.map_err(|source| Error::TaskFailed { namespace: self.namespace.clone(), source })
+    }
+}
+
+impl RegistryView for KubeWatch {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.publisher.snapshot()
+    }
+
+    fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.publisher.watch()
+    }
+}
+
+/// The watch task: step whichever reflector has news, then publish the rebuilt snapshot.
+struct Loop {
+    source: KubeSource,
+    servers: Reflector,
+    profiles: Reflector,
+    publisher: Arc<Publisher>,
+    synced: watch::Sender<bool>,
+    stop: CancellationToken,
+}
+
+impl Loop {
+    async fn run(self) {
+        let Loop { mut source, mut servers, mut profiles, publisher, synced, stop } = self;
+        loop {
+            let (kind, update) = tokio::select! {
+                () = stop.cancelled() => break,
+                update = servers.next() => (Kind::Server, update),
+                update = profiles.next() => (Kind::Profile, update),
+            };
+            source.apply(kind, &update);
+            // Publisher skips a snapshot with the same revision and problems (a 410, a relist
+            // that found what was already there).
+            publisher.publish(source.snapshot());
+            if source.is_listed() && !*synced.borrow() {
+                synced.send_replace(true);
+            }
+        }
+        tracing::debug!("registry watch stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::stream;
+    use kube::core::Status;
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(kind: Kind, name: &str, version: &str, spec: serde_json::Value) -> DynamicObject {
+        let resource = kind.resource();
+        serde_json::from_value(json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": version,
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": spec,
+        }))
+        .expect("a fixture must be a DynamicObject")
+    }
+
+    fn server(name: &str, version: &str) -> DynamicObject {
+        object(Kind::Server, name, version, json!({"transport": "stdio", "stdio": {"command": "node"}}))
+    }
+
+    fn profile(name: &str, version: &str) -> DynamicObject {
+        object(Kind::Profile, name, version, json!({"servers": ["fs"]}))
+    }
+
+    fn arcs(objects: Vec<DynamicObject>) -> Vec<Arc<DynamicObject>> {
+        objects.into_iter().map(Arc::new).collect()
+    }
+
+    fn refused() -> watcher::Error {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        watcher::Error::WatchStartFailed(kube::Error::Service(Box::new(io)))
+    }
+
+    fn api_error(code: u16, reason: &str) -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Api(Status::failure("denied", reason).with_code(code).boxed()))
+    }
+
+    fn gone() -> watcher::Error {
+        watcher::Error::WatchError(Status::failure("too old resource version: 1 (5)", "Expired").with_code(410).boxed())
+    }
+
+    #[test]
+    fn objects_keep_their_resource_version_and_path() {
+        let snap = build("ns", &arcs(vec![server("fs", "11")]), &arcs(vec![profile("p", "12")]), Vec::new());
+        assert!(!snap.is_degraded(), "{:?}", snap.problems());
+        assert_eq!(snap.server("fs").map(|s| s.resource_version.as_str()), Some("11"));
+        assert_eq!(snap.profile("p").map(|p| p.resource_version.as_str()), Some("12"));
+        let newer = build("ns", &arcs(vec![server("fs", "13")]), &arcs(vec![profile("p", "12")]), Vec::new());
+        assert_ne!(snap.revision(), newer.revision(), "a new resourceVersion is a new revision");
+        let same = build("ns", &arcs(vec![server("fs", "11")]), &arcs(vec![profile("p", "12")]), Vec::new());
+        assert_eq!(snap.revision(), same.revision());
+    }
+
+    #[test]
+    fn an_invalid_object_is_left_out_and_reported_by_field() {
+        // The API server admits this (no CEL rule checks glob syntax); local validation does not.
+        let bad = object(
+            Kind::Server,
+            "bad",
+            "3",
+            json!({"transport": "stdio", "stdio": {"command": "node"}, "allowedTools": ["read_[a-z]"]}),
+        );
+        let snap = build("ns", &arcs(vec![server("fs", "1"), bad]), &[], Vec::new());
+        assert!(snap.server("bad").is_none() && snap.server("fs").is_some());
+        let problem = &snap.problems()[0];
+        assert_eq!(problem.file, PathBuf::from("namespaces/ns/mcpservers/bad"));
+        assert!(problem.field.starts_with("spec.allowedTools"), "{problem}");
+    }
+
+    #[test]
+    fn an_object_this_agent_cannot_read_is_left_out_naming_the_field() {
+        let newer = object(Kind::Server, "ws", "4", json!({"transport": "websocket"}));
+        let snap = build("ns", &arcs(vec![newer, server("fs", "1")]), &[], Vec::new());
+        assert!(snap.server("ws").is_none() && snap.server("fs").is_some());
+        assert_eq!(snap.problems()[0].field, "spec.transport");
+        assert!(snap.problems()[0].message.contains("websocket"), "{}", snap.problems()[0]);
+    }
+
+    #[test]
+    fn watch_errors_become_problems_except_410_gone() {
+        assert_eq!(watch_problem("ns", Kind::Server, &gone()), None);
+        let unreachable = watch_problem("ns", Kind::Server, &refused()).expect("a problem");
+        assert!(unreachable.message.starts_with("kubernetes API unreachable: "), "{unreachable}");
+        assert!(unreachable.message.contains("connection refused"), "{unreachable}");
+        assert_eq!(unreachable.file, PathBuf::from("namespaces/ns/mcpservers"));
+        let forbidden = watch_problem("ns", Kind::Profile, &api_error(403, "Forbidden")).expect("a problem");
+        assert!(forbidden.message.contains("may not list and watch mcpprofiles in namespace ns"), "{forbidden}");
+        assert!(forbidden.fix.contains(AGENT_ROLE), "{forbidden}");
+        let missing = watch_problem("ns", Kind::Server, &api_error(404, "NotFound")).expect("a problem");
+        assert!(missing.fix.contains("CRDs"), "{missing}");
+    }
+
+    #[test]
+    fn managed_fields_are_dropped_before_the_store() {
+        let Event::Apply(object) = drop_managed_fields(Event::Apply(server("fs", "1"))) else { panic!("apply") };
+        assert_eq!(object.metadata.managed_fields, None);
+    }
+
+    // --- the watch task, over scripted watchers ---
+
+    /// A backoff that never waits, so scripted failures replay at once.
+    struct NoWait;
+    impl Iterator for NoWait {
+        type Item = Duration;
+        fn next(&mut self) -> Option<Duration> {
+            Some(Duration::ZERO)
+        }
+    }
+    impl Backoff for NoWait {
+        fn reset(&mut self) {}
+    }
+
+    fn no_wait() -> Box<dyn Backoff> {
+        Box::new(NoWait)
+    }
+
+    type Script = Vec<watcher::Result<Event<DynamicObject>>>;
+
+    /// Watchers whose event lists the test sends one per (re)connect; a watcher idles after its
+    /// script, as a quiet watch does.
+    fn scripted() -> (tokio::sync::mpsc::UnboundedSender<Script>, Connect) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Script>();
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let connect = move || -> EventStream {
+            let rx = Arc::clone(&rx);
+            stream::once(async move { rx.lock().await.recv().await.unwrap_or_default() })
+                .flat_map(stream::iter)
+                .chain(stream::pending())
+                .boxed()
+        };
+        (tx, Box::new(connect))
+    }
+
+    fn listed(objects: Vec<DynamicObject>) -> Script {
+        let mut script = vec![Ok(Event::Init)];
+        script.extend(objects.into_iter().map(|o| Ok(Event::InitApply(o))));
+        script.push(Ok(Event::InitDone));
+        script
+    }
+
+    struct Scripted {
+        servers: tokio::sync::mpsc::UnboundedSender<Script>,
+        profiles: tokio::sync::mpsc::UnboundedSender<Script>,
+        watch: KubeWatch,
+    }
+
+    fn start() -> Scripted {
+        let (servers, server_connect) = scripted();
+        let (profiles, profile_connect) = scripted();
+        let watch = KubeSource::spawn(
+            &tokio::runtime::Handle::current(),
+            "ns",
+            "p",
+            [server_connect, profile_connect],
+            &no_wait,
+            &CancellationToken::new(),
+        );
+        Scripted { servers, profiles, watch }
+    }
+
+    async fn until(watch: &KubeWatch, what: &str, condition: impl Fn(&Snapshot) -> bool) -> Arc<Snapshot> {
+        let mut rx = watch.watch();
+        let waited = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|s| condition(s))).await;
+        match waited {
+            Ok(Ok(snapshot)) => snapshot.clone(),
+            _ => panic!("timed out waiting for {what}; last snapshot: {:?}", watch.snapshot()),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_source_is_degraded_and_not_ready_until_both_kinds_are_listed() {
+        let s = start();
+        assert!(s.watch.snapshot().is_degraded() && !s.watch.is_ready());
+        s.servers.send(listed(vec![server("fs", "1")])).expect("script");
+        let half = until(&s.watch, "the servers", |snap| snap.server("fs").is_some()).await;
+        assert!(half.is_degraded() && !s.watch.is_ready(), "the profile is not listed yet: {half:?}");
+        s.profiles.send(listed(vec![profile("p", "2")])).expect("script");
+        tokio::time::timeout(Duration::from_secs(5), s.watch.ready()).await.expect("ready in time").expect("ready");
+        let snap = s.watch.snapshot();
+        assert!(!snap.is_degraded(), "{:?}", snap.problems());
+        assert!(snap.server("fs").is_some() && snap.profile("p").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_failed_watch_keeps_the_last_objects_degraded_until_a_fresh_list() {
+        let s = start();
+        s.profiles.send(listed(vec![profile("p", "2")])).expect("script");
+        let mut first = listed(vec![server("fs", "1"), server("gone", "1")]);
+        first.push(Ok(Event::Apply(server("fs", "3"))));
+        first.push(Err(refused()));
+        s.servers.send(first).expect("script");
+        let degraded = until(&s.watch, "the outage", |snap| snap.is_degraded() && snap.server("fs").is_some()).await;
+        assert_eq!(degraded.server("fs").map(|v| v.resource_version.as_str()), Some("3"), "the last good objects");
+        assert!(degraded.problems().iter().any(|p| p.message.contains("unreachable")), "{:?}", degraded.problems());
+        assert!(s.watch.is_ready(), "ready stays true: it means the first sync happened");
+        // The fresh watcher relists: what changed meanwhile is picked up, and the problem clears.
+        s.servers.send(listed(vec![server("fs", "5"), server("new", "5")])).expect("script");
+        let healed = until(&s.watch, "the relist", |snap| !snap.is_degraded()).await;
+        let names: Vec<&String> = healed.servers().keys().collect();
+        assert_eq!(names, ["fs", "new"]);
+    }
+
+    #[tokio::test]
+    async fn a_410_gone_relists_without_marking_the_source_degraded() {
+        let s = start();
+        s.profiles.send(listed(vec![profile("p", "2")])).expect("script");
+        let mut first = listed(vec![server("fs", "1")]);
+        first.push(Err(gone()));
+        s.servers.send(first).expect("script");
+        s.watch.ready().await.expect("ready");
+        let mut source_rx = s.watch.watch();
+        s.servers.send(listed(vec![server("other", "7")])).expect("script");
+        let snap = until(&s.watch, "the relist", |snap| snap.server("other").is_some()).await;
+        assert!(!snap.is_degraded(), "{:?}", snap.problems());
+        assert!(snap.server("fs").is_none());
+        assert!(!source_rx.borrow_and_update().is_degraded());
+    }
+
+    #[tokio::test]
+    async fn cancelling_shutdown_stops_the_task_and_ready_fails() {
+        let (_servers, server_connect) = scripted();
+        let (_profiles, profile_connect) = scripted();
+        let shutdown = CancellationToken::new();
+        let mut watch = KubeSource::spawn(
+            &tokio::runtime::Handle::current(),
+            "ns",
+            "p",
+            [server_connect, profile_connect],
+            &no_wait,
+            &shutdown,
+        );
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), watch.finished()).await.expect("stops in time").expect("clean");
+        assert!(matches!(watch.ready().await, Err(Error::Stopped { .. })));
+    }
+
+    #[test]
+    fn names_are_checked_before_they_reach_a_selector() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let _guard = runtime.enter();
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("uri"));
+        let client = Client::try_from(config).expect("client");
+        let token = CancellationToken::new();
+        let bad_profile = KubeSource::watch(client.clone(), "ns", "p,metadata.namespace=x", &token);
+        assert!(matches!(bad_profile, Err(Error::InvalidProfile { .. })));
+        let bad_namespace = KubeSource::watch(client, "Not_A_Namespace", "p", &token);
+        assert!(matches!(bad_namespace, Err(Error::InvalidNamespace { .. })));
+    }
+}

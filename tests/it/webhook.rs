@@ -1,0 +1,695 @@
+//! The pod webhook against the real test control plane: the API server calls
+//! `spear::operator::webhook::serve` over TLS, and what it stores is what a kubelet would run.
+//!
+//! Each test owns a namespace labelled `mcp.spear.dev/injection=enabled` plus a label unique to
+//! it, and a MutatingWebhookConfiguration selecting that label, so parallel tests never call
+//! each other's webhooks. The webhook runs in-process on `127.0.0.1:<free port>` in self-signed
+//! mode: its certificate keeper writes the Secret in the test namespace and the `caBundle`, as in
+//! a cluster.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, Pod, PodSpec, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use rmcp::ServiceExt as _;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName};
+use spear::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE, ENV_MCP_URL, INJECTION_ENABLED, LABEL_INJECTION};
+use spear::api::{HttpSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, StdioSpec, Transport};
+use spear::operator::certs::{self, CertResolver, CertSource, SECRET_CA_CERT, SECRET_TLS_CERT, SelfSigned};
+use spear::operator::inject::{
+    self, AGENT_CONTAINER, ANNOTATION_INJECTED, BIN_DIR, Decision, InjectConfig, Ports, RUN_DIR, SIDECAR_PREFIX,
+    SIDECAR_TMP,
+};
+use spear::operator::webhook::{self, MUTATE_PATH, NativeSidecars, WebhookConfig};
+use spear::testing::control_plane::{ControlPlane, TestNamespace};
+use spear::testing::mcp_servers::{self, free_port};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const IMAGE: &str = "ghcr.io/spear-mcp/spearlet:test";
+/// Label that ties a test namespace to the test's own webhook configuration.
+const LABEL_TEST_WEBHOOK: &str = "spear.test/webhook";
+/// The webhook Service name the certificate is issued for (plus 127.0.0.1 and localhost).
+const SERVICE: &str = "spear-operator-webhook";
+/// The API server picks up a new or changed webhook configuration within milliseconds; a busy
+/// 2-core box gets 30 s.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// A profile name no test creates: pods naming it are denied once the webhook is live.
+const PROBE_PROFILE: &str = "spear-test-readiness-probe";
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn inject_config() -> InjectConfig {
+    InjectConfig::new(IMAGE, IMAGE)
+}
+
+// === the webhook under test ===
+
+/// An in-process webhook registered for one namespace; stopped (and unregistered) on drop.
+struct Webhook {
+    configuration: String,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<Result<(), webhook::WebhookError>>>,
+    client: kube::Client,
+}
+
+impl Webhook {
+    /// Labels `ns` for injection, registers a configuration for it (without a caBundle), starts
+    /// the webhook in self-signed mode and waits until the API server calls it.
+    async fn start(ns: &TestNamespace, inject: InjectConfig) -> Webhook {
+        let configuration = format!("spear-test-{}", ns.name);
+        let port = free_port();
+        let namespaces: Api<Namespace> = Api::all(ns.client.clone());
+        let patch = serde_json::json!({ "metadata": { "labels": {
+            LABEL_INJECTION: INJECTION_ENABLED,
+            LABEL_TEST_WEBHOOK: configuration,
+        }}});
+        namespaces
+            .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("labelling the namespace");
+        Api::<MutatingWebhookConfiguration>::all(ns.client.clone())
+            .create(&PostParams::default(), &webhook_configuration(&configuration, port))
+            .await
+            .expect("creating the webhook configuration");
+
+        let mut certs = SelfSigned::new(&ns.name, SERVICE);
+        certs.webhook_config_name = Some(configuration.clone());
+        certs.extra_sans = vec!["127.0.0.1".into(), "localhost".into()];
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let config = WebhookConfig::new(addr, inject, NativeSidecars::Auto, CertSource::SelfSigned(certs));
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(webhook::serve(ns.client.clone(), config, shutdown.clone()));
+        let webhook = Webhook { configuration, shutdown, task: Some(task), client: ns.client.clone() };
+        webhook.wait_until_called(ns).await;
+        webhook
+    }
+
+    /// Dry-run creates of a pod naming a missing profile until the webhook's own denial comes
+    /// back: then the API server has the configuration, trusts the CA and reaches the server.
+    async fn wait_until_called(&self, ns: &TestNamespace) {
+        let pods = ns.api::<Pod>();
+        let probe = app_pod("probe", &[(ANNOTATION_PROFILE, PROBE_PROFILE)]);
+        let params = PostParams { dry_run: true, ..PostParams::default() };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let last = match pods.create(&params, &probe).await {
+                Err(kube::Error::Api(status)) if status.message.contains("does not exist") => return,
+                Err(e) => e.to_string(),
+                Ok(_) => "the probe pod was admitted (the configuration is not in effect yet)".to_string(),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "the API server never called the webhook within {READY_TIMEOUT:?}: {last}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        // Best effort: the configuration only selects this test's namespace anyway.
+        let (client, name) = (self.client.clone(), self.configuration.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = Api::<MutatingWebhookConfiguration>::all(client).delete(&name, &DeleteParams::default()).await;
+            });
+        }
+    }
+}
+
+/// The configuration a chart would install, pointed at a local URL, selecting one namespace.
+fn webhook_configuration(name: &str, port: u16) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta { name: Some(name.to_string()), ..ObjectMeta::default() },
+        webhooks: Some(vec![MutatingWebhook {
+            name: "pods.mcp.spear.dev".into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{port}{MUTATE_PATH}")),
+                ..WebhookClientConfig::default()
+            },
+            failure_policy: Some("Fail".into()),
+            side_effects: "None".into(),
+            reinvocation_policy: Some("Never".into()),
+            timeout_seconds: Some(10),
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(labels(&[(LABEL_INJECTION, INJECTION_ENABLED), (LABEL_TEST_WEBHOOK, name)])),
+                ..LabelSelector::default()
+            }),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![String::new()]),
+                api_versions: Some(vec!["v1".into()]),
+                operations: Some(vec!["CREATE".into()]),
+                resources: Some(vec!["pods".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..MutatingWebhook::default()
+        }]),
+    }
+}
+
+// === fixtures ===
+
+/// A pod with one app container, created with `generateName` (as controllers do, so the
+/// review's object has no name and may have no namespace).
+fn app_pod(prefix: &str, annotations: &[(&str, &str)]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{prefix}-")),
+            annotations: Some(labels(annotations)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some("example.com/app:1".into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+fn stdio_server(name: &str, image: &str, command: &str, args: &[String]) -> McpServer {
+    McpServer::new(
+        name,
+        McpServerSpec {
+            transport: Transport::Stdio,
+            stdio: Some(StdioSpec {
+                image: Some(image.into()),
+                command: command.into(),
+                args: args.to_vec(),
+                ..StdioSpec::default()
+            }),
+            allowed_tools: vec!["*".into()],
+            ..McpServerSpec::default()
+        },
+    )
+}
+
+fn http_server(name: &str) -> McpServer {
+    McpServer::new(
+        name,
+        McpServerSpec {
+            transport: Transport::StreamableHttp,
+            http: Some(HttpSpec { url: "https://mcp.example.com/mcp".into(), headers: vec![] }),
+            allowed_tools: vec!["*".into()],
+            ..McpServerSpec::default()
+        },
+    )
+}
+
+fn profile(name: &str, servers: &[&str]) -> McpProfile {
+    McpProfile::new(
+        name,
+        McpProfileSpec { servers: servers.iter().map(|s| s.to_string()).collect(), ..McpProfileSpec::default() },
+    )
+}
+
+async fn create<K>(api: &Api<K>, object: &K) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), object).await.unwrap_or_else(|e| panic!("creating {object:?} failed: {e}"))
+}
+
+/// The parts of a stored pod an injection decides (not names, uids or timestamps).
+fn injected_parts(pod: &Pod) -> (Option<BTreeMap<String, String>>, serde_json::Value) {
+    let spec = serde_json::to_value(&pod.spec).expect("a pod spec serializes");
+    (pod.metadata.annotations.clone(), spec)
+}
+
+// === tests ===
+
+#[tokio::test]
+async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-inject").await;
+    let webhook = Webhook::start(&ns, inject_config()).await;
+    let args = vec!["-y".to_string(), "@modelcontextprotocol/server-filesystem".into(), "/data".into()];
+    let servers = [
+        stdio_server("fs", "node:22-slim", "npx", &args),
+        stdio_server("fixture", "python:3.13-slim", "python", &["fixture_server.py".into()]),
+        http_server("remote"),
+        // Not in the profile: must not be injected.
+        stdio_server("other", "node:22-slim", "npx", &args),
+    ];
+    for server in &servers {
+        create(&ns.api::<McpServer>(), server).await;
+    }
+    let stored_profile = create(&ns.api::<McpProfile>(), &profile("dev", &["fs", "fixture", "remote"])).await;
+
+    let pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev")]);
+    let admitted = create(&ns.api::<Pod>(), &pod).await;
+
+    // What the pure mutation computes for the same inputs (native sidecars: the control plane
+    // is 1.29 or later), created as is in a namespace without the webhook, so the API server
+    // applies the same defaults to both.
+    let mut sent = pod.clone();
+    sent.metadata.namespace = Some(ns.name.clone());
+    let in_profile: Vec<McpServer> = servers[..3].to_vec();
+    let enabled = labels(&[(LABEL_INJECTION, INJECTION_ENABLED)]);
+    let Decision::Patch { pod: expected, warnings, .. } =
+        inject::mutate(&sent, &enabled, Some(&stored_profile), &in_profile, &inject_config()).expect("mutate")
+    else {
+        panic!("a pod naming an existing profile in an enabled namespace must be patched");
+    };
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let plain = control_plane.namespace("webhook-plain").await;
+    let mut expected = *expected;
+    expected.metadata.namespace = None;
+    let reference = create(&plain.api::<Pod>(), &expected).await;
+
+    assert_eq!(injected_parts(&admitted), injected_parts(&reference));
+    let spec = admitted.spec.as_ref().expect("a stored pod has a spec");
+    let init: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        init,
+        ["spear-init", "mcp-fixture", "mcp-fs", AGENT_CONTAINER],
+        "native sidecars, bridges before the agent"
+    );
+    let annotations = admitted.metadata.annotations.clone().unwrap_or_default();
+    assert!(annotations.contains_key(ANNOTATION_INJECTED), "{annotations:?}");
+
+    // A profile that selects by label gets the labelled server only.
+    let mut fixture = ns.api::<McpServer>().get("fixture").await.expect("the fixture server exists");
+    fixture.metadata.labels = Some(labels(&[("team", "x")]));
+    ns.api::<McpServer>().replace("fixture", &PostParams::default(), &fixture).await.expect("labelling fixture");
+    let mut selecting = profile("selecting", &[]);
+    selecting.spec.server_selector =
+        Some(LabelSelector { match_labels: Some(labels(&[("team", "x")])), ..LabelSelector::default() });
+    create(&ns.api::<McpProfile>(), &selecting).await;
+    let admitted = create(&ns.api::<Pod>(), &app_pod("sel", &[(ANNOTATION_PROFILE, "selecting")])).await;
+    let spec = admitted.spec.as_ref().expect("a stored pod has a spec");
+    let init: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+    assert_eq!(init, ["spear-init", "mcp-fixture", AGENT_CONTAINER]);
+    drop(webhook);
+}
+
+#[tokio::test]
+async fn pod_naming_a_missing_profile_is_denied_with_the_reason() {
+    let ns = ControlPlane::shared().namespace("webhook-deny").await;
+    let _webhook = Webhook::start(&ns, inject_config()).await;
+
+    let error = ns
+        .api::<Pod>()
+        .create(&PostParams::default(), &app_pod("app", &[(ANNOTATION_PROFILE, "nope")]))
+        .await
+        .expect_err("a pod naming a missing profile must be denied");
+    let kube::Error::Api(status) = error else { panic!("expected an API error, got {error}") };
+    assert_eq!(status.code, 403, "{status:?}");
+    let expected = format!("McpProfile \"nope\" does not exist in namespace {}", ns.name);
+    assert!(status.message.contains(&expected), "{}", status.message);
+    assert!(status.message.contains("pods.mcp.spear.dev"), "the message names the webhook: {}", status.message);
+}
+
+#[tokio::test]
+async fn opted_out_pod_is_left_alone() {
+    let ns = ControlPlane::shared().namespace("webhook-optout").await;
+    let _webhook = Webhook::start(&ns, inject_config()).await;
+    create(&ns.api::<McpServer>(), &http_server("remote")).await;
+    create(&ns.api::<McpProfile>(), &profile("dev", &["remote"])).await;
+
+    let pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "false")]);
+    let stored = create(&ns.api::<Pod>(), &pod).await;
+
+    let annotations = stored.metadata.annotations.clone().unwrap_or_default();
+    assert!(!annotations.contains_key(ANNOTATION_INJECTED), "{annotations:?}");
+    let spec = stored.spec.expect("a stored pod has a spec");
+    assert!(spec.init_containers.is_none(), "{:?}", spec.init_containers);
+    assert_eq!(spec.containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["app"]);
+    assert!(spec.containers[0].env.is_none(), "no SPEAR_* env: {:?}", spec.containers[0].env);
+}
+
+#[tokio::test]
+async fn ca_bundle_is_written_by_the_cert_keeper_and_replicas_share_the_secret() {
+    let ns = ControlPlane::shared().namespace("webhook-ca").await;
+    let name = format!("spear-test-{}", ns.name);
+    let configurations = Api::<MutatingWebhookConfiguration>::all(ns.client.clone());
+    // Selects nothing: only its caBundle is under test.
+    let mut configuration = webhook_configuration(&name, free_port());
+    if let Some(hook) = configuration.webhooks.iter_mut().flatten().next() {
+        hook.namespace_selector = Some(LabelSelector {
+            match_labels: Some(labels(&[(LABEL_TEST_WEBHOOK, "none")])),
+            ..LabelSelector::default()
+        });
+    }
+    create(&configurations, &configuration).await;
+
+    let mut config = SelfSigned::new(&ns.name, SERVICE);
+    config.webhook_config_name = Some(name.clone());
+    config.recheck_interval = Duration::from_millis(200);
+    let resolver = Arc::new(CertResolver::default());
+    let shutdown = CancellationToken::new();
+    let keeper =
+        certs::start(ns.client.clone(), CertSource::SelfSigned(config.clone()), resolver.clone(), shutdown.clone())
+            .await
+            .expect("the keeper gets a first certificate");
+    assert!(resolver.current().is_some(), "the resolver has the certificate once start returns");
+
+    let secret = ns.api::<Secret>().get(&config.secret_name).await.expect("the keeper created the Secret");
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = secret.data.clone().unwrap_or_default();
+    let ca = data.get(SECRET_CA_CERT).expect("the Secret holds ca.crt").clone();
+    let bundle = |c: &MutatingWebhookConfiguration| {
+        c.webhooks.iter().flatten().next().and_then(|w| w.client_config.ca_bundle.clone())
+    };
+    assert_eq!(bundle(&configurations.get(&name).await.expect("the configuration exists")), Some(ca.clone()));
+
+    // A second replica reads the same Secret and serves the same certificate.
+    let (material, _) = certs::reconcile(&ns.client, &config, certs::unix_now()).await.expect("a second replica");
+    assert_eq!(material.ca_bundle.as_bytes(), ca.0.as_slice());
+    assert_eq!(Some(material.cert.as_bytes()), data.get(SECRET_TLS_CERT).map(|b| b.0.as_slice()));
+
+    // `helm upgrade` resetting the caBundle is undone at the next check.
+    let mut reset = configurations.get(&name).await.expect("the configuration exists");
+    for hook in reset.webhooks.iter_mut().flatten() {
+        hook.client_config.ca_bundle = Some(ByteString(b"stale".to_vec()));
+    }
+    configurations.replace(&name, &PostParams::default(), &reset).await.expect("resetting the caBundle");
+    wait_for("the caBundle to be restored", || async {
+        bundle(&configurations.get(&name).await.expect("the configuration exists")) == Some(ca.clone())
+    })
+    .await;
+
+    shutdown.cancel();
+    keeper.await.expect("the keeper stops cleanly");
+    configurations.delete(&name, &DeleteParams::default()).await.expect("deleting the configuration");
+}
+
+#[tokio::test]
+async fn renewed_serving_certificate_is_served_without_a_restart() {
+    let ns = ControlPlane::shared().namespace("webhook-rotate").await;
+    let mut config = SelfSigned::new(&ns.name, SERVICE);
+    config.webhook_config_name = None;
+    config.extra_sans = vec!["127.0.0.1".into()];
+    config.recheck_interval = Duration::from_millis(200);
+    let mut inject = inject_config();
+    inject.native_sidecars = true;
+    let port = free_port();
+    let webhook_config = WebhookConfig::new(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        inject,
+        NativeSidecars::Enabled,
+        CertSource::SelfSigned(config.clone()),
+    );
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(webhook::serve(ns.client.clone(), webhook_config, shutdown.clone()));
+    assert!(mcp_servers::wait_for_http(port, READY_TIMEOUT).await, "the webhook listens");
+
+    let secrets = ns.api::<Secret>();
+    let data = secrets.get(&config.secret_name).await.expect("the Secret exists").data.unwrap_or_default();
+    let ca = data.get(SECRET_CA_CERT).expect("ca.crt").0.clone();
+    let first = served_leaf(port, &ca).await;
+    assert_eq!(
+        Some(&first),
+        CertificateDer::pem_slice_iter(&data[SECRET_TLS_CERT].0).next().and_then(Result::ok).as_ref()
+    );
+
+    // An unreadable (or expiring) leaf is replaced at the next check and served at once.
+    let garbage = serde_json::json!({ "data": { SECRET_TLS_CERT: ByteString(b"not a certificate".to_vec()) } });
+    secrets
+        .patch(&config.secret_name, &PatchParams::default(), &Patch::Merge(&garbage))
+        .await
+        .expect("breaking tls.crt");
+    wait_for("a new serving certificate", || async { served_leaf(port, &ca).await != first }).await;
+
+    shutdown.cancel();
+    server.await.expect("the server task joins").expect("the server stops cleanly");
+}
+
+#[tokio::test]
+async fn files_mode_serves_the_files_and_reloads_them_when_they_change() {
+    let client = ControlPlane::shared().client().await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = TestCa::new();
+    let (first_cert, first_key) = ca.leaf();
+    std::fs::write(dir.path().join(certs::SECRET_TLS_CERT), &first_cert).expect("writing tls.crt");
+    std::fs::write(dir.path().join(certs::SECRET_TLS_KEY), &first_key).expect("writing tls.key");
+    let files = certs::Files { dir: dir.path().to_path_buf(), poll_interval: Duration::from_millis(100) };
+    let port = free_port();
+    let config = WebhookConfig::new(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        inject_config(),
+        NativeSidecars::Enabled,
+        CertSource::Files(files),
+    );
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(webhook::serve(client, config, shutdown.clone()));
+    assert!(mcp_servers::wait_for_http(port, READY_TIMEOUT).await, "the webhook listens");
+    let pem_der = |pem: &str| CertificateDer::from_pem_slice(pem.as_bytes()).expect("a PEM certificate");
+    assert_eq!(served_leaf(port, ca.pem.as_bytes()).await, pem_der(&first_cert));
+
+    // cert-manager renews: both files change (a key alone changing first must not break serving).
+    let (second_cert, second_key) = ca.leaf();
+    std::fs::write(dir.path().join(certs::SECRET_TLS_KEY), &second_key).expect("writing tls.key");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(served_leaf(port, ca.pem.as_bytes()).await, pem_der(&first_cert), "a mismatched pair is not loaded");
+    std::fs::write(dir.path().join(certs::SECRET_TLS_CERT), &second_cert).expect("writing tls.crt");
+    wait_for("the new certificate", || async { served_leaf(port, ca.pem.as_bytes()).await == pem_der(&second_cert) })
+        .await;
+
+    shutdown.cancel();
+    server.await.expect("the server task joins").expect("the server stops cleanly");
+}
+
+/// A CA standing in for cert-manager's issuer.
+struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl TestCa {
+    fn new() -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, "test-issuer");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().expect("a CA key");
+        let pem = params.self_signed(&key).expect("a CA certificate").pem();
+        TestCa { issuer: rcgen::Issuer::new(params, key), pem }
+    }
+
+    /// A serving certificate for 127.0.0.1 and its key, as PEM.
+    fn leaf(&self) -> (String, String) {
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("leaf params");
+        let key = rcgen::KeyPair::generate().expect("a leaf key");
+        (params.signed_by(&key, &self.issuer).expect("a leaf certificate").pem(), key.serialize_pem())
+    }
+}
+
+/// The leaf certificate the server at `127.0.0.1:port` presents, verified against `ca_pem`.
+async fn served_leaf(port: u16, ca_pem: &[u8]) -> CertificateDer<'static> {
+    spear::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.expect("ca.crt is PEM")).expect("ca.crt holds CA certificates");
+    }
+    let config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await.expect("connecting to the webhook");
+    let name = ServerName::try_from("127.0.0.1").expect("an IP address is a server name");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the served certificate verifies against the stored CA");
+    tls.get_ref().1.peer_certificates().and_then(|c| c.first()).expect("the server presents a certificate").clone()
+}
+
+async fn wait_for<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// === the injected containers as local processes ===
+
+/// Local stand-ins for the pod's volumes, and the values the kubelet would give the downward API.
+struct LocalPod {
+    bin: PathBuf,
+    run: PathBuf,
+    tmp: PathBuf,
+    namespace: String,
+    name: String,
+    kubeconfig: PathBuf,
+}
+
+impl LocalPod {
+    /// A mount path of the pod rewritten to its local directory.
+    fn path(&self, value: &str) -> String {
+        let rewrites = [(BIN_DIR, &self.bin), (RUN_DIR, &self.run), (SIDECAR_TMP, &self.tmp)];
+        for (mount, local) in rewrites {
+            if value == mount {
+                return local.display().to_string();
+            }
+            if let Some(rest) = value.strip_prefix(mount).filter(|rest| rest.starts_with('/')) {
+                return format!("{}{rest}", local.display());
+            }
+        }
+        value.to_string()
+    }
+
+    /// The container's environment as the kubelet resolves it (values, downward API, `$(VAR)`
+    /// and `$$`), with mount paths rewritten, plus KUBECONFIG for the out-of-cluster agent.
+    fn env(&self, container: &Container) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        for EnvVar { name, value, value_from } in container.env.iter().flatten() {
+            let value = match (value, value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
+                (Some(value), _) => expand(value, &env),
+                (None, Some(field)) if field.field_path == "metadata.namespace" => self.namespace.clone(),
+                (None, Some(field)) if field.field_path == "metadata.name" => self.name.clone(),
+                _ => panic!("{}: env {name} needs a Secret, which this test does not provide", container.name),
+            };
+            env.push((name.clone(), self.path(&value)));
+        }
+        env.push(("KUBECONFIG".into(), self.kubeconfig.display().to_string()));
+        env
+    }
+
+    /// The container's command and args as the kubelet runs them, paths rewritten.
+    fn argv(&self, container: &Container) -> Vec<String> {
+        let env = self.env(container);
+        container
+            .command
+            .iter()
+            .flatten()
+            .chain(container.args.iter().flatten())
+            .map(|a| self.path(&expand(a, &env)))
+            .collect()
+    }
+
+    fn spawn(&self, container: &Container) -> tokio::process::Child {
+        let argv = self.argv(container);
+        tokio::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(self.env(container))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}'s command {argv:?} failed: {e}", container.name))
+    }
+}
+
+/// The kubelet's expansion: `$(NAME)` of a variable defined before, `$$` as `$`.
+fn expand(value: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("$$") {
+            out.push('$');
+            rest = after;
+        } else if let Some((name, after)) = tail.strip_prefix("$(").and_then(|t| t.split_once(')')) {
+            match env.iter().rev().find(|(n, _)| n == name) {
+                Some((_, v)) => out.push_str(v),
+                None => out.push_str(&tail[..name.len() + 3]),
+            }
+            rest = after;
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[tokio::test]
+#[ignore = "needs spearlet run"]
+async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-local").await;
+    let ports = Ports { http: free_port(), grpc: free_port(), admin: free_port() };
+    let inject = InjectConfig { ports, ..inject_config() };
+    let _webhook = Webhook::start(&ns, inject).await;
+
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let mut server = stdio_server("fixture", "python:3.13-slim", &fixture.program.to_string_lossy(), &fixture.args);
+    if let Some(stdio) = server.spec.stdio.as_mut() {
+        stdio.env = fixture
+            .env
+            .iter()
+            .map(|(k, v)| EnvVar { name: k.clone(), value: Some(v.clone()), value_from: None })
+            .collect();
+    }
+    create(&ns.api::<McpServer>(), &server).await;
+    create(&ns.api::<McpProfile>(), &profile("dev", &["fixture"])).await;
+    let pod = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+    let spec = pod.spec.clone().expect("a stored pod has a spec");
+    let all: Vec<&Container> = spec.init_containers.iter().flatten().chain(&spec.containers).collect();
+    let find = |name: &str| *all.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no container {name}"));
+
+    // Not under /tmp: the sidecar's /tmp mount is rewritten by prefix, and must not match it.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temp dir");
+    let local = LocalPod {
+        bin: dir.path().join("bin"),
+        run: dir.path().join("run"),
+        tmp: dir.path().join("tmp"),
+        namespace: ns.name.clone(),
+        name: pod.metadata.name.clone().expect("the API server named the pod"),
+        kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
+    };
+    for d in [&local.bin, &local.run, &local.tmp] {
+        std::fs::create_dir(d).expect("creating a volume dir");
+    }
+    // What the spear-init container does: put the static spearlet into the bin volume.
+    std::fs::copy(env!("CARGO_BIN_EXE_spearlet"), local.bin.join("spearlet")).expect("copying spearlet");
+
+    let _bridge = local.spawn(find(&format!("{SIDECAR_PREFIX}fixture")));
+    wait_for("the bridge socket", || async { local.run.join("fixture.sock").exists() }).await;
+    let _agent = local.spawn(find(AGENT_CONTAINER));
+    assert!(mcp_servers::wait_for_http(ports.http, READY_TIMEOUT).await, "the agent listens on its HTTP port");
+
+    // The app container's view: SPEAR_MCP_URL from its injected env.
+    let app = find("app");
+    let url = local.env(app).into_iter().find(|(n, _)| n == ENV_MCP_URL).map(|(_, v)| v).expect("SPEAR_MCP_URL is set");
+    assert_eq!(url, format!("http://127.0.0.1:{}/mcp", ports.http));
+    let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await.expect("an MCP session with the agent");
+    let tools = client.list_all_tools().await.expect("listing tools");
+    let echo = tools.iter().find(|t| t.name.ends_with("echo")).unwrap_or_else(|| panic!("no echo tool in {tools:?}"));
+    let mut params = CallToolRequestParams::new(echo.name.to_string());
+    params.arguments = serde_json::json!({ "text": "hello from the pod" }).as_object().cloned();
+    let result = client.call_tool(params).await.expect("the tool call succeeds");
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    let text = serde_json::to_string(&result.content).expect("content serializes");
+    assert!(text.contains("hello from the pod"), "{text}");
+    let _ = client.cancel().await;
+}
+
+#[test]
+fn kubelet_expansion_matches_the_kubelet() {
+    let env = vec![("A".to_string(), "1".to_string())];
+    assert_eq!(expand("x$(A)y", &env), "x1y");
+    assert_eq!(expand("$$(A)", &env), "$(A)");
+    assert_eq!(expand("$(B)", &env), "$(B)");
+    assert_eq!(expand("a$b", &env), "a$b");
+}
