@@ -45,6 +45,10 @@ enum Command {
     /// finish (--shutdown-grace-seconds). Exit status: 0 after a clean shutdown, 1 when a server
     /// fails, 2 on a usage error.
     Serve(super::serve::ServeArgs),
+    /// Run the in-pod agent (Kubernetes mode): the pod's McpProfile and its namespace's
+    /// McpServers from the API (in-cluster config, or --kubeconfig), stdio servers through the
+    /// bridge sockets; the same doors as `serve`. Exit status as for `serve`.
+    Run(super::run::RunArgs),
     /// List and call the tools this pod may use, through the agent's gRPC door.
     Tools {
         #[command(subcommand)]
@@ -143,6 +147,7 @@ impl Args {
         }
         match command {
             Command::Serve(args) => args.run(),
+            Command::Run(args) => args.run(),
             Command::Tools { command } => super::tools::run(command),
             Command::Registry { registry_dir, watch } => registry(&registry_dir, watch),
             Command::Explain { registry_dir, profile, request, output, connect } => {

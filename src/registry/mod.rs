@@ -20,8 +20,8 @@ pub mod kube;
 pub mod snapshot;
 pub mod view;
 
-pub use dir::{DirOptions, DirSource, DirWatch};
 pub use self::kube::{KubeSource, KubeWatch};
+pub use dir::{DirOptions, DirSource, DirWatch};
 pub use snapshot::{Entry, Item, Revision, Snapshot, SourceIndex, SourceProblem, Versioned, content_version};
 pub use view::{Publisher, RegistryView, StaticRegistry};
 

@@ -17,10 +17,7 @@ fn ctx() -> CallContext<'static> {
 async fn calls_route_through_the_profile_and_unknown_names_are_denied() {
     let fixture = mcp_servers::fixture_stdio(&[]);
     let t = start_agent(
-        vec![
-            Object::Server(support::stdio_server("fx", &fixture)),
-            Object::Profile(support::profile("p", &["fx"])),
-        ],
+        vec![Object::Server(support::stdio_server("fx", &fixture)), Object::Profile(support::profile("p", &["fx"]))],
         "p",
     )
     .await;
