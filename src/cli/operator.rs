@@ -179,8 +179,18 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|ns| !ns.is_empty()))
         .unwrap_or_else(|| client.default_namespace().to_string());
 
+    let (Some(agent_image), Some(spearlet_image)) = (webhook.agent_image.clone(), webhook.spearlet_image.clone())
+    else {
+        anyhow::bail!(
+            "--agent-image and --spearlet-image (env SPEAR_AGENT_IMAGE, SPEAR_SPEARLET_IMAGE) are required: the \
+             webhook injects them into pods (the Helm chart sets both)"
+        );
+    };
+
     let mut registry = Registry::default();
     let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("spear_operator"));
+    let webhook_metrics =
+        crate::operator::webhook::WebhookMetrics::register(registry.sub_registry_with_prefix("spear_operator_webhook"));
     let identity = leader::default_identity();
     let config = ControllerConfig {
         scope: watch_namespace.map_or(Scope::Cluster, Scope::Namespace),
@@ -203,11 +213,29 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
             .await
     });
 
-    // === webhook: wired here later ===
-    // `spear::operator::webhook::serve(client.clone(), WebhookConfig built from `webhook`,
-    // shutdown.clone())` runs on every replica (not only the leader): spawn it here and add
-    // its JoinHandle to the select! below, so the process exits non-zero if it fails.
-    tracing::info!(?webhook, "webhook flags accepted; the webhook server is not wired into `run` yet");
+    // The webhook serves on every replica (not only the leader): admission must not wait for
+    // an election.
+    let cert = match webhook.cert_mode {
+        CertMode::SelfSigned => {
+            let mut self_signed =
+                crate::operator::certs::SelfSigned::new(namespace.as_str(), webhook.webhook_service_name.as_str());
+            self_signed.webhook_config_name = Some(webhook.webhook_config_name.clone());
+            crate::operator::certs::CertSource::SelfSigned(self_signed)
+        }
+        CertMode::Files => {
+            let dir = webhook.cert_dir.clone().context("--cert-dir is required with --cert-mode files")?;
+            crate::operator::certs::CertSource::Files(crate::operator::certs::Files::new(dir))
+        }
+    };
+    let mut webhook_config = crate::operator::webhook::WebhookConfig::new(
+        webhook.webhook_addr,
+        crate::operator::inject::InjectConfig::new(agent_image, spearlet_image),
+        webhook.native_sidecars,
+        cert,
+    );
+    webhook_config.metrics = webhook_metrics;
+    let mut webhook_task =
+        tokio::spawn(crate::operator::webhook::serve(client.clone(), webhook_config, shutdown.clone()));
 
     let mut controllers = tokio::spawn(controller::run(client, config, shutdown.clone()));
     let outcome = tokio::select! {
@@ -220,6 +248,11 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
             Ok(Err(e)) => anyhow::Error::new(e).context("the controllers stopped"),
             Err(e) => anyhow::Error::new(e).context("the controller task panicked"),
         }),
+        result = &mut webhook_task => Err(match result {
+            Ok(Ok(())) => anyhow::anyhow!("the webhook server stopped unexpectedly"),
+            Ok(Err(e)) => anyhow::Error::new(e).context("the webhook server failed"),
+            Err(e) => anyhow::Error::new(e).context("the webhook task panicked"),
+        }),
         result = &mut admin => Err(match result {
             Ok(Ok(())) => anyhow::anyhow!("the admin server stopped unexpectedly"),
             Ok(Err(e)) => anyhow::Error::new(e).context("the admin server failed"),
@@ -231,6 +264,9 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
     // takes it at its next check.
     if !controllers.is_finished() && tokio::time::timeout(SHUTDOWN_GRACE, &mut controllers).await.is_err() {
         tracing::warn!("the controllers did not stop within {} s", SHUTDOWN_GRACE.as_secs());
+    }
+    if !webhook_task.is_finished() {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, webhook_task).await;
     }
     if !admin.is_finished() {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, admin).await;

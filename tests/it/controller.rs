@@ -569,6 +569,8 @@ async fn the_run_subcommand_leads_serves_health_and_metrics_and_releases_the_lea
         std::process::Command::new(env!("CARGO_BIN_EXE_spear-operator"))
             .args(["run", "--metrics-addr", &format!("127.0.0.1:{port}"), "--lease-name", "op"])
             .args(["--namespace", &ns.name, "--watch-namespace", &ns.name, "--probe-interval-seconds", "30"])
+            .args(["--agent-image", "spear.local/spearlet:test", "--spearlet-image", "spear.local/spearlet:test"])
+            .args(["--webhook-addr", &format!("127.0.0.1:{}", spear::testing::mcp_servers::free_port())])
             .env("KUBECONFIG", control_plane.kubeconfig_path())
             .env("SPEAR_LOG", "spear=debug,warn")
             .stdin(std::process::Stdio::null())

@@ -624,7 +624,6 @@ fn expand(value: &str, env: &[(String, String)]) -> String {
 }
 
 #[tokio::test]
-#[ignore = "needs spearlet run"]
 async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("webhook-local").await;
@@ -674,8 +673,16 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let url = local.env(app).into_iter().find(|(n, _)| n == ENV_MCP_URL).map(|(_, v)| v).expect("SPEAR_MCP_URL is set");
     assert_eq!(url, format!("http://127.0.0.1:{}/mcp", ports.http));
     let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await.expect("an MCP session with the agent");
-    let tools = client.list_all_tools().await.expect("listing tools");
-    let echo = tools.iter().find(|t| t.name.ends_with("echo")).unwrap_or_else(|| panic!("no echo tool in {tools:?}"));
+    // The python server takes a moment to start behind its bridge: poll, as an app would retry.
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let echo = loop {
+        let tools = client.list_all_tools().await.expect("listing tools");
+        if let Some(echo) = tools.into_iter().find(|t| t.name.ends_with("echo")) {
+            break echo;
+        }
+        assert!(Instant::now() < deadline, "no echo tool within {READY_TIMEOUT:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let mut params = CallToolRequestParams::new(echo.name.to_string());
     params.arguments = serde_json::json!({ "text": "hello from the pod" }).as_object().cloned();
     let result = client.call_tool(params).await.expect("the tool call succeeds");
