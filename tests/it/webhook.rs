@@ -541,9 +541,14 @@ struct LocalPod {
 }
 
 impl LocalPod {
-    /// A mount path of the pod rewritten to its local directory.
+    /// A mount path of the pod rewritten to its local directory. The sidecar's `/tmp` is only
+    /// rewritten as a whole value (HOME, TMPDIR): paths below it may be the checkout's own (a
+    /// clone under /tmp), which the server command needs as they are.
     fn path(&self, value: &str) -> String {
-        let rewrites = [(BIN_DIR, &self.bin), (RUN_DIR, &self.run), (SIDECAR_TMP, &self.tmp)];
+        if value == SIDECAR_TMP {
+            return self.tmp.display().to_string();
+        }
+        let rewrites = [(BIN_DIR, &self.bin), (RUN_DIR, &self.run)];
         for (mount, local) in rewrites {
             if value == mount {
                 return local.display().to_string();
