@@ -28,7 +28,7 @@
 
 use std::fs;
 use std::future::Future;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
@@ -47,6 +47,7 @@ use rcgen::{
 };
 
 use crate::api::crd;
+use crate::testing::mcp_servers::free_port;
 
 /// Kubernetes version of the test control plane. Must change together with `K8S_VERSION` in
 /// `hack/control-plane.sh`, which builds the binaries into a directory named after these values.
@@ -415,12 +416,9 @@ fn kept_temp_dir(prefix: &str) -> PathBuf {
         .keep()
 }
 
-/// Three distinct loopback ports that were free a moment ago (all held at once, then released).
+/// Three distinct loopback ports that were free a moment ago (see [`free_port`]).
 fn free_ports() -> [u16; 3] {
-    let listeners = [(); 3].map(|()| {
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binding 127.0.0.1:0 must succeed to pick a free port")
-    });
-    listeners.map(|listener| listener.local_addr().expect("a bound listener must have a local address").port())
+    [(); 3].map(|()| free_port())
 }
 
 // === impl Process ===

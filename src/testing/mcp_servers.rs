@@ -15,6 +15,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// npm `@modelcontextprotocol/server-everything` version; must match `hack/mcp-servers.sh`.
@@ -119,8 +120,40 @@ pub fn fixture_http(port: u16, flags: &[&str]) -> Command {
     fixture(&["--transport", "http", "--host", "127.0.0.1", "--port", &port.to_string()], flags)
 }
 
-/// A loopback port that was free a moment ago (bound to port 0, then released).
+/// A loopback port that was free a moment ago, for a child process to bind.
+///
+/// Picked below the kernel's ephemeral range (`ip_local_port_range`), where port-0 binds and
+/// outgoing connections never land, so the many client sockets of tests running in parallel
+/// cannot take it between this check and the child's bind; a process-wide cursor starting at a
+/// per-process offset keeps two calls from handing out the same port.
 pub fn free_port() -> u16 {
+    const LOWEST: u32 = 10_000;
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_low.saturating_sub(LOWEST);
+    if span >= 1_000 {
+        if CURSOR.load(Ordering::Relaxed) == u32::MAX {
+            let offset =
+                std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), std::process::id());
+            let _ = CURSOR.compare_exchange(
+                u32::MAX,
+                (offset % u64::from(span)) as u32,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        for _ in 0..span {
+            let port = LOWEST + CURSOR.fetch_add(1, Ordering::Relaxed) % span;
+            if let Ok(port) = u16::try_from(port)
+                && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+            {
+                return port;
+            }
+        }
+    }
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())
         .expect("binding 127.0.0.1:0 must succeed")

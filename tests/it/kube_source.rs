@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -34,6 +34,7 @@ use spear::registry::snapshot::Snapshot;
 use spear::registry::{KubeSource, KubeWatch, RegistryView};
 use spear::telemetry::RegistryMetrics;
 use spear::testing::control_plane::ControlPlane;
+use spear::testing::mcp_servers;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -176,8 +177,7 @@ impl SecondApiServer {
             .collect();
         let binary = PathBuf::from(words.remove(0));
         let dir = tempfile::Builder::new().prefix("spear-apiserver-2-").tempdir().expect("a temp dir");
-        let port =
-            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).expect("a free port").port();
+        let port = mcp_servers::free_port();
         let args = words
             .into_iter()
             .filter(|w| !w.starts_with("--secure-port=") && !w.starts_with("--cert-dir="))
@@ -518,7 +518,7 @@ async fn an_agent_with_the_agent_role_reads_its_namespace_and_is_refused_elsewhe
 // === spearlet run, in-process ===
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).expect("a free port")
+    SocketAddr::from((Ipv4Addr::LOCALHOST, mcp_servers::free_port()))
 }
 
 #[tokio::test]
