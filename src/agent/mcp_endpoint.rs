@@ -50,7 +50,10 @@ impl McpEndpoint {
         shutdown: CancellationToken,
         allowed_hosts: Vec<String>,
     ) -> StreamableHttpService<McpEndpoint, LocalSessionManager> {
+        // A plain JSON reply for a call that emits nothing before its result: no SSE stream to
+        // set up per request (rmcp falls back to SSE when the handler sends a notification first).
         let config = StreamableHttpServerConfig::default()
+            .with_json_response(true)
             .with_cancellation_token(shutdown.child_token())
             .with_allowed_hosts(allowed_hosts);
         let handler = McpEndpoint::new(agent, shutdown);
