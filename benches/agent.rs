@@ -6,7 +6,8 @@
 //!   p99(A) ≤ p99(S) + p99(H) + 200 µs.
 //! - gRPC: G = a bare tonic unary echo (the same `CallTool` messages, answered in its own process);
 //!   AG = `spearlet` gRPC `CallTool` → the echo server over stdio. Target as above with G for H.
-//! - throughput: 64 concurrent HTTP clients for 10 s on H and on A; target A ≥ 0.7 × H, 0 errors.
+//! - throughput: 64 concurrent HTTP clients for 10 s on H and on A; target A ≥ 0.7 × H, 0 errors;
+//!   with each process's CPU time per call (from `/proc`), to show where a call's cost goes.
 //! - chat-loop overhead: one completion with one tool round through the agent (a scripted
 //!   upstream in this process, standing in for a hosted model API; the echo tool over stdio)
 //!   against the same three steps made directly (upstream, bare stdio call, upstream); target
@@ -86,6 +87,53 @@ fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// CPU time (user + system) `pid` has used so far, from `/proc/PID/stat`; zero when unreadable.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces: utime and
+    // stime (fields 14 and 15) are the 12th and 13th of these.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
+    let per_second = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    Duration::from_secs_f64(ticks as f64 / per_second)
+}
+
+/// The first child process of `pid` (the agent's stdio server), if any.
+fn first_child(pid: u32) -> Option<u32> {
+    let output = std::process::Command::new("pgrep").args(["-P", &pid.to_string()]).output().ok()?;
+    String::from_utf8_lossy(&output.stdout).split_whitespace().next()?.parse().ok()
+}
+
+/// [`throughput`], also printing each process's CPU time per call, to show where a call's
+/// cost goes and how busy the machine was.
+async fn throughput_with_cpu(label: &str, url: &str, tool: &str, size: &Size, processes: &[(&str, u32)]) -> (u64, u64) {
+    let before: Vec<Duration> = processes.iter().map(|(_, pid)| cpu_time(*pid)).collect();
+    let started = Instant::now();
+    let (calls, errors) = throughput(url, tool, size.clients, size.throughput_for).await;
+    let wall = started.elapsed();
+    let used: Vec<Duration> =
+        processes.iter().zip(&before).map(|((_, pid), before)| cpu_time(*pid).saturating_sub(*before)).collect();
+    let per_call: Vec<String> = processes
+        .iter()
+        .zip(&used)
+        .map(|((name, _), used)| format!("{name} {:.0}", us(*used) / calls.max(1) as f64))
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let busy = used.iter().sum::<Duration>().as_secs_f64() / (wall.as_secs_f64() * cores);
+    println!(
+        "  {label}: CPU per call (us): {}; these processes kept {:.0}% of {cores} cores busy",
+        per_call.join(" + "),
+        busy * 100.0
+    );
+    (calls, errors)
 }
 
 /// A bare tonic unary echo: `CallTool` answers with its arguments as text, nothing else.
@@ -232,7 +280,7 @@ async fn run(size: Size) {
 
     // H: bare rmcp over Streamable HTTP, to an echo server in its own process.
     let echo_port = mcp_servers::free_port();
-    let _http_echo = spawn(tokio::process::Command::new(&exe).args(["--serve-echo-http", &echo_port.to_string()]));
+    let http_echo = spawn(tokio::process::Command::new(&exe).args(["--serve-echo-http", &echo_port.to_string()]));
     assert!(mcp_servers::wait_for_http(echo_port, Duration::from_secs(10)).await, "the HTTP echo server listens");
     let echo_url = format!("http://127.0.0.1:{echo_port}/mcp");
     let bare_http = http_client(&echo_url).await;
@@ -368,8 +416,13 @@ async fn run(size: Size) {
 
     // Throughput: the same number of clients against H, then A.
     let secs = size.throughput_for.as_secs_f64();
-    let (h_calls, h_errors) = throughput(&echo_url, "echo", size.clients, size.throughput_for).await;
-    let (a_calls, a_errors) = throughput(&agent_url, "mcp__echo__echo", size.clients, size.throughput_for).await;
+    let bench_pid = std::process::id();
+    let h_processes = [("clients", bench_pid), ("echo HTTP server", http_echo.0.id().unwrap_or(0))];
+    let (h_calls, h_errors) = throughput_with_cpu("H", &echo_url, "echo", &size, &h_processes).await;
+    let agent_pid = agent.0.id().unwrap_or(0);
+    let a_processes =
+        [("clients", bench_pid), ("agent", agent_pid), ("stdio echo server", first_child(agent_pid).unwrap_or(0))];
+    let (a_calls, a_errors) = throughput_with_cpu("A", &agent_url, "mcp__echo__echo", &size, &a_processes).await;
     println!(
         "throughput, {} clients for {secs:.1} s: H {:.0} calls/s ({h_errors} errors), A {:.0} calls/s ({a_errors} errors), A/H {:.2}",
         size.clients,
@@ -388,7 +441,6 @@ async fn run(size: Size) {
         a2_calls as f64 / h_calls.max(1) as f64
     );
     drop(agent2);
-    let agent_pid = agent.0.id().unwrap_or(0);
     println!(
         "RSS after load: agent {:.1} MiB, bare echo server {:.1} MiB",
         rss_kib(agent_pid) as f64 / 1024.0,
