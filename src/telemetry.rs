@@ -148,10 +148,12 @@ pub struct RegistryMetrics {
     /// since revisions themselves are opaque hashes.
     revision: Gauge,
     degraded: Gauge,
+    restart_required: Family<ServerLabels, Gauge>,
 }
 
 impl RegistryMetrics {
-    /// Metrics registered as `mcp_registry_revision` and `mcp_registry_degraded`.
+    /// Metrics registered as `mcp_registry_revision`, `mcp_registry_degraded` and
+    /// `mcp_server_restart_required`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = RegistryMetrics::default();
         registry.register(
@@ -164,7 +166,20 @@ impl RegistryMetrics {
             "1 while the registry source has problems (the last good objects keep serving)",
             metrics.degraded.clone(),
         );
+        registry.register(
+            "mcp_server_restart_required",
+            "1 for each stdio server of the profile this pod has no sidecar for (added after the pod started: restart the pod)",
+            metrics.restart_required.clone(),
+        );
         metrics
+    }
+
+    /// The profile's stdio servers that need a pod restart now (all others read 0 or vanish).
+    pub fn restart_required<'a>(&self, servers: impl IntoIterator<Item = &'a str>) {
+        self.restart_required.clear();
+        for server_id in servers {
+            self.restart_required.get_or_create(&ServerLabels { server_id: server_id.to_string() }).set(1);
+        }
     }
 
     /// A snapshot is now served.
@@ -179,6 +194,18 @@ mod tests {
     use prometheus_client::encoding::text::encode;
 
     use super::*;
+
+    #[test]
+    fn restart_required_lists_only_the_current_servers() {
+        let mut registry = Registry::default();
+        let metrics = RegistryMetrics::register(&mut registry);
+        metrics.restart_required(["late", "later"]);
+        metrics.restart_required(["later"]);
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encodes");
+        assert!(text.contains("mcp_server_restart_required{server_id=\"later\"} 1"), "{text}");
+        assert!(!text.contains("server_id=\"late\""), "{text}");
+    }
 
     #[test]
     fn pool_metrics_use_the_design_names() {

@@ -9,7 +9,7 @@
 //!                                                        ─ budgets ─ pool ─ audit line ─▶ ToolCall
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -342,6 +342,7 @@ impl Agent {
         let mut applied: Option<crate::registry::snapshot::Revision> = None;
         let mut compiled: Option<CompiledProfile> = None;
         let mut retry = inner.options.retry_interval;
+        let mut restart_required: BTreeSet<String> = BTreeSet::new();
         loop {
             let snapshot = registry_rx.borrow_and_update().clone();
             if applied.as_ref() != Some(snapshot.revision()) {
@@ -356,6 +357,23 @@ impl Agent {
                     }
                 };
                 applied = Some(snapshot.revision().clone());
+                let now: BTreeSet<String> = compiled
+                    .iter()
+                    .flat_map(|c| c.servers())
+                    .filter(|(id, _)| inner.pool.needs_pod_restart(id))
+                    .map(|(id, _)| id.to_string())
+                    .collect();
+                if now != restart_required {
+                    for id in now.difference(&restart_required) {
+                        tracing::warn!(
+                            server_id = %id,
+                            "stdio server joined the profile after this pod started: it has no sidecar here, \
+                             so its tools stay unavailable until the pod is restarted"
+                        );
+                    }
+                    inner.options.registry_metrics.restart_required(now.iter().map(String::as_str));
+                    restart_required = now;
+                }
             }
             // Subscribe before listing, so a change during the listing is not missed.
             let mut changes = Vec::new();

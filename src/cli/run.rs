@@ -60,6 +60,12 @@ pub struct RunArgs {
     /// sidecars.
     #[arg(long, env = "SPEAR_SOCKET_DIR", value_name = "DIR", default_value = "/spear/run")]
     pub socket_dir: PathBuf,
+    /// The stdio servers this pod has sidecars for, comma-separated (the webhook sets it). A
+    /// stdio server of the profile outside the list joined it after the pod started: the agent
+    /// reports it (log and `mcp_server_restart_required`) and its calls say to restart the pod.
+    /// Unset: every stdio server is expected to have a sidecar.
+    #[arg(long, env = "SPEAR_SIDECAR_SERVERS", value_name = "IDS", value_delimiter = ',')]
+    pub sidecar_servers: Option<Vec<String>>,
     /// kubeconfig file(s), `:`-separated, for running outside a cluster. Without it the pod's
     /// service account is used, falling back to `~/.kube/config`.
     #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
@@ -135,7 +141,7 @@ impl RunArgs {
     /// Runs the agent until `cancel` (no signal handling: [`RunArgs::run`] adds it; tests call
     /// this in-process).
     pub async fn run_until(self, cancel: CancellationToken) -> ExitCode {
-        let RunArgs { profile, namespace, socket_dir, kubeconfig, agent } = self;
+        let RunArgs { profile, namespace, socket_dir, sidecar_servers, kubeconfig, agent } = self;
         crate::install_crypto_provider();
         let Some(profile) = profile.filter(|p| !p.is_empty()) else {
             return usage_error(
@@ -188,7 +194,10 @@ impl RunArgs {
                 Err(e) => e.to_string(),
             }
         });
-        agent.serve(profile, registry, Mode::Sidecar { socket_dir }, cancel, Some(critical)).await
+        // An empty value (a pod whose profile had no stdio servers) is an empty list, not unset.
+        let sidecars = sidecar_servers
+            .map(|ids| ids.into_iter().map(|id| id.trim().to_string()).filter(|id| !id.is_empty()).collect());
+        agent.serve(profile, registry, Mode::Sidecar { socket_dir, sidecars }, cancel, Some(critical)).await
     }
 }
 

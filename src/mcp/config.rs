@@ -11,6 +11,7 @@
 //! (`valueFrom.secretKeyRef`) reach the agent as env vars the webhook sets, named by
 //! [`secret_env_var`]; local mode reads the same names, so a developer exports them by hand.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -27,6 +28,10 @@ pub enum Mode {
     Sidecar {
         /// The shared run directory (`/spear/run`).
         socket_dir: PathBuf,
+        /// The stdio servers this pod was given sidecars for (the webhook's
+        /// `SPEAR_SIDECAR_SERVERS`); `None` when not known. A stdio server outside it was added
+        /// after the pod started and needs a pod restart (DESIGN.md "Pods").
+        sidecars: Option<BTreeSet<String>>,
     },
 }
 
@@ -81,6 +86,8 @@ pub enum TransportConfig {
         /// Socket path.
         path: PathBuf,
     },
+    /// A stdio server this pod has no sidecar for: it joined the profile after the pod started.
+    MissingSidecar,
     /// Streamable HTTP.
     Http {
         /// Endpoint URL.
@@ -109,6 +116,8 @@ pub enum Endpoint {
         /// Socket path.
         path: PathBuf,
     },
+    /// See [`TransportConfig::MissingSidecar`].
+    MissingSidecar,
     /// See [`TransportConfig::Http`].
     Http {
         /// Endpoint URL.
@@ -130,6 +139,7 @@ impl std::fmt::Debug for Endpoint {
                 .field("working_dir", working_dir)
                 .finish(),
             Endpoint::Socket { path } => f.debug_struct("Socket").field("path", path).finish(),
+            Endpoint::MissingSidecar => f.write_str("MissingSidecar"),
             Endpoint::Http { url, headers } => f
                 .debug_struct("Http")
                 .field("url", url)
@@ -175,7 +185,10 @@ impl ServerConfig {
         let spec = &server.spec;
         let err = |message: &str| ConfigError { server: id.clone(), message: message.into() };
         let transport = match (spec.transport, mode) {
-            (Transport::Stdio, Mode::Sidecar { socket_dir }) => {
+            (Transport::Stdio, Mode::Sidecar { sidecars: Some(sidecars), .. }) if !sidecars.contains(&id) => {
+                TransportConfig::MissingSidecar
+            }
+            (Transport::Stdio, Mode::Sidecar { socket_dir, .. }) => {
                 TransportConfig::Socket { path: socket_dir.join(format!("{id}.sock")) }
             }
             (Transport::Stdio, Mode::Local) => {
@@ -212,7 +225,7 @@ impl ServerConfig {
         // The fingerprint covers what a session depends on; allowlists and budgets do not
         // restart anything.
         let mut fields = serde_json::to_vec(&(&spec.transport, &spec.stdio, &spec.http)).unwrap_or_default();
-        if let Mode::Sidecar { socket_dir } = mode {
+        if let Mode::Sidecar { socket_dir, .. } = mode {
             fields.extend_from_slice(socket_dir.as_os_str().as_encoded_bytes());
         }
         let fingerprint = short_hash(&fields);
@@ -239,6 +252,7 @@ impl ServerConfig {
                 }
             }
             TransportConfig::Socket { path } => Endpoint::Socket { path: path.clone() },
+            TransportConfig::MissingSidecar => Endpoint::MissingSidecar,
             TransportConfig::Http { url, headers } => Endpoint::Http {
                 url: url.clone(),
                 headers: headers
@@ -314,9 +328,20 @@ mod tests {
 
     #[test]
     fn sidecar_mode_reaches_stdio_servers_through_the_bridge_socket() {
-        let mode = Mode::Sidecar { socket_dir: "/spear/run".into() };
+        let mode = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: None };
         let config = ServerConfig::new(&stdio(vec![]), &mode).expect("config");
         assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs.sock".into() });
+        let with_sidecar = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: Some(["fs".to_string()].into()) };
+        let config = ServerConfig::new(&stdio(vec![]), &with_sidecar).expect("config");
+        assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs.sock".into() });
+    }
+
+    #[test]
+    fn stdio_server_without_a_sidecar_in_this_pod_is_marked_missing() {
+        let mode = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: Some(["other".to_string()].into()) };
+        let config = ServerConfig::new(&stdio(vec![]), &mode).expect("config");
+        assert_eq!(config.transport, TransportConfig::MissingSidecar);
+        assert_eq!(format!("{:?}", config.resolve(|_| None).expect("nothing to resolve")), "MissingSidecar");
     }
 
     #[test]

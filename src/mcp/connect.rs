@@ -294,6 +294,14 @@ pub async fn connect(
                     handler.serve((reader, write)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
                 Ok((service, None))
             }
+            Endpoint::MissingSidecar => Err(McpError {
+                code: ErrorCode::McpUnavailable,
+                message: format!(
+                    "stdio server '{server_id}' has no sidecar in this pod: it joined the McpProfile after the pod \
+                     started; restart the pod (for example `kubectl rollout restart`) to get its sidecar"
+                ),
+                retryable: false,
+            }),
             Endpoint::Http { url, headers } => {
                 let mut custom = std::collections::HashMap::new();
                 for (name, value) in headers {

@@ -392,6 +392,12 @@ impl Pool {
         Ok(async move { slot.list_changed.changed_since(since).await })
     }
 
+    /// Whether `server` is a stdio server this pod has no sidecar for (it joined the profile
+    /// after the pod started; only a pod restart brings its sidecar).
+    pub fn needs_pod_restart(&self, server: &str) -> bool {
+        self.slot(server).is_ok_and(|slot| slot.config.transport == super::config::TransportConfig::MissingSidecar)
+    }
+
     /// Health and session facts of `server`.
     pub fn status(&self, server: &str) -> Option<ServerStatus> {
         let slot = self.slot(server).ok()?;

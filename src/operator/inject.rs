@@ -120,6 +120,9 @@ pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 pub const ENV_POD_NAME: &str = "POD_NAME";
 /// Agent env: the directory of the bridges' sockets.
 pub const ENV_SOCKET_DIR: &str = "SPEAR_SOCKET_DIR";
+/// Agent env: the stdio servers given sidecars, comma-separated; a stdio server the profile gains
+/// later has none, and the agent reports that it needs a pod restart.
+pub const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
 /// Agent env: the HTTP listen address (loopback).
 pub const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
 /// Agent env: the admin listen address (all interfaces, for the kubelet's probes).
@@ -422,6 +425,7 @@ impl Plan {
 
         let mut volumes = vec![empty_dir(VOLUME_BIN), empty_dir(VOLUME_RUN)];
         let mut sidecars = Vec::new();
+        let mut sidecar_servers: Vec<&str> = Vec::new();
         let mut secret_env: BTreeMap<String, (String, SecretKeySelector)> = BTreeMap::new();
         for (&name, server) in &servers {
             if let Some(stdio) = &server.spec.stdio {
@@ -433,6 +437,7 @@ impl Plan {
                 };
                 let tmp = dns_label(TMP_VOLUME_PREFIX, name);
                 volumes.push(empty_dir(&tmp));
+                sidecar_servers.push(name);
                 sidecars.push(bridge_container(name, image, stdio, &tmp, config, &mut warnings));
             }
             for header in server.spec.http.iter().flat_map(|h| &h.headers) {
@@ -453,7 +458,7 @@ impl Plan {
             value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
             ..EnvVar::default()
         });
-        let agent = agent_container(profile_name, secret_env.collect(), config);
+        let agent = agent_container(profile_name, &sidecar_servers, secret_env.collect(), config);
 
         let mut init_containers = vec![init_container(config)];
         let mut containers = Vec::new();
@@ -678,13 +683,19 @@ fn init_container(config: &InjectConfig) -> Container {
     }
 }
 
-fn agent_container(profile: &str, secret_env: Vec<EnvVar>, config: &InjectConfig) -> Container {
+fn agent_container(
+    profile: &str,
+    sidecar_servers: &[&str],
+    secret_env: Vec<EnvVar>,
+    config: &InjectConfig,
+) -> Container {
     let ports = config.ports;
     let mut env = vec![
         env(ENV_PROFILE, profile),
         field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
         field_env(ENV_POD_NAME, "metadata.name"),
         env(ENV_SOCKET_DIR, RUN_DIR),
+        env(ENV_SIDECAR_SERVERS, sidecar_servers.join(",")),
         env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", ports.http)),
         env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)),
         env(ENV_ADMIN_ADDR, format!("0.0.0.0:{}", ports.admin)),

@@ -38,7 +38,7 @@ use spear::testing::mcp_servers;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{http_server, profile};
+use crate::support::{http_server, profile, stdio_server};
 
 /// What the issue asks of a change's propagation.
 const PROPAGATION_BUDGET: Duration = Duration::from_secs(1);
@@ -287,7 +287,7 @@ async fn an_api_server_outage_keeps_the_last_snapshot_serving_and_resyncs_after(
     options.registry_metrics = RegistryMetrics::register(&mut metrics);
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let pool = Pool::new(PoolOptions {
-        mode: Mode::Sidecar { socket_dir: socket_dir.path().to_path_buf() },
+        mode: Mode::Sidecar { socket_dir: socket_dir.path().to_path_buf(), sidecars: None },
         idle_timeout: None,
         ..PoolOptions::default()
     });
@@ -521,6 +521,28 @@ fn free_addr() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, mcp_servers::free_port()))
 }
 
+/// The doors' flags of an in-process `spearlet run`, on free loopback ports.
+fn agent_args(admin_addr: SocketAddr) -> AgentArgs {
+    AgentArgs {
+        http_addr: free_addr(),
+        grpc_addr: free_addr(),
+        admin_addr,
+        upstream_url: None,
+        upstream_api_key_env: None,
+        audit_log: AuditTarget::Off,
+        audit_arguments: false,
+        shutdown_grace_seconds: 1,
+        worker_threads: 1,
+        allowed_hosts: vec!["127.0.0.1".into()],
+    }
+}
+
+/// GET `path` on the admin port: (status, body), or None while nothing listens.
+async fn admin_get(admin_addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let response = reqwest::get(format!("http://{admin_addr}{path}")).await.ok()?;
+    Some((response.status().as_u16(), response.text().await.unwrap_or_default()))
+}
+
 #[tokio::test]
 async fn spearlet_run_serves_the_namespace_registry() {
     let control_plane = ControlPlane::shared();
@@ -533,19 +555,9 @@ async fn spearlet_run_serves_the_namespace_registry() {
         profile: Some("p".into()),
         namespace: Some(ns.name.clone()),
         socket_dir: socket_dir.path().to_path_buf(),
+        sidecar_servers: None,
         kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
-        agent: AgentArgs {
-            http_addr: free_addr(),
-            grpc_addr: free_addr(),
-            admin_addr,
-            upstream_url: None,
-            upstream_api_key_env: None,
-            audit_log: AuditTarget::Off,
-            audit_arguments: false,
-            shutdown_grace_seconds: 1,
-            worker_threads: 1,
-            allowed_hosts: vec!["127.0.0.1".into()],
-        },
+        agent: agent_args(admin_addr),
     };
     let cancel = CancellationToken::new();
     let run = tokio::spawn(args.run_until(cancel.clone()));
@@ -582,20 +594,54 @@ async fn spearlet_run_without_a_profile_names_the_flag_and_env() {
         profile: None,
         namespace: Some("ns".into()),
         socket_dir: "/spear/run".into(),
+        sidecar_servers: None,
         kubeconfig: None,
-        agent: AgentArgs {
-            http_addr: free_addr(),
-            grpc_addr: free_addr(),
-            admin_addr: free_addr(),
-            upstream_url: None,
-            upstream_api_key_env: None,
-            audit_log: AuditTarget::Off,
-            audit_arguments: false,
-            shutdown_grace_seconds: 1,
-            worker_threads: 1,
-            allowed_hosts: vec![],
-        },
+        agent: agent_args(free_addr()),
     };
     let code = args.run_until(CancellationToken::new()).await;
     assert_eq!(code, std::process::ExitCode::from(spear::cli::EXIT_USAGE));
+}
+
+#[tokio::test]
+async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_pod_started() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("kube-late").await;
+    let servers = ns.api::<McpServer>();
+    for id in ["early", "late"] {
+        servers.create(&PostParams::default(), &stdio_server(id, &mcp_servers::fixture_stdio(&[]))).await.expect(id);
+    }
+    ns.api::<McpProfile>().create(&PostParams::default(), &profile("p", &["early", "late"])).await.expect("p");
+    let socket_dir = tempfile::tempdir().expect("socket dir");
+    let admin_addr = free_addr();
+    // As the webhook left it when the profile only had `early`.
+    let args = RunArgs {
+        profile: Some("p".into()),
+        namespace: Some(ns.name.clone()),
+        socket_dir: socket_dir.path().to_path_buf(),
+        sidecar_servers: Some(vec!["early".into()]),
+        kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
+        agent: agent_args(admin_addr),
+    };
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(args.run_until(cancel.clone()));
+
+    let flagged = "mcp_server_restart_required{server_id=\"late\"} 1";
+    let deadline = Instant::now() + PATIENCE;
+    let metrics = loop {
+        if let Some((200, metrics)) = admin_get(admin_addr, "/metrics").await
+            && metrics.lines().any(|l| l == flagged)
+        {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline && !run.is_finished(), "no {flagged} within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!metrics.contains("mcp_server_restart_required{server_id=\"early\"}"), "{metrics}");
+    // Why its tools are missing, in the operator's words.
+    let (_, effective) = admin_get(admin_addr, "/debug/effective").await.expect("effective");
+    assert!(effective.contains("has no sidecar in this pod") && effective.contains("restart the pod"), "{effective}");
+
+    cancel.cancel();
+    let code = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
+    assert_eq!(code, std::process::ExitCode::SUCCESS);
 }
