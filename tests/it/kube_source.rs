@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -537,6 +537,24 @@ fn agent_args(admin_addr: SocketAddr) -> AgentArgs {
     }
 }
 
+/// `spearlet run` flags for profile `p` in `ns`, out of cluster through the test kubeconfig.
+fn run_args(
+    control_plane: &ControlPlane,
+    ns: &str,
+    socket_dir: &Path,
+    admin_addr: SocketAddr,
+    sidecar_servers: Option<Vec<String>>,
+) -> RunArgs {
+    RunArgs {
+        profile: Some("p".into()),
+        namespace: Some(ns.to_string()),
+        socket_dir: socket_dir.to_path_buf(),
+        sidecar_servers,
+        kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
+        agent: agent_args(admin_addr),
+    }
+}
+
 /// GET `path` on the admin port: (status, body), or None while nothing listens.
 async fn admin_get(admin_addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let response = reqwest::get(format!("http://{admin_addr}{path}")).await.ok()?;
@@ -551,27 +569,11 @@ async fn spearlet_run_serves_the_namespace_registry() {
     ns.api::<McpProfile>().create(&PostParams::default(), &profile("p", &["fs"])).await.expect("p");
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let admin_addr = free_addr();
-    let args = RunArgs {
-        profile: Some("p".into()),
-        namespace: Some(ns.name.clone()),
-        socket_dir: socket_dir.path().to_path_buf(),
-        sidecar_servers: None,
-        kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
-        agent: agent_args(admin_addr),
-    };
+    let args = run_args(control_plane, &ns.name, socket_dir.path(), admin_addr, None);
     let cancel = CancellationToken::new();
     let run = tokio::spawn(args.run_until(cancel.clone()));
 
-    let http = reqwest::Client::new();
-    let get = |path: &str| {
-        let request = http.get(format!("http://{admin_addr}{path}"));
-        async move {
-            match request.send().await {
-                Ok(response) => Some((response.status().as_u16(), response.text().await.unwrap_or_default())),
-                Err(_) => None,
-            }
-        }
-    };
+    let get = |path: &'static str| admin_get(admin_addr, path);
     let deadline = Instant::now() + PATIENCE;
     while get("/readyz").await.map(|(status, _)| status) != Some(200) {
         assert!(Instant::now() < deadline && !run.is_finished(), "spearlet run did not become ready");
@@ -614,14 +616,7 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let admin_addr = free_addr();
     // As the webhook left it when the profile only had `early`.
-    let args = RunArgs {
-        profile: Some("p".into()),
-        namespace: Some(ns.name.clone()),
-        socket_dir: socket_dir.path().to_path_buf(),
-        sidecar_servers: Some(vec!["early".into()]),
-        kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
-        agent: agent_args(admin_addr),
-    };
+    let args = run_args(control_plane, &ns.name, socket_dir.path(), admin_addr, Some(vec!["early".into()]));
     let cancel = CancellationToken::new();
     let run = tokio::spawn(args.run_until(cancel.clone()));
 
