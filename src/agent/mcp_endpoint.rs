@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::audit::Door;
 use super::core::{Agent, CallContext};
+use super::mcp_fast_path::McpRoute;
 
 /// How often a legacy session's notifier checks that its client is still there, so a task does
 /// not outlive its session for long when the tool set never changes.
@@ -43,12 +44,23 @@ impl McpEndpoint {
         McpEndpoint { agent, shutdown }
     }
 
-    /// The Streamable HTTP service to mount at `/mcp`. `allowed_hosts` are the `Host` values
-    /// accepted (DNS-rebinding protection; loopback by default).
-    pub fn service(
-        agent: Agent,
+    /// The router to mount at `/mcp`: rmcp's Streamable HTTP service behind the `tools/call`
+    /// fast path ([`super::mcp_fast_path`]). `allowed_hosts` are the `Host` values accepted
+    /// (DNS-rebinding protection; loopback by default).
+    pub fn router(agent: Agent, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> axum::Router {
+        let handler = McpEndpoint::new(agent, shutdown.clone());
+        let sessions = Arc::new(LocalSessionManager::default());
+        let service = Self::service_with(handler.clone(), shutdown, allowed_hosts.clone(), sessions.clone());
+        let route = McpRoute::new(handler, sessions, service, allowed_hosts);
+        axum::Router::new().fallback(super::mcp_fast_path::handle).with_state(route)
+    }
+
+    /// The Streamable HTTP service alone (no fast path), for `handler` with `sessions`.
+    fn service_with(
+        handler: McpEndpoint,
         shutdown: CancellationToken,
         allowed_hosts: Vec<String>,
+        sessions: Arc<LocalSessionManager>,
     ) -> StreamableHttpService<McpEndpoint, LocalSessionManager> {
         // A plain JSON reply for a call that emits nothing before its result: no SSE stream to
         // set up per request (rmcp falls back to SSE when the handler sends a notification first).
@@ -56,8 +68,31 @@ impl McpEndpoint {
             .with_json_response(true)
             .with_cancellation_token(shutdown.child_token())
             .with_allowed_hosts(allowed_hosts);
-        let handler = McpEndpoint::new(agent, shutdown);
-        StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(LocalSessionManager::default()), config)
+        StreamableHttpService::new(move || Ok(handler.clone()), sessions, config)
+    }
+
+    /// One `tools/call` through the core, as the MCP result the client gets: tool failures and
+    /// refusals are `isError` results carrying the DESIGN.md error object.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<serde_json::Map<String, serde_json::Value>>,
+        request_id: &str,
+        session_id: Option<&str>,
+    ) -> CallToolResult {
+        let set = match self.agent.default_set() {
+            Ok(set) => set,
+            Err(e) => {
+                let error = crate::mcp::McpError::new(crate::mcp::ErrorCode::McpPolicyDenied, e.to_string());
+                return error_result(&error);
+            }
+        };
+        let call_context = CallContext { door: Door::Mcp, request_id, session_id };
+        let call = self.agent.call_tool(&set, name, Ok(arguments), call_context).await;
+        match call.result {
+            Ok(output) => output.result,
+            Err(error) => error_result(&error),
+        }
     }
 
     /// The endpoint's instructions: each upstream server's own instructions in a delimited group,
@@ -137,21 +172,9 @@ impl ServerHandler for McpEndpoint {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let set = match self.agent.default_set() {
-            Ok(set) => set,
-            Err(e) => {
-                let error = crate::mcp::McpError::new(crate::mcp::ErrorCode::McpPolicyDenied, e.to_string());
-                return Ok(error_result(&error).into());
-            }
-        };
         let request_id = context.id.to_string();
         let session = session_id(&context.extensions);
-        let call_context = CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref() };
-        let call = self.agent.call_tool(&set, &request.name, Ok(request.arguments), call_context).await;
-        Ok(match call.result {
-            Ok(output) => output.result.into(),
-            Err(error) => error_result(&error).into(),
-        })
+        Ok(self.call(&request.name, request.arguments, &request_id, session.as_deref()).await.into())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod core;
 pub mod grpc;
 pub mod mcp_endpoint;
+pub mod mcp_fast_path;
 pub mod serve;
 
 pub use self::audit::{AuditSink, Door};

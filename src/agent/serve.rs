@@ -103,7 +103,7 @@ pub type ExtraDoor =
 /// The HTTP router of port 4040: `/mcp` plus `chat` (the chat completions routes), every
 /// response stamped with the registry revision unless the handler set it itself.
 pub fn http_router(agent: Agent, chat: Router, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> Router {
-    let mcp = McpEndpoint::service(agent.clone(), shutdown, allowed_hosts);
+    let mcp = McpEndpoint::router(agent.clone(), shutdown, allowed_hosts);
     chat.nest_service("/mcp", mcp).layer(middleware::from_fn_with_state(agent, stamp_revision))
 }
 

@@ -245,3 +245,97 @@ fn spearlet_tools_lists_and_calls_over_the_grpc_door_of_a_running_agent() {
     let said = format!("{}{}", String::from_utf8_lossy(&denied.stdout), String::from_utf8_lossy(&denied.stderr));
     assert!(said.contains("mcp_policy_denied"), "{said}");
 }
+
+/// One JSON-RPC POST to `/mcp` as a Streamable HTTP client sends it: (status, content type,
+/// session id header, body).
+async fn mcp_post(
+    http: &reqwest::Client,
+    port: u16,
+    session: Option<&str>,
+    host: Option<&str>,
+    body: Value,
+) -> (u16, String, Option<String>, String) {
+    let mut request = http
+        .post(format!("http://127.0.0.1:{port}/mcp"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2025-06-18")
+        .body(body.to_string());
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    if let Some(host) = host {
+        request = request.header("host", host);
+    }
+    let response = request.send().await.expect("a reply from /mcp");
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let (content_type, session) = (header("content-type").unwrap_or_default(), header("mcp-session-id"));
+    let status = response.status().as_u16();
+    (status, content_type, session, response.text().await.unwrap_or_default())
+}
+
+/// The JSON-RPC message of a reply, whether sent as JSON or as the data of an SSE event.
+fn jsonrpc_message(content_type: &str, body: &str) -> Value {
+    let text = if content_type.starts_with("text/event-stream") {
+        body.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| d.starts_with('{')).unwrap_or("")
+    } else {
+        body
+    };
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("no JSON-RPC message in {body:?}: {e}"))
+}
+
+#[tokio::test]
+async fn mcp_tools_calls_in_a_session_are_answered_as_json_and_the_rest_by_rmcp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let (status, _, session, _) = mcp_post(&http, served.http, None, None, initialize).await;
+    assert_eq!(status, 200);
+    let session = session.expect("a legacy session id");
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(mcp_post(&http, served.http, Some(&session), None, initialized).await.0, 202);
+
+    let call = |id: u64, name: &str, meta: Option<Value>| {
+        let mut params = serde_json::json!({"name": name, "arguments": {"text": "fast"}});
+        if let Some(meta) = meta {
+            params["_meta"] = meta;
+        }
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    };
+    // The hot path: one JSON reply, the same result rmcp would give.
+    let (status, content_type, _, body) =
+        mcp_post(&http, served.http, Some(&session), None, call(2, "mcp__fx__echo", None)).await;
+    assert_eq!((status, content_type.as_str()), (200, "application/json"), "{body}");
+    let reply = jsonrpc_message(&content_type, &body);
+    assert_eq!(reply["id"], 2, "{reply}");
+    assert_eq!(reply["result"]["isError"], false, "{reply}");
+    assert!(reply["result"]["content"][0]["text"].as_str().unwrap_or_default().contains("fast"), "{reply}");
+    // Policy holds on it: a tool outside the profile is a structured refusal.
+    let (_, content_type, _, body) =
+        mcp_post(&http, served.http, Some(&session), None, call(3, "mcp__fx__pid", None)).await;
+    let refused = jsonrpc_message(&content_type, &body);
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert_eq!(refused["result"]["structuredContent"]["error"]["code"], "mcp_policy_denied", "{refused}");
+    // With a progress token, as rmcp clients send every call: still the direct JSON reply.
+    let with_token = call(4, "mcp__fx__echo", Some(serde_json::json!({"progressToken": 9})));
+    let (status, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, with_token).await;
+    assert_eq!((status, content_type.as_str()), (200, "application/json"), "{body}");
+    assert_eq!(jsonrpc_message(&content_type, &body)["result"]["isError"], false, "{body}");
+    // Anything else in the session is rmcp's to answer.
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}});
+    let (status, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, list).await;
+    assert_eq!(status, 200, "{body}");
+    let tools = jsonrpc_message(&content_type, &body);
+    assert!(tools["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()), "{tools}");
+    // Neither an unknown session nor a foreign Host gets past the checks rmcp makes.
+    let (status, _, _, body) =
+        mcp_post(&http, served.http, Some("not-a-session"), None, call(5, "mcp__fx__echo", None)).await;
+    assert!((400..500).contains(&status), "unknown session: {status} {body}");
+    let (status, _, _, body) =
+        mcp_post(&http, served.http, Some(&session), Some("evil.example"), call(6, "mcp__fx__echo", None)).await;
+    assert!((400..500).contains(&status), "foreign Host: {status} {body}");
+}

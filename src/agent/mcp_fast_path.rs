@@ -1,0 +1,257 @@
+//! The hot request of `/mcp`, a plain `tools/call` in an established session, answered directly
+//! with one JSON reply; everything else goes to rmcp's Streamable HTTP service unchanged.
+//!
+//! ```text
+//! POST /mcp ─┬─ session known, Host allowed, JSON accepted, one tools/call
+//! │          │    ──▶ McpEndpoint::call (the same core call as rmcp's handler) ──▶ application/json
+//! │          └─ anything else (initialize, tools/list, notifications, batches, GET, DELETE,
+//! │               2026-07-28 stateless requests) ──▶ rmcp StreamableHttpService
+//! ```
+//!
+//! Why: through rmcp each call crosses the session worker, a per-request SSE channel and the
+//! service task before reaching the handler; that hand-off was most of the agent's CPU per call
+//! under load (benches/agent.rs). The reply is what rmcp would send, as a JSON response, which the
+//! protocol allows for any request. A `progressToken` does not change that: the agent sends no
+//! progress notifications for its calls on either path (rmcp clients attach a token to every
+//! request).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::SessionManager;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use tower::ServiceExt;
+
+use super::mcp_endpoint::McpEndpoint;
+
+/// Largest request body read (rmcp's own default limit).
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// State of the `/mcp` route: the handler, rmcp's service and its sessions.
+#[derive(Clone)]
+pub struct McpRoute {
+    endpoint: McpEndpoint,
+    sessions: Arc<LocalSessionManager>,
+    service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
+    allowed_hosts: Arc<[String]>,
+}
+
+impl McpRoute {
+    /// `/mcp` over `service`, whose sessions live in `sessions`; `allowed_hosts` as given to it.
+    pub fn new(
+        endpoint: McpEndpoint,
+        sessions: Arc<LocalSessionManager>,
+        service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
+        allowed_hosts: Vec<String>,
+    ) -> Self {
+        McpRoute { endpoint, sessions, service, allowed_hosts: allowed_hosts.into() }
+    }
+}
+
+/// The `/mcp` handler: the fast path when it applies, else rmcp.
+pub async fn handle(State(route): State<McpRoute>, request: Request<Body>) -> Response {
+    if request.method() != Method::POST || fast_path_session(request.headers(), &route.allowed_hosts).is_none() {
+        return forward(&route, request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes"))
+                .into_response();
+        }
+    };
+    let session = fast_path_session(&parts.headers, &route.allowed_hosts).map(str::to_string);
+    if let (Some(session), Some(call)) = (session, ToolCallRequest::parse(&bytes))
+        && route.sessions.has_session(&session.as_str().into()).await.unwrap_or(false)
+    {
+        let result = route.endpoint.call(&call.name, call.arguments, &call.id.to_string(), Some(&session)).await;
+        let reply = serde_json::json!({ "jsonrpc": "2.0", "id": call.id, "result": result });
+        return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
+            .into_response();
+    }
+    forward(&route, Request::from_parts(parts, Body::from(bytes))).await
+}
+
+async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
+    match route.service.clone().oneshot(request).await {
+        Ok(response) => response.map(Body::new),
+        Err(never) => match never {},
+    }
+}
+
+/// The session id when the headers allow the fast path: a session, a JSON body, a client that
+/// takes a JSON reply, and a `Host` rmcp would accept (its DNS-rebinding check, which the fast
+/// path must not bypass). `None` sends the request to rmcp, which answers or refuses it itself.
+fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
+    let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let json_body = text(header::CONTENT_TYPE.as_str())?.starts_with("application/json");
+    let json_reply = text(header::ACCEPT.as_str())?.contains("application/json");
+    let host = text(header::HOST.as_str())?;
+    (json_body && json_reply && host_allowed(host, allowed_hosts)).then_some(())?;
+    text(SESSION_HEADER).filter(|s| !s.is_empty())
+}
+
+/// `host` (`name` or `name:port`, IPv6 in brackets) matches an entry given as a name or as
+/// `name:port`; an empty list allows any host, as rmcp does.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    if allowed.is_empty() {
+        return true;
+    }
+    let host = host.to_ascii_lowercase();
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default().to_string(),
+        None => host.rsplit_once(':').map_or(host.as_str(), |(name, _)| name).to_string(),
+    };
+    allowed.iter().any(|entry| {
+        let entry = entry.to_ascii_lowercase();
+        let entry = entry.trim_start_matches('[').replace(']', "");
+        entry == name || entry == host.replace(['[', ']'], "")
+    })
+}
+
+/// A JSON-RPC `tools/call` the fast path may answer.
+#[derive(Debug, PartialEq)]
+struct ToolCallRequest {
+    id: RequestId,
+    name: String,
+    arguments: Option<Map<String, Value>>,
+}
+
+/// A JSON-RPC request id: a number or a string.
+#[derive(Debug, Deserialize, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+enum RequestId {
+    Number(i64),
+    Text(String),
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestId::Number(n) => write!(f, "{n}"),
+            RequestId::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    jsonrpc: String,
+    id: RequestId,
+    method: String,
+    params: Params,
+}
+
+#[derive(Deserialize)]
+struct Params {
+    name: String,
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+impl ToolCallRequest {
+    /// The call in `body`, or `None` when rmcp should handle it: not a single `tools/call`
+    /// request, or arguments that are not an object (rmcp answers invalid params).
+    fn parse(body: &Bytes) -> Option<Self> {
+        let envelope: Envelope = serde_json::from_slice(body).ok()?;
+        if envelope.jsonrpc != "2.0" || envelope.method != "tools/call" {
+            return None;
+        }
+        let arguments = match envelope.params.arguments {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(map)) => Some(map),
+            Some(_) => return None,
+        };
+        Some(ToolCallRequest { id: envelope.id, name: envelope.params.name, arguments })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Option<ToolCallRequest> {
+        ToolCallRequest::parse(&Bytes::from(body.to_string()))
+    }
+
+    #[test]
+    fn a_plain_tools_call_takes_the_fast_path() {
+        let call = parse(
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"mcp__fs__read","arguments":{"path":"a"}}}"#,
+        );
+        let call = call.expect("a fast call");
+        assert_eq!(call.id, RequestId::Number(7));
+        assert_eq!(call.name, "mcp__fs__read");
+        assert_eq!(call.arguments.and_then(|a| a.get("path").cloned()), Some(Value::from("a")));
+        let text_id = parse(r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"t"}}"#);
+        assert_eq!(text_id.map(|c| c.id), Some(RequestId::Text("x".into())));
+        // rmcp clients put a progress token on every request; the agent sends no progress anyway.
+        let with_token =
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"_meta":{"progressToken":0},"name":"t"}}"#;
+        assert!(parse(with_token).is_some());
+    }
+
+    #[test]
+    fn everything_else_goes_to_rmcp() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}]"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":[1]}}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"tools/call","params":{"name":"t"}}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"t"}}"#,
+            "not json",
+        ] {
+            assert_eq!(parse(body), None, "{body}");
+        }
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs.iter().map(|(k, v)| (header::HeaderName::from_static(k), HeaderValue::from_static(v))).collect()
+    }
+
+    #[test]
+    fn the_fast_path_needs_a_session_json_both_ways_and_an_allowed_host() {
+        let allowed = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        let good = [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("host", "127.0.0.1:4040"),
+            ("mcp-session-id", "abc"),
+        ];
+        assert_eq!(fast_path_session(&headers(&good), &allowed), Some("abc"));
+        for (drop, replace) in [
+            ("mcp-session-id", None),
+            ("accept", Some("text/event-stream")),
+            ("content-type", Some("text/plain")),
+            ("host", Some("evil.example:4040")),
+            ("host", None),
+        ] {
+            let mut pairs: Vec<_> = good.iter().filter(|(k, _)| *k != drop).cloned().collect();
+            if let Some(value) = replace {
+                pairs.push((drop, value));
+            }
+            assert_eq!(fast_path_session(&headers(&pairs), &allowed), None, "{drop} = {replace:?}");
+        }
+    }
+
+    #[test]
+    fn hosts_match_by_name_or_name_and_port() {
+        let allowed = vec!["localhost".to_string(), "::1".to_string(), "api.example:8080".to_string()];
+        assert!(host_allowed("localhost", &allowed));
+        assert!(host_allowed("LOCALHOST:4040", &allowed));
+        assert!(host_allowed("[::1]:4040", &allowed));
+        assert!(host_allowed("api.example:8080", &allowed));
+        assert!(!host_allowed("api.example:9090", &allowed));
+        assert!(!host_allowed("localhost.evil:4040", &allowed));
+        assert!(host_allowed("anything", &[]));
+    }
+}
