@@ -97,12 +97,15 @@ fn cpu_time(pid: u32) -> Duration {
     let fields: Vec<&str> =
         stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
     let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
-    let per_second = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
-        .unwrap_or(100.0);
+    static TICKS_PER_SECOND: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let per_second = *TICKS_PER_SECOND.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+            .unwrap_or(100.0)
+    });
     Duration::from_secs_f64(ticks as f64 / per_second)
 }
 

@@ -21,11 +21,11 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use rmcp::model::{CallToolRequestParams, RequestId};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
 use serde::Deserialize;
-use serde_json::{Map, Value};
 use tower::ServiceExt;
 
 use super::mcp_endpoint::McpEndpoint;
@@ -57,9 +57,10 @@ impl McpRoute {
 
 /// The `/mcp` handler: the fast path when it applies, else rmcp.
 pub async fn handle(State(route): State<McpRoute>, request: Request<Body>) -> Response {
-    if request.method() != Method::POST || fast_path_session(request.headers(), &route.allowed_hosts).is_none() {
-        return forward(&route, request).await;
-    }
+    let session = match fast_path_session(request.headers(), &route.allowed_hosts) {
+        Some(session) if request.method() == Method::POST => session.to_string(),
+        _ => return forward(&route, request).await,
+    };
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(bytes) => bytes,
@@ -68,11 +69,11 @@ pub async fn handle(State(route): State<McpRoute>, request: Request<Body>) -> Re
                 .into_response();
         }
     };
-    let session = fast_path_session(&parts.headers, &route.allowed_hosts).map(str::to_string);
-    if let (Some(session), Some(call)) = (session, ToolCallRequest::parse(&bytes))
+    if let Some(call) = ToolCallRequest::parse(&bytes)
         && route.sessions.has_session(&session.as_str().into()).await.unwrap_or(false)
     {
-        let result = route.endpoint.call(&call.name, call.arguments, &call.id.to_string(), Some(&session)).await;
+        let params = call.params;
+        let result = route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), Some(&session)).await;
         let reply = serde_json::json!({ "jsonrpc": "2.0", "id": call.id, "result": result });
         return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
             .into_response();
@@ -117,60 +118,22 @@ fn host_allowed(host: &str, allowed: &[String]) -> bool {
     })
 }
 
-/// A JSON-RPC `tools/call` the fast path may answer.
-#[derive(Debug, PartialEq)]
+/// A JSON-RPC `tools/call` the fast path may answer, read with rmcp's own id and params types
+/// so it accepts exactly what rmcp's handler would.
+#[derive(Debug, Deserialize, PartialEq)]
 struct ToolCallRequest {
-    id: RequestId,
-    name: String,
-    arguments: Option<Map<String, Value>>,
-}
-
-/// A JSON-RPC request id: a number or a string.
-#[derive(Debug, Deserialize, PartialEq, serde::Serialize)]
-#[serde(untagged)]
-enum RequestId {
-    Number(i64),
-    Text(String),
-}
-
-impl std::fmt::Display for RequestId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RequestId::Number(n) => write!(f, "{n}"),
-            RequestId::Text(s) => f.write_str(s),
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct Envelope {
     jsonrpc: String,
     id: RequestId,
     method: String,
-    params: Params,
-}
-
-#[derive(Deserialize)]
-struct Params {
-    name: String,
-    #[serde(default)]
-    arguments: Option<Value>,
+    params: CallToolRequestParams,
 }
 
 impl ToolCallRequest {
     /// The call in `body`, or `None` when rmcp should handle it: not a single `tools/call`
-    /// request, or arguments that are not an object (rmcp answers invalid params).
+    /// request, or params rmcp would refuse (arguments that are not an object, for one).
     fn parse(body: &Bytes) -> Option<Self> {
-        let envelope: Envelope = serde_json::from_slice(body).ok()?;
-        if envelope.jsonrpc != "2.0" || envelope.method != "tools/call" {
-            return None;
-        }
-        let arguments = match envelope.params.arguments {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(map)) => Some(map),
-            Some(_) => return None,
-        };
-        Some(ToolCallRequest { id: envelope.id, name: envelope.params.name, arguments })
+        let request: ToolCallRequest = serde_json::from_slice(body).ok()?;
+        (request.jsonrpc == "2.0" && request.method == "tools/call").then_some(request)
     }
 }
 
@@ -189,10 +152,10 @@ mod tests {
         );
         let call = call.expect("a fast call");
         assert_eq!(call.id, RequestId::Number(7));
-        assert_eq!(call.name, "mcp__fs__read");
-        assert_eq!(call.arguments.and_then(|a| a.get("path").cloned()), Some(Value::from("a")));
+        assert_eq!(call.params.name, "mcp__fs__read");
+        assert_eq!(call.params.arguments.and_then(|a| a.get("path").cloned()), Some(serde_json::Value::from("a")));
         let text_id = parse(r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"t"}}"#);
-        assert_eq!(text_id.map(|c| c.id), Some(RequestId::Text("x".into())));
+        assert_eq!(text_id.map(|c| c.id), Some(RequestId::String("x".into())));
         // rmcp clients put a progress token on every request; the agent sends no progress anyway.
         let with_token =
             r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"_meta":{"progressToken":0},"name":"t"}}"#;

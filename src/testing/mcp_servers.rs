@@ -15,6 +15,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -128,25 +129,21 @@ pub fn fixture_http(port: u16, flags: &[&str]) -> Command {
 /// per-process offset keeps two calls from handing out the same port.
 pub fn free_port() -> u16 {
     const LOWEST: u32 = 10_000;
-    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
-    let span = ephemeral_low.saturating_sub(LOWEST);
-    if span >= 1_000 {
-        if CURSOR.load(Ordering::Relaxed) == u32::MAX {
-            let offset =
-                std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), std::process::id());
-            let _ = CURSOR.compare_exchange(
-                u32::MAX,
-                (offset % u64::from(span)) as u32,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-        }
-        for _ in 0..span {
-            let port = LOWEST + CURSOR.fetch_add(1, Ordering::Relaxed) % span;
+    /// (ports below the ephemeral range to pick from, the cursor over them), set up once.
+    static PICKER: OnceLock<(u32, AtomicU32)> = OnceLock::new();
+    let (span, cursor) = PICKER.get_or_init(|| {
+        let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(32_768);
+        let span = ephemeral_low.saturating_sub(LOWEST).max(1);
+        let seed =
+            std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), std::process::id());
+        (span, AtomicU32::new((seed % u64::from(span)) as u32))
+    });
+    if *span >= 1_000 {
+        for _ in 0..*span {
+            let port = LOWEST + cursor.fetch_add(1, Ordering::Relaxed) % span;
             if let Ok(port) = u16::try_from(port)
                 && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
             {
