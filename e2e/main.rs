@@ -32,11 +32,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, ObjectMeta, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use spear::api::conditions::types::ACCEPTED;
-use spear::api::keys::{ANNOTATION_PROFILE, ENV_MCP_URL, INJECTION_ENABLED, LABEL_INJECTION};
+use spear::api::keys::{
+    AGENT_CONTAINER, ANNOTATION_PROFILE, ENV_MCP_URL, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION,
+    SIDECAR_PREFIX, WEBHOOK_CONFIGURATION,
+};
 use spear::api::manifest::{self, Object};
 use spear::api::{McpProfile, McpServer, crd};
-use spear::operator::inject::{AGENT_CONTAINER, INIT_CONTAINER, SIDECAR_PREFIX};
-use spear::operator::rbac::WEBHOOK_CONFIGURATION;
 
 /// Image of spear-operator (`repository:tag` or `repository@sha256:...`), required.
 const ENV_OPERATOR_IMAGE: &str = "SPEAR_E2E_OPERATOR_IMAGE";

@@ -1,16 +1,17 @@
 //! spear-mcp: governed MCP tool servers for Kubernetes workloads.
 //!
-//! Module map (DESIGN.md "Layout"):
-//! - [`api`]: resource types, validation and manifest reading (pure)
+//! Module map (`docs/architecture.md` follows a tool call through them):
+//! - [`api`]: resource types, validation, manifest reading and the shared names (pure)
 //! - [`registry`]: immutable snapshots and the sources that publish them
-//! - [`policy`]: tool names, patterns, effective sets, budgets (pure)
+//! - [`policy`]: tool names, patterns, effective sets, budgets, explanations (pure)
 //! - [`mcp`]: the client pool (rmcp sessions, budgets, health)
+//! - [`chat`]: the chat completions library (OpenAI types, tool-loop decisions, upstream)
+//! - [`agent`]: the per-pod agent: its core, its three doors and admin port, and how it runs
 //! - [`bridge`]: the stdio sidecar (a child process served on a Unix socket)
-//! - [`chat`]: `POST /v1/chat/completions` (OpenAI types, upstream client, the tool-call loop)
-//! - [`operator`]: status computation, pod injection and RBAC of `spear-operator` (pure)
+//! - [`operator`]: status, pod injection, RBAC, and the controllers and webhook around them
 //! - [`convert`]: migration from the file-based registry format (pure)
-//! - [`cli`]: the binaries' flags and subcommands (thin wiring)
-//! - [`telemetry`]: logging shared by both binaries
+//! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
+//! - [`telemetry`]: logging, metrics and the admin router shared by both binaries
 //! - `testing` (feature `testing`): the test control plane and fixtures
 
 pub mod agent;
@@ -27,6 +28,9 @@ pub mod telemetry;
 
 #[cfg(feature = "testing")]
 pub mod testing;
+
+#[cfg(test)]
+mod layering_tests;
 
 /// Installs the process-wide rustls crypto provider (ring, as kube uses) if none is installed.
 /// Idempotent; the binaries call it first, and the HTTP client pool calls it before building

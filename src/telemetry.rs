@@ -1,10 +1,15 @@
-//! Logging setup shared by both binaries (tracing to stderr, plain or JSON) and the metrics
-//! of DESIGN.md "Observability", built once per process on one `prometheus_client::Registry`.
+//! What both binaries share for being observed: logging (tracing to stderr, plain or JSON), the
+//! metrics (built once per process on one `prometheus_client::Registry`) and the admin router
+//! that serves health, readiness and metrics.
 //!
 //! stderr only: an MCP stdio stream (the bridge's stdout) must never carry a log line.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
 use clap::{Args, ValueEnum};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -30,11 +35,11 @@ pub enum LogFormat {
 #[derive(Args, Clone, Debug)]
 pub struct LogArgs {
     /// Log filter in `tracing` EnvFilter syntax (for example `spear=debug,warn`).
-    #[arg(long, global = true, env = "SPEAR_LOG", default_value = DEFAULT_LOG_FILTER)]
+    #[arg(long, global = true, env = crate::api::keys::ENV_LOG, default_value = DEFAULT_LOG_FILTER)]
     pub log_level: String,
 
     /// Log line format.
-    #[arg(long, global = true, env = "SPEAR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    #[arg(long, global = true, env = crate::api::keys::ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
 }
 
@@ -52,6 +57,41 @@ impl LogArgs {
         };
         result.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
     }
+}
+
+// === admin ===
+
+/// Content type of the text prometheus-client writes (OpenMetrics).
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The admin routes of both binaries: `/healthz` (the process answers), `/readyz` (`ready`
+/// says `Ok`, or why not) and `/metrics` (the Prometheus text of `metrics`). Callers merge their
+/// own routes into it.
+pub fn admin_router<R>(ready: R, metrics: Arc<Registry>) -> axum::Router
+where
+    R: Fn() -> Result<(), &'static str> + Clone + Send + Sync + 'static,
+{
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || async move {
+                match ready() {
+                    Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+                    Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || async move {
+                let mut text = String::new();
+                match prometheus_client::encoding::text::encode(&mut text, &metrics) {
+                    Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response(),
+                }
+            }),
+        )
 }
 
 // === metrics ===

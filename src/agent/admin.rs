@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
@@ -16,44 +16,16 @@ use super::core::Agent;
 use crate::policy::RequestScope;
 use crate::policy::explain::explain_json;
 
-/// Content type of the Prometheus text format prometheus-client writes (OpenMetrics).
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-#[derive(Clone)]
-struct AdminState {
-    agent: Agent,
-    metrics: Arc<Registry>,
-}
-
-/// The admin router. Serve it with `into_make_service_with_connect_info::<SocketAddr>()` so
+/// The admin router: health, readiness and metrics as both binaries serve them, plus
+/// `/debug/effective`. Serve it with `into_make_service_with_connect_info::<SocketAddr>()` so
 /// `/debug/effective` can check the caller is local.
 pub fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .route("/debug/effective", get(debug_effective))
-        .with_state(AdminState { agent, metrics })
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(state): State<AdminState>) -> Response {
-    if state.agent.is_ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready: the first registry snapshot is not loaded yet\n").into_response()
-    }
-}
-
-async fn metrics_text(State(state): State<AdminState>) -> Response {
-    let mut text = String::new();
-    match prometheus_client::encoding::text::encode(&mut text, &state.metrics) {
-        Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response(),
-    }
+    let ready = agent.clone();
+    let ready = move || {
+        if ready.is_ready() { Ok(()) } else { Err("the first registry snapshot is not loaded yet") }
+    };
+    crate::telemetry::admin_router(ready, metrics)
+        .merge(Router::new().route("/debug/effective", get(debug_effective)).with_state(agent))
 }
 
 #[derive(Deserialize)]
@@ -63,7 +35,7 @@ struct DebugQuery {
 }
 
 async fn debug_effective(
-    State(state): State<AdminState>,
+    State(agent): State<Agent>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<DebugQuery>,
 ) -> Response {
@@ -76,8 +48,8 @@ async fn debug_effective(
             return (StatusCode::BAD_REQUEST, format!("request: not a valid request scope: {e}\n")).into_response();
         }
     };
-    let current = state.agent.state();
-    match state.agent.effective(scope.as_ref(), &[]) {
+    let current = agent.state();
+    match agent.effective(scope.as_ref(), &[]) {
         Ok(set) => {
             let listed = current.catalog.is_some();
             axum::Json(explain_json(&current.snapshot, &set, listed)).into_response()

@@ -456,37 +456,6 @@ impl Agent {
     }
 }
 
-/// Tool arguments as `tools/call` takes them: `null` means none, an object is used as is, anything
-/// else is an error with the reason (the core turns it into `mcp_invalid_arguments`).
-pub fn arguments_from_value(value: Value) -> Result<Option<Map<String, Value>>, String> {
-    match value {
-        Value::Object(map) => Ok(Some(map)),
-        Value::Null => Ok(None),
-        other => Err(format!("expected a JSON object, got {}", json_kind(&other))),
-    }
-}
-
-/// [`arguments_from_value`] over JSON text; empty text means none (models send `""` for
-/// argument-less tools).
-pub fn arguments_from_json(text: &str) -> Result<Option<Map<String, Value>>, String> {
-    if text.trim().is_empty() {
-        return Ok(None);
-    }
-    serde_json::from_str::<Value>(text).map_err(|e| e.to_string()).and_then(arguments_from_value)
-}
-
-/// The JSON type of `value`, for error messages.
-pub fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// Refusals decided by the agent itself (the pool counts the calls it makes).
 fn refused_before_pool(code: ErrorCode) -> bool {
     matches!(code, ErrorCode::McpApprovalRequired | ErrorCode::McpInvalidArguments | ErrorCode::McpPolicyDenied)

@@ -1,20 +1,27 @@
-//! `spearlet serve`: the per-pod agent's doors over one shared core.
+//! The per-pod agent: one core and its three doors, served by `spearlet serve` (local mode)
+//! and `spearlet run` (in a pod).
 //!
 //! - [`core`]: registry + pool + profile catalog in step; the one tool-call path (policy,
 //!   approval, budgets, audit) every door uses.
-//! - [`audit`]: one JSON line per tool call.
-//! - [`grpc`]: the gRPC door (tool sessions, registry List/Watch, reflection) on 127.0.0.1:4041.
+//! - [`chat`]: `POST /v1/chat/completions`, the tool-call loop over the `crate::chat` library.
+//! - [`mcp_endpoint`] and [`mcp_fast_path`]: `/mcp`, the aggregated Streamable HTTP MCP server.
+//! - [`grpc`]: the gRPC door (tool sessions, registry List/Watch, reflection).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/effective` (loopback).
-//! - [`serve`]: binding the ports, running the doors, shutting down in order.
-//! - [`mcp_endpoint`]: `/mcp`, the aggregated Streamable HTTP MCP server.
+//! - [`audit`]: one JSON line per tool call.
+//! - [`serve`]: binding the ports, building the three doors, shutting down in order.
+//! - [`run`]: the two entry points (registry from a directory or from the Kubernetes API).
 
 pub mod admin;
 pub mod audit;
+pub mod chat;
 pub mod core;
 pub mod grpc;
 pub mod mcp_endpoint;
 pub mod mcp_fast_path;
+pub mod run;
 pub mod serve;
 
 pub use self::audit::{AuditSink, Door};
 pub use self::core::{Agent, AgentOptions, AgentState, CallContext, ToolCall};
+pub use self::run::{LocalConfig, PodConfig, RunError, run_in_pod, run_local};
+pub use self::serve::{AgentConfig, AuditTarget};

@@ -1,89 +1,110 @@
-//! Wiring of `spearlet serve`: bind the three ports, run the agent core and its doors, and shut
-//! down in order.
+//! Serving the agent: bind the three ports, build the three doors over one core, and shut down
+//! in order. `spearlet serve` (local mode) and `spearlet run` (in a pod) differ only in where
+//! the registry comes from ([`super::run`]); everything here is shared.
 //!
 //! ```text
 //! bind http (4040, loopback) · grpc (4041, loopback) · admin (4042)   ── errors name the flag
 //! spawn Agent::run (registry → pool → catalog)
 //! serve: http = /v1/chat/completions + /mcp   grpc = McpSessions + McpRegistry   admin
 //! cancel ─▶ stop accepting, close /mcp streams ─▶ in-flight requests finish (≤ grace)
-//!        ─▶ agent stops: sessions closed, children reaped
+//!        ─▶ agent stops: sessions closed, children reaped ─▶ audit flushed ─▶ admin stops
 //! ```
+//!
+//! The admin port stops last so that probes and scrapers see the drain, not a refused connection.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::admin;
+use super::chat::ChatService;
 use super::core::Agent;
 use super::mcp_endpoint::McpEndpoint;
+use super::{admin, grpc};
+use crate::chat::{UpstreamOverride, UpstreamTimeouts};
 
-/// The response header naming the registry revision an answer used (DESIGN.md).
-pub use crate::api::keys::HEADER_REGISTRY_REVISION as REVISION_HEADER;
+/// The response header naming the registry revision an answer used.
+pub const REVISION_HEADER: HeaderName = HeaderName::from_static(crate::api::keys::HEADER_REGISTRY_REVISION);
 
-/// Where the agent listens and how it stops.
+/// Where audit lines go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuditTarget {
+    /// stderr, beside the logs.
+    Stderr,
+    /// No audit.
+    Off,
+    /// Appended to a file.
+    File(PathBuf),
+}
+
+impl std::str::FromStr for AuditTarget {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "stderr" | "-" => AuditTarget::Stderr,
+            "off" | "none" => AuditTarget::Off,
+            path => AuditTarget::File(PathBuf::from(path)),
+        })
+    }
+}
+
+/// Everything the doors need, whatever the registry source: the plain form of the shared flags.
 #[derive(Clone, Debug)]
-pub struct ServeConfig {
+pub struct AgentConfig {
     /// Chat completions and `/mcp`.
     pub http_addr: SocketAddr,
-    /// gRPC.
     pub grpc_addr: SocketAddr,
-    /// Health, readiness, metrics.
+    /// Health, readiness, metrics, `/debug/effective`.
     pub admin_addr: SocketAddr,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
     /// `Host` header values `/mcp` accepts (DNS-rebinding protection).
     pub allowed_hosts: Vec<String>,
+    /// The flags' upstream settings, over the profile's.
+    pub upstream: UpstreamOverride,
+    pub audit: AuditTarget,
+    /// Include tool-call arguments in audit lines (they may hold secrets).
+    pub audit_arguments: bool,
 }
 
 /// The three bound listeners (bound first, so a taken port fails fast and names its flag).
 #[derive(Debug)]
 pub struct Listeners {
-    /// Chat completions and `/mcp`.
     pub http: TcpListener,
-    /// gRPC.
     pub grpc: TcpListener,
-    /// Admin.
     pub admin: TcpListener,
 }
 
 /// Why serving failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// A port could not be bound.
     #[error("{flag} {addr}: cannot listen: {source}")]
     Bind {
         /// The flag that set the address.
         flag: &'static str,
-        /// The address.
         addr: SocketAddr,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
-    /// A server stopped with an error.
+    #[error("chat upstream client: {0}")]
+    Upstream(#[from] crate::chat::UpstreamError),
+    /// A door's server stopped with an error.
     #[error("{door} server: {message}")]
-    Server {
-        /// Which one.
-        door: &'static str,
-        /// What happened.
-        message: String,
-    },
+    Server { door: &'static str, message: String },
 }
 
 impl Listeners {
     /// Binds the three addresses of `config`.
-    pub async fn bind(config: &ServeConfig) -> Result<Self, ServeError> {
+    pub async fn bind(config: &AgentConfig) -> Result<Self, ServeError> {
         async fn one(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
             TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { flag, addr, source })
         }
@@ -95,24 +116,25 @@ impl Listeners {
     }
 }
 
-/// A door served next to the HTTP ones (the gRPC server): given its listener and the token that
-/// stops it, a future that serves until stopped.
-pub type ExtraDoor =
-    Box<dyn FnOnce(TcpListener, CancellationToken) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send>;
-
-/// The HTTP router of port 4040: `/mcp` plus `chat` (the chat completions routes), every
-/// response stamped with the registry revision unless the handler set it itself.
-pub fn http_router(agent: Agent, chat: Router, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> Router {
-    let mcp = McpEndpoint::router(agent.clone(), shutdown, allowed_hosts);
-    chat.nest_service("/mcp", mcp).layer(middleware::from_fn_with_state(agent, stamp_revision))
+/// Names the registry revision an answer used: the chat door stamps the revision of the tool set
+/// it used, the HTTP router's layer the current one on every answer that has none yet.
+pub fn stamp_revision(headers: &mut HeaderMap, revision: &str) {
+    if let Ok(value) = HeaderValue::from_str(revision) {
+        headers.insert(REVISION_HEADER, value);
+    }
 }
 
-async fn stamp_revision(State(agent): State<Agent>, request: Request, next: Next) -> Response {
+/// The HTTP router of port 4040: chat completions and `/mcp`, every answer stamped with the
+/// registry revision.
+pub fn http_router(agent: Agent, chat: ChatService, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> Router {
+    let mcp = McpEndpoint::router(agent.clone(), shutdown, allowed_hosts);
+    super::chat::router(chat).nest_service("/mcp", mcp).layer(middleware::from_fn_with_state(agent, revision_layer))
+}
+
+async fn revision_layer(State(agent): State<Agent>, request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
-    if !response.headers().contains_key(REVISION_HEADER)
-        && let Ok(value) = HeaderValue::from_str(agent.state().snapshot.revision().as_str())
-    {
-        response.headers_mut().insert(REVISION_HEADER, value);
+    if !response.headers().contains_key(REVISION_HEADER) {
+        stamp_revision(response.headers_mut(), agent.state().snapshot.revision().as_str());
     }
     response
 }
@@ -120,14 +142,13 @@ async fn stamp_revision(State(agent): State<Agent>, request: Request, next: Next
 /// Serves every door until `cancel`, then shuts down in order (see the module doc). The agent's
 /// refresh task is spawned here and stopped last.
 pub async fn serve(
-    config: &ServeConfig,
+    config: &AgentConfig,
     agent: Agent,
     listeners: Listeners,
     metrics: Arc<Registry>,
-    chat: Router,
-    grpc: ExtraDoor,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
+    let chat = ChatService::new(agent.clone(), config.upstream.clone(), UpstreamTimeouts::default())?;
     let agent_stop = CancellationToken::new();
     let agent_task = tokio::spawn(agent.clone().run(agent_stop.clone()));
     // Doors stop accepting on `cancel`; their in-flight work gets the grace period.
@@ -136,13 +157,12 @@ pub async fn serve(
     let http = http_router(agent.clone(), chat, doors_stop.clone(), config.allowed_hosts.clone());
     let http_server = axum::serve(listeners.http, http.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(doors_stop.clone().cancelled_owned());
+    let grpc_server = grpc::serve(agent.clone(), listeners.grpc, doors_stop.clone());
     let admin = admin::router(agent.clone(), metrics);
-    // The admin port keeps answering (readiness, metrics) until the other doors are done.
     let admin_stop = CancellationToken::new();
     let admin_server = axum::serve(listeners.admin, admin.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(admin_stop.clone().cancelled_owned());
     let admin_task = tokio::spawn(async move { admin_server.await });
-    let grpc_server = grpc(listeners.grpc, doors_stop.clone());
 
     tracing::info!(
         http = %config.http_addr, grpc = %config.grpc_addr, admin = %config.admin_addr,
@@ -151,7 +171,7 @@ pub async fn serve(
     let doors = async {
         let (http, grpc) = tokio::join!(http_server, grpc_server);
         http.map_err(|e| ServeError::Server { door: "http", message: e.to_string() })?;
-        grpc.map_err(|message| ServeError::Server { door: "grpc", message })
+        grpc.map_err(|e| ServeError::Server { door: "grpc", message: e.to_string() })
     };
     tokio::pin!(doors);
     let result = tokio::select! {

@@ -11,8 +11,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::error::ChatError;
-use crate::agent::core::{arguments_from_json, arguments_from_value, json_kind};
 use crate::api::ToolChoice as ProfileToolChoice;
+use crate::mcp::arguments::{arguments_from_json, arguments_from_value, json_kind};
 use crate::policy::RequestScope;
 
 // === request ===

@@ -1,43 +1,95 @@
-//! Command-line interfaces of the two binaries. Thin: parse flags, read files, call the library.
+//! The two binaries' command lines, kept thin: clap `Args` → a plain config → a library `run`.
+//! Each subcommand lives in its own file and returns `anyhow::Result<ExitCode>`; [`exit`] is the
+//! one place that prints an error and maps it to an exit status:
+//!
+//! - `Ok(code)`: the subcommand chose its status (0, or 1 for invalid input it has reported);
+//! - an error marked [`UsageError`] (bad flags, paths, ports, configuration): 2, as clap uses;
+//! - any other error: 1.
 
 pub mod operator;
-pub mod run;
-pub mod serve;
 pub mod spearlet;
-pub mod tools;
 
+use std::future::Future;
 use std::process::ExitCode;
 
-/// Exit code of a run that found invalid input (`spearlet validate`, `convert`).
+use tokio_util::sync::CancellationToken;
+
+/// Exit status of a run that found invalid input (`spearlet validate`, `convert`).
 pub const EXIT_INVALID: u8 = 1;
-/// Exit code of a usage error (bad flags, missing paths), as clap uses.
+/// Exit status of a usage error (bad flags, missing paths), as clap uses.
 pub const EXIT_USAGE: u8 = 2;
 
-/// Prints a usage error to stderr and returns [`EXIT_USAGE`].
-fn usage_error(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::from(EXIT_USAGE)
+/// Marks an error the user fixes by changing how the command is called: exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// A usage error with `message`.
+pub fn usage(message: impl std::fmt::Display) -> anyhow::Error {
+    UsageError(message.to_string()).into()
 }
 
-/// Resolves on SIGINT or SIGTERM (the one shutdown source, STYLE.md rule 4).
-pub async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = interrupt => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = interrupt.await;
-            }
+/// Prints a failed subcommand's error (`error: ...` with its causes) and maps every outcome to
+/// the process's exit status.
+pub fn exit(outcome: anyhow::Result<ExitCode>) -> ExitCode {
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            if error.is::<UsageError>() { ExitCode::from(EXIT_USAGE) } else { ExitCode::FAILURE }
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
+}
+
+/// Runs `work` on a Tokio runtime with `worker_threads` threads (1: the current thread only)
+/// until it finishes; its token is cancelled on SIGINT or SIGTERM, and the work decides how to
+/// stop. The signal handlers are installed before `work` starts, so a SIGTERM during startup is
+/// not lost (a container's PID 1 ignores it by default).
+pub fn run_until_signal<F, Fut, T>(worker_threads: usize, work: F) -> anyhow::Result<T>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    runtime(worker_threads)?.block_on(async {
+        let cancel = CancellationToken::new();
+        let signal = cancel.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            signal.cancel();
+        });
+        // Let the signal task run once so that its handlers are installed.
+        tokio::task::yield_now().await;
+        work(cancel).await
+    })
+}
+
+/// Runs a short command's `work` on the current thread. No signal handling: SIGINT stops the
+/// process as usual.
+pub fn block_on<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    runtime(1)?.block_on(work)
+}
+
+fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let runtime = if worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads).enable_all().build()
+    };
+    runtime.map_err(|e| anyhow::anyhow!("starting the async runtime: {e}"))
+}
+
+/// Resolves on SIGINT or SIGTERM: the one shutdown source of every long-running command.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = interrupt => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = interrupt.await;
+        }
     }
 }

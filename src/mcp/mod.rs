@@ -5,6 +5,7 @@
 //! callers ──call_tool / list_tools──▶ Slot ──connect::connect──▶ stdio child | bridge socket | HTTP
 //! ```
 //!
+//! - [`arguments`] (pure): tool-call arguments from JSON values and text.
 //! - [`config`] (pure): McpServer → how to reach it; `${ENV:...}` expanded at connect time.
 //! - [`health`] (pure): Connected / Degraded / Down from call outcomes.
 //! - [`output`] (pure): the `maxToolOutputBytes` cap with an explicit marker.
@@ -14,6 +15,7 @@
 //!
 //! Design notes: `src/mcp/README.md`.
 
+pub mod arguments;
 pub mod config;
 pub mod connect;
 pub mod error;

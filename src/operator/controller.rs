@@ -63,9 +63,10 @@ use tracing::Instrument;
 
 use super::leader::{Elector, LeaderConfig, LeaderError};
 use super::probe::{self, ProbeConfig, Schedule};
-use super::rbac::{AGENT_ROLE, LABEL_MANAGED_BY, agent_cluster_role, agent_role_binding, binding_is_current};
+use super::rbac::{agent_cluster_role, agent_role_binding, binding_is_current};
 use super::status::{ProbeOutcome, ProbeResult, known_tools, profile_status, server_status};
 use crate::api::conditions::{reasons, types};
+use crate::api::keys::{AGENT_ROLE, LABEL_MANAGED_BY};
 use crate::api::keys::{API_VERSION, FIELD_MANAGER, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
 use crate::api::{McpProfile, McpServer, Validate};
 
@@ -797,41 +798,6 @@ fn cut(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_string()
-}
-
-// === admin ===
-
-/// The operator's admin router: `/healthz`, `/readyz` (this replica runs its election, as
-/// leader or standby) and `/metrics` (Prometheus text of `registry`).
-pub fn admin_router(metrics: ControllerMetrics, registry: Arc<Registry>) -> axum::Router {
-    use axum::http::{StatusCode, header};
-    use axum::response::IntoResponse;
-    use axum::routing::get;
-
-    /// Content type of the text prometheus-client writes (OpenMetrics).
-    const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-    axum::Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || async move {
-                if metrics.is_ready() {
-                    (StatusCode::OK, "ready\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready: leader election has not started\n")
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || async move {
-                let mut text = String::new();
-                match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                    Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
-                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response(),
-                }
-            }),
-        )
 }
 
 #[cfg(test)]

@@ -73,60 +73,21 @@ use thiserror::Error;
 
 use crate::api::env_ref::{self, Segment};
 use crate::api::keys::{
-    ANNOTATION_INJECT, ANNOTATION_PROFILE, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_MCP_URL, INJECTION_ENABLED,
-    LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP,
+    ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR,
+    ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
+    ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED,
+    LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SIDECAR_PREFIX, SPEARLET, TMP_VOLUME_PREFIX,
+    VOLUME_BIN, VOLUME_RUN,
 };
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
-use crate::chat::ENV_UPSTREAM_API_KEY;
 use crate::mcp::config::secret_env_var;
 use crate::registry::snapshot::short_hash;
 
-/// Pod annotation the webhook sets on every pod it injects: a hash of what it injected.
-// Belongs with the other keys in `api::keys`; kept here until that file's owner moves it.
-pub const ANNOTATION_INJECTED: &str = "mcp.spear.dev/injected";
-/// Name of the agent container.
-pub const AGENT_CONTAINER: &str = "spearlet";
-/// Name of the init container that copies the static spearlet into [`BIN_DIR`].
-pub const INIT_CONTAINER: &str = "spear-init";
-/// Prefix of the stdio server sidecars' names (`mcp-<server>`).
-pub const SIDECAR_PREFIX: &str = "mcp-";
-/// Prefix of the stdio server sidecars' scratch volumes (`mcp-tmp-<server>`).
-pub const TMP_VOLUME_PREFIX: &str = "mcp-tmp-";
-/// Volume holding the static spearlet.
-pub const VOLUME_BIN: &str = "spear-bin";
-/// Volume holding the bridges' Unix sockets.
-pub const VOLUME_RUN: &str = "spear-run";
-/// Where [`VOLUME_BIN`] is mounted.
-pub const BIN_DIR: &str = "/spear/bin";
-/// Where [`VOLUME_RUN`] is mounted; the bridge of server `s` listens on `<RUN_DIR>/<s>.sock`.
-pub const RUN_DIR: &str = "/spear/run";
-/// The spearlet every injected container runs.
-pub const SPEARLET: &str = "/spear/bin/spearlet";
-/// Where the spearlet image holds the static binary the init container copies.
-pub const IMAGE_SPEARLET: &str = "/spearlet";
 /// Scratch directory of a server sidecar (its own `emptyDir`; the root filesystem is read-only).
 pub const SIDECAR_TMP: &str = "/tmp";
 /// uid and gid of every injected container (distroless `nonroot`).
 pub const INJECTED_UID: i64 = 65532;
-/// Name of the agent's admin port (at most 15 characters, as Kubernetes requires).
-pub const ADMIN_PORT_NAME: &str = "spear-admin";
-
-/// Agent env: the profile to serve.
-pub const ENV_PROFILE: &str = "SPEAR_PROFILE";
-/// Agent env: the pod's namespace (downward API), where the agent watches its registry.
-pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
-/// Agent env: the pod's name (downward API), for logs and audit lines.
-pub const ENV_POD_NAME: &str = "POD_NAME";
-/// Agent env: the directory of the bridges' sockets.
-pub const ENV_SOCKET_DIR: &str = "SPEAR_SOCKET_DIR";
-/// Agent env: the stdio servers given sidecars, comma-separated; a stdio server the profile gains
-/// later has none, and the agent reports that it needs a pod restart.
-pub const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
-/// Agent env: the HTTP listen address (loopback).
-pub const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
-/// Agent env: the admin listen address (all interfaces, for the kubelet's probes).
-pub const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
 
 /// Longest container or volume name (a DNS-1123 label).
 const MAX_NAME_LEN: usize = 63;
@@ -693,7 +654,6 @@ fn agent_container(
     let mut env = vec![
         env(ENV_PROFILE, profile),
         field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
-        field_env(ENV_POD_NAME, "metadata.name"),
         env(ENV_SOCKET_DIR, RUN_DIR),
         env(ENV_SIDECAR_SERVERS, sidecar_servers.join(",")),
         env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", ports.http)),

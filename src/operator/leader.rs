@@ -90,7 +90,7 @@ impl LeaderConfig {
 /// and a random suffix, so a restarted pod with the same name is a new candidate (client-go
 /// does the same).
 pub fn default_identity() -> String {
-    let host = std::env::var("POD_NAME")
+    let host = std::env::var(crate::api::keys::ENV_POD_NAME)
         .or_else(|_| std::env::var("HOSTNAME"))
         .ok()
         .filter(|h| !h.is_empty())

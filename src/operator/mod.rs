@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The modules here decide; the controller and webhook servers that move objects in and out
-//! stay thin and contain no policy (STYLE.md rule 1).
+//! stay thin and contain no policy.
 //!
 //! - [`inject`]: the pod mutation (volumes, init container, agent, stdio sidecars, env).
 //! - [`status`]: conditions and status fields, with stable `lastTransitionTime`s.
@@ -17,6 +17,7 @@
 //! - [`controller`]: the controllers that write status and keep the agent RoleBindings (thin I/O).
 //! - [`probe`]: when and how an http McpServer is probed (`initialize` + `tools/list`).
 //! - [`leader`]: leader election on a Lease; only the holder runs the controllers.
+//! - [`run`]: `spear-operator run` as one call: controllers, webhook and admin server together.
 
 pub mod certs;
 pub mod controller;
@@ -24,5 +25,6 @@ pub mod inject;
 pub mod leader;
 pub mod probe;
 pub mod rbac;
+pub mod run;
 pub mod status;
 pub mod webhook;

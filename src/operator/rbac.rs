@@ -23,24 +23,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::core::ObjectMeta;
 
-use crate::api::keys::{FIELD_MANAGER, GROUP};
-
-/// Name of the agent's ClusterRole and of the RoleBinding in each enabled namespace.
-pub const AGENT_ROLE: &str = "spear-mcp-agent";
-/// Name of the operator's ClusterRole and of its Role in its own namespace.
-pub const OPERATOR_ROLE: &str = "spear-operator";
-/// Name of the operator's leader-election Lease.
-pub const OPERATOR_LEASE: &str = "spear-operator";
-/// Name of the Secret holding the webhook's serving certificate.
-pub const WEBHOOK_CERT_SECRET: &str = "spear-operator-webhook-tls";
-/// Name of the MutatingWebhookConfiguration whose `caBundle` the operator keeps current.
-pub const WEBHOOK_CONFIGURATION: &str = "spear-mcp-injector";
-/// The recommended label saying who manages an object.
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// The recommended label naming the application an object belongs to.
-pub const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
-/// Value of [`LABEL_PART_OF`].
-pub const PART_OF: &str = "spear-mcp";
+use crate::api::keys::{
+    AGENT_ROLE, FIELD_MANAGER, GROUP, LABEL_MANAGED_BY, LABEL_PART_OF, OPERATOR_LEASE, OPERATOR_ROLE, PART_OF,
+    WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION,
+};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 /// The core API group.

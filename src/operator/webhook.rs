@@ -74,8 +74,6 @@ use crate::policy::effective::selector_matches;
 pub const MUTATE_PATH: &str = "/mutate-pods";
 /// Liveness path (plain `ok` over the same TLS port; kubelet HTTPS probes skip verification).
 pub const HEALTH_PATH: &str = "/healthz";
-/// Default listen address (`--webhook-addr`).
-pub const DEFAULT_ADDR: &str = "0.0.0.0:8443";
 /// Default bound of each API read: two rounds of reads stay inside the API server's 10 s webhook
 /// timeout, leaving room for the TLS handshake and a slow network.
 pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);

@@ -55,11 +55,10 @@ use tracing::Instrument;
 
 use super::snapshot::{Entry, Snapshot, SourceProblem};
 use super::view::{Publisher, RegistryView};
-use crate::api::keys::{GROUP, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
+use crate::api::keys::{AGENT_ROLE, GROUP, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
 use crate::api::manifest::Object;
 use crate::api::validate::{is_dns1123_label, is_dns1123_subdomain};
 use crate::api::{McpProfile, McpServer, Validate};
-use crate::operator::rbac::AGENT_ROLE;
 
 /// Retry delay used if a backoff ever runs out (kube-runtime's default never does); its maximum.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);

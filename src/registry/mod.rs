@@ -11,10 +11,12 @@
 //!
 //! [`snapshot`] is pure (no I/O); [`view`] is the trait handlers are generic over; [`dir`] is
 //! the thin I/O shell that turns a directory into snapshots; [`kube`] does the same for the
-//! Kubernetes API (the pod's McpProfile and its namespace's McpServers, through reflectors).
+//! Kubernetes API (the pod's McpProfile and its namespace's McpServers, through reflectors);
+//! [`describe`] renders a snapshot for people (pure).
 
 use std::path::PathBuf;
 
+pub mod describe;
 pub mod dir;
 pub mod kube;
 pub mod snapshot;

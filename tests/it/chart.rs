@@ -27,7 +27,7 @@ use kube::api::{Api, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchPa
 use kube::discovery::{self, Scope};
 use serde::Deserialize;
 use serde_json::Value;
-use spear::api::crd;
+use spear::api::{crd, keys};
 use spear::operator::rbac;
 use spear::testing::control_plane::ControlPlane;
 
@@ -209,29 +209,29 @@ fn chart_rbac_equals_the_operator_rbac_objects() {
     // The operator server-side applies the agent's ClusterRole too: where its labels differ from
     // the chart's, helm upgrades and the operator would fight over them.
     let agent = rbac::agent_cluster_role();
-    let chart_agent: ClusterRole = object(&objects, "ClusterRole", rbac::AGENT_ROLE);
+    let chart_agent: ClusterRole = object(&objects, "ClusterRole", keys::AGENT_ROLE);
     let chart_labels = chart_agent.metadata.labels.unwrap_or_default();
     for (key, value) in agent.metadata.labels.iter().flatten() {
-        assert_eq!(chart_labels.get(key), Some(value), "ClusterRole {}: label {key}", rbac::AGENT_ROLE);
+        assert_eq!(chart_labels.get(key), Some(value), "ClusterRole {}: label {key}", keys::AGENT_ROLE);
     }
     let want = rbac::operator_role(NAMESPACE);
-    let got: Role = object(&objects, "Role", rbac::OPERATOR_ROLE);
+    let got: Role = object(&objects, "Role", keys::OPERATOR_ROLE);
     assert_eq!(got.metadata.namespace.as_deref(), Some(NAMESPACE));
     assert_eq!(
         got.rules,
         want.rules,
         "Role {}: the chart's rules differ from src/operator/rbac.rs",
-        rbac::OPERATOR_ROLE
+        keys::OPERATOR_ROLE
     );
 
     // The roles are granted to the operator's ServiceAccount, and to nothing else.
-    let cluster_binding: ClusterRoleBinding = object(&objects, "ClusterRoleBinding", rbac::OPERATOR_ROLE);
-    let binding: RoleBinding = object(&objects, "RoleBinding", rbac::OPERATOR_ROLE);
+    let cluster_binding: ClusterRoleBinding = object(&objects, "ClusterRoleBinding", keys::OPERATOR_ROLE);
+    let binding: RoleBinding = object(&objects, "RoleBinding", keys::OPERATOR_ROLE);
     for (role_ref, subjects, kind) in [
         (&cluster_binding.role_ref, &cluster_binding.subjects, "ClusterRole"),
         (&binding.role_ref, &binding.subjects, "Role"),
     ] {
-        assert_eq!((role_ref.kind.as_str(), role_ref.name.as_str()), (kind, rbac::OPERATOR_ROLE));
+        assert_eq!((role_ref.kind.as_str(), role_ref.name.as_str()), (kind, keys::OPERATOR_ROLE));
         let subjects = subjects.as_deref().unwrap_or_default();
         assert_eq!(subjects.len(), 1, "{kind} binding: {subjects:?}");
         assert_eq!(
@@ -240,7 +240,7 @@ fn chart_rbac_equals_the_operator_rbac_objects() {
         );
     }
     // The operator binds the agent role by this name and keeps this configuration's caBundle.
-    let _: MutatingWebhookConfiguration = object(&objects, "MutatingWebhookConfiguration", rbac::WEBHOOK_CONFIGURATION);
+    let _: MutatingWebhookConfiguration = object(&objects, "MutatingWebhookConfiguration", keys::WEBHOOK_CONFIGURATION);
 }
 
 #[test]
@@ -293,11 +293,11 @@ fn operator_deployment_is_hardened_and_wired_to_the_webhook() {
     assert_eq!(flag("namespace"), "$(POD_NAMESPACE)");
     assert_eq!(flag("metrics-addr"), "0.0.0.0:8080");
     assert_eq!(flag("webhook-addr"), "0.0.0.0:8443");
-    assert_eq!(flag("webhook-config-name"), rbac::WEBHOOK_CONFIGURATION);
+    assert_eq!(flag("webhook-config-name"), keys::WEBHOOK_CONFIGURATION);
     assert_eq!(flag("cert-mode"), "self-signed");
     assert_eq!(flag("cert-dir"), "/certs");
     assert_eq!(flag("leader-election"), "true");
-    assert_eq!(flag("lease-name"), rbac::OPERATOR_LEASE);
+    assert_eq!(flag("lease-name"), keys::OPERATOR_LEASE);
     assert_eq!(flag("native-sidecars"), "auto");
     assert_eq!(flag("probe-interval-seconds"), "60");
     assert_eq!(flag("spearlet-image"), "ghcr.io/spear-dev/spearlet:0.1.0");
@@ -315,7 +315,7 @@ fn operator_deployment_is_hardened_and_wired_to_the_webhook() {
         "the Service selects the operator pods"
     );
     let webhook: MutatingWebhookConfiguration =
-        object(&objects, "MutatingWebhookConfiguration", rbac::WEBHOOK_CONFIGURATION);
+        object(&objects, "MutatingWebhookConfiguration", keys::WEBHOOK_CONFIGURATION);
     let service_ref =
         webhook.webhooks.as_deref().unwrap_or_default()[0].client_config.service.clone().expect("a service");
     assert_eq!(
@@ -347,7 +347,7 @@ fn webhook_selects_enabled_namespaces_and_takes_its_failure_policy_from_values()
         let extra: Vec<&str> = set.map(|s| vec!["--set", s]).unwrap_or_default();
         let objects = objects(&render(&extra));
         let config: MutatingWebhookConfiguration =
-            object(&objects, "MutatingWebhookConfiguration", rbac::WEBHOOK_CONFIGURATION);
+            object(&objects, "MutatingWebhookConfiguration", keys::WEBHOOK_CONFIGURATION);
         let webhooks = config.webhooks.unwrap_or_default();
         let [webhook] = webhooks.as_slice() else { panic!("one webhook: {webhooks:?}") };
         assert_eq!(webhook.failure_policy.as_deref(), Some(policy));
@@ -379,7 +379,7 @@ fn webhook_selects_enabled_namespaces_and_takes_its_failure_policy_from_values()
 fn cert_manager_mode_renders_a_certificate_and_the_inject_ca_annotation() {
     let objects = objects(&render(&["--set", "webhook.certs.mode=cert-manager"]));
     let config: MutatingWebhookConfiguration =
-        object(&objects, "MutatingWebhookConfiguration", rbac::WEBHOOK_CONFIGURATION);
+        object(&objects, "MutatingWebhookConfiguration", keys::WEBHOOK_CONFIGURATION);
     let annotations = config.metadata.annotations.unwrap_or_default();
     assert_eq!(
         annotations.get("cert-manager.io/inject-ca-from").map(String::as_str),

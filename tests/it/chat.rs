@@ -11,9 +11,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use serde_json::{Value, json};
+use spear::agent::chat::{self, ChatService};
 use spear::api::manifest::Object;
 use spear::api::{ChatSpec, McpProfileSpec, UpstreamSpec};
-use spear::chat::{self, ChatService, UpstreamOverride, UpstreamTimeouts};
+use spear::chat::{UpstreamOverride, UpstreamTimeouts};
 use spear::testing::mcp_servers;
 
 use crate::support::{self, TestAgent, start_agent};

@@ -468,7 +468,7 @@ async fn an_edit_in_the_registry_directory_arrives_as_a_watch_event() {
 #[derive(clap::Parser, Debug)]
 struct ToolsCli {
     #[command(subcommand)]
-    command: spear::cli::tools::ToolsCommand,
+    command: spear::cli::spearlet::ToolsCommand,
 }
 
 /// Runs `spearlet tools <args>` on its own thread (it starts its own runtime) and returns the
@@ -477,7 +477,7 @@ async fn run_tools(args: &[&str]) -> std::process::ExitCode {
     use clap::Parser;
     let argv: Vec<String> = std::iter::once("tools").chain(args.iter().copied()).map(str::to_string).collect();
     let cli = ToolsCli::try_parse_from(argv).expect("valid flags");
-    let thread = std::thread::spawn(move || spear::cli::tools::run(cli.command));
+    let thread = std::thread::spawn(move || spear::cli::exit(cli.command.run()));
     tokio::task::spawn_blocking(move || thread.join().expect("tools thread")).await.expect("join")
 }
 

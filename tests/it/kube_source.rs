@@ -24,9 +24,9 @@ use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use spear::agent::{Agent, AgentOptions, AuditSink};
+use spear::agent::{AgentConfig, AuditTarget, PodConfig, run_in_pod};
 use spear::api::{McpProfile, McpServer};
-use spear::cli::run::{AgentArgs, RunArgs};
-use spear::cli::serve::AuditTarget;
+use spear::chat::UpstreamOverride;
 use spear::mcp::config::Mode;
 use spear::mcp::{Pool, PoolOptions};
 use spear::operator::rbac::{agent_cluster_role, agent_role_binding};
@@ -521,37 +521,35 @@ fn free_addr() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, mcp_servers::free_port()))
 }
 
-/// The doors' flags of an in-process `spearlet run`, on free loopback ports.
-fn agent_args(admin_addr: SocketAddr) -> AgentArgs {
-    AgentArgs {
+/// The doors of an in-process `spearlet run`, on free loopback ports.
+fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
+    AgentConfig {
         http_addr: free_addr(),
         grpc_addr: free_addr(),
         admin_addr,
-        upstream_url: None,
-        upstream_api_key_env: None,
-        audit_log: AuditTarget::Off,
-        audit_arguments: false,
-        shutdown_grace_seconds: 1,
-        worker_threads: 1,
+        shutdown_grace: Duration::from_secs(1),
         allowed_hosts: vec!["127.0.0.1".into()],
+        upstream: UpstreamOverride::default(),
+        audit: AuditTarget::Off,
+        audit_arguments: false,
     }
 }
 
-/// `spearlet run` flags for profile `p` in `ns`, out of cluster through the test kubeconfig.
-fn run_args(
+/// `spearlet run` for profile `p` in `ns`, out of cluster through the test kubeconfig.
+fn run_config(
     control_plane: &ControlPlane,
     ns: &str,
     socket_dir: &Path,
     admin_addr: SocketAddr,
     sidecar_servers: Option<Vec<String>>,
-) -> RunArgs {
-    RunArgs {
+) -> PodConfig {
+    PodConfig {
         profile: Some("p".into()),
         namespace: Some(ns.to_string()),
         socket_dir: socket_dir.to_path_buf(),
         sidecar_servers,
         kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
-        agent: agent_args(admin_addr),
+        agent: agent_config(admin_addr),
     }
 }
 
@@ -569,9 +567,9 @@ async fn spearlet_run_serves_the_namespace_registry() {
     ns.api::<McpProfile>().create(&PostParams::default(), &profile("p", &["fs"])).await.expect("p");
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let admin_addr = free_addr();
-    let args = run_args(control_plane, &ns.name, socket_dir.path(), admin_addr, None);
+    let config = run_config(control_plane, &ns.name, socket_dir.path(), admin_addr, None);
     let cancel = CancellationToken::new();
-    let run = tokio::spawn(args.run_until(cancel.clone()));
+    let run = tokio::spawn(run_in_pod(config, cancel.clone()));
 
     let get = |path: &'static str| admin_get(admin_addr, path);
     let deadline = Instant::now() + PATIENCE;
@@ -586,22 +584,23 @@ async fn spearlet_run_serves_the_namespace_registry() {
     assert!(effective.contains("\"fs\""), "the profile's server is effective: {effective}");
 
     cancel.cancel();
-    let code = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
-    assert_eq!(code, std::process::ExitCode::SUCCESS);
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
+    assert!(outcome.is_ok(), "{outcome:?}");
 }
 
 #[tokio::test]
 async fn spearlet_run_without_a_profile_names_the_flag_and_env() {
-    let args = RunArgs {
+    let config = PodConfig {
         profile: None,
         namespace: Some("ns".into()),
         socket_dir: "/spear/run".into(),
         sidecar_servers: None,
         kubeconfig: None,
-        agent: agent_args(free_addr()),
+        agent: agent_config(free_addr()),
     };
-    let code = args.run_until(CancellationToken::new()).await;
-    assert_eq!(code, std::process::ExitCode::from(spear::cli::EXIT_USAGE));
+    let error = run_in_pod(config, CancellationToken::new()).await.expect_err("no profile");
+    assert!(error.is_usage(), "{error}");
+    assert!(error.to_string().contains("--profile (env SPEAR_PROFILE)"), "{error}");
 }
 
 #[tokio::test]
@@ -616,9 +615,9 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let admin_addr = free_addr();
     // As the webhook left it when the profile only had `early`.
-    let args = run_args(control_plane, &ns.name, socket_dir.path(), admin_addr, Some(vec!["early".into()]));
+    let config = run_config(control_plane, &ns.name, socket_dir.path(), admin_addr, Some(vec!["early".into()]));
     let cancel = CancellationToken::new();
-    let run = tokio::spawn(args.run_until(cancel.clone()));
+    let run = tokio::spawn(run_in_pod(config, cancel.clone()));
 
     let flagged = "mcp_server_restart_required{server_id=\"late\"} 1";
     let deadline = Instant::now() + PATIENCE;
@@ -637,6 +636,6 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
     assert!(effective.contains("has no sidecar in this pod") && effective.contains("restart the pod"), "{effective}");
 
     cancel.cancel();
-    let code = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
-    assert_eq!(code, std::process::ExitCode::SUCCESS);
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
+    assert!(outcome.is_ok(), "{outcome:?}");
 }

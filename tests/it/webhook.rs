@@ -26,13 +26,13 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
-use spear::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE, ENV_MCP_URL, INJECTION_ENABLED, LABEL_INJECTION};
+use spear::api::keys::{
+    AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_MCP_URL,
+    INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
+};
 use spear::api::{HttpSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, StdioSpec, Transport};
 use spear::operator::certs::{self, CertResolver, CertSource, SECRET_CA_CERT, SECRET_TLS_CERT, SelfSigned};
-use spear::operator::inject::{
-    self, AGENT_CONTAINER, ANNOTATION_INJECTED, BIN_DIR, Decision, InjectConfig, Ports, RUN_DIR, SIDECAR_PREFIX,
-    SIDECAR_TMP,
-};
+use spear::operator::inject::{self, Decision, InjectConfig, Ports, SIDECAR_TMP};
 use spear::operator::webhook::{self, MUTATE_PATH, NativeSidecars, WebhookConfig};
 use spear::testing::control_plane::{ControlPlane, TestNamespace};
 use spear::testing::mcp_servers::{self, free_port};

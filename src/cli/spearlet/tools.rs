@@ -17,11 +17,11 @@ use std::time::Duration;
 use clap::Subcommand;
 use tonic::transport::{Channel, Endpoint};
 
-use super::{EXIT_INVALID, EXIT_USAGE, usage_error};
 use crate::agent::grpc::pb;
 use crate::agent::grpc::pb::mcp_registry_client::McpRegistryClient;
 use crate::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
-use crate::api::keys::{ENV_GRPC_ADDR, PORT_GRPC};
+use crate::api::keys::{ENV_GRPC_ADDR, ENV_TOOLS_ARGS, ENV_TOOLS_SERVER, PORT_GRPC};
+use crate::cli::{EXIT_INVALID, block_on, usage};
 
 /// How long to wait for the agent to accept the connection: it is on loopback, so a slow
 /// connect means it is not there.
@@ -49,7 +49,7 @@ pub enum ToolsCommand {
         #[command(flatten)]
         grpc: GrpcArgs,
         /// Only this server's tools (an McpServer name).
-        #[arg(long, env = "SPEAR_TOOLS_SERVER", value_name = "ID")]
+        #[arg(long, env = ENV_TOOLS_SERVER, value_name = "ID")]
         server: Option<String>,
     },
     /// Call one tool and print its text.
@@ -65,27 +65,22 @@ pub enum ToolsCommand {
         #[arg(value_name = "NAME")]
         name: String,
         /// The arguments, as a JSON object.
-        #[arg(long, env = "SPEAR_TOOLS_ARGS", default_value = "{}", value_name = "JSON")]
+        #[arg(long, env = ENV_TOOLS_ARGS, default_value = "{}", value_name = "JSON")]
         args: String,
     },
 }
 
-/// Runs a `tools` subcommand to completion (it starts its own single-threaded runtime, so call
-/// it outside any Tokio runtime).
-pub fn run(command: ToolsCommand) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => return usage_error(format!("starting the runtime: {e}")),
-    };
-    let outcome = runtime.block_on(async {
-        match command {
-            ToolsCommand::List { grpc, server } => list(&grpc, server.as_deref()).await,
-            ToolsCommand::Call { grpc, name, args } => call(&grpc, &name, &args).await,
-        }
-    });
-    match outcome {
-        Ok(code) => code,
-        Err(failure) => failure.report(),
+impl ToolsCommand {
+    /// Runs the command to completion on its own single-threaded runtime (call it outside any
+    /// Tokio runtime).
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        block_on(async {
+            let outcome = match self {
+                ToolsCommand::List { grpc, server } => list(&grpc, server.as_deref()).await,
+                ToolsCommand::Call { grpc, name, args } => call(&grpc, &name, &args).await,
+            };
+            outcome.map_err(Failure::into_error)
+        })
     }
 }
 
@@ -126,11 +121,11 @@ impl Failure {
         }
     }
 
-    fn report(self) -> ExitCode {
-        eprintln!("error: {self}");
+    /// Refusals exit 1; the rest (the agent unreachable, a bad request) are usage errors.
+    fn into_error(self) -> anyhow::Error {
         match self {
-            Failure::Refused(_) => ExitCode::from(EXIT_INVALID),
-            Failure::Usage(_) | Failure::Connect { .. } | Failure::Rpc(_) => ExitCode::from(EXIT_USAGE),
+            Failure::Refused(_) => self.into(),
+            Failure::Usage(_) | Failure::Connect { .. } | Failure::Rpc(_) => usage(self),
         }
     }
 }

@@ -1,0 +1,356 @@
+//! `POST /v1/chat/completions`, OpenAI-compatible: the workload's MCP tools are injected into the
+//! request, and the agent executes the model's calls to them until the model answers. It is
+//! the door for agent-unaware callers: any OpenAI client works by changing its base URL.
+//!
+//! ```text
+//! caller ─POST─▶ ChatRequest ─ McpOptions (the `mcp` object; never forwarded)
+//!                   │ Agent::effective(scope, caller tool names)   403 / 400 before the model is asked
+//!                   ▼
+//!   tool_loop::upstream_body (+ MCP tools) + plan_tool_choice      400 for a forced unknown tool
+//!   upstream::resolve (flags > profile > caller's Authorization)  503 when nothing is configured
+//!   loop ── Upstream::complete ──▶ answer ──classify, LoopState::decide──┐
+//!     ▲        502 / upstream's own error status                        │
+//!     └─ role=tool messages ◀─ join_all(Agent::call_tool) ◀─ Execute ────┤
+//!                                                   Return / Stop ───────┴─▶ answer + "spear"
+//!                                                       ─▶ JSON, or SSE (stream::chunks)
+//! ```
+//!
+//! The decisions live in the pure `crate::chat` library (types, `tool_loop`, `upstream`,
+//! `stream`, `error`); this file is the I/O around them.
+//!
+//! **Streaming.** With `stream: true` the loop still asks the upstream with `stream: false`: it
+//! must see each answer whole to find and run the tool calls, and a streamed intermediate answer
+//! would be of no use to the caller, who never sees it. The final answer is then sent as SSE
+//! chunks in OpenAI's format, so streaming clients work unchanged; the first byte arrives when
+//! the loop is done. Errors found before the answer (4xx, 5xx) are plain JSON with their status,
+//! as OpenAI does.
+//!
+//! **Choices.** With `n > 1` the loop follows the first choice; the others are returned as the
+//! last upstream answer had them.
+//!
+//! Every answer that read the registry (the profile's upstream, the effective set) carries
+//! `x-spear-registry-revision`, error answers included; a successful one with MCP enabled also
+//! carries the `spear` extension field: revision, tool calls, iterations, budget note, and the
+//! messages the loop exchanged. When an answer calls both MCP tools and the caller's own tools,
+//! the agent runs the MCP calls and returns only the caller's; an agent-aware caller appends
+//! `spear.messages` (the full assistant message and the MCP results) instead of the returned
+//! message, then its own tool results, to continue the conversation.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::audit::{self, Door};
+use super::core::{Agent, CallContext};
+use crate::api::keys::ENV_UPSTREAM_API_KEY;
+use crate::chat::tool_loop::{self, After, ChoicePlan, LoopState, Next, Round};
+use crate::chat::types::{ChatCompletion, ChatRequest, McpOptions, ToolCallItem};
+use crate::chat::upstream::{self, Target, Upstream};
+use crate::chat::{ChatError, UpstreamError, UpstreamOverride, UpstreamTimeouts, stream};
+use crate::policy::EffectiveSet;
+
+/// The route served.
+pub const COMPLETIONS_PATH: &str = "/v1/chat/completions";
+/// Largest request body. Conversations with inline images run to megabytes; the port is
+/// loopback-only, so a generous cap costs nothing (axum's default, 2 MiB, is too small).
+const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The chat completions door: the agent core, the upstream settings and an HTTP client.
+#[derive(Clone)]
+pub struct ChatService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    agent: Agent,
+    overrides: UpstreamOverride,
+    /// `$SPEAR_UPSTREAM_API_KEY`, read once at start (the webhook sets it from the profile's
+    /// `apiKeySecretRef`).
+    env_api_key: Option<String>,
+    upstream: Upstream,
+}
+
+impl fmt::Debug for ChatService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No key in here: the override redacts its own, the env key is not printed.
+        f.debug_struct("ChatService")
+            .field("profile", &self.inner.agent.profile())
+            .field("overrides", &self.inner.overrides)
+            .field("env_api_key", &self.inner.env_api_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl ChatService {
+    /// The door over `agent`, with the flags' upstream settings; reads `SPEAR_UPSTREAM_API_KEY`.
+    pub fn new(agent: Agent, overrides: UpstreamOverride, timeouts: UpstreamTimeouts) -> Result<Self, UpstreamError> {
+        let env_api_key = upstream::non_empty_env(ENV_UPSTREAM_API_KEY);
+        let upstream = Upstream::new(timeouts)?;
+        Ok(ChatService { inner: Arc::new(Inner { agent, overrides, env_api_key, upstream }) })
+    }
+
+    /// Completes one request. `revision` is set as soon as the registry was used, so error
+    /// answers carry it too.
+    async fn complete(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        revision: &mut Option<String>,
+    ) -> Result<Reply, ChatError> {
+        let inner = &self.inner;
+        let mut request = ChatRequest::from_slice(body)?;
+        let options = McpOptions::parse(request.mcp.take())?;
+        let sse = request.stream == Some(true);
+        let include_usage = request.include_usage();
+
+        let state = inner.agent.state();
+        *revision = Some(state.snapshot.revision().as_str().to_string());
+        let profile = state.snapshot.profile(inner.agent.profile()).map(|p| p.object.clone());
+        let upstream_spec = profile.as_ref().and_then(|p| p.spec.chat.as_ref()).map(|c| &c.upstream);
+
+        if !options.enabled {
+            // A plain proxy: nothing injected, nothing executed.
+            let target = self.target(upstream_spec, headers)?;
+            let body = tool_loop::upstream_body(request, Vec::new(), target.default_model.as_deref());
+            let completion = inner.upstream.complete(&target, &body).await?;
+            return Ok(Reply { completion, sse, include_usage, extension: None });
+        }
+
+        let caller_names: Vec<String> = request.caller_tool_names().into_iter().map(str::to_string).collect();
+        let caller: HashSet<&str> = caller_names.iter().map(String::as_str).collect();
+        let caller_list: Vec<&str> = caller_names.iter().map(String::as_str).collect();
+        let set = inner.agent.effective(options.scope.as_ref(), &caller_list)?;
+        *revision = Some(set.revision.as_str().to_string());
+
+        let injected = tool_loop::injected_tools(&set);
+        let injected_names: Vec<String> = injected.iter().filter_map(|t| t.name()).map(str::to_string).collect();
+        let plan = tool_loop::plan_tool_choice(
+            request.tool_choice.as_ref(),
+            profile.as_ref().and_then(|p| p.spec.tool_choice).unwrap_or_default(),
+            &caller,
+            &injected_names.iter().map(String::as_str).collect(),
+        )?;
+        let target = self.target(upstream_spec, headers)?;
+        let body = tool_loop::upstream_body(request, injected, target.default_model.as_deref());
+        let (completion, extension) = self.run_loop(&target, body, &set, &plan, &caller).await?;
+        let extension = serde_json::to_value(&extension).unwrap_or(Value::Null);
+        Ok(Reply { completion, sse, include_usage, extension: Some(extension) })
+    }
+
+    fn target(&self, spec: Option<&crate::api::UpstreamSpec>, headers: &HeaderMap) -> Result<Target, ChatError> {
+        let inner = &self.inner;
+        upstream::resolve(&inner.overrides, inner.env_api_key.as_deref(), spec, inner.agent.profile(), headers)
+    }
+
+    /// Asks the model, runs its MCP calls, and asks again until [`LoopState::decide`] says stop.
+    async fn run_loop(
+        &self,
+        target: &Target,
+        mut body: ChatRequest,
+        set: &EffectiveSet,
+        plan: &ChoicePlan,
+        caller: &HashSet<&str>,
+    ) -> Result<(ChatCompletion, Extension), ChatError> {
+        let mut state = LoopState::new(set.loop_budgets);
+        let mut extension = Extension {
+            registry_revision: set.revision.as_str().to_string(),
+            tool_calls: Vec::new(),
+            iterations: 0,
+            budget_exceeded: None,
+            messages: Vec::new(),
+        };
+        // The audit lines' request id: the first answer's completion id, once there is one.
+        let mut request_id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
+        let completion = loop {
+            body.tool_choice = plan.for_iteration(state.iterations());
+            state.request_sent();
+            let mut completion = self.inner.upstream.complete(target, &body).await?;
+            if state.iterations() == 1
+                && let Some(id) = completion.id.as_ref().filter(|id| !id.is_empty())
+            {
+                request_id.clone_from(id);
+            }
+            let Some(choice) = completion.choices.first_mut() else { break completion };
+            let kinds = tool_loop::classify(choice.message.calls(), caller, |name| set.route(name).is_some());
+            match state.decide(&kinds) {
+                Next::Return => break completion,
+                Next::Stop(note) => {
+                    tracing::info!(request_id, message = %note.message, "chat tool loop stopped by a budget");
+                    tool_loop::strip_executed(choice, &kinds);
+                    extension.budget_exceeded = Some(note);
+                    break completion;
+                }
+                Next::Execute(round) => {
+                    let calls = choice.message.calls();
+                    let answers =
+                        self.execute(set, calls, &round, &request_id, state.iterations(), &mut extension).await;
+                    let mut exchange = Vec::with_capacity(answers.len() + 1);
+                    exchange.push(tool_loop::assistant_history(&choice.message));
+                    exchange.extend(answers);
+                    body.messages.extend(exchange.iter().cloned());
+                    extension.messages.extend(exchange);
+                    if let Some(note) = round.note {
+                        extension.budget_exceeded = Some(note);
+                    }
+                    if round.then == After::ReturnToCaller {
+                        tool_loop::strip_executed(choice, &kinds);
+                        break completion;
+                    }
+                }
+            }
+        };
+        extension.iterations = state.iterations();
+        tracing::debug!(
+            request_id,
+            iterations = extension.iterations,
+            tool_calls = extension.tool_calls.len(),
+            "chat completion done"
+        );
+        Ok((completion, extension))
+    }
+
+    /// Runs a round's calls concurrently; returns one `role=tool` message per executed or refused
+    /// call, in the order of the answer's calls, and records each call in `extension`.
+    async fn execute(
+        &self,
+        set: &EffectiveSet,
+        calls: &[ToolCallItem],
+        round: &Round,
+        request_id: &str,
+        iteration: u32,
+        extension: &mut Extension,
+    ) -> Vec<Value> {
+        let context = CallContext { door: Door::Chat, request_id, session_id: None };
+        let agent = &self.inner.agent;
+        let results = futures::future::join_all(
+            round
+                .run
+                .iter()
+                .filter_map(|&i| calls.get(i))
+                .map(|call| agent.call_tool(set, call.name(), call.arguments_object(), context)),
+        )
+        .await;
+
+        let mut answers: Vec<(usize, Value, CallRecord)> = Vec::with_capacity(round.run.len() + round.refused.len());
+        for (&i, done) in round.run.iter().zip(results) {
+            let record = CallRecord {
+                name: done.name.clone(),
+                server_id: done.server_id.as_deref().map(str::to_string),
+                tool: done.tool.as_deref().map(str::to_string),
+                status: done.status(),
+                latency_ms: audit::millis(done.latency),
+                iteration,
+            };
+            let id = calls.get(i).map(|c| c.id.as_str()).unwrap_or_default();
+            answers.push((i, tool_loop::tool_message(id, done.model_text()), record));
+        }
+        let refusal = tool_loop::budget_refusal(set.loop_budgets.max_total_tool_calls);
+        for &i in &round.refused {
+            let Some(call) = calls.get(i) else { continue };
+            let route = set.route(call.name());
+            let record = CallRecord {
+                name: call.name().to_string(),
+                server_id: route.map(|r| r.server.to_string()),
+                tool: route.map(|r| r.tool.to_string()),
+                status: crate::mcp::ErrorCode::McpBudgetExceeded.as_str(),
+                latency_ms: 0.0,
+                iteration,
+            };
+            answers.push((i, tool_loop::tool_message(&call.id, refusal.clone()), record));
+        }
+        answers.sort_by_key(|(i, _, _)| *i);
+        answers
+            .into_iter()
+            .map(|(_, message, record)| {
+                extension.tool_calls.push(record);
+                message
+            })
+            .collect()
+    }
+}
+
+/// The `spear` extension field of an answer.
+#[derive(Debug, Serialize)]
+struct Extension {
+    registry_revision: String,
+    tool_calls: Vec<CallRecord>,
+    iterations: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget_exceeded: Option<tool_loop::BudgetNote>,
+    /// Every message the loop added to the conversation (assistant messages with their calls and
+    /// the `role=tool` answers), in order: an agent-aware caller appends these instead of the
+    /// returned message to keep the whole exchange.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    messages: Vec<Value>,
+}
+
+/// One tool call the loop made (or refused), for the `spear.tool_calls` field.
+#[derive(Debug, Serialize)]
+struct CallRecord {
+    name: String,
+    server_id: Option<String>,
+    tool: Option<String>,
+    status: &'static str,
+    latency_ms: f64,
+    iteration: u32,
+}
+
+/// A finished completion on its way to the caller.
+struct Reply {
+    completion: ChatCompletion,
+    /// Sent as SSE chunks (the request's `stream: true`).
+    sse: bool,
+    include_usage: bool,
+    extension: Option<Value>,
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let Reply { mut completion, sse, include_usage, extension } = self;
+        if sse {
+            let chunks = stream::chunks(&completion, include_usage, extension);
+            let headers = [
+                (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            ];
+            return (headers, stream::sse_body(&chunks)).into_response();
+        }
+        if let Some(extension) = extension {
+            completion.extra.insert("spear".into(), extension);
+        }
+        axum::Json(completion).into_response()
+    }
+}
+
+/// The router serving [`COMPLETIONS_PATH`]; merge it into the agent's HTTP router.
+pub fn router(service: ChatService) -> Router {
+    Router::new()
+        .route(COMPLETIONS_PATH, post(completions))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(service)
+}
+
+/// The handler: parse, complete, map errors, stamp the revision.
+async fn completions(State(service): State<ChatService>, headers: HeaderMap, body: Bytes) -> Response {
+    let mut revision = None;
+    let mut response = match service.complete(&headers, &body, &mut revision).await {
+        Ok(reply) => reply.into_response(),
+        Err(error) => {
+            tracing::info!(code = error.code(), %error, "chat completion refused");
+            error.into_response()
+        }
+    };
+    if let Some(revision) = revision {
+        super::serve::stamp_revision(response.headers_mut(), &revision);
+    }
+    response
+}

@@ -1,0 +1,41 @@
+//! `spear-operator`: `crds` prints the CRDs; `run` runs the controllers, the webhook and the
+//! admin server. One file per subcommand.
+
+mod crds;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use self::run::RunArgs;
+use crate::cli::{exit, usage};
+use crate::telemetry::LogArgs;
+
+/// The spear-mcp control plane: validates McpServer/McpProfile resources and injects agents.
+#[derive(Parser, Debug)]
+#[command(name = "spear-operator", version, about)]
+pub struct Args {
+    #[command(flatten)]
+    log: LogArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    Crds(crds::CrdsArgs),
+    Run(Box<RunArgs>),
+}
+
+impl Args {
+    /// Runs the selected subcommand and returns the process's exit status.
+    pub fn run(self) -> ExitCode {
+        let Self { log, command } = self;
+        exit(log.init().map_err(usage).and_then(|()| match command {
+            Command::Crds(args) => args.run(),
+            Command::Run(args) => args.run(),
+        }))
+    }
+}

@@ -1,0 +1,91 @@
+//! `spearlet explain`: what a profile exposes, and why the rest is not exposed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::api::keys;
+use crate::cli::{block_on, usage};
+use crate::mcp::{Pool, PoolOptions};
+use crate::policy::explain::{explain_json, explain_table};
+use crate::policy::{CompiledProfile, RequestScope, ServerTools};
+use crate::registry::dir::DirSource;
+use crate::registry::snapshot::Snapshot;
+
+/// How `explain` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OutputFormat {
+    /// Aligned text for people.
+    Table,
+    /// One JSON document for machines.
+    Json,
+}
+
+/// Explain what a profile exposes: the effective servers and tools, and why the rest is not.
+///
+/// Without --connect it decides on servers and patterns alone and says so; with --connect it
+/// lists every allowed server's tools first. Exit status: 0 on success, 1 when the profile
+/// is unknown or the request is refused, 2 on a usage error.
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// Directory of McpServer/McpProfile manifests (local mode).
+    #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
+    registry_dir: PathBuf,
+    /// The McpProfile to explain.
+    #[arg(long, env = keys::ENV_PROFILE)]
+    profile: String,
+    /// A request scope as JSON: {"server_ids": [...], "tool_allowlist": [...],
+    /// "tool_denylist": [...], "budgets": {...}}.
+    #[arg(long, env = keys::ENV_EXPLAIN_REQUEST, value_name = "JSON")]
+    request: Option<String>,
+    /// Output format.
+    #[arg(long, env = keys::ENV_OUTPUT, value_enum, default_value_t = OutputFormat::Table)]
+    output: OutputFormat,
+    /// Connect to each allowed server first and list its tools, so tool-level decisions are
+    /// shown too (stdio servers are started as local child processes, then stopped).
+    #[arg(long, env = keys::ENV_EXPLAIN_CONNECT)]
+    connect: bool,
+}
+
+impl ExplainArgs {
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let scope: Option<RequestScope> = self
+            .request
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| usage(format!("--request is not a valid request scope: {e}")))?;
+        let snapshot = DirSource::load(&self.registry_dir).map_err(usage)?;
+        for problem in snapshot.problems() {
+            eprintln!("warning: registry problem (last good objects are used): {problem}");
+        }
+        let compiled =
+            CompiledProfile::compile(&snapshot, &self.profile).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))?;
+        let tools = if self.connect { block_on(list_all_tools(&snapshot, &compiled))? } else { BTreeMap::new() };
+        let lookup = |id: &str| tools.get(id).cloned().unwrap_or(ServerTools::Unknown);
+        let set = compiled.effective(lookup, scope.as_ref(), &[]).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))?;
+        match self.output {
+            OutputFormat::Json => println!("{}", explain_json(&snapshot, &set, self.connect)),
+            OutputFormat::Table => print!("{}", explain_table(&snapshot, &set, self.connect)),
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Lists every allowed server's tools through a short-lived client pool.
+async fn list_all_tools(
+    snapshot: &Snapshot,
+    compiled: &CompiledProfile,
+) -> anyhow::Result<BTreeMap<String, ServerTools>> {
+    let pool = Pool::new(PoolOptions { idle_timeout: None, ..PoolOptions::default() });
+    for error in pool.apply(snapshot).await {
+        eprintln!("warning: {error}");
+    }
+    let lists = compiled.servers().map(|(id, part)| {
+        let pool = pool.clone();
+        async move { (id.to_string(), pool.server_tools(id, part).await) }
+    });
+    let tools = futures::future::join_all(lists).await.into_iter().collect();
+    pool.shutdown().await;
+    Ok(tools)
+}

@@ -1,0 +1,62 @@
+//! `spearlet run`: the in-pod agent (flags → [`PodConfig`] → [`run_in_pod`]). The injecting
+//! webhook sets these flags' variables; `tests/it/cli.rs` parses its container with them.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::agent_args::AgentArgs;
+use crate::agent::{PodConfig, run_in_pod};
+use crate::api::keys;
+use crate::cli::run_until_signal;
+
+/// Run the in-pod agent (Kubernetes mode): the pod's McpProfile and its namespace's
+/// McpServers from the API (in-cluster config, or --kubeconfig), stdio servers through the
+/// bridge sockets; the same doors as `serve`. Exit status as for `serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The McpProfile this pod uses (the webhook sets it from the pod's `mcp.spear.dev/profile`
+    /// annotation).
+    #[arg(long, env = keys::ENV_PROFILE)]
+    pub profile: Option<String>,
+    /// The pod's namespace: the profile and the McpServers are read there (the webhook sets it
+    /// from the downward API). Defaults to the service account's namespace in a pod, or the
+    /// kubeconfig context's.
+    #[arg(long, env = keys::ENV_POD_NAMESPACE)]
+    pub namespace: Option<String>,
+    /// Directory of the stdio servers' bridge sockets (`<dir>/<server>.sock`), shared with their
+    /// sidecars.
+    #[arg(long, env = keys::ENV_SOCKET_DIR, value_name = "DIR", default_value = keys::RUN_DIR)]
+    pub socket_dir: PathBuf,
+    /// The stdio servers this pod has sidecars for, comma-separated (the webhook sets it). A
+    /// stdio server of the profile outside the list joined it after the pod started: the agent
+    /// reports it (log and `mcp_server_restart_required`) and its calls say to restart the pod.
+    /// Unset: every stdio server is expected to have a sidecar.
+    #[arg(long, env = keys::ENV_SIDECAR_SERVERS, value_name = "IDS", value_delimiter = ',')]
+    pub sidecar_servers: Option<Vec<String>>,
+    /// kubeconfig file(s), `:`-separated, for running outside a cluster. Without it the pod's
+    /// service account is used, falling back to `~/.kube/config`.
+    #[arg(long, env = keys::ENV_KUBECONFIG, value_name = "PATH")]
+    pub kubeconfig: Option<OsString>,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+impl RunArgs {
+    pub fn config(self) -> anyhow::Result<PodConfig> {
+        Ok(PodConfig {
+            profile: self.profile,
+            namespace: self.namespace,
+            socket_dir: self.socket_dir,
+            sidecar_servers: self.sidecar_servers,
+            kubeconfig: self.kubeconfig,
+            agent: self.agent.config()?,
+        })
+    }
+
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let threads = usize::from(self.agent.worker_threads);
+        let config = self.config()?;
+        run_until_signal(threads, |cancel| async move { super::agent_outcome(run_in_pod(config, cancel).await) })
+    }
+}

@@ -1,0 +1,149 @@
+//! The webhook↔agent contract, checked from both ends: the containers the webhook injects are
+//! parsed by this binary's own flags, so a renamed flag, variable or default breaks this test
+//! instead of a pod.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use clap::{CommandFactory, Parser};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kube::core::ObjectMeta;
+
+use super::Args;
+use crate::api::keys;
+use crate::api::{
+    ChatSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, SecretKeyRef, StdioSpec, Transport, UpstreamSpec,
+};
+use crate::operator::inject::{Decision, InjectConfig, mutate};
+
+/// The pod the webhook admits for profile `dev` with one stdio server `fs` and a chat upstream
+/// whose key comes from a Secret.
+fn injected_pod() -> Pod {
+    let fs = McpServer::new(
+        "fs",
+        McpServerSpec {
+            transport: Transport::Stdio,
+            stdio: Some(StdioSpec {
+                image: Some("node:22-slim".into()),
+                command: "npx".into(),
+                args: vec!["-y".into(), "@modelcontextprotocol/server-filesystem".into(), "/data".into()],
+                ..StdioSpec::default()
+            }),
+            allowed_tools: vec!["read_*".into()],
+            ..McpServerSpec::default()
+        },
+    );
+    let upstream = UpstreamSpec {
+        url: "https://llm.example/v1".into(),
+        api_key_secret_ref: Some(SecretKeyRef { name: "llm".into(), key: "key".into() }),
+        ..UpstreamSpec::default()
+    };
+    let dev = McpProfile::new(
+        "dev",
+        McpProfileSpec { servers: vec!["fs".into()], chat: Some(ChatSpec { upstream }), ..McpProfileSpec::default() },
+    );
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some("app".into()),
+            namespace: Some("team-a".into()),
+            annotations: Some(BTreeMap::from([(keys::ANNOTATION_PROFILE.to_string(), "dev".to_string())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container { name: "app".into(), image: Some("app:1".into()), ..Container::default() }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let enabled = BTreeMap::from([(keys::LABEL_INJECTION.to_string(), keys::INJECTION_ENABLED.to_string())]);
+    match mutate(&pod, &enabled, Some(&dev), &[fs], &InjectConfig::new("agent:1", "spearlet:1")) {
+        Ok(Decision::Patch { pod, .. }) => *pod,
+        other => panic!("expected the pod to be injected, got {other:?}"),
+    }
+}
+
+fn container<'a>(pod: &'a Pod, name: &str) -> &'a Container {
+    let spec = pod.spec.as_ref().expect("spec");
+    let all = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    all.into_iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// `spearlet <subcommand>`'s flags by the variable each reads.
+fn flags_by_env(subcommand: &str) -> BTreeMap<String, String> {
+    let command = Args::command();
+    let sub = command.find_subcommand(subcommand).unwrap_or_else(|| panic!("no subcommand {subcommand}"));
+    sub.get_arguments()
+        .filter_map(|arg| Some((arg.get_env()?.to_str()?.to_string(), arg.get_long()?.to_string())))
+        .collect()
+}
+
+/// `spearlet run` as a parsed command line.
+#[derive(Parser)]
+struct RunCli {
+    #[command(flatten)]
+    run: super::RunArgs,
+}
+
+#[test]
+fn the_injected_agent_container_is_a_valid_spearlet_run() {
+    let pod = injected_pod();
+    let agent = container(&pod, keys::AGENT_CONTAINER);
+    let command = agent.command.clone().expect("command");
+    assert_eq!(command, [keys::SPEARLET, "run"], "the agent runs the copied spearlet");
+
+    // Every variable the webhook sets is read by a flag of `spearlet run`, or by the agent
+    // itself (the upstream key, the servers' secrets): none is set for nothing.
+    let flags = flags_by_env("run");
+    let read_directly = BTreeSet::from([keys::ENV_UPSTREAM_API_KEY]);
+    let mut argv = vec!["spearlet-run".to_string()];
+    for var in agent.env.iter().flatten() {
+        if read_directly.contains(var.name.as_str()) {
+            continue;
+        }
+        let flag = flags.get(&var.name).unwrap_or_else(|| {
+            panic!("the webhook sets {} but no flag of `spearlet run` reads it (flags: {flags:?})", var.name)
+        });
+        // The downward API fills `valueFrom` in the pod; a namespace stands in for it here.
+        let value = var.value.clone().unwrap_or_else(|| "team-a".to_string());
+        argv.push(format!("--{flag}={value}"));
+    }
+    let parsed = RunCli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?} does not parse: {e}"));
+    let config = parsed.run.config().expect("a valid configuration");
+    assert_eq!(config.profile.as_deref(), Some("dev"));
+    assert_eq!(config.namespace.as_deref(), Some("team-a"));
+    assert_eq!(config.socket_dir, std::path::Path::new(keys::RUN_DIR));
+    assert_eq!(config.sidecar_servers, Some(vec!["fs".to_string()]));
+    assert_eq!(config.agent.http_addr.port(), keys::PORT_HTTP);
+    assert_eq!(config.agent.grpc_addr.port(), keys::PORT_GRPC);
+    assert_eq!(config.agent.admin_addr.port(), keys::PORT_ADMIN);
+    assert!(config.agent.http_addr.ip().is_loopback() && config.agent.grpc_addr.ip().is_loopback());
+
+    // What the webhook leaves unset, the flags' defaults agree with.
+    let defaults = RunCli::try_parse_from(["spearlet-run"]).expect("defaults parse").run.config().expect("config");
+    assert_eq!(defaults.socket_dir, config.socket_dir);
+    assert_eq!(defaults.agent.http_addr, config.agent.http_addr);
+    assert_eq!(defaults.agent.grpc_addr, config.agent.grpc_addr);
+    assert_eq!(defaults.agent.admin_addr, config.agent.admin_addr);
+}
+
+#[test]
+fn the_injected_bridge_sidecar_is_a_valid_spearlet_bridge() {
+    let pod = injected_pod();
+    let sidecar = container(&pod, &format!("{}fs", keys::SIDECAR_PREFIX));
+    let argv: Vec<String> = sidecar.command.iter().flatten().chain(sidecar.args.iter().flatten()).cloned().collect();
+    assert_eq!(argv.first().map(String::as_str), Some(keys::SPEARLET));
+    let flags = flags_by_env("bridge");
+    for var in
+        sidecar.env.iter().flatten().filter(|v| v.name.starts_with("SPEAR_") && !v.name.starts_with("SPEAR_SECRET_"))
+    {
+        assert!(
+            flags.contains_key(&var.name),
+            "the sidecar gets {} but `spearlet bridge` reads no such flag",
+            var.name
+        );
+    }
+    let parsed = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?} does not parse: {e}"));
+    let super::Command::Bridge(bridge) = parsed.command else { panic!("{argv:?} is not `spearlet bridge`") };
+    assert_eq!(bridge.socket, std::path::Path::new(&format!("{}/fs.sock", keys::RUN_DIR)));
+    assert_eq!(bridge.server_id.as_deref(), Some("fs"));
+    assert_eq!(bridge.command.first().map(String::as_str), Some("npx"));
+}

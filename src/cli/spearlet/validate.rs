@@ -1,0 +1,82 @@
+//! `spearlet validate FILE|DIR|-...`: offline validation for CI and GitOps pipelines.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::api::manifest;
+use crate::cli::{EXIT_INVALID, usage};
+
+/// Validate McpServer/McpProfile manifests offline (for CI and GitOps pipelines).
+///
+/// Prints one line per problem as `file:line: field: message (fix)`. Exit status: 0 when
+/// everything is valid, 1 when a manifest is invalid, 2 on a usage error.
+#[derive(clap::Args, Debug)]
+pub struct ValidateArgs {
+    /// Files, directories (their *.yaml, *.yml and *.json files, not recursive) or `-` for stdin.
+    #[arg(required = true, value_name = "FILE|DIR|-")]
+    paths: Vec<PathBuf>,
+}
+
+impl ValidateArgs {
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let inputs = collect_inputs(&self.paths)?;
+        let (mut objects, mut problems) = (0, 0);
+        for (name, source) in &inputs {
+            let text = read_input(source.as_deref()).map_err(|e| usage(format!("{name}: {e}")))?;
+            let parsed = manifest::parse(&text);
+            objects += parsed.documents.len();
+            problems += parsed.problems.len();
+            for problem in &parsed.problems {
+                println!("{name}:{problem}");
+            }
+        }
+        if problems > 0 {
+            eprintln!("{problems} problem(s) in {} file(s)", inputs.len());
+            Ok(ExitCode::from(EXIT_INVALID))
+        } else {
+            eprintln!("ok: {objects} object(s) in {} file(s)", inputs.len());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Expands the arguments into (display name, source) pairs; a missing path is a usage error.
+fn collect_inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, Option<PathBuf>)>> {
+    let mut inputs = Vec::new();
+    for path in paths {
+        if path.as_os_str() == "-" {
+            inputs.push(("<stdin>".to_string(), None));
+            continue;
+        }
+        let meta = std::fs::metadata(path).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+        if !meta.is_dir() {
+            inputs.push((path.display().to_string(), Some(path.clone())));
+            continue;
+        }
+        let entries = std::fs::read_dir(path).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter(|e| manifest::is_manifest_file_name(&e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .collect();
+        if files.is_empty() {
+            return Err(usage(format!("{}: no *.yaml, *.yml or *.json files in this directory", path.display())));
+        }
+        files.sort();
+        inputs.extend(files.into_iter().map(|f| (f.display().to_string(), Some(f))));
+    }
+    Ok(inputs)
+}
+
+fn read_input(source: Option<&Path>) -> std::io::Result<String> {
+    match source {
+        Some(path) => std::fs::read_to_string(path),
+        None => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text)?;
+            Ok(text)
+        }
+    }
+}

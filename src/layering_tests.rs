@@ -1,0 +1,193 @@
+//! The pure modules stay pure: `api`, `policy` and `registry::snapshot` (with the pure helpers
+//! they use) import no I/O crate and name no I/O path, so they can be reasoned about, tested and
+//! fuzzed without a network, a cluster or a file system. Checked on the source with `syn`: every
+//! `use` tree and every path in code, including grouped imports such as `use std::{fs, io}`.
+
+use std::path::{Path, PathBuf};
+
+use quote::ToTokens;
+use syn::visit::Visit;
+
+/// Files that must stay pure, relative to `src/`: whole directories or single files.
+const PURE: &[&str] = &["api", "policy", "registry/snapshot.rs", "registry/describe.rs", "mcp/arguments.rs"];
+
+/// Path prefixes that do I/O. `kube::core` (types, selectors) and `kube::CustomResource` (the
+/// derive) are allowed: they are data.
+const FORBIDDEN: &[&[&str]] = &[
+    &["kube", "Client"],
+    &["kube", "Api"],
+    &["kube", "api"],
+    &["kube", "client"],
+    &["kube", "runtime"],
+    &["kube", "config"],
+    &["kube_runtime"],
+    &["tokio", "net"],
+    &["tokio", "fs"],
+    &["tokio", "process"],
+    &["std", "fs"],
+    &["std", "net"],
+    &["std", "process"],
+    &["axum"],
+    &["tonic"],
+    &["hyper"],
+    &["reqwest"],
+    &["rmcp", "transport"],
+];
+
+fn forbidden(path: &[String]) -> bool {
+    let path: Vec<&str> = path.iter().map(String::as_str).filter(|s| *s != "crate" && *s != "::").collect();
+    FORBIDDEN.iter().any(|prefix| path.len() >= prefix.len() && path[..prefix.len()] == **prefix)
+}
+
+#[derive(Default)]
+struct Imports {
+    found: Vec<String>,
+}
+
+impl Imports {
+    fn check(&mut self, path: Vec<String>) {
+        if forbidden(&path) {
+            self.found.push(path.join("::"));
+        }
+    }
+
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => self.check([prefix.clone(), vec![n.ident.to_string()]].concat()),
+            syn::UseTree::Rename(r) => self.check([prefix.clone(), vec![r.ident.to_string()]].concat()),
+            syn::UseTree::Glob(_) => self.check(prefix.clone()),
+            syn::UseTree::Group(g) => g.items.iter().for_each(|item| self.use_tree(prefix, item)),
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Imports {
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &item.tree);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        self.check(path.segments.iter().map(|s| s.ident.to_string()).collect());
+        syn::visit::visit_path(self, path);
+    }
+}
+
+fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
+    if path.is_dir() {
+        let mut entries: Vec<PathBuf> =
+            std::fs::read_dir(path).expect("readable src dir").map(|e| e.expect("entry").path()).collect();
+        entries.sort();
+        entries.iter().for_each(|entry| rust_files(entry, out));
+    } else if path.extension().is_some_and(|e| e == "rs") {
+        out.push(path.to_path_buf());
+    }
+}
+
+/// Unit tests of pure modules may use the file system (golden files); only the code under test
+/// must be pure, so `#[cfg(test)]` items and `tests.rs` files are skipped.
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| a.path().is_ident("cfg") && a.meta.to_token_stream().to_string().contains("test"))
+}
+
+#[test]
+fn pure_modules_import_no_io() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    for pure in PURE {
+        rust_files(&src.join(pure), &mut files);
+    }
+    assert!(files.len() > 10, "the pure modules were not found under {}", src.display());
+    let mut violations = Vec::new();
+    for file in files.iter().filter(|f| !f.ends_with("tests.rs") && !f.to_string_lossy().ends_with("_tests.rs")) {
+        let text = std::fs::read_to_string(file).expect("readable source");
+        let mut ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        ast.items.retain(|item| match item {
+            syn::Item::Mod(m) => !is_test_only(&m.attrs),
+            syn::Item::Fn(f) => !is_test_only(&f.attrs),
+            _ => true,
+        });
+        let mut imports = Imports::default();
+        imports.visit_file(&ast);
+        violations.extend(imports.found.into_iter().map(|path| format!("{}: {path}", file.display())));
+    }
+    assert!(violations.is_empty(), "I/O in a pure module (move it to a shell module):\n{}", violations.join("\n"));
+}
+
+/// Which crate modules a module must not use: the libraries do not reach up into the parts that
+/// serve them (`chat` is driven by `agent`, not the other way), and the registry and the
+/// operator share names through `api::keys` only.
+const NOT_IMPORTED: &[(&str, &[&str])] = &[
+    ("chat", &["agent", "cli", "operator"]),
+    ("registry", &["agent", "cli", "operator", "chat"]),
+    ("operator", &["agent", "cli", "chat"]),
+    ("policy", &["agent", "cli", "operator", "chat", "mcp"]),
+    ("api", &["agent", "cli", "operator", "chat", "mcp", "registry", "policy"]),
+    ("mcp", &["agent", "cli", "operator", "chat"]),
+    ("agent", &["cli"]),
+];
+
+#[derive(Default)]
+struct CrateUses {
+    found: Vec<String>,
+}
+
+impl<'ast> Visit<'ast> for CrateUses {
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        if let syn::UseTree::Path(p) = &item.tree
+            && p.ident == "crate"
+            && let syn::UseTree::Path(module) = &*p.tree
+        {
+            self.found.push(module.ident.to_string());
+        }
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let mut segments = path.segments.iter().map(|s| s.ident.to_string());
+        if segments.next().as_deref() == Some("crate")
+            && let Some(module) = segments.next()
+        {
+            self.found.push(module);
+        }
+        syn::visit::visit_path(self, path);
+    }
+}
+
+#[test]
+fn libraries_do_not_import_the_parts_above_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut violations = Vec::new();
+    for (module, forbidden) in NOT_IMPORTED {
+        let mut files = Vec::new();
+        rust_files(&src.join(module), &mut files);
+        rust_files(&src.join(format!("{module}.rs")), &mut files);
+        assert!(!files.is_empty(), "module {module} not found");
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("readable source");
+            let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let mut uses = CrateUses::default();
+            uses.visit_file(&ast);
+            for used in uses.found.iter().filter(|m| forbidden.contains(&m.as_str())) {
+                violations.push(format!("{}: crate::{used}", file.display()));
+            }
+        }
+    }
+    violations.sort();
+    violations.dedup();
+    assert!(violations.is_empty(), "a module imports a part above it:\n{}", violations.join("\n"));
+}
+
+#[test]
+fn the_check_sees_grouped_and_inline_io() {
+    let ast = syn::parse_file(
+        "use std::{fs, io::Read}; use kube::{core::Selector, Client}; fn f() { std::net::TcpStream::connect(\"x\"); }",
+    )
+    .expect("parses");
+    let mut imports = Imports::default();
+    imports.visit_file(&ast);
+    assert_eq!(imports.found, ["std::fs", "kube::Client", "std::net::TcpStream::connect"]);
+}

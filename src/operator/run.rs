@@ -1,0 +1,156 @@
+//! `spear-operator run` as a library call: the controllers (leader only), the webhook (every
+//! replica) and the admin server, until `shutdown` or until one of them stops.
+//!
+//! ```text
+//! kube::Client ─┬─ admin server (/healthz, /readyz, /metrics)            every replica
+//!               ├─ webhook (certificate: self-signed + rotated, or files)  every replica
+//!               └─ controllers (status, probes, agent RoleBindings)        the Lease holder
+//! shutdown or any of the three ending ─▶ cancel all ─▶ each gets SHUTDOWN_GRACE
+//! ```
+//!
+//! The webhook serves on every replica, not only the leader: admission must not wait for an
+//! election.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use super::certs::{CertSource, Files, SelfSigned};
+use super::controller::{self, ControllerConfig, ControllerMetrics, Scope};
+use super::inject::InjectConfig;
+use super::leader::{self, LeaderConfig};
+use super::probe::ProbeConfig;
+use super::webhook::{self, NativeSidecars, WebhookConfig, WebhookMetrics};
+
+/// Time the controllers get to finish running reconciles and release the Lease after SIGTERM
+/// (Kubernetes' default termination grace period is 30 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// Where the webhook's serving certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertMode {
+    /// The operator's own CA and certificate, kept in a Secret and rotated; the operator keeps
+    /// the named MutatingWebhookConfiguration's `caBundle` current.
+    SelfSigned { webhook_config_name: String },
+    /// `tls.crt` and `tls.key` from a directory (for example a cert-manager Secret volume).
+    Files { dir: PathBuf },
+}
+
+/// The plain form of `spear-operator run`'s flags.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    /// The operator's own namespace (its Lease and webhook Secret); `None`: the client's.
+    pub namespace: Option<String>,
+    /// Watch this namespace only (a namespaced install); `None`: the whole cluster.
+    pub watch_namespace: Option<String>,
+    pub metrics_addr: SocketAddr,
+    pub leader_election: bool,
+    pub lease_name: String,
+    pub probe_interval: Duration,
+    pub webhook_addr: SocketAddr,
+    /// The webhook's Service; the certificate is issued for `<service>.<namespace>.svc`.
+    pub webhook_service_name: String,
+    pub cert: CertMode,
+    pub agent_image: String,
+    pub spearlet_image: String,
+    pub native_sidecars: NativeSidecars,
+}
+
+/// Runs the operator until `shutdown`; an error when a part stops on its own.
+pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    crate::install_crypto_provider();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster service account, or KUBECONFIG)")?;
+    let namespace = config.namespace.unwrap_or_else(|| client.default_namespace().to_string());
+
+    let mut registry = Registry::default();
+    let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("spear_operator"));
+    let webhook_metrics = WebhookMetrics::register(registry.sub_registry_with_prefix("spear_operator_webhook"));
+    let identity = leader::default_identity();
+    let controller_config = ControllerConfig {
+        scope: config.watch_namespace.map_or(Scope::Cluster, Scope::Namespace),
+        probe: ProbeConfig { interval: config.probe_interval, ..ProbeConfig::default() },
+        leader: config
+            .leader_election
+            .then(|| LeaderConfig::new(config.lease_name, namespace.as_str(), identity.as_str())),
+        instance: identity,
+        concurrency: controller::DEFAULT_CONCURRENCY,
+        metrics: metrics.clone(),
+    };
+    tracing::info!(%namespace, scope = ?controller_config.scope, leader_election = config.leader_election, "spear-operator starting");
+
+    let listener = tokio::net::TcpListener::bind(config.metrics_addr)
+        .await
+        .with_context(|| format!("binding the admin server on {} (is --metrics-addr free?)", config.metrics_addr))?;
+    let admin_stop = shutdown.clone();
+    let ready = metrics.clone();
+    let admin_router = crate::telemetry::admin_router(
+        move || if ready.is_ready() { Ok(()) } else { Err("leader election has not started") },
+        Arc::new(registry),
+    );
+    let mut admin = tokio::spawn(async move {
+        axum::serve(listener, admin_router).with_graceful_shutdown(async move { admin_stop.cancelled().await }).await
+    });
+
+    let cert = match config.cert {
+        CertMode::SelfSigned { webhook_config_name } => {
+            let mut self_signed = SelfSigned::new(namespace.as_str(), config.webhook_service_name.as_str());
+            self_signed.webhook_config_name = Some(webhook_config_name);
+            CertSource::SelfSigned(self_signed)
+        }
+        CertMode::Files { dir } => CertSource::Files(Files::new(dir)),
+    };
+    let mut webhook_config = WebhookConfig::new(
+        config.webhook_addr,
+        InjectConfig::new(config.agent_image, config.spearlet_image),
+        config.native_sidecars,
+        cert,
+    );
+    webhook_config.metrics = webhook_metrics;
+    let mut webhook_task = tokio::spawn(webhook::serve(client.clone(), webhook_config, shutdown.clone()));
+
+    let mut controllers = tokio::spawn(controller::run(client, controller_config, shutdown.clone()));
+    let outcome = tokio::select! {
+        () = shutdown.cancelled() => {
+            tracing::info!("shutdown signal: draining");
+            Ok(())
+        }
+        result = &mut controllers => Err(match result {
+            Ok(Ok(())) => anyhow::anyhow!("the controllers stopped unexpectedly"),
+            Ok(Err(e)) => anyhow::Error::new(e).context("the controllers stopped"),
+            Err(e) => anyhow::Error::new(e).context("the controller task panicked"),
+        }),
+        result = &mut webhook_task => Err(match result {
+            Ok(Ok(())) => anyhow::anyhow!("the webhook server stopped unexpectedly"),
+            Ok(Err(e)) => anyhow::Error::new(e).context("the webhook server failed"),
+            Err(e) => anyhow::Error::new(e).context("the webhook task panicked"),
+        }),
+        result = &mut admin => Err(match result {
+            Ok(Ok(())) => anyhow::anyhow!("the admin server stopped unexpectedly"),
+            Ok(Err(e)) => anyhow::Error::new(e).context("the admin server failed"),
+            Err(e) => anyhow::Error::new(e).context("the admin server task panicked"),
+        }),
+    };
+    shutdown.cancel();
+    // Bounded: the controllers finish running reconciles and release the Lease, so a standby
+    // takes it at its next check.
+    if !controllers.is_finished() && tokio::time::timeout(SHUTDOWN_GRACE, &mut controllers).await.is_err() {
+        tracing::warn!("the controllers did not stop within {} s", SHUTDOWN_GRACE.as_secs());
+    }
+    if !webhook_task.is_finished() {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, webhook_task).await;
+    }
+    if !admin.is_finished() {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, admin).await;
+    }
+    if let Err(e) = &outcome {
+        tracing::error!(error = format!("{e:#}"), "spear-operator stopped");
+    }
+    outcome
+}
