@@ -116,6 +116,23 @@ struct ErrorLabels {
 
 /// Milliseconds: 0.25 ms to about 16 s in doublings (tool calls range from an in-process echo to
 /// a slow remote search).
+/// `error: cause: cause…` on one line, so a log line or a status message says what failed
+/// underneath (the API server's reason, the OS error). A cause whose text the line already holds is
+/// skipped: error types often repeat their source in their own message.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.25, 2.0, 17))
 }

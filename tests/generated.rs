@@ -7,37 +7,14 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn bless() -> bool {
-    std::env::var_os("SPEAR_BLESS").is_some_and(|v| v == "1")
-}
-
 #[test]
 fn crds_directory_matches_the_rust_types() {
-    let dir = repo().join("crds");
     let rendered = spear::api::crd::render().expect("CRDs must render to YAML");
-    let mut stale = Vec::new();
-    for (file, yaml) in &rendered {
-        let path = dir.join(file);
-        if bless() {
-            std::fs::create_dir_all(&dir).expect("crds/ must be creatable");
-            std::fs::write(&path, yaml).expect("crds/ must be writable");
-            continue;
-        }
-        if std::fs::read_to_string(&path).ok().as_deref() != Some(yaml.as_str()) {
-            stale.push(file.clone());
-        }
-    }
-    // A CRD file whose type no longer exists is stale too.
-    let expected: Vec<&str> = rendered.iter().map(|(f, _)| f.as_str()).collect();
-    for entry in std::fs::read_dir(&dir).expect("crds/ must exist").flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".yaml") && !expected.contains(&name.as_str()) {
-            stale.push(format!("{name} (no such type)"));
-        }
-    }
+    let stale = spear::testing::golden::check_dir(&repo().join("crds"), "yaml", &rendered);
     assert!(
         stale.is_empty(),
-        "crds/ is stale: {stale:?}; run `SPEAR_BLESS=1 cargo test --test generated` (or `spear-operator crds --output-dir crds`) and commit the result"
+        "crds/ is stale:\n{}\nrun `SPEAR_BLESS=1 cargo test --test generated` (or `spear-operator crds --output-dir crds`) and commit the result",
+        stale.join("\n")
     );
 }
 

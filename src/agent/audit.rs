@@ -1,8 +1,8 @@
 //! The audit log: one JSON line per tool call (DESIGN.md "Observability"), whichever door it
 //! came through. Arguments are redacted unless the operator turns them on.
 
+use parking_lot::Mutex;
 use std::io::{BufWriter, Write};
-use std::sync::Mutex;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::time::Duration;
 
@@ -192,7 +192,7 @@ impl Drop for AuditSink {
     fn drop(&mut self) {
         // Closing the queue ends the thread after it wrote everything.
         self.queue.take();
-        let handle = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let handle = self.writer.lock().take();
         if let Some(handle) = handle {
             let _ = handle.join();
         }
@@ -211,7 +211,7 @@ mod tests {
 
     impl Write for Shared {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("lock").extend_from_slice(buf);
+            self.0.lock().extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -244,7 +244,7 @@ mod tests {
         let args: Map<String, Value> = serde_json::from_str(r#"{"token": "s3cret"}"#).expect("json");
         sink.record(&line(sink.arguments(Some(&args))));
         sink.flush();
-        let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
+        let text = String::from_utf8(shared.0.lock().clone()).expect("utf8");
         assert!(!text.contains("s3cret"), "{text}");
         let parsed: Value = serde_json::from_str(text.trim_end()).expect("one JSON line");
         assert_eq!(parsed["arguments"], "[redacted]");
@@ -271,7 +271,7 @@ mod tests {
             t.join().expect("thread");
         }
         drop(std::sync::Arc::into_inner(sink));
-        let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
+        let text = String::from_utf8(shared.0.lock().clone()).expect("utf8");
         assert_eq!(text.lines().count(), 8000);
         for l in text.lines() {
             serde_json::from_str::<Value>(l).expect("every line is one whole JSON object");
@@ -285,7 +285,7 @@ mod tests {
         let args: Map<String, Value> = serde_json::from_str(r#"{"path": "/tmp"}"#).expect("json");
         sink.record(&line(sink.arguments(Some(&args))));
         sink.flush();
-        let text = String::from_utf8(shared.0.lock().expect("lock").clone()).expect("utf8");
+        let text = String::from_utf8(shared.0.lock().clone()).expect("utf8");
         let parsed: Value = serde_json::from_str(text.trim_end()).expect("one JSON line");
         assert_eq!(parsed["arguments"]["path"], "/tmp");
     }

@@ -30,7 +30,9 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::Stream;
@@ -315,10 +317,8 @@ struct SessionsDoor {
 }
 
 impl SessionsDoor {
-    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
-        // A panic while holding the lock leaves the table consistent (every method is a single
-        // map operation), so a poisoned lock is still usable.
-        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    fn sessions(&self) -> MutexGuard<'_, Sessions> {
+        self.sessions.lock()
     }
 
     fn revision(&self) -> String {

@@ -1,12 +1,15 @@
 //! `McpProfile`: what one workload may use, selected by the pod annotation
 //! `mcp.spear.dev/profile`. Every field can only narrow what the McpServers allow.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::core::{Selector, SelectorExt};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::schema;
+use super::{McpServer, schema};
 
 /// Default number of model round trips in one chat completion.
 pub const DEFAULT_MAX_ITERATIONS: u32 = 8;
@@ -203,4 +206,99 @@ pub struct McpProfileStatus {
     /// Model-facing tool names the profile exposes, where the servers' tools are known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_preview: Vec<String>,
+}
+
+impl McpProfile {
+    /// Whether the profile allows `server`: named in `spec.servers` or matched by
+    /// `spec.serverSelector` (Kubernetes label-selector semantics, by kube's own `Selector`).
+    /// Namespaces are the caller's business: every caller already holds one namespace's servers,
+    /// and local mode ignores `metadata.namespace`. A selector that does not parse (an unknown
+    /// operator, `In` without values) selects nothing: deny by default; validation reports it with
+    /// the field.
+    pub fn selects(&self, server: &McpServer) -> bool {
+        let Some(name) = server.metadata.name.as_deref() else { return false };
+        if self.spec.servers.iter().any(|s| s == name) {
+            return true;
+        }
+        let Some(selector) = &self.spec.server_selector else { return false };
+        let Ok(selector) = Selector::try_from(selector.clone()) else { return false };
+        let empty = BTreeMap::new();
+        selector.matches(server.metadata.labels.as_ref().unwrap_or(&empty))
+    }
+}
+
+#[cfg(test)]
+mod selects_tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use kube::core::ObjectMeta;
+
+    use super::*;
+    use crate::api::McpServerSpec;
+
+    fn server(name: &str, namespace: &str, labels: &[(&str, &str)]) -> McpServer {
+        let mut s = McpServer::new(name, McpServerSpec::default());
+        s.metadata = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..ObjectMeta::default()
+        };
+        s
+    }
+
+    fn profile(servers: &[&str], selector: Option<LabelSelector>) -> McpProfile {
+        let mut p = McpProfile::new(
+            "dev",
+            McpProfileSpec {
+                servers: servers.iter().map(|s| s.to_string()).collect(),
+                server_selector: selector,
+                ..McpProfileSpec::default()
+            },
+        );
+        p.metadata.namespace = Some("team-a".into());
+        p
+    }
+
+    fn requirement(key: &str, operator: &str, values: Option<&[&str]>) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: values.map(|v| v.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn named_servers_are_selected() {
+        let p = profile(&["fs"], None);
+        assert!(p.selects(&server("fs", "team-a", &[])));
+        assert!(!p.selects(&server("git", "team-a", &[])));
+    }
+
+    #[test]
+    fn selector_uses_label_semantics() {
+        let selector = LabelSelector {
+            match_labels: Some(BTreeMap::from([("tier".into(), "public".into())])),
+            match_expressions: Some(vec![
+                requirement("team", "In", Some(&["a", "b"])),
+                requirement("legacy", "DoesNotExist", None),
+            ]),
+        };
+        let p = profile(&[], Some(selector));
+        assert!(p.selects(&server("x", "team-a", &[("tier", "public"), ("team", "a")])));
+        assert!(!p.selects(&server("x", "team-a", &[("tier", "public"), ("team", "c")])));
+        assert!(!p.selects(&server("x", "team-a", &[("tier", "public"), ("team", "a"), ("legacy", "1")])));
+        assert!(!p.selects(&server("x", "team-a", &[("team", "a")])));
+    }
+
+    #[test]
+    fn a_selector_that_does_not_parse_selects_nothing() {
+        let broken =
+            LabelSelector { match_expressions: Some(vec![requirement("team", "Near", None)]), ..Default::default() };
+        assert!(!profile(&[], Some(broken)).selects(&server("x", "team-a", &[("team", "a")])));
+        let in_without_values =
+            LabelSelector { match_expressions: Some(vec![requirement("team", "In", None)]), ..Default::default() };
+        assert!(!profile(&[], Some(in_without_values)).selects(&server("x", "team-a", &[("team", "a")])));
+    }
 }

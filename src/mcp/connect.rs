@@ -189,7 +189,7 @@ pub struct Connection {
     pub oversized: Arc<AtomicBool>,
     /// Lines on the server's stdout that were not JSON-RPC (skipped, logged as warnings).
     pub garbage_lines: Arc<AtomicU64>,
-    child: std::sync::Mutex<Option<Child>>,
+    child: parking_lot::Mutex<Option<Child>>,
     pid: Option<u32>,
 }
 
@@ -214,7 +214,7 @@ impl Connection {
     /// flight on it fail with a closed transport.
     pub async fn close(&self) {
         self.service.cancellation_token().cancel();
-        let child = self.child.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let child = self.child.lock().take();
         if let Some(mut child) = child {
             let _ = child.start_kill();
             // Bounded: a child that ignores SIGKILL is the kernel's problem, not ours to hang on.
@@ -226,7 +226,7 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.service.cancellation_token().cancel();
-        let child = self.child.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let child = self.child.get_mut().take();
         if let Some(mut child) = child {
             let _ = child.start_kill();
             // Reap in the background so no zombie is left (tokio also reaps orphans, later).
@@ -336,7 +336,7 @@ pub async fn connect(
         .unwrap_or_default();
     subscribe_to_list_changes(server_id, &service, &handler_list_changed);
     let pid = child.as_ref().and_then(Child::id);
-    Ok(Connection { service, info, oversized, garbage_lines: garbage, child: std::sync::Mutex::new(child), pid })
+    Ok(Connection { service, info, oversized, garbage_lines: garbage, child: parking_lot::Mutex::new(child), pid })
 }
 
 /// Protocol versions from this one on deliver list_changed only to a `subscriptions/listen`
@@ -390,11 +390,7 @@ fn forward_stderr(server_id: Arc<str>, stderr: tokio::process::ChildStderr) {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(mut line)) = lines.next_line().await {
                 if line.len() > MAX_STDERR_LINE {
-                    let mut end = MAX_STDERR_LINE;
-                    while !line.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    line.truncate(end);
+                    line.truncate(line.floor_char_boundary(MAX_STDERR_LINE));
                     line.push_str(" [cut]");
                 }
                 tracing::info!(target: "spear::mcp::stderr", "{line}");

@@ -43,11 +43,7 @@ pub fn result_size(result: &Value) -> usize {
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
 fn prefix(text: &str, max: usize) -> &str {
-    let mut end = max.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
+    &text[..text.floor_char_boundary(max)]
 }
 
 /// Cuts `result` (a `CallToolResult` as JSON) to `limit` bytes; `None` when it fits.

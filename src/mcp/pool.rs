@@ -13,7 +13,9 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode as RpcCode, Tool};
@@ -133,10 +135,6 @@ struct Slot {
     tools: tokio::sync::Mutex<ToolsCache>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 type EnvLookup = dyn Fn(&str) -> Option<String> + Send + Sync;
 
 struct Inner {
@@ -201,7 +199,7 @@ impl Pool {
 
     /// The servers the pool knows.
     pub fn server_ids(&self) -> Vec<Arc<str>> {
-        let slots = self.inner.slots.read().unwrap_or_else(PoisonError::into_inner);
+        let slots = self.inner.slots.read();
         let mut ids: Vec<Arc<str>> = slots.keys().cloned().collect();
         ids.sort();
         ids
@@ -223,7 +221,7 @@ impl Pool {
         }
         let mut closing = Vec::new();
         {
-            let mut slots = self.inner.slots.write().unwrap_or_else(PoisonError::into_inner);
+            let mut slots = self.inner.slots.write();
             slots.retain(|id, slot| {
                 let keep = wanted.get(id).is_some_and(|c| c.fingerprint == slot.config.fingerprint);
                 if !keep {
@@ -253,7 +251,7 @@ impl Pool {
     }
 
     fn slot(&self, server: &str) -> Result<Arc<Slot>, McpError> {
-        let slots = self.inner.slots.read().unwrap_or_else(PoisonError::into_inner);
+        let slots = self.inner.slots.read();
         slots.get(server).cloned().ok_or_else(|| {
             McpError::new(ErrorCode::McpUnavailable, format!("server '{server}' is not in the registry"))
         })
@@ -262,8 +260,7 @@ impl Pool {
     /// Establishes the sessions of every server now (eager mode); failures are recorded in
     /// health and retried on the next call.
     pub async fn connect_all(&self) {
-        let slots: Vec<Arc<Slot>> =
-            self.inner.slots.read().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        let slots: Vec<Arc<Slot>> = self.inner.slots.read().values().cloned().collect();
         let connects = slots.iter().map(|slot| slot.session(&self.inner));
         for result in futures::future::join_all(connects).await {
             if let Err(e) = result {
@@ -300,14 +297,14 @@ impl Pool {
                 .await
                 .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
             let live = slot.session(&self.inner).await?;
-            *lock(&reached) = Some(live.clone());
+            *reached.lock() = Some(live.clone());
             let mut params = CallToolRequestParams::new(tool.to_string());
             params.arguments = arguments;
             Ok(live.conn.service.peer().call_tool(params).await)
         };
         let outcome = tokio::time::timeout(timeout, work).await;
         let latency = started.elapsed();
-        let live = lock(&reached).take();
+        let live = reached.lock().take();
         let result = match (outcome, live) {
             (Err(_), live) => {
                 let error = McpError::new(
@@ -316,7 +313,7 @@ impl Pool {
                 );
                 // Only a call that went out counts against the session's health.
                 if let Some(live) = live {
-                    let action = lock(&slot.health).call_timed_out(
+                    let action = slot.health.lock().call_timed_out(
                         latency,
                         self.inner.options.timeouts_before_restart,
                         &error.message,
@@ -331,8 +328,8 @@ impl Pool {
             (Ok(Err(error)), _) => Err(error),
             (Ok(Ok(Err(e))), Some(live)) => Err(slot.failed(&live, e).await),
             (Ok(Ok(Ok(result))), Some(live)) => {
-                lock(&slot.health).call_ok(latency);
-                *lock(&live.last_used) = Instant::now();
+                slot.health.lock().call_ok(latency);
+                *live.last_used.lock() = Instant::now();
                 cap_result(result, max_output_bytes, latency)
             }
             (Ok(Ok(_)), None) => Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session")),
@@ -403,10 +400,10 @@ impl Pool {
         let slot = self.slot(server).ok()?;
         let live = slot.session.try_lock().ok().and_then(|s| s.clone());
         Some(ServerStatus {
-            health: lock(&slot.health).clone(),
+            health: slot.health.lock().clone(),
             info: live.as_ref().map(|l| l.conn.info.clone()),
             pid: live.as_ref().and_then(|l| l.conn.pid()),
-            env_missing: lock(&slot.env_missing).clone(),
+            env_missing: slot.env_missing.lock().clone(),
             garbage_lines: live.as_ref().map_or(0, |l| l.conn.garbage_lines.load(std::sync::atomic::Ordering::Relaxed)),
         })
     }
@@ -415,8 +412,7 @@ impl Pool {
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
         self.inner.calls.close();
-        let slots: Vec<Arc<Slot>> =
-            self.inner.slots.write().unwrap_or_else(PoisonError::into_inner).drain().map(|(_, s)| s).collect();
+        let slots: Vec<Arc<Slot>> = self.inner.slots.write().drain().map(|(_, s)| s).collect();
         futures::future::join_all(slots.iter().map(|s| s.close())).await;
     }
 }
@@ -444,10 +440,10 @@ fn cap_result(result: CallToolResult, max_output_bytes: usize, latency: Duration
 }
 
 async fn reap_idle(inner: &Inner, idle: Duration) {
-    let slots: Vec<Arc<Slot>> = inner.slots.read().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+    let slots: Vec<Arc<Slot>> = inner.slots.read().values().cloned().collect();
     for slot in slots {
         let Ok(mut session) = slot.session.try_lock() else { continue };
-        let idle_for = session.as_ref().map(|live| lock(&live.last_used).elapsed());
+        let idle_for = session.as_ref().map(|live| live.last_used.lock().elapsed());
         // Only sessions nobody is using: every concurrency permit is free.
         let unused = slot.concurrency.available_permits() == slot.config.budgets.max_concurrency() as usize;
         if idle_for.is_some_and(|d| d >= idle)
@@ -481,7 +477,7 @@ impl Slot {
         let session = old.session.try_lock().ok().and_then(|s| s.clone());
         let mut slot = Slot::new(config);
         slot.session = tokio::sync::Mutex::new(session);
-        slot.health = Mutex::new(lock(&old.health).clone());
+        slot.health = Mutex::new(old.health.lock().clone());
         slot.list_changed = old.list_changed.clone();
         slot
     }
@@ -494,20 +490,20 @@ impl Slot {
             if !live.conn.is_closed() {
                 return Ok(live.clone());
             }
-            lock(&self.health).down("the session ended (server exited or closed the connection)");
+            self.health.lock().down("the session ended (server exited or closed the connection)");
             if let Some(old) = current.take() {
                 old.conn.close().await;
             }
         }
         let endpoint = match self.config.resolve(|name| (inner.env)(name)) {
             Ok(endpoint) => {
-                *lock(&self.env_missing) = None;
+                *self.env_missing.lock() = None;
                 endpoint
             }
             Err(missing) => {
                 let message = missing.to_string();
-                *lock(&self.env_missing) = Some(missing.name);
-                lock(&self.health).down(&message);
+                *self.env_missing.lock() = Some(missing.name);
+                self.health.lock().down(&message);
                 return Err(McpError { code: ErrorCode::McpUnavailable, message, retryable: false });
             }
         };
@@ -533,7 +529,7 @@ impl Slot {
         match connected {
             Ok(conn) => {
                 tracing::info!(server_id = %self.config.id, pid = ?conn.pid(), server = ?conn.info.name, "session established");
-                lock(&self.health).connected();
+                self.health.lock().connected();
                 inner.options.metrics.connected(&self.config.id);
                 let live = Arc::new(Live { conn, _child_permit: child_permit, last_used: Mutex::new(Instant::now()) });
                 *current = Some(live.clone());
@@ -541,7 +537,7 @@ impl Slot {
             }
             Err(e) => {
                 tracing::warn!(server_id = %self.config.id, error = %e, "session failed");
-                lock(&self.health).down(&e.message);
+                self.health.lock().down(&e.message);
                 Err(e)
             }
         }
@@ -563,7 +559,7 @@ impl Slot {
         match error {
             ServiceError::McpError(data) => {
                 // The server answered with a JSON-RPC error: the session is fine.
-                lock(&self.health).call_ok(Duration::ZERO);
+                self.health.lock().call_ok(Duration::ZERO);
                 let code = if data.code == RpcCode::INVALID_PARAMS || data.code == RpcCode::METHOD_NOT_FOUND {
                     ErrorCode::McpInvalidArguments
                 } else {
@@ -578,14 +574,14 @@ impl Slot {
                 let oversized = live.conn.oversized.load(Ordering::Relaxed);
                 self.discard(live).await;
                 if oversized {
-                    lock(&self.health).down("a reply exceeded the frame limit");
+                    self.health.lock().down("a reply exceeded the frame limit");
                     McpError::new(
                         ErrorCode::McpOutputTooLarge,
                         "the reply exceeded the transport's frame limit and was dropped; the session was restarted",
                     )
                 } else {
                     let message = format!("the session broke: {other}");
-                    lock(&self.health).down(&message);
+                    self.health.lock().down(&message);
                     McpError::new(ErrorCode::McpUnavailable, message)
                 }
             }

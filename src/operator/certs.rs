@@ -38,7 +38,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::ByteString;
@@ -636,13 +638,12 @@ impl fmt::Debug for CertResolver {
 impl CertResolver {
     /// Presents `key` from the next handshake on.
     pub fn set(&self, key: Arc<CertifiedKey>) {
-        // A poisoned lock only means a panic elsewhere while holding it; the value is whole.
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(key);
+        *self.current.write() = Some(key);
     }
 
     /// What is presented now (`None` before the first certificate).
     pub fn current(&self) -> Option<Arc<CertifiedKey>> {
-        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.current.read().clone()
     }
 }
 

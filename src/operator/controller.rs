@@ -69,6 +69,7 @@ use crate::api::conditions::{reasons, types};
 use crate::api::keys::{AGENT_ROLE, LABEL_MANAGED_BY};
 use crate::api::keys::{API_VERSION, FIELD_MANAGER, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
 use crate::api::{McpProfile, McpServer, Validate};
+use crate::telemetry::error_chain;
 
 /// Reconciles of one kind running at once (and so probes in flight): enough to probe many
 /// slow servers in parallel, few enough not to flood the API server after a re-list.
@@ -555,18 +556,6 @@ fn error_policy<K: Resource + Kind>(obj: Arc<K>, error: &Error, ctx: Arc<Context
     Action::requeue(ERROR_REQUEUE)
 }
 
-/// `error: source: source…`, so the API server's reason reaches the log.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// Reconciler failures are logged by [`error_policy`]; the rest (watch errors) here.
 async fn log_outcome<K: Resource, E: std::error::Error>(
     outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, watcher::Error>>,
@@ -793,11 +782,7 @@ impl Context {
 
 /// `s` cut to at most `max` bytes on a character boundary.
 fn cut(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    s[..s.floor_char_boundary(max)].to_string()
 }
 
 #[cfg(test)]

@@ -24,7 +24,6 @@ use crate::api::{
     MAX_STATUS_TOOLS, McpProfile, McpProfileStatus, McpServer, McpServerStatus, ServerInfo, Transport, Validate,
     ValidationError,
 };
-use crate::policy::effective::selector_matches;
 use crate::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
 use crate::registry::snapshot::{Entry, Snapshot};
 
@@ -159,17 +158,8 @@ pub fn profile_status(
 
     let present: BTreeSet<&str> = servers_in_namespace.iter().filter_map(|s| s.metadata.name.as_deref()).collect();
     let mut allowed: BTreeSet<&str> = spec.servers.iter().map(String::as_str).collect();
-    if let Some(selector) = &spec.server_selector {
-        let empty = BTreeMap::new();
-        for s in servers_in_namespace {
-            let labels = s.metadata.labels.as_ref().unwrap_or(&empty);
-            if let Some(id) = s.metadata.name.as_deref()
-                && selector_matches(selector, labels)
-            {
-                allowed.insert(id);
-            }
-        }
-    }
+    allowed
+        .extend(servers_in_namespace.iter().filter(|s| profile.selects(s)).filter_map(|s| s.metadata.name.as_deref()));
     let resolved: Vec<String> = allowed.iter().filter(|s| present.contains(*s)).map(|s| s.to_string()).collect();
     let missing: Vec<String> = allowed.iter().filter(|s| !present.contains(*s)).map(|s| s.to_string()).collect();
 
@@ -293,10 +283,7 @@ fn truncate(s: &str, max: usize) -> String {
         return s.to_string();
     }
     const ELLIPSIS: char = '…';
-    let mut end = max.saturating_sub(ELLIPSIS.len_utf8());
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = s.floor_char_boundary(max.saturating_sub(ELLIPSIS.len_utf8()));
     format!("{}{ELLIPSIS}", &s[..end])
 }
 

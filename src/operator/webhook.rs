@@ -68,7 +68,7 @@ use super::certs::{self, CertError, CertResolver, CertSource};
 use super::inject::{self, Decision, InjectConfig, InjectError};
 use crate::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE};
 use crate::api::{McpProfile, McpServer};
-use crate::policy::effective::selector_matches;
+use crate::telemetry::error_chain;
 
 /// Path the MutatingWebhookConfiguration calls.
 pub const MUTATE_PATH: &str = "/mutate-pods";
@@ -383,19 +383,7 @@ impl KubeLookup {
 /// those `spec.serverSelector` matches. Named servers that do not exist are simply absent
 /// (the profile's status reports them).
 pub fn profile_servers(profile: &McpProfile, servers: Vec<McpServer>) -> Vec<McpServer> {
-    let spec = &profile.spec;
-    let empty = BTreeMap::new();
-    servers
-        .into_iter()
-        .filter(|s| {
-            let name = s.metadata.name.as_deref().unwrap_or_default();
-            spec.servers.iter().any(|n| n == name)
-                || spec
-                    .server_selector
-                    .as_ref()
-                    .is_some_and(|selector| selector_matches(selector, s.metadata.labels.as_ref().unwrap_or(&empty)))
-        })
-        .collect()
+    servers.into_iter().filter(|s| profile.selects(s)).collect()
 }
 
 /// The profile a pod asks for, unless it opted out (then nothing beyond the namespace is read).
@@ -536,18 +524,6 @@ async fn mutate_pods<L: Lookup>(
             Ok((StatusCode::INTERNAL_SERVER_ERROR, format!("spear webhook: {}\n", error_chain(&error))).into_response())
         }
     }
-}
-
-/// `error: cause: cause…`, so the API server's message and the log say what failed underneath.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 // === TLS listener ===

@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::{Deserialize, Serialize};
 
 use super::approval::CompiledApproval;
@@ -321,23 +320,6 @@ pub struct CompiledProfile {
     deny: LayerPatterns,
 }
 
-/// Whether `selector` matches `labels` (matchLabels and matchExpressions, as Kubernetes does).
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let labels_ok = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
-    let exprs_ok = selector.match_expressions.iter().flatten().all(|req| {
-        let values = req.values.as_deref().unwrap_or_default();
-        match req.operator.as_str() {
-            "In" => labels.get(&req.key).is_some_and(|v| values.contains(v)),
-            "NotIn" => labels.get(&req.key).is_none_or(|v| !values.contains(v)),
-            "Exists" => labels.contains_key(&req.key),
-            "DoesNotExist" => !labels.contains_key(&req.key),
-            // Validation refuses other operators; an unknown one matches nothing (deny by default).
-            _ => false,
-        }
-    });
-    labels_ok && exprs_ok
-}
-
 fn decision(server: &str, tool: Option<&str>, reason: Reason, detail: Option<String>) -> Decision {
     Decision { server: server.to_string(), tool: tool.map(str::to_string), reason, detail }
 }
@@ -355,14 +337,9 @@ impl CompiledProfile {
             .clone();
         let p = &spec.spec;
 
+        // Named servers stay in `allowed` even when missing (reported as unknown_server below).
         let mut allowed: BTreeSet<String> = p.servers.iter().cloned().collect();
-        if let Some(selector) = &p.server_selector {
-            for (id, server) in snapshot.servers() {
-                if selector_matches(selector, server.object.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())) {
-                    allowed.insert(id.clone());
-                }
-            }
-        }
+        allowed.extend(snapshot.servers().iter().filter(|(_, s)| spec.selects(&s.object)).map(|(id, _)| id.clone()));
 
         let mut static_decisions = Vec::new();
         let mut servers = BTreeMap::new();

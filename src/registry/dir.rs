@@ -27,13 +27,11 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, watch};
-use tokio::task::JoinHandle;
-use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::Instrument;
+use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use super::snapshot::{Snapshot, SourceIndex, SourceProblem};
-use super::view::{Publisher, RegistryView};
+use super::view::{Publisher, RegistryView, WatchTask};
 use crate::api::manifest;
 
 /// Rescan period while a notify watcher runs. Some filesystems (network mounts, some container
@@ -165,12 +163,12 @@ impl DirSource {
         // runs leaves a wake-up behind instead of being lost.
         let wake = Arc::new(Notify::new());
         let watcher = if options.force_poll { None } else { start_watcher(dir, &wake) };
-        let publisher = Arc::new(Publisher::new(source.scan()));
-        let stop = shutdown.child_token();
+        let initial = source.scan();
         let span = tracing::info_span!("registry_dir", dir = %dir.display());
-        let looping = Loop { source, publisher: Arc::clone(&publisher), options, wake, watcher, stop: stop.clone() };
-        let task = runtime.spawn(looping.run().instrument(span));
-        Ok(DirWatch { dir: dir.to_path_buf(), publisher, task: Some(task), _stop: stop.drop_guard() })
+        let task = WatchTask::spawn(&runtime, initial, shutdown, span, |publisher, stop| {
+            Loop { source, publisher, options, wake, watcher, stop }.run()
+        });
+        Ok(DirWatch { dir: dir.to_path_buf(), task })
     }
 
     /// The directory.
@@ -298,9 +296,7 @@ impl DirSource {
 #[derive(Debug)]
 pub struct DirWatch {
     dir: PathBuf,
-    publisher: Arc<Publisher>,
-    task: Option<JoinHandle<()>>,
-    _stop: DropGuard,
+    task: WatchTask,
 }
 
 impl DirWatch {
@@ -312,20 +308,17 @@ impl DirWatch {
     /// Completes when the watch task ends (shutdown, or a panic, reported as an error), for a
     /// `select!` over critical tasks. Completes at once if called again after it ended.
     pub async fn finished(&mut self) -> Result<(), Error> {
-        let Some(task) = self.task.as_mut() else { return Ok(()) };
-        let result = task.await;
-        self.task = None;
-        result.map_err(|source| Error::TaskFailed { path: self.dir.clone(), source })
+        self.task.finished().await.map_err(|source| Error::TaskFailed { path: self.dir.clone(), source })
     }
 }
 
 impl RegistryView for DirWatch {
     fn snapshot(&self) -> Arc<Snapshot> {
-        self.publisher.snapshot()
+        self.task.snapshot()
     }
 
     fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
-        self.publisher.watch()
+        self.task.watch()
     }
 }
 

@@ -48,13 +48,11 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::Instrument;
+use tokio_util::sync::CancellationToken;
 
 use super::snapshot::{Entry, Snapshot, SourceProblem};
-use super::view::{Publisher, RegistryView};
+use super::view::{Publisher, RegistryView, WatchTask};
 use crate::api::keys::{AGENT_ROLE, GROUP, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
 use crate::api::manifest::Object;
 use crate::api::validate::{is_dns1123_label, is_dns1123_subdomain};
@@ -299,27 +297,13 @@ impl KubeSource {
             servers: state(servers.store()),
             profiles: state(profiles.store()),
         };
-        let publisher = Arc::new(Publisher::new(source.snapshot()));
+        let initial = source.snapshot();
         let (synced_tx, synced) = watch::channel(false);
-        let stop = shutdown.child_token();
         let span = tracing::info_span!("registry_kube", namespace, profile);
-        let looping = Loop {
-            source,
-            servers,
-            profiles,
-            publisher: Arc::clone(&publisher),
-            synced: synced_tx,
-            stop: stop.clone(),
-        };
-        let task = runtime.spawn(looping.run().instrument(span));
-        KubeWatch {
-            namespace: namespace.to_string(),
-            profile: profile.to_string(),
-            publisher,
-            synced,
-            task: Some(task),
-            _stop: stop.drop_guard(),
-        }
+        let task = WatchTask::spawn(runtime, initial, shutdown, span, |publisher, stop| {
+            Loop { source, servers, profiles, publisher, synced: synced_tx, stop }.run()
+        });
+        KubeWatch { namespace: namespace.to_string(), profile: profile.to_string(), synced, task }
     }
 
     /// Whether both kinds have been listed completely at least once.
@@ -409,18 +393,7 @@ fn describe(error: &watcher::Error) -> String {
     if let Some(status) = status_of(error) {
         return format!("{} {}: {}", status.code, status.reason, status.message);
     }
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // Error types often repeat their source in their own message.
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    crate::telemetry::error_chain(error)
 }
 
 /// The problem a failed watch means for its kind; `None` for 410 Gone, which is a relist, not an
@@ -519,10 +492,8 @@ where
 pub struct KubeWatch {
     namespace: String,
     profile: String,
-    publisher: Arc<Publisher>,
     synced: watch::Receiver<bool>,
-    task: Option<JoinHandle<()>>,
-    _stop: DropGuard,
+    task: WatchTask,
 }
 
 impl KubeWatch {
@@ -555,26 +526,23 @@ impl KubeWatch {
     /// A shareable view of the snapshots, for the agent's doors; it keeps the last snapshot (and
     /// stops changing) once this watch is dropped.
     pub fn view(&self) -> Arc<dyn RegistryView> {
-        self.publisher.clone()
+        self.task.view()
     }
 
     /// Completes when the watch task ends (shutdown, or a panic, reported as an error), for a
     /// `select!` over critical tasks. Completes at once if called again after it ended.
     pub async fn finished(&mut self) -> Result<(), Error> {
-        let Some(task) = self.task.as_mut() else { return Ok(()) };
-        let result = task.await;
-        self.task = None;
-        result.map_err(|source| Error::TaskFailed { namespace: self.namespace.clone(), source })
+        self.task.finished().await.map_err(|source| Error::TaskFailed { namespace: self.namespace.clone(), source })
     }
 }
 
 impl RegistryView for KubeWatch {
     fn snapshot(&self) -> Arc<Snapshot> {
-        self.publisher.snapshot()
+        self.task.snapshot()
     }
 
     fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
-        self.publisher.watch()
+        self.task.watch()
     }
 }
 

@@ -12,9 +12,13 @@
 //! consistent view until they ask again.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tokio::task::{JoinError, JoinHandle};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::Instrument as _;
 
 use super::snapshot::{Snapshot, SourceProblem};
 
@@ -33,6 +37,62 @@ impl<T: RegistryView + ?Sized> RegistryView for Arc<T> {
 
     fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
         (**self).watch()
+    }
+}
+
+// === impl WatchTask ===
+
+/// What every source's running watch shares: the task that publishes, the publisher it feeds, and
+/// the stop signal, fired when this is dropped.
+#[derive(Debug)]
+pub struct WatchTask {
+    publisher: Arc<Publisher>,
+    task: Option<JoinHandle<()>>,
+    _stop: DropGuard,
+}
+
+impl WatchTask {
+    /// Publishes `initial`, then spawns `run(publisher, stop)` on `runtime` in `span`; `stop` is
+    /// cancelled with `shutdown` or when the returned handle is dropped.
+    pub(crate) fn spawn<F>(
+        runtime: &tokio::runtime::Handle,
+        initial: Snapshot,
+        shutdown: &CancellationToken,
+        span: tracing::Span,
+        run: impl FnOnce(Arc<Publisher>, CancellationToken) -> F,
+    ) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let publisher = Arc::new(Publisher::new(initial));
+        let stop = shutdown.child_token();
+        let task = runtime.spawn(run(Arc::clone(&publisher), stop.clone()).instrument(span));
+        WatchTask { publisher, task: Some(task), _stop: stop.drop_guard() }
+    }
+
+    /// A shareable view of the snapshots; it keeps the last snapshot (and stops changing) once the
+    /// watch is dropped.
+    pub fn view(&self) -> Arc<dyn RegistryView> {
+        self.publisher.clone()
+    }
+
+    /// Completes when the task ends (shutdown, or a panic as the error), for a `select!` over
+    /// critical tasks. Completes at once if called again after it ended.
+    pub(crate) async fn finished(&mut self) -> Result<(), JoinError> {
+        let Some(task) = self.task.as_mut() else { return Ok(()) };
+        let result = task.await;
+        self.task = None;
+        result
+    }
+}
+
+impl RegistryView for WatchTask {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.publisher.snapshot()
+    }
+
+    fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.publisher.watch()
     }
 }
 

@@ -5,4 +5,5 @@
 
 pub mod control_plane;
 pub mod echo;
+pub mod golden;
 pub mod mcp_servers;

@@ -7,7 +7,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -89,14 +91,14 @@ impl Bridge {
             std::thread::spawn(move || {
                 let mut line = String::new();
                 while err_pipe.read_line(&mut line).is_ok_and(|n| n > 0) {
-                    err_sink.lock().expect("not poisoned").push_str(&line);
+                    err_sink.lock().push_str(&line);
                     line.clear();
                 }
             }),
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
                 let _ = out_pipe.read_to_end(&mut buf);
-                out_sink.lock().expect("not poisoned").extend(buf);
+                out_sink.lock().extend(buf);
             }),
         ];
         Self { process, socket: socket.to_path_buf(), _dir: dir, stderr, readers, stdout }
@@ -108,7 +110,7 @@ impl Bridge {
 
     /// Everything the bridge logged so far.
     pub(crate) fn stderr(&self) -> String {
-        self.stderr.lock().expect("not poisoned").clone()
+        self.stderr.lock().clone()
     }
 
     /// Waits until the log contains `needle`.
@@ -138,7 +140,7 @@ impl Bridge {
         for reader in self.readers.drain(..) {
             reader.join().expect("reader thread");
         }
-        let stdout = std::mem::take(&mut *self.stdout.lock().expect("not poisoned"));
+        let stdout = std::mem::take(&mut *self.stdout.lock());
         (status, stdout, self.stderr())
     }
 

@@ -4,7 +4,9 @@
 //! caller got back and on what the upstream was sent.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -56,8 +58,8 @@ impl ScriptedUpstream {
         async fn handle(State(script): State<Arc<Script>>, headers: HeaderMap, body: String) -> (StatusCode, String) {
             let body: Value = serde_json::from_str(&body).unwrap_or_else(|e| json!({"unparsable": e.to_string()}));
             let authorization = headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
-            script.requests.lock().expect("lock").push(Recorded { authorization, body });
-            let next = script.answers.lock().expect("lock").pop_front();
+            script.requests.lock().push(Recorded { authorization, body });
+            let next = script.answers.lock().pop_front();
             let (status, answer) = next.unwrap_or((
                 StatusCode::INTERNAL_SERVER_ERROR,
                 json!({"error": {"message": "scripted upstream: script exhausted", "type": "test"}}),
@@ -74,7 +76,7 @@ impl ScriptedUpstream {
     }
 
     fn requests(&self) -> Vec<Recorded> {
-        self.script.requests.lock().expect("lock").clone()
+        self.script.requests.lock().clone()
     }
 }
 

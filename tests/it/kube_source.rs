@@ -8,7 +8,9 @@ use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -369,7 +371,7 @@ async fn scripted_servers(State(seen): State<Seen>, Query(query): Query<HashMap<
     let watching = query.get("watch").is_some_and(|w| w == "true");
     let version = query.get("resourceVersion").cloned().unwrap_or_default();
     let round = {
-        let mut seen = seen.lock().expect("lock");
+        let mut seen = seen.lock();
         seen.push(if watching { format!("watch rv={version}") } else { "list".to_string() });
         seen.iter().filter(|s| s.starts_with(if watching { "watch" } else { "list" })).count()
     };
@@ -427,7 +429,7 @@ async fn a_410_gone_mid_watch_relists_and_the_snapshot_is_right_afterwards() {
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no relist after the 410; requests: {:?}", seen.lock().expect("lock")));
+    .unwrap_or_else(|_| panic!("no relist after the 410; requests: {:?}", seen.lock()));
 
     assert_eq!(version_of(&healed, "fs").as_deref(), Some("12"));
     assert!(healed.server("gone").is_none(), "deleted while the watch was gone");
@@ -435,10 +437,10 @@ async fn a_410_gone_mid_watch_relists_and_the_snapshot_is_right_afterwards() {
     assert!(!degraded_seen && !healed.is_degraded(), "a 410 is a relist, not an outage: {:?}", healed.problems());
     let expected = ["list", "watch rv=11", "list", "watch rv=14"];
     let deadline = Instant::now() + Duration::from_secs(5);
-    while seen.lock().expect("lock").len() < expected.len() && Instant::now() < deadline {
+    while seen.lock().len() < expected.len() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(*seen.lock().expect("lock"), expected);
+    assert_eq!(*seen.lock(), expected);
     server.abort();
 }
 

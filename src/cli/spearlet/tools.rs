@@ -22,6 +22,7 @@ use crate::agent::grpc::pb::mcp_registry_client::McpRegistryClient;
 use crate::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
 use crate::api::keys::{ENV_GRPC_ADDR, ENV_TOOLS_ARGS, ENV_TOOLS_SERVER, PORT_GRPC};
 use crate::cli::{EXIT_INVALID, block_on, usage};
+use crate::telemetry::error_chain;
 
 /// How long to wait for the agent to accept the connection: it is on loopback, so a slow
 /// connect means it is not there.
@@ -154,18 +155,6 @@ async fn connect(grpc: &GrpcArgs) -> Result<Clients, Failure> {
     let channel =
         endpoint.connect().await.map_err(|e| Failure::Connect { addr: addr.to_string(), reason: error_chain(&e) })?;
     Ok(Clients { sessions: McpSessionsClient::new(channel.clone()), registry: McpRegistryClient::new(channel) })
-}
-
-/// The causes of `error` below tonic's generic "transport error", joined: the useful part
-/// ("tcp connect error: Connection refused") is in the sources.
-fn error_chain(error: &tonic::transport::Error) -> String {
-    let mut parts = Vec::new();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        parts.push(cause.to_string());
-        source = cause.source();
-    }
-    if parts.is_empty() { error.to_string() } else { parts.join(": ") }
 }
 
 impl Clients {

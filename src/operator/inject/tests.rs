@@ -192,10 +192,6 @@ fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/inject")
 }
 
-fn bless() -> bool {
-    std::env::var_os("SPEAR_BLESS").is_some_and(|v| v == "1")
-}
-
 /// What a golden file holds: the patch, or the skip reason, or the denial.
 fn render(decision: &Decision) -> String {
     let value = match decision {
@@ -256,33 +252,9 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn golden_patches_match() {
-    let dir = golden_dir();
-    let cases = cases();
-    let mut problems = Vec::new();
-    for Case { name: case, decision, .. } in &cases {
-        let path = dir.join(format!("{case}.json"));
-        let rendered = render(decision);
-        if bless() {
-            std::fs::create_dir_all(&dir).expect("tests/golden/inject must be creatable");
-            std::fs::write(&path, &rendered).expect("tests/golden/inject must be writable");
-            continue;
-        }
-        match std::fs::read_to_string(&path) {
-            Err(_) => problems.push(format!("{case}: {} is missing", path.display())),
-            Ok(expected) if expected != rendered => {
-                problems.push(format!("{case}: {} differs; now:\n{rendered}", path.display()))
-            }
-            Ok(_) => {}
-        }
-    }
-    // A golden without a case is stale too.
-    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let case = name.strip_suffix(".json").unwrap_or(&name);
-        if !cases.iter().any(|c| c.name == case) {
-            problems.push(format!("{name}: no such case; delete it"));
-        }
-    }
+    let rendered: Vec<(String, String)> =
+        cases().iter().map(|case| (format!("{}.json", case.name), render(&case.decision))).collect();
+    let problems = crate::testing::golden::check_dir(&golden_dir(), "json", &rendered);
     assert!(
         problems.is_empty(),
         "injection goldens are stale:\n{}\nrun `SPEAR_BLESS=1 cargo test --lib operator::inject` to rewrite them, review the diff and commit it",
