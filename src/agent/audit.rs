@@ -1,5 +1,4 @@
-//! The audit log: one JSON line per tool call (DESIGN.md "Observability"), whichever door it
-//! came through. Arguments are redacted unless the operator turns them on.
+//! The audit log: one JSON line per tool call, whichever door it came through. Arguments are redacted unless the operator turns them on.
 
 use std::io::{BufWriter, Write};
 use std::sync::Mutex;

@@ -106,7 +106,7 @@ impl ToolCall {
     }
 
     /// The text a model sees as the `role=tool` message: the tool's text blocks (other blocks
-    /// and structured content as JSON), or the DESIGN.md error object.
+    /// and structured content as JSON), or the `{"error": {code, message, retryable}}` object.
     pub fn model_text(&self) -> String {
         match &self.result {
             Err(e) => e.to_tool_output().to_string(),

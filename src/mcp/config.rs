@@ -30,7 +30,7 @@ pub enum Mode {
         socket_dir: PathBuf,
         /// The stdio servers this pod was given sidecars for (the webhook's
         /// `SPEAR_SIDECAR_SERVERS`); `None` when not known. A stdio server outside it was added
-        /// after the pod started and needs a pod restart (DESIGN.md "Pods").
+        /// after the pod started and needs a pod restart (sidecars are fixed at admission).
         sidecars: Option<BTreeSet<String>>,
     },
 }

@@ -674,7 +674,7 @@ async fn reconcile_namespace(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Re
     Ok(Action::await_change())
 }
 
-/// Whether a namespace's labels opt it into injection (DESIGN.md "Pods").
+/// Whether a namespace's labels opt it into injection (`mcp.spear.dev/injection=enabled`).
 fn injection_enabled(labels: Option<&BTreeMap<String, String>>) -> bool {
     labels.and_then(|l| l.get(LABEL_INJECTION)).is_some_and(|v| v == INJECTION_ENABLED)
 }

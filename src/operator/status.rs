@@ -1,4 +1,5 @@
-//! Status of McpServer and McpProfile, computed as pure functions (STYLE.md rule 7).
+//! Status of McpServer and McpProfile, computed as pure functions (the time is a parameter), so
+//! every condition is unit-tested without an API server or a clock.
 //!
 //! ```text
 //! McpServer (spec + previous status) + probe outcome + now ──server_status──▶ McpServerStatus

@@ -303,8 +303,8 @@ pub struct Inputs {
     pub servers: Vec<McpServer>,
 }
 
-/// The webhook's read access to the API server (STYLE.md rule 2): the Kubernetes
-/// implementation is [`KubeLookup`]; tests and benches pass fixed inputs.
+/// The webhook's read access to the API server, a trait so the handler can run without one:
+/// the Kubernetes implementation is [`KubeLookup`]; tests and benches pass fixed inputs.
 pub trait Lookup: Send + Sync + 'static {
     /// The namespace's labels and, when `profile` is given, that McpProfile and the namespace's
     /// McpServers.

@@ -136,7 +136,8 @@ impl fmt::Display for Layer {
     }
 }
 
-/// Why a server or tool is not exposed (DESIGN.md "Revision and explanation").
+/// Why a server or tool is not exposed: the reasons `spearlet explain` and `/debug/effective`
+/// print.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
     /// The profile names a server the registry does not have.
@@ -245,7 +246,7 @@ pub enum PolicyError {
 }
 
 impl PolicyError {
-    /// The DESIGN.md error code.
+    /// The error code a caller sees (`mcp_policy_denied` or `mcp_invalid_arguments`).
     pub fn code(&self) -> &'static str {
         match self {
             PolicyError::UnknownProfile { .. } | PolicyError::ServerNotInProfile { .. } => "mcp_policy_denied",

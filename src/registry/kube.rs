@@ -10,7 +10,7 @@
 //! ```
 //!
 //! Why it is shaped this way:
-//! - **Every McpServer of the namespace.** DESIGN.md "Scale" allows a label selector when the
+//! - **Every McpServer of the namespace.** A label selector would be possible when the
 //!   profile uses `serverSelector`, but a profile also names servers in `spec.servers`, and the
 //!   selector is only known (and may change) once the profile is read: a selected watch would
 //!   have to be a second one, restarted on every profile change. One watch of a namespace's

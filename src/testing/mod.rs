@@ -1,5 +1,5 @@
 //! Test helpers (feature `testing`), shared by the integration tests so each test proves its point
-//! against real components instead of doubles (DESIGN.md "Testing").
+//! against real components instead of doubles: a double only proves what its author believed.
 //!
 //! - [`control_plane`]: a real kube-apiserver + etcd per test binary, one namespace per test.
 
