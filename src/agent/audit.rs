@@ -20,7 +20,6 @@ pub enum Door {
     Grpc,
 }
 
-/// One audit line.
 #[derive(Clone, Debug, Serialize)]
 pub struct AuditLine<'a> {
     /// When the call finished (RFC 3339).
@@ -30,7 +29,6 @@ pub struct AuditLine<'a> {
     /// The `/mcp` or gRPC session, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_id: Option<&'a str>,
-    /// The door.
     pub door: Door,
     /// The McpProfile in force.
     pub profile: &'a str,
@@ -127,7 +125,6 @@ impl AuditSink {
         }
     }
 
-    /// No audit.
     pub fn disabled() -> Self {
         AuditSink { queue: None, writer: Mutex::new(None), include_arguments: false }
     }

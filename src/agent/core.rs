@@ -65,7 +65,6 @@ impl AgentOptions {
 /// catalog built from the servers' tool lists. Swapped atomically.
 #[derive(Debug)]
 pub struct AgentState {
-    /// The registry snapshot.
     pub snapshot: Arc<Snapshot>,
     /// The profile's catalog; `None` when the profile cannot be compiled (it does not exist).
     pub catalog: Option<Arc<ProfileCatalog>>,
@@ -132,7 +131,6 @@ impl ToolCall {
 /// Where a call comes from, for the audit line.
 #[derive(Clone, Copy, Debug)]
 pub struct CallContext<'a> {
-    /// The door.
     pub door: Door,
     /// The request (chat completion id, JSON-RPC request, gRPC call).
     pub request_id: &'a str,
@@ -175,17 +173,14 @@ impl Agent {
         Agent { inner: Arc::new(Inner { options, registry, pool, state }) }
     }
 
-    /// The profile served.
     pub fn profile(&self) -> &str {
         &self.inner.options.profile
     }
 
-    /// The client pool.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
     }
 
-    /// The registry.
     pub fn registry(&self) -> &Arc<dyn RegistryView> {
         &self.inner.registry
     }

@@ -102,23 +102,19 @@ pub enum GrpcError {
     /// The reflection service rejected the descriptor set (a build problem).
     #[error("cannot build the gRPC reflection service from the compiled protos")]
     Reflection {
-        /// The reflection builder's error.
         #[source]
         source: tonic_reflection::server::Error,
     },
     /// The listener's address cannot be read.
     #[error("cannot read the gRPC listener's address")]
     Listener {
-        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// The server stopped with an error.
     #[error("the gRPC server on {addr} failed")]
     Serve {
-        /// The address served.
         addr: std::net::SocketAddr,
-        /// The transport error.
         #[source]
         source: tonic::transport::Error,
     },
@@ -358,7 +354,6 @@ fn resolve<'a>(set: &'a EffectiveSet, tool: &'a str) -> Cow<'a, str> {
     }
 }
 
-/// The reply for a finished call.
 fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
     let millis = u64::try_from(call.latency.as_millis()).unwrap_or(u64::MAX);
     let mut reply = pb::CallToolReply {
@@ -655,7 +650,6 @@ impl Cursor {
     }
 }
 
-/// The stream type of Watch.
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 #[tonic::async_trait]

@@ -104,7 +104,6 @@ pub enum Event {
 /// What the I/O loop must do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing.
     None,
     /// Relay the new client to the idle child.
     Attach,

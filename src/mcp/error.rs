@@ -51,7 +51,6 @@ impl fmt::Display for ErrorCode {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct McpError {
-    /// The code.
     pub code: ErrorCode,
     /// What happened, for people and models (never a secret value).
     pub message: String,

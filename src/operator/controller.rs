@@ -154,11 +154,8 @@ pub enum Error {
     /// Writing a status failed (RBAC: patch on `<kind>s/status`).
     #[error("writing the status of {kind} {namespace}/{name} failed")]
     WriteStatus {
-        /// Kind of the object.
         kind: &'static str,
-        /// Its namespace.
         namespace: String,
-        /// Its name.
         name: String,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -167,7 +164,6 @@ pub enum Error {
     /// Applying the agent's ClusterRole failed (RBAC: get, create, patch on it).
     #[error("applying ClusterRole {name} failed")]
     ApplyClusterRole {
-        /// The role.
         name: &'static str,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -176,9 +172,7 @@ pub enum Error {
     /// Applying the agent's RoleBinding failed (RBAC: patch on rolebindings, bind on the role).
     #[error("applying RoleBinding {name} in namespace {namespace} failed")]
     ApplyRoleBinding {
-        /// The binding.
         name: &'static str,
-        /// Its namespace.
         namespace: String,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -187,9 +181,7 @@ pub enum Error {
     /// Removing the agent's RoleBinding from a namespace that left injection failed.
     #[error("deleting RoleBinding {name} from namespace {namespace} failed")]
     DeleteRoleBinding {
-        /// The binding.
         name: &'static str,
-        /// Its namespace.
         namespace: String,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -198,7 +190,6 @@ pub enum Error {
     /// An object from a watch lacks a name or namespace (the API server always sets both).
     #[error("a {kind} from the watch has no {field}")]
     MissingMetadata {
-        /// Kind of the object.
         kind: &'static str,
         /// `metadata.name` or `metadata.namespace`.
         field: &'static str,

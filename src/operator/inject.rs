@@ -133,11 +133,9 @@ pub struct InjectConfig {
     /// The API server supports native sidecars (`initContainers` with `restartPolicy: Always`,
     /// Kubernetes 1.29 and later).
     pub native_sidecars: bool,
-    /// Resources of the agent container.
     pub agent_resources: ResourceRequirements,
     /// Resources of a stdio server sidecar whose McpServer sets none.
     pub sidecar_default_resources: ResourceRequirements,
-    /// The agent's ports.
     pub ports: Ports,
 }
 

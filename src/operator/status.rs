@@ -49,7 +49,6 @@ const UNKNOWN: &str = "Unknown";
 pub struct ProbeOutcome {
     /// When the probe ran.
     pub time: Time,
-    /// What it found.
     pub result: ProbeResult,
 }
 
@@ -63,7 +62,6 @@ pub enum ProbeResult {
         /// What `initialize` said.
         server_info: Option<ServerInfo>,
     },
-    /// The probe failed.
     Failed {
         /// Why. The prober must have removed secret values (header values, URL credentials);
         /// this is written to the status as given.

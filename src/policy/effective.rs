@@ -231,7 +231,6 @@ pub enum PolicyError {
     ServerNotInProfile {
         /// The server asked for.
         server: String,
-        /// The profile.
         profile: String,
     },
     /// A pattern does not compile.
@@ -239,7 +238,6 @@ pub enum PolicyError {
     InvalidPattern {
         /// Where the pattern is.
         layer: Layer,
-        /// The pattern error.
         #[source]
         source: PatternError,
     },
@@ -658,7 +656,6 @@ impl ProfileCatalog {
 pub struct EffectiveSet {
     /// The snapshot revision the decision used.
     pub revision: Revision,
-    /// The profile.
     pub profile: String,
     /// Servers in use, by id.
     pub servers: Vec<EffectiveServer>,

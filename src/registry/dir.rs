@@ -173,7 +173,6 @@ impl DirSource {
         Ok(DirWatch { dir: dir.to_path_buf(), publisher, task: Some(task), _stop: stop.drop_guard() })
     }
 
-    /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -304,7 +303,6 @@ pub struct DirWatch {
 }
 
 impl DirWatch {
-    /// The watched directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

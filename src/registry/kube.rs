@@ -94,9 +94,7 @@ pub enum Error {
         "the task watching the registry of namespace {namespace} stopped unexpectedly: the registry is no longer updated"
     )]
     TaskFailed {
-        /// The watched namespace.
         namespace: String,
-        /// The task's failure.
         #[source]
         source: tokio::task::JoinError,
     },
@@ -526,12 +524,10 @@ pub struct KubeWatch {
 }
 
 impl KubeWatch {
-    /// The watched namespace.
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
 
-    /// The watched McpProfile.
     pub fn profile(&self) -> &str {
         &self.profile
     }
