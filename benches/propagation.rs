@@ -1,6 +1,6 @@
 //! Propagation of one McpServer edit to many agents' Kubernetes registry sources, and the
-//! kube-apiserver's memory while they watch (DESIGN.md "Scale": measured against the test control
-//! plane, not assumed).
+//! kube-apiserver's memory while they watch: the cost of one watch per agent, measured against the
+//! test control plane, not assumed.
 //!
 //! ```text
 //! N agents = N × KubeSource::watch, each with its own kube::Client (own connections, 2 watches)

@@ -166,7 +166,8 @@ impl Default for PoolMetrics {
 }
 
 impl PoolMetrics {
-    /// Metrics registered under their DESIGN.md names (counters get `_total` on the wire).
+    /// Metrics registered under their documented `mcp_*` names (counters get `_total` on the wire:
+    /// dashboards and alerts depend on them).
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = PoolMetrics::default();
         registry.register("mcp_server_connect", "Sessions established with an MCP server", metrics.connects.clone());

@@ -1,5 +1,5 @@
-//! Generated files stay in sync with the Rust types (STYLE.md rule 8): `crds/` is rendered from
-//! `McpServer`/`McpProfile`. Run `SPEAR_BLESS=1 cargo test --test generated` to rewrite them.
+//! Generated files stay in sync with the Rust types (a stale copy would ship a schema the code
+//! does not match): `crds/` is rendered from `McpServer`/`McpProfile`. Run `SPEAR_BLESS=1 cargo test --test generated` to rewrite them.
 
 use std::path::PathBuf;
 

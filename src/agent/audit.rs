@@ -1,5 +1,4 @@
-//! The audit log: one JSON line per tool call (DESIGN.md "Observability"), whichever door it
-//! came through. Arguments are redacted unless the operator turns them on.
+//! The audit log: one JSON line per tool call, whichever door it came through. Arguments are redacted unless the operator turns them on.
 
 use parking_lot::Mutex;
 use std::io::{BufWriter, Write};
@@ -21,7 +20,6 @@ pub enum Door {
     Grpc,
 }
 
-/// One audit line.
 #[derive(Clone, Debug, Serialize)]
 pub struct AuditLine<'a> {
     /// When the call finished (RFC 3339).
@@ -31,7 +29,6 @@ pub struct AuditLine<'a> {
     /// The `/mcp` or gRPC session, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_id: Option<&'a str>,
-    /// The door.
     pub door: Door,
     /// The McpProfile in force.
     pub profile: &'a str,
@@ -128,7 +125,6 @@ impl AuditSink {
         }
     }
 
-    /// No audit.
     pub fn disabled() -> Self {
         AuditSink { queue: None, writer: Mutex::new(None), include_arguments: false }
     }

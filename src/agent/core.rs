@@ -65,7 +65,6 @@ impl AgentOptions {
 /// catalog built from the servers' tool lists. Swapped atomically.
 #[derive(Debug)]
 pub struct AgentState {
-    /// The registry snapshot.
     pub snapshot: Arc<Snapshot>,
     /// The profile's catalog; `None` when the profile cannot be compiled (it does not exist).
     pub catalog: Option<Arc<ProfileCatalog>>,
@@ -106,7 +105,7 @@ impl ToolCall {
     }
 
     /// The text a model sees as the `role=tool` message: the tool's text blocks (other blocks
-    /// and structured content as JSON), or the DESIGN.md error object.
+    /// and structured content as JSON), or the `{"error": {code, message, retryable}}` object.
     pub fn model_text(&self) -> String {
         match &self.result {
             Err(e) => e.to_tool_output().to_string(),
@@ -132,7 +131,6 @@ impl ToolCall {
 /// Where a call comes from, for the audit line.
 #[derive(Clone, Copy, Debug)]
 pub struct CallContext<'a> {
-    /// The door.
     pub door: Door,
     /// The request (chat completion id, JSON-RPC request, gRPC call).
     pub request_id: &'a str,
@@ -175,17 +173,14 @@ impl Agent {
         Agent { inner: Arc::new(Inner { options, registry, pool, state }) }
     }
 
-    /// The profile served.
     pub fn profile(&self) -> &str {
         &self.inner.options.profile
     }
 
-    /// The client pool.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
     }
 
-    /// The registry.
     pub fn registry(&self) -> &Arc<dyn RegistryView> {
         &self.inner.registry
     }

@@ -1,6 +1,5 @@
-//! The agent's gRPC door (DESIGN.md door 3, `proto/spear/v1/agent.proto`): explicit tool
-//! sessions (`McpSessions`) and a read-only view of the registry (`McpRegistry`), plus server
-//! reflection. Served on 127.0.0.1:4041 in a pod.
+//! The agent's third door, gRPC (`proto/spear/v1/agent.proto`): explicit tool sessions
+//! (`McpSessions`) and a read-only view of the registry (`McpRegistry`), plus server reflection. Served on 127.0.0.1:4041 in a pod.
 //!
 //! ```text
 //! Open(server, narrowing) ──agent.effective(scope)──▶ allowed? ──▶ Sessions table (pinned scope)
@@ -17,7 +16,7 @@
 //! - Policy is computed again at every call from the session's pinned scope, so a registry
 //!   change (a tool denied, a server removed from the profile) applies to open sessions at once.
 //! - A tool call that fails for any reason, policy included, is a normal reply with `error` set
-//!   (the DESIGN.md error model: tool failures are tool output). gRPC statuses are for the
+//!   (tool failures are tool output, as on every door). gRPC statuses are for the
 //!   request itself: an unknown session, opening a server the profile does not allow, a full
 //!   session table, a stale Watch revision. [`Refusal::into_status`] is the one mapping.
 //! - The registry view is the profile's view: servers it does not allow are never shown (deny
@@ -62,7 +61,7 @@ pub mod pb {
 use pb::mcp_registry_server::{McpRegistry, McpRegistryServer};
 use pb::mcp_sessions_server::{McpSessions, McpSessionsServer};
 
-/// Metadata key of the DESIGN.md error code on an error status.
+/// Metadata key of the error code (`mcp_policy_denied`, ...) on an error status.
 pub const ERROR_CODE_METADATA: &str = "x-spear-error-code";
 /// Metadata key of the registry revision on an error status.
 pub const REVISION_METADATA: &str = crate::api::keys::HEADER_REGISTRY_REVISION;
@@ -105,23 +104,19 @@ pub enum GrpcError {
     /// The reflection service rejected the descriptor set (a build problem).
     #[error("cannot build the gRPC reflection service from the compiled protos")]
     Reflection {
-        /// The reflection builder's error.
         #[source]
         source: tonic_reflection::server::Error,
     },
     /// The listener's address cannot be read.
     #[error("cannot read the gRPC listener's address")]
     Listener {
-        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// The server stopped with an error.
     #[error("the gRPC server on {addr} failed")]
     Serve {
-        /// The address served.
         addr: std::net::SocketAddr,
-        /// The transport error.
         #[source]
         source: tonic::transport::Error,
     },
@@ -200,7 +195,7 @@ enum Refusal {
 }
 
 impl Refusal {
-    /// The DESIGN.md error code, when there is one.
+    /// The `mcp_*` error code, when there is one.
     fn code(&self) -> Option<&'static str> {
         match self {
             Refusal::Policy(e) => Some(e.code()),
@@ -359,7 +354,6 @@ fn resolve<'a>(set: &'a EffectiveSet, tool: &'a str) -> Cow<'a, str> {
     }
 }
 
-/// The reply for a finished call.
 fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
     let millis = u64::try_from(call.latency.as_millis()).unwrap_or(u64::MAX);
     let mut reply = pb::CallToolReply {
@@ -468,7 +462,7 @@ impl McpSessions for SessionsDoor {
         let pinned = self.touch(&session_id)?;
         let set = match self.agent.effective(Some(&pinned.scope), &[]) {
             Ok(set) => set,
-            // A policy refusal of a call is tool output (DESIGN.md error model), like a refused tool.
+            // A policy refusal of a call is tool output, like a refused tool: the session stays usable.
             Err(e) => return Ok(Response::new(refused_reply(&e, &self.revision()))),
         };
         let name = resolve(&set, &tool);
@@ -656,7 +650,6 @@ impl Cursor {
     }
 }
 
-/// The stream type of Watch.
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 #[tonic::async_trait]

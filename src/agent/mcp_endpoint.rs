@@ -5,7 +5,7 @@
 //! ```text
 //! MCP client ──initialize──▶ instructions: one group per server, marked untrusted
 //!            ──tools/list──▶ EffectiveSet (default scope) as rmcp Tools
-//!            ──tools/call──▶ Agent::call_tool ─▶ CallToolResult (errors: isError + DESIGN.md object)
+//!            ──tools/call──▶ Agent::call_tool ─▶ CallToolResult (errors: isError + the error object)
 //! AgentState watch ──fingerprint changed──▶ notifications/tools/list_changed
 //!     (legacy sessions: to the session's peer; 2026-07-28: to each subscriptions/listen sink)
 //! ```
@@ -72,7 +72,7 @@ impl McpEndpoint {
     }
 
     /// One `tools/call` through the core, as the MCP result the client gets: tool failures and
-    /// refusals are `isError` results carrying the DESIGN.md error object.
+    /// refusals are `isError` results carrying the `{"error": {code, message, retryable}}` object.
     pub async fn call(
         &self,
         name: &str,
@@ -241,7 +241,7 @@ impl ServerHandler for McpEndpoint {
     }
 }
 
-/// A tool result carrying a DESIGN.md error: `isError`, the error object as text for clients that
+/// A tool result carrying an error: `isError`, the error object as text for clients that
 /// only read text, and as structured content for those that read that.
 fn error_result(error: &crate::mcp::McpError) -> CallToolResult {
     let object = error.to_tool_output();

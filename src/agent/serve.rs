@@ -40,7 +40,6 @@ pub const REVISION_HEADER: HeaderName = HeaderName::from_static(crate::api::keys
 pub enum AuditTarget {
     /// stderr, beside the logs.
     Stderr,
-    /// No audit.
     Off,
     /// Appended to a file.
     File(PathBuf),

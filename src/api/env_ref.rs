@@ -20,7 +20,6 @@ pub enum Segment {
     Literal(String),
     /// `${ENV:name}` or `${ENV:name:-default}`.
     Env {
-        /// Variable name.
         name: String,
         /// Value used when the variable is unset.
         default: Option<String>,

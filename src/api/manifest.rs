@@ -29,9 +29,7 @@ use super::{McpProfile, McpServer, Validate, ValidationError};
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
-    /// An McpServer.
     Server(McpServer),
-    /// An McpProfile.
     Profile(McpProfile),
 }
 
@@ -59,7 +57,6 @@ impl Object {
 pub struct Document {
     /// 1-based line of the document's first node.
     pub line: usize,
-    /// The resource.
     pub object: Object,
 }
 
@@ -70,9 +67,7 @@ pub struct Problem {
     pub line: usize,
     /// The field path the problem is about (`spec.stdio.command`), or `document` for syntax.
     pub field: String,
-    /// What is wrong.
     pub message: String,
-    /// How to fix it.
     pub fix: String,
 }
 

@@ -5,6 +5,16 @@
 //!                                       │
 //!                                       └──crd::render()──▶ crds/*.yaml
 //! ```
+//!
+//! - `mcp_server.rs`, `mcp_profile.rs` (re-exported here): the CRD types; their field docs are
+//!   what `kubectl explain` prints. `schema.rs`: the schema pieces the derive cannot express.
+//! - [`validate`]: every rule, including those a schema cannot state.
+//! - [`manifest`]: YAML documents with line numbers, unknown fields refused.
+//! - [`env_ref`]: `${ENV:NAME}` / `${ENV:NAME:-default}` templates.
+//! - [`conditions`]: condition types and reasons of both statuses.
+//! - [`crd`]: rendering `crds/*.yaml`.
+//! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
+//!   and role names): one definition for the webhook, the agent, the operator and the tests.
 
 pub mod conditions;
 pub mod crd;

@@ -1,4 +1,4 @@
-//! Every field of DESIGN.md survives YAML both ways: serde_yaml (what `convert` and `crds`
+//! Every field of both resources survives YAML both ways: serde_yaml (what `convert` and `crds`
 //! write) and the manifest reader (what local mode and `spearlet validate` read).
 
 use std::collections::BTreeMap;
@@ -26,7 +26,7 @@ fn condition(type_: &str, status: &str) -> Condition {
     }
 }
 
-/// An McpServer with every field of DESIGN.md set.
+/// An McpServer with every field set.
 fn full_server() -> McpServer {
     let mut server = McpServer::new(
         "fs",
@@ -130,7 +130,7 @@ fn full_http_server() -> McpServer {
     )
 }
 
-/// An McpProfile with every field of DESIGN.md set.
+/// An McpProfile with every field set.
 fn full_profile() -> McpProfile {
     let mut profile = McpProfile::new(
         "dev",

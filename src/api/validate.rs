@@ -20,7 +20,6 @@ use super::{ApprovalPolicy, HttpSpec, McpProfile, McpServer, StdioSpec, Transpor
 pub struct ValidationError {
     /// Path of the offending field, as `kubectl explain` spells it, with list indexes.
     pub field: String,
-    /// What is wrong.
     pub message: String,
     /// What to do about it.
     pub fix: String,

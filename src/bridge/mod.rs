@@ -44,7 +44,6 @@ pub struct BridgeConfig {
     pub socket: PathBuf,
     /// The MCP server's executable (looked up on PATH when it has no slash; never a shell).
     pub command: String,
-    /// Its arguments.
     pub args: Vec<String>,
     /// Server id for log lines; defaults to the command's file name.
     pub server_id: Option<String>,
@@ -113,9 +112,7 @@ pub enum Error {
     /// The command could not be started (not found, not executable, ...). Never retried.
     #[error("cannot start '{command}': {source}{hint}", hint = child::spawn_hint(.source.kind()))]
     Spawn {
-        /// The command as configured.
         command: String,
-        /// The error from exec.
         #[source]
         source: std::io::Error,
     },
@@ -130,7 +127,6 @@ pub enum Error {
     /// Something other than a socket is at the socket path; the bridge does not delete it.
     #[error("{path} exists and is {kind}: refusing to replace it (remove it or choose another --socket)")]
     SocketPathTaken {
-        /// The socket path.
         path: PathBuf,
         /// What is there.
         kind: &'static str,
@@ -138,9 +134,7 @@ pub enum Error {
     /// Binding or preparing the socket failed.
     #[error("cannot listen on {path}: {source}")]
     Listen {
-        /// The socket path.
         path: PathBuf,
-        /// The error.
         #[source]
         source: std::io::Error,
     },

@@ -1,5 +1,6 @@
 //! The bridge's decisions, pure: when the child (re)starts, what a new client gets, what ends a
-//! session. No I/O and no clock: the caller passes `now` (STYLE.md rules 1 and 7).
+//! session. No I/O and no clock: the caller passes `now`, so every decision is unit-tested
+//! without processes, sockets or sleeping.
 //!
 //! ```text
 //!  events from the I/O loop (mod.rs)          Supervisor              actions it executes
@@ -103,7 +104,6 @@ pub enum Event {
 /// What the I/O loop must do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing.
     None,
     /// Relay the new client to the idle child.
     Attach,

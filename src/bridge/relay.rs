@@ -43,9 +43,7 @@ enum Direction {
 enum End {
     /// The source reached end of stream.
     SourceEof,
-    /// Reading the source failed.
     SourceFailed(io::Error),
-    /// Writing the sink failed.
     SinkFailed(io::Error),
 }
 

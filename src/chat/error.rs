@@ -1,6 +1,6 @@
 //! Why a chat completion request fails, and the one mapping to the wire: HTTP status and an
 //! OpenAI-style body `{"error": {"message", "type", "code", "param"}}` that OpenAI SDKs parse.
-//! Tool failures never come here: they are `role=tool` output (DESIGN.md "Error model").
+//! Tool failures never come here: they are `role=tool` output, so the model can react to them.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -110,7 +110,6 @@ pub struct Round {
 pub enum Next {
     /// No call for the agent: return the answer as it is.
     Return,
-    /// Execute a round.
     Execute(Round),
     /// A budget is used up: return the answer without its MCP calls.
     Stop(BudgetNote),

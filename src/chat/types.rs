@@ -382,7 +382,6 @@ impl ToolCallItem {
     }
 }
 
-/// A called function.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCall {
     /// The tool name the model used.

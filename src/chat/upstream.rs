@@ -78,7 +78,6 @@ pub enum Credential {
     ApiKey(String),
     /// The caller's own `Authorization` header, forwarded as is.
     Caller(HeaderValue),
-    /// Nothing.
     None,
 }
 
@@ -112,7 +111,6 @@ impl Credential {
 pub struct Target {
     /// `{base}/chat/completions`.
     pub url: String,
-    /// The credential.
     pub credential: Credential,
     /// The model to use when the request names none.
     pub default_model: Option<String>,
@@ -152,14 +150,12 @@ pub enum UpstreamError {
     /// The HTTP client could not be built (TLS setup).
     #[error("building the upstream HTTP client: {source}")]
     Client {
-        /// The client error.
         #[source]
         source: reqwest::Error,
     },
     /// No answer: connection refused, DNS, TLS, timeout.
     #[error("upstream {url} unreachable: {source}")]
     Unreachable {
-        /// The URL asked.
         url: String,
         /// The transport error (without the URL, given once above).
         #[source]
@@ -178,7 +174,6 @@ pub enum UpstreamError {
     /// The upstream answered 2xx with something that is not a chat completion.
     #[error("upstream {url} answered with something that is not a chat completion: {message}")]
     InvalidResponse {
-        /// The URL asked.
         url: String,
         /// The parse error.
         message: String,

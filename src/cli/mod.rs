@@ -5,6 +5,16 @@
 //! - `Ok(code)`: the subcommand chose its status (0, or 1 for invalid input it has reported);
 //! - an error marked [`UsageError`] (bad flags, paths, ports, configuration): 2, as clap uses;
 //! - any other error: 1.
+//!
+//! The subcommands, one file each:
+//!
+//! - [`spearlet`]: `serve` and `run` (the agent, over `agent_args.rs`, the flags of its doors),
+//!   `bridge`, `tools`, `registry`, `explain`, `validate`, `convert`; `tests.rs` parses the
+//!   webhook's injected containers with these flags.
+//! - [`operator`]: `run` (controllers, webhook, admin server) and `crds`.
+//!
+//! `src/bin/spearlet.rs` and `src/bin/spear-operator.rs` only parse [`spearlet::Args`] and
+//! [`operator::Args`] and call their `run`.
 
 pub mod operator;
 pub mod spearlet;

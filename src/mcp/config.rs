@@ -30,7 +30,7 @@ pub enum Mode {
         socket_dir: PathBuf,
         /// The stdio servers this pod was given sidecars for (the webhook's
         /// `SPEAR_SIDECAR_SERVERS`); `None` when not known. A stdio server outside it was added
-        /// after the pod started and needs a pod restart (DESIGN.md "Pods").
+        /// after the pod started and needs a pod restart (sidecars are fixed at admission).
         sidecars: Option<BTreeSet<String>>,
     },
 }
@@ -78,7 +78,6 @@ pub enum TransportConfig {
         args: Vec<String>,
         /// Configured environment.
         env: Vec<(String, Value)>,
-        /// Working directory.
         working_dir: Option<PathBuf>,
     },
     /// The bridge's Unix socket (Kubernetes sidecar).
@@ -108,7 +107,6 @@ pub enum Endpoint {
         args: Vec<String>,
         /// The child's whole environment (inherited basics plus configured values).
         env: Vec<(String, String)>,
-        /// Working directory.
         working_dir: Option<PathBuf>,
     },
     /// See [`TransportConfig::Socket`].
@@ -120,7 +118,6 @@ pub enum Endpoint {
     MissingSidecar,
     /// See [`TransportConfig::Http`].
     Http {
-        /// Endpoint URL.
         url: String,
         /// Headers, expanded.
         headers: Vec<(String, String)>,
@@ -166,9 +163,7 @@ pub struct ServerConfig {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("McpServer {server}: {message}")]
 pub struct ConfigError {
-    /// The server.
     pub server: String,
-    /// What is wrong.
     pub message: String,
 }
 

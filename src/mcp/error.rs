@@ -1,11 +1,11 @@
-//! The error model of DESIGN.md: every failure of a tool call is a code, a message and whether
-//! retrying can help. Tool failures become structured tool output, never a failed request.
+//! The error model: every failure of a tool call is a code, a message and whether retrying can
+//! help. Tool failures become structured tool output, never a failed request.
 
 use std::fmt;
 
 use serde::Serialize;
 
-/// DESIGN.md error codes.
+/// The error codes callers see; the wire names (`mcp_*`) are a contract with clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -51,7 +51,6 @@ impl fmt::Display for ErrorCode {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct McpError {
-    /// The code.
     pub code: ErrorCode,
     /// What happened, for people and models (never a secret value).
     pub message: String,

@@ -32,7 +32,6 @@ pub enum HealthState {
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Health {
-    /// Current state.
     pub state: HealthState,
     /// The last error (no secret values).
     pub last_error: Option<String>,

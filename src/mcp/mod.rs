@@ -9,7 +9,7 @@
 //! - [`config`] (pure): McpServer → how to reach it; `${ENV:...}` expanded at connect time.
 //! - [`health`] (pure): Connected / Degraded / Down from call outcomes.
 //! - [`output`] (pure): the `maxToolOutputBytes` cap with an explicit marker.
-//! - [`error`] (pure): DESIGN.md error codes.
+//! - [`error`] (pure): the error codes (`mcp_unavailable`, ...) every door reports.
 //! - [`connect`]: establishing one session per transport.
 //! - [`pool`]: sessions, budgets, caches, restarts.
 //!

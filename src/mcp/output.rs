@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 pub struct Truncation {
     /// Size of the result before the cap.
     pub original_bytes: usize,
-    /// The cap.
     pub limit_bytes: usize,
 }
 

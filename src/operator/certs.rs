@@ -181,9 +181,7 @@ pub enum CertError {
     /// rcgen refused to build a key or certificate.
     #[error("generating the webhook's {what} failed")]
     Generate {
-        /// Which object.
         what: &'static str,
-        /// The cause.
         #[source]
         source: rcgen::Error,
     },
@@ -192,7 +190,6 @@ pub enum CertError {
     Parse {
         /// Where it came from.
         what: String,
-        /// What is wrong.
         message: String,
     },
     /// rustls refused the key or the key does not match the certificate.
@@ -200,16 +197,13 @@ pub enum CertError {
     Load {
         /// Where they came from.
         what: String,
-        /// The cause.
         #[source]
         source: rustls::Error,
     },
     /// A file of files mode could not be read.
     #[error("reading {path} failed (is --cert-dir mounted from the certificate's Secret?)")]
     Read {
-        /// The file.
         path: PathBuf,
-        /// The cause.
         #[source]
         source: std::io::Error,
     },
@@ -222,7 +216,6 @@ pub enum CertError {
         action: &'static str,
         /// Namespace of the object ("" for cluster-scoped).
         namespace: String,
-        /// Name of the object.
         name: String,
         /// The cause (boxed: it is large, and this error travels through every result here).
         #[source]

@@ -155,11 +155,8 @@ pub enum Error {
     /// Writing a status failed (RBAC: patch on `<kind>s/status`).
     #[error("writing the status of {kind} {namespace}/{name} failed")]
     WriteStatus {
-        /// Kind of the object.
         kind: &'static str,
-        /// Its namespace.
         namespace: String,
-        /// Its name.
         name: String,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -168,7 +165,6 @@ pub enum Error {
     /// Applying the agent's ClusterRole failed (RBAC: get, create, patch on it).
     #[error("applying ClusterRole {name} failed")]
     ApplyClusterRole {
-        /// The role.
         name: &'static str,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -177,9 +173,7 @@ pub enum Error {
     /// Applying the agent's RoleBinding failed (RBAC: patch on rolebindings, bind on the role).
     #[error("applying RoleBinding {name} in namespace {namespace} failed")]
     ApplyRoleBinding {
-        /// The binding.
         name: &'static str,
-        /// Its namespace.
         namespace: String,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -188,9 +182,7 @@ pub enum Error {
     /// Removing the agent's RoleBinding from a namespace that left injection failed.
     #[error("deleting RoleBinding {name} from namespace {namespace} failed")]
     DeleteRoleBinding {
-        /// The binding.
         name: &'static str,
-        /// Its namespace.
         namespace: String,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -199,7 +191,6 @@ pub enum Error {
     /// An object from a watch lacks a name or namespace (the API server always sets both).
     #[error("a {kind} from the watch has no {field}")]
     MissingMetadata {
-        /// Kind of the object.
         kind: &'static str,
         /// `metadata.name` or `metadata.namespace`.
         field: &'static str,
@@ -663,7 +654,7 @@ async fn reconcile_namespace(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Re
     Ok(Action::await_change())
 }
 
-/// Whether a namespace's labels opt it into injection (DESIGN.md "Pods").
+/// Whether a namespace's labels opt it into injection (`mcp.spear.dev/injection=enabled`).
 fn injection_enabled(labels: Option<&BTreeMap<String, String>>) -> bool {
     labels.and_then(|l| l.get(LABEL_INJECTION)).is_some_and(|v| v == INJECTION_ENABLED)
 }

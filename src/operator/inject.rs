@@ -1,4 +1,5 @@
-//! Pod mutation for the injecting webhook, as a pure function (DESIGN.md "Pods").
+//! Pod mutation for the injecting webhook, as a pure function: unit-tested on plain objects,
+//! without an API server.
 //!
 //! ```text
 //! Pod + namespace labels + McpProfile + its McpServers + InjectConfig
@@ -104,7 +105,8 @@ const LIVENESS_PERIOD_SECONDS: i32 = 10;
 
 // === config ===
 
-/// The agent's ports (DESIGN.md: 4040 HTTP and 4041 gRPC on loopback, 4042 admin).
+/// The agent's ports: 4040 HTTP and 4041 gRPC on loopback (only the pod itself may use its
+/// tools), 4042 admin on all interfaces (the kubelet's probes and metrics scrapes reach it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ports {
     /// Chat completions and `/mcp`, on 127.0.0.1.
@@ -131,11 +133,9 @@ pub struct InjectConfig {
     /// The API server supports native sidecars (`initContainers` with `restartPolicy: Always`,
     /// Kubernetes 1.29 and later).
     pub native_sidecars: bool,
-    /// Resources of the agent container.
     pub agent_resources: ResourceRequirements,
     /// Resources of a stdio server sidecar whose McpServer sets none.
     pub sidecar_default_resources: ResourceRequirements,
-    /// The agent's ports.
     pub ports: Ports,
 }
 

@@ -118,9 +118,7 @@ pub enum LeaderError {
         "leader election: preparing Lease {namespace}/{name} failed (the operator needs get, create and patch on it): {source}"
     )]
     Start {
-        /// The Lease's namespace.
         namespace: String,
-        /// The Lease's name.
         name: String,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
@@ -129,9 +127,7 @@ pub enum LeaderError {
     /// The election task ended: this replica no longer knows whether it leads.
     #[error("leader election on Lease {namespace}/{name} stopped: {reason}")]
     Stopped {
-        /// The Lease's namespace.
         namespace: String,
-        /// The Lease's name.
         name: String,
         /// Why, as far as known.
         reason: String,

@@ -13,10 +13,10 @@
 //! Role spear-operator (its namespace): its leader Lease and its webhook certificate Secret
 //! ```
 //!
-//! The agent runs with the pod's own service account (DESIGN.md "Pods"), so the binding names
-//! the namespace's service-account group rather than one account: any injected pod there can
-//! read the registry of its namespace, and nothing of any other. The agent never reads Secrets;
-//! secret values reach it as env vars the kubelet resolves.
+//! The agent runs with the pod's own service account, so the binding names the namespace's
+//! service-account group rather than one account: any injected pod there can read the registry
+//! of its namespace, and nothing of any other. The agent never reads Secrets; secret values reach
+//! it as env vars the kubelet resolves.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,5 @@
-//! Status of McpServer and McpProfile, computed as pure functions (STYLE.md rule 7).
+//! Status of McpServer and McpProfile, computed as pure functions (the time is a parameter), so
+//! every condition is unit-tested without an API server or a clock.
 //!
 //! ```text
 //! McpServer (spec + previous status) + probe outcome + now ──server_status──▶ McpServerStatus
@@ -47,7 +48,6 @@ const UNKNOWN: &str = "Unknown";
 pub struct ProbeOutcome {
     /// When the probe ran.
     pub time: Time,
-    /// What it found.
     pub result: ProbeResult,
 }
 
@@ -61,7 +61,6 @@ pub enum ProbeResult {
         /// What `initialize` said.
         server_info: Option<ServerInfo>,
     },
-    /// The probe failed.
     Failed {
         /// Why. The prober must have removed secret values (header values, URL credentials);
         /// this is written to the status as given.

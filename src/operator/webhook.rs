@@ -176,9 +176,7 @@ pub enum WebhookError {
     /// The listen address could not be bound.
     #[error("binding the webhook on {addr} failed (is --webhook-addr free?)")]
     Bind {
-        /// The address.
         addr: SocketAddr,
-        /// The cause.
         #[source]
         source: io::Error,
     },
@@ -206,7 +204,6 @@ pub enum LookupError {
     Kube {
         /// What was read.
         what: String,
-        /// The cause.
         #[source]
         source: kube::Error,
     },
@@ -215,7 +212,6 @@ pub enum LookupError {
     Timeout {
         /// What was read.
         what: String,
-        /// The bound.
         timeout: Duration,
     },
 }
@@ -294,7 +290,6 @@ impl WebhookMetrics {
 /// What one review needs from the API server.
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
-    /// The namespace's labels.
     pub namespace_labels: BTreeMap<String, String>,
     /// The profile the pod names, `None` when it does not exist (or none was asked for).
     pub profile: Option<McpProfile>,
@@ -303,8 +298,8 @@ pub struct Inputs {
     pub servers: Vec<McpServer>,
 }
 
-/// The webhook's read access to the API server (STYLE.md rule 2): the Kubernetes
-/// implementation is [`KubeLookup`]; tests and benches pass fixed inputs.
+/// The webhook's read access to the API server, a trait so the handler can run without one:
+/// the Kubernetes implementation is [`KubeLookup`]; tests and benches pass fixed inputs.
 pub trait Lookup: Send + Sync + 'static {
     /// The namespace's labels and, when `profile` is given, that McpProfile and the namespace's
     /// McpServers.

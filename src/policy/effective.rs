@@ -135,7 +135,8 @@ impl fmt::Display for Layer {
     }
 }
 
-/// Why a server or tool is not exposed (DESIGN.md "Revision and explanation").
+/// Why a server or tool is not exposed: the reasons `spearlet explain` and `/debug/effective`
+/// print.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
     /// The profile names a server the registry does not have.
@@ -229,7 +230,6 @@ pub enum PolicyError {
     ServerNotInProfile {
         /// The server asked for.
         server: String,
-        /// The profile.
         profile: String,
     },
     /// A pattern does not compile.
@@ -237,14 +237,13 @@ pub enum PolicyError {
     InvalidPattern {
         /// Where the pattern is.
         layer: Layer,
-        /// The pattern error.
         #[source]
         source: PatternError,
     },
 }
 
 impl PolicyError {
-    /// The DESIGN.md error code.
+    /// The error code a caller sees (`mcp_policy_denied` or `mcp_invalid_arguments`).
     pub fn code(&self) -> &'static str {
         match self {
             PolicyError::UnknownProfile { .. } | PolicyError::ServerNotInProfile { .. } => "mcp_policy_denied",
@@ -634,7 +633,6 @@ impl ProfileCatalog {
 pub struct EffectiveSet {
     /// The snapshot revision the decision used.
     pub revision: Revision,
-    /// The profile.
     pub profile: String,
     /// Servers in use, by id.
     pub servers: Vec<EffectiveServer>,

@@ -171,7 +171,6 @@ impl DirSource {
         Ok(DirWatch { dir: dir.to_path_buf(), task })
     }
 
-    /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -300,7 +299,6 @@ pub struct DirWatch {
 }
 
 impl DirWatch {
-    /// The watched directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

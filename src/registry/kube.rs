@@ -10,7 +10,7 @@
 //! ```
 //!
 //! Why it is shaped this way:
-//! - **Every McpServer of the namespace.** DESIGN.md "Scale" allows a label selector when the
+//! - **Every McpServer of the namespace.** A label selector would be possible when the
 //!   profile uses `serverSelector`, but a profile also names servers in `spec.servers`, and the
 //!   selector is only known (and may change) once the profile is read: a selected watch would
 //!   have to be a second one, restarted on every profile change. One watch of a namespace's
@@ -92,9 +92,7 @@ pub enum Error {
         "the task watching the registry of namespace {namespace} stopped unexpectedly: the registry is no longer updated"
     )]
     TaskFailed {
-        /// The watched namespace.
         namespace: String,
-        /// The task's failure.
         #[source]
         source: tokio::task::JoinError,
     },
@@ -497,12 +495,10 @@ pub struct KubeWatch {
 }
 
 impl KubeWatch {
-    /// The watched namespace.
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
 
-    /// The watched McpProfile.
     pub fn profile(&self) -> &str {
         &self.profile
     }

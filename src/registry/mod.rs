@@ -36,7 +36,6 @@ pub enum Error {
         path.display()
     )]
     DirUnreadable {
-        /// The directory.
         path: PathBuf,
         /// Why it cannot be read.
         #[source]
@@ -57,9 +56,7 @@ pub enum Error {
     /// The task watching a directory panicked.
     #[error("the task watching the registry directory {} stopped unexpectedly: the registry is no longer updated", path.display())]
     TaskFailed {
-        /// The directory.
         path: PathBuf,
-        /// The task's failure.
         #[source]
         source: tokio::task::JoinError,
     },

@@ -120,9 +120,7 @@ pub struct SourceProblem {
     pub line: usize,
     /// The field path the problem is about (`spec.stdio.command`, `document`, `file`, `directory`).
     pub field: String,
-    /// What is wrong.
     pub message: String,
-    /// How to fix it.
     pub fix: String,
 }
 
@@ -152,7 +150,6 @@ impl fmt::Display for SourceProblem {
 pub struct Versioned<T> {
     /// `metadata.resourceVersion` from the API server, or [`content_version`] in local mode.
     pub resource_version: String,
-    /// The object.
     pub object: Arc<T>,
 }
 
@@ -166,9 +163,7 @@ impl<T> Clone for Versioned<T> {
 /// A versioned object of either kind.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
-    /// An McpServer.
     Server(Versioned<McpServer>),
-    /// An McpProfile.
     Profile(Versioned<McpProfile>),
 }
 
@@ -206,7 +201,6 @@ pub struct Entry {
     pub file: PathBuf,
     /// 1-based line of the object's document (0 when the source has no lines).
     pub line: usize,
-    /// The object.
     pub item: Item,
 }
 
@@ -312,12 +306,10 @@ impl Snapshot {
         &self.profiles
     }
 
-    /// One server by name.
     pub fn server(&self, name: &str) -> Option<&Versioned<McpServer>> {
         self.servers.get(name)
     }
 
-    /// One profile by name.
     pub fn profile(&self, name: &str) -> Option<&Versioned<McpProfile>> {
         self.profiles.get(name)
     }

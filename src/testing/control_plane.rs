@@ -1,6 +1,7 @@
 //! The test control plane: a real `kube-apiserver` + `etcd` (the controller-runtime "envtest"
-//! practice, DESIGN.md "Testing"), started once per test binary on loopback, with our CRDs
-//! installed. Tests reach it through a normal `kube::Client`, one namespace each.
+//! practice: schemas, CEL, watches and RBAC are the real ones), started once per test binary on
+//! loopback, with our CRDs installed. Tests reach it through a normal `kube::Client`, one
+//! namespace each.
 //!
 //! ```text
 //! ControlPlane::shared() ─first call─▶ rcgen PKI ─▶ etcd ─▶ kube-apiserver ─▶ /readyz ─▶ CRDs

@@ -1,4 +1,4 @@
-//! The real MCP servers the tests talk to (DESIGN.md "Testing": MCP peers are real), as argvs.
+//! The real MCP servers the tests talk to (MCP peers are never doubles), as argvs.
 //!
 //! ```text
 //! hack/mcp-servers.sh ─installs once─▶ ~/.cache/spear-mcp/mcp-servers/<key>/{node,venv}

@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions` end to end: a real agent core over the real PyPI-`mcp` fixture
 //! server, the chat router on a loopback port, and a scripted upstream in place of the hosted
-//! model API (the one test double DESIGN.md "Testing" allows). Each test asserts on what the
-//! caller got back and on what the upstream was sent.
+//! model API (the one test double: a hosted model is neither free nor deterministic). Each test
+//! asserts on what the caller got back and on what the upstream was sent.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

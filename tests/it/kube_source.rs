@@ -400,8 +400,8 @@ async fn scripted_profiles(Query(query): Query<HashMap<String, String>>) -> Body
     list("McpProfile", "5", vec![item("McpProfile", "p", "5")]).into()
 }
 
-/// Scripted on purpose (STYLE.md rule 9): the exact request sequence around the 410 is what is
-/// under test, and a real API server answers 410 only when its watch cache has moved on.
+/// Scripted on purpose, not the test control plane: the exact request sequence around the 410
+/// is what is under test, and a real API server answers 410 only when its watch cache has moved on.
 #[tokio::test]
 async fn a_410_gone_mid_watch_relists_and_the_snapshot_is_right_afterwards() {
     let seen: Seen = Arc::default();
