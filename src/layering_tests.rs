@@ -83,7 +83,7 @@ fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
             std::fs::read_dir(path).expect("readable src dir").map(|e| e.expect("entry").path()).collect();
         entries.sort();
         entries.iter().for_each(|entry| rust_files(entry, out));
-    } else if path.extension().is_some_and(|e| e == "rs") {
+    } else if path.is_file() && path.extension().is_some_and(|e| e == "rs") {
         out.push(path.to_path_buf());
     }
 }
