@@ -768,5 +768,4 @@ impl EffectiveSet {
 }
 
 #[cfg(test)]
-#[path = "effective_tests.rs"]
 mod tests;
