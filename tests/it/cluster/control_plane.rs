@@ -282,7 +282,12 @@ fn is_running(pid: u32) -> bool {
 fn no_process_is_left_behind() {
     let exe = std::env::current_exe().expect("the test binary must know its own path");
     let output = Command::new(exe)
-        .args(["--exact", "control_plane::helper_starts_control_plane_then_aborts", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "cluster::control_plane::helper_starts_control_plane_then_aborts",
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads=1"])
         .env(ENV_ABORT_HELPER, "1")
         .stdin(Stdio::null())
