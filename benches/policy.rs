@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use spear::api::manifest::Object;
-use spear::api::{McpProfile, McpProfileSpec, McpServer, McpServerSpec, StdioSpec, Transport};
+use spear::api::{McpProfile, McpServer};
 use spear::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
 use spear::registry::snapshot::{Entry, Snapshot};
+use spear::testing::fixtures::NO_ARGS;
 
 const SERVERS: usize = 50;
 const TOOLS: usize = 20;
@@ -30,16 +31,10 @@ fn fixture() -> (Snapshot, BTreeMap<String, ServerTools>) {
     let mut lists = BTreeMap::new();
     let ids: Vec<String> = (0..SERVERS).map(|i| format!("server-{i:02}")).collect();
     for id in &ids {
-        let server = McpServer::new(
-            id,
-            McpServerSpec {
-                transport: Transport::Stdio,
-                stdio: Some(StdioSpec { command: "server".into(), ..Default::default() }),
-                allowed_tools: vec!["read_*".into(), "list_*".into(), "search".into(), "get_*".into()],
-                denied_tools: vec!["*_secret".into()],
-                ..Default::default()
-            },
-        );
+        let server = McpServer::test(id)
+            .stdio("server", NO_ARGS)
+            .allowing(["read_*", "list_*", "search", "get_*"])
+            .denying(["*_secret"]);
         entries.push(Entry::local(format!("{id}.yaml"), 1, Object::Server(server)));
         let tools = (0..TOOLS)
             .map(|t| {
@@ -51,15 +46,10 @@ fn fixture() -> (Snapshot, BTreeMap<String, ServerTools>) {
             .collect();
         lists.insert(id.clone(), ServerTools::Listed(Arc::new(ToolList::new(id, tools))));
     }
-    let profile = McpProfile::new(
-        "bench",
-        McpProfileSpec {
-            servers: ids.clone(),
-            tool_allowlist: Some(vec!["read_*".into(), "list_*".into(), "get_*".into(), "*/search".into()]),
-            tool_denylist: vec!["*delete*".into()],
-            ..Default::default()
-        },
-    );
+    let profile = McpProfile::test("bench")
+        .servers(&ids)
+        .tool_allowlist(["read_*", "list_*", "get_*", "*/search"])
+        .tool_denylist(["*delete*"]);
     entries.push(Entry::local("profile.yaml", 1, Object::Profile(profile)));
     (Snapshot::build(entries, Vec::new()), lists)
 }

@@ -14,8 +14,8 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::json;
+use spear::api::McpServer;
 use spear::api::manifest::Object;
-use spear::api::{McpServer, McpServerSpec, StdioSpec, Transport};
 use spear::mcp::config::Mode;
 use spear::mcp::{Pool, PoolOptions};
 use spear::registry::snapshot::{Entry, Snapshot};
@@ -78,20 +78,9 @@ async fn wait_for(socket: &Path) {
     panic!("the bridge did not listen on {}", socket.display());
 }
 
+/// This bench binary re-run as the echo server.
 fn echo_server(id: &str, exe: &Path) -> McpServer {
-    McpServer::new(
-        id,
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                command: exe.display().to_string(),
-                args: vec!["--serve-echo".into()],
-                ..Default::default()
-            }),
-            allowed_tools: vec!["*".into()],
-            ..Default::default()
-        },
-    )
+    McpServer::test(id).stdio(&exe.display().to_string(), ["--serve-echo"]).allowing(["*"])
 }
 
 async fn run(calls_per_round: usize) {

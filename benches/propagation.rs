@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
-use spear::api::{HttpSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, Transport};
+use spear::api::{McpProfile, McpServer};
 use spear::registry::snapshot::Snapshot;
 use spear::registry::{KubeSource, KubeWatch, RegistryView};
 use spear::testing::control_plane::{ControlPlane, TestNamespace};
@@ -37,16 +37,9 @@ fn benching() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
+/// The server `fs` as of edit number `edit`.
 fn server(edit: usize) -> McpServer {
-    McpServer::new(
-        "fs",
-        McpServerSpec {
-            transport: Transport::StreamableHttp,
-            http: Some(HttpSpec { url: "http://127.0.0.1:9/mcp".into(), headers: vec![] }),
-            allowed_tools: vec![format!("tool_{edit}")],
-            ..McpServerSpec::default()
-        },
-    )
+    McpServer::test("fs").http("http://127.0.0.1:9/mcp").allowing([format!("tool_{edit}")])
 }
 
 /// Resident memory of `pid` in MiB, from `/proc/<pid>/status` (Linux).
@@ -133,8 +126,10 @@ async fn main() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("bench-propagation").await;
     ns.api::<McpServer>().create(&PostParams::default(), &server(0)).await.expect("create fs");
-    let profile = McpProfile::new("p", McpProfileSpec { servers: vec!["fs".into()], ..McpProfileSpec::default() });
-    ns.api::<McpProfile>().create(&PostParams::default(), &profile).await.expect("create p");
+    ns.api::<McpProfile>()
+        .create(&PostParams::default(), &McpProfile::test("p").servers(["fs"]))
+        .await
+        .expect("create p");
     // Let the API server settle after start and CRD install before the first memory sample.
     tokio::time::sleep(Duration::from_secs(2)).await;
 

@@ -21,7 +21,7 @@ use futures::StreamExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use spear::api::{McpServer, McpServerSpec, StdioSpec, Transport};
+use spear::api::McpServer;
 use spear::operator::controller::{self, ControllerConfig, Scope};
 use spear::testing::control_plane::ControlPlane;
 use tokio_util::sync::CancellationToken;
@@ -43,20 +43,10 @@ fn count() -> usize {
 }
 
 fn server(i: usize) -> McpServer {
-    McpServer::new(
-        &format!("server-{i:04}"),
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                image: Some("node:22".into()),
-                command: "npx".into(),
-                args: vec!["-y".into(), "@modelcontextprotocol/server-everything".into()],
-                ..Default::default()
-            }),
-            allowed_tools: vec!["*".into()],
-            ..Default::default()
-        },
-    )
+    McpServer::test(&format!("server-{i:04}"))
+        .stdio("npx", ["-y", "@modelcontextprotocol/server-everything"])
+        .image("node:22")
+        .allowing(["*"])
 }
 
 /// Creates `n` servers in `api`, [`CREATE_CONCURRENCY`] at a time.

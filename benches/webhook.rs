@@ -27,7 +27,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use spear::api::keys::{ANNOTATION_PROFILE, INJECTION_ENABLED, LABEL_INJECTION};
-use spear::api::{HttpSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, StdioSpec, Transport};
+use spear::api::{McpProfile, McpServer};
 use spear::operator::certs::{CertSource, SelfSigned};
 use spear::operator::inject::{self, Decision, InjectConfig};
 use spear::operator::webhook::{
@@ -64,42 +64,18 @@ fn enabled() -> BTreeMap<String, String> {
 }
 
 fn servers() -> Vec<McpServer> {
-    let stdio = |name: &str, image: &str, command: &str, args: &[&str]| {
-        McpServer::new(
-            name,
-            McpServerSpec {
-                transport: Transport::Stdio,
-                stdio: Some(StdioSpec {
-                    image: Some(image.into()),
-                    command: command.into(),
-                    args: args.iter().map(|a| a.to_string()).collect(),
-                    ..StdioSpec::default()
-                }),
-                allowed_tools: vec!["*".into()],
-                ..McpServerSpec::default()
-            },
-        )
-    };
     vec![
-        stdio("fs", "node:22-slim", "npx", &["-y", "@modelcontextprotocol/server-filesystem", "/data"]),
-        stdio("git", "python:3.13-slim", "uvx", &["mcp-server-git"]),
-        McpServer::new(
-            "remote",
-            McpServerSpec {
-                transport: Transport::StreamableHttp,
-                http: Some(HttpSpec { url: "https://mcp.example.com/mcp".into(), headers: vec![] }),
-                allowed_tools: vec!["*".into()],
-                ..McpServerSpec::default()
-            },
-        ),
+        McpServer::test("fs")
+            .stdio("npx", ["-y", "@modelcontextprotocol/server-filesystem", "/data"])
+            .image("node:22-slim")
+            .allowing(["*"]),
+        McpServer::test("git").stdio("uvx", ["mcp-server-git"]).image("python:3.13-slim").allowing(["*"]),
+        McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]),
     ]
 }
 
 fn profile() -> McpProfile {
-    McpProfile::new(
-        "dev",
-        McpProfileSpec { servers: vec!["fs".into(), "git".into(), "remote".into()], ..McpProfileSpec::default() },
-    )
+    McpProfile::test("dev").servers(["fs", "git", "remote"])
 }
 
 fn pod(namespace: Option<&str>) -> Pod {

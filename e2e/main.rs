@@ -326,8 +326,7 @@ async fn namespace_checks(client: &kube::Client, ns: &str, report: &mut Report) 
     report.ok("examples accepted (status Accepted=True)");
 
     // 2. An invalid server is refused by the API server, naming the field.
-    let mut invalid = McpServer::new("broken", Default::default());
-    invalid.spec.allowed_tools = vec!["*".into()];
+    let invalid = McpServer::test("broken").allowing(["*"]);
     match servers.create(&PostParams::default(), &invalid).await {
         Ok(_) => bail!("a stdio McpServer without spec.stdio was accepted"),
         Err(e) => ensure!(e.to_string().contains("spec.stdio"), "error does not name spec.stdio: {e}"),

@@ -12,7 +12,7 @@
 //! - [`convert`]: migration from the file-based registry format (pure)
 //! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
 //! - [`telemetry`]: logging, metrics and the admin router shared by both binaries
-//! - `testing` (feature `testing`): the test control plane and fixtures
+//! - `testing` (feature `testing`, and unit tests): the test control plane and fixtures
 
 pub mod agent;
 pub mod api;
@@ -26,7 +26,7 @@ pub mod policy;
 pub mod registry;
 pub mod telemetry;
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 #[cfg(test)]

@@ -264,17 +264,10 @@ mod tests {
     use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 
     use super::*;
-    use crate::api::{HttpHeader, HttpSpec, McpServerSpec, StdioSpec};
+    use crate::api::HttpHeader;
 
-    fn stdio(env: Vec<EnvVar>) -> McpServer {
-        McpServer::new(
-            "fs",
-            McpServerSpec {
-                transport: Transport::Stdio,
-                stdio: Some(StdioSpec { command: "npx".into(), args: vec!["-y".into()], env, ..Default::default() }),
-                ..Default::default()
-            },
-        )
+    fn stdio() -> McpServer {
+        McpServer::test("fs").stdio("npx", ["-y"])
     }
 
     fn env(name: &str) -> Option<String> {
@@ -288,18 +281,11 @@ mod tests {
 
     #[test]
     fn stdio_env_expands_over_inherited_basics() {
-        let server = stdio(vec![
-            EnvVar { name: "API".into(), value: Some("${ENV:TOKEN}".into()), value_from: None },
-            EnvVar { name: "MODE".into(), value: Some("${ENV:MODE:-fast}".into()), value_from: None },
-            EnvVar {
-                name: "DB".into(),
-                value: None,
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector::default()),
-                    ..Default::default()
-                }),
-            },
-        ]);
+        let server = stdio().env("API", "${ENV:TOKEN}").env("MODE", "${ENV:MODE:-fast}").env_var(EnvVar {
+            name: "DB".into(),
+            value: None,
+            value_from: Some(EnvVarSource { secret_key_ref: Some(SecretKeySelector::default()), ..Default::default() }),
+        });
         let config = ServerConfig::new(&server, &Mode::Local).expect("config");
         let Endpoint::Stdio { env: resolved, .. } = config.resolve(env).expect("resolved") else { panic!("stdio") };
         let pairs: Vec<(&str, &str)> = resolved.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -308,50 +294,42 @@ mod tests {
 
     #[test]
     fn a_missing_variable_names_it_and_debug_never_shows_values() {
-        let server = stdio(vec![EnvVar { name: "X".into(), value: Some("${ENV:NOPE}".into()), value_from: None }]);
+        let server = stdio().env("X", "${ENV:NOPE}");
         let config = ServerConfig::new(&server, &Mode::Local).expect("config");
         assert_eq!(config.resolve(env).expect_err("missing").name, "NOPE");
-        let ok = ServerConfig::new(
-            &stdio(vec![EnvVar { name: "A".into(), value: Some("${ENV:TOKEN}".into()), value_from: None }]),
-            &Mode::Local,
-        )
-        .expect("config")
-        .resolve(env)
-        .expect("resolved");
+        let ok = ServerConfig::new(&stdio().env("A", "${ENV:TOKEN}"), &Mode::Local)
+            .expect("config")
+            .resolve(env)
+            .expect("resolved");
         assert!(!format!("{ok:?}").contains("s3cret"));
     }
 
     #[test]
     fn sidecar_mode_reaches_stdio_servers_through_the_bridge_socket() {
         let mode = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: None };
-        let config = ServerConfig::new(&stdio(vec![]), &mode).expect("config");
+        let config = ServerConfig::new(&stdio(), &mode).expect("config");
         assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs.sock".into() });
         let with_sidecar = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: Some(["fs".to_string()].into()) };
-        let config = ServerConfig::new(&stdio(vec![]), &with_sidecar).expect("config");
+        let config = ServerConfig::new(&stdio(), &with_sidecar).expect("config");
         assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs.sock".into() });
     }
 
     #[test]
     fn stdio_server_without_a_sidecar_in_this_pod_is_marked_missing() {
         let mode = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: Some(["other".to_string()].into()) };
-        let config = ServerConfig::new(&stdio(vec![]), &mode).expect("config");
+        let config = ServerConfig::new(&stdio(), &mode).expect("config");
         assert_eq!(config.transport, TransportConfig::MissingSidecar);
         assert_eq!(format!("{:?}", config.resolve(|_| None).expect("nothing to resolve")), "MissingSidecar");
     }
 
     #[test]
     fn headers_expand_and_secrets_come_from_webhook_env_vars() {
-        let server = McpServer::new(
-            "web",
-            McpServerSpec {
-                transport: Transport::StreamableHttp,
-                http: Some(HttpSpec {
-                    url: "http://127.0.0.1:1/mcp".into(),
-                    headers: vec![HttpHeader { name: "Authorization".into(), value: None, value_from: None }],
-                }),
-                ..Default::default()
-            },
-        );
+        // No literal value: the agent reads it from the env var the webhook sets.
+        let server = McpServer::test("web").http("http://127.0.0.1:1/mcp").http_header(HttpHeader {
+            name: "Authorization".into(),
+            value: None,
+            value_from: None,
+        });
         let config = ServerConfig::new(&server, &Mode::Local).expect("config");
         let missing = config.resolve(env).expect_err("secret env unset");
         assert_eq!(missing.name, "SPEAR_SECRET_WEB_AUTHORIZATION");
@@ -359,8 +337,8 @@ mod tests {
 
     #[test]
     fn fingerprint_moves_with_connection_fields_only() {
-        let a = ServerConfig::new(&stdio(vec![]), &Mode::Local).expect("config");
-        let mut changed = stdio(vec![]);
+        let a = ServerConfig::new(&stdio(), &Mode::Local).expect("config");
+        let mut changed = stdio();
         changed.spec.allowed_tools = vec!["*".into()];
         assert_eq!(ServerConfig::new(&changed, &Mode::Local).expect("config").fingerprint, a.fingerprint);
         changed.spec.stdio.as_mut().expect("stdio").args.push("--verbose".into());

@@ -781,25 +781,15 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     use super::*;
-    use crate::api::McpProfileSpec;
 
     fn server(namespace: &str, name: &str) -> McpServer {
-        let mut s = McpServer::new(name, Default::default());
-        s.metadata.namespace = Some(namespace.into());
-        s
+        McpServer::test(name).in_namespace(namespace)
     }
 
+    /// A profile naming `servers`, and with `selector` one whose (empty) selector may match any server.
     fn profile(namespace: &str, name: &str, servers: &[&str], selector: bool) -> Arc<McpProfile> {
-        let mut p = McpProfile::new(
-            name,
-            McpProfileSpec {
-                servers: servers.iter().map(|s| s.to_string()).collect(),
-                server_selector: selector.then(LabelSelector::default),
-                ..Default::default()
-            },
-        );
-        p.metadata.namespace = Some(namespace.into());
-        Arc::new(p)
+        let p = McpProfile::test(name).in_namespace(namespace).servers(servers);
+        Arc::new(if selector { p.server_selector(LabelSelector::default()) } else { p })
     }
 
     fn accepted(status: &str, message: &str) -> Condition {

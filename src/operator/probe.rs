@@ -205,23 +205,17 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     use super::*;
-    use crate::api::{HeaderValueSource, HttpHeader, HttpSpec, McpServerSpec, StdioSpec};
+    use crate::api::{HeaderValueSource, HttpHeader};
+    use crate::testing::fixtures::NO_ARGS;
 
     fn at(second: i64) -> Time {
         Time(Timestamp::from_second(second).expect("a small second count is a valid timestamp"))
     }
 
+    /// `web` at generation 2 with these headers; nothing listens at its URL.
     fn http(headers: Vec<HttpHeader>) -> McpServer {
-        let mut server = McpServer::new(
-            "web",
-            McpServerSpec {
-                transport: Transport::StreamableHttp,
-                http: Some(HttpSpec { url: "http://127.0.0.1:1/mcp".into(), headers }),
-                ..Default::default()
-            },
-        );
-        server.metadata.generation = Some(2);
-        server
+        let server = McpServer::test("web").http("http://127.0.0.1:1/mcp").generation(2);
+        headers.into_iter().fold(server, McpServer::http_header)
     }
 
     fn header(name: &str, value: Option<&str>, secret: bool) -> HttpHeader {
@@ -271,14 +265,7 @@ mod tests {
 
     #[test]
     fn stdio_servers_have_no_target_and_are_never_probed() {
-        let server = McpServer::new(
-            "fs",
-            McpServerSpec {
-                transport: Transport::Stdio,
-                stdio: Some(StdioSpec { command: "x".into(), ..Default::default() }),
-                ..Default::default()
-            },
-        );
+        let server = McpServer::test("fs").stdio("x", NO_ARGS);
         assert_eq!(target(&server), None);
         assert_eq!(schedule(&server, None, true, &at(100), &CONFIG), Schedule::Never);
     }

@@ -632,9 +632,6 @@ pub async fn serve(client: Client, config: WebhookConfig, shutdown: Cancellation
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-
-    use crate::api::{McpProfileSpec, McpServerSpec};
 
     fn version(major: &str, minor: &str) -> Info {
         Info { major: major.into(), minor: minor.into(), ..Info::default() }
@@ -650,29 +647,22 @@ mod tests {
         assert!(!supports_native_sidecars(&version("", "")), "unknown means classic");
     }
 
-    fn server(name: &str, labels: &[(&str, &str)]) -> McpServer {
-        let mut s = McpServer::new(name, McpServerSpec::default());
-        s.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-        s
-    }
-
     #[test]
     fn profile_servers_are_the_named_plus_the_selected() {
-        let mut profile =
-            McpProfile::new("dev", McpProfileSpec { servers: vec!["a".into(), "gone".into()], ..Default::default() });
-        profile.spec.server_selector = Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([("team".to_string(), "x".to_string())])),
-            ..LabelSelector::default()
-        });
-        let all = vec![server("a", &[]), server("b", &[("team", "x")]), server("c", &[("team", "y")])];
+        let profile = McpProfile::test("dev").servers(["a", "gone"]).selecting("team", "x");
+        let all = vec![
+            McpServer::test("a"),
+            McpServer::test("b").label("team", "x"),
+            McpServer::test("c").label("team", "y"),
+        ];
         let names: Vec<_> = profile_servers(&profile, all).into_iter().filter_map(|s| s.metadata.name).collect();
         assert_eq!(names, ["a", "b"]);
     }
 
     #[test]
     fn without_a_selector_only_named_servers() {
-        let profile = McpProfile::new("dev", McpProfileSpec { servers: vec!["b".into()], ..Default::default() });
-        let all = vec![server("a", &[]), server("b", &[("team", "x")])];
+        let profile = McpProfile::test("dev").servers(["b"]);
+        let all = vec![McpServer::test("a"), McpServer::test("b").label("team", "x")];
         let names: Vec<_> = profile_servers(&profile, all).into_iter().filter_map(|s| s.metadata.name).collect();
         assert_eq!(names, ["b"]);
     }

@@ -743,5 +743,4 @@ impl EffectiveSet {
 }
 
 #[cfg(test)]
-#[path = "effective_tests.rs"]
 mod tests;

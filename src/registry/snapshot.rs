@@ -618,17 +618,17 @@ mod tests {
     fn changes_list_upserts_and_deletes_by_kind_and_name() {
         let a = Snapshot::build(
             vec![
-                Entry::new("a.yaml", 1, "1".into(), Object::Server(McpServer::new("keep", Default::default()))),
-                Entry::new("a.yaml", 2, "1".into(), Object::Server(McpServer::new("edit", Default::default()))),
-                Entry::new("a.yaml", 3, "1".into(), Object::Server(McpServer::new("gone", Default::default()))),
+                Entry::new("a.yaml", 1, "1".into(), Object::Server(McpServer::test("keep"))),
+                Entry::new("a.yaml", 2, "1".into(), Object::Server(McpServer::test("edit"))),
+                Entry::new("a.yaml", 3, "1".into(), Object::Server(McpServer::test("gone"))),
             ],
             Vec::new(),
         );
         let b = Snapshot::build(
             vec![
-                Entry::new("a.yaml", 1, "1".into(), Object::Server(McpServer::new("keep", Default::default()))),
-                Entry::new("a.yaml", 2, "2".into(), Object::Server(McpServer::new("edit", Default::default()))),
-                Entry::new("a.yaml", 4, "1".into(), Object::Profile(McpProfile::new("new", Default::default()))),
+                Entry::new("a.yaml", 1, "1".into(), Object::Server(McpServer::test("keep"))),
+                Entry::new("a.yaml", 2, "2".into(), Object::Server(McpServer::test("edit"))),
+                Entry::new("a.yaml", 4, "1".into(), Object::Profile(McpProfile::test("new"))),
             ],
             Vec::new(),
         );

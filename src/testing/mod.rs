@@ -1,12 +1,15 @@
-//! Test helpers (feature `testing`), shared by the integration tests and benches so each test
-//! proves its point against real components instead of doubles: a double only proves what its
-//! author believed.
+//! Test helpers (feature `testing`, and in the crate's own unit tests), shared by the tests and
+//! benches so each test proves its point against real components instead of doubles: a double only
+//! proves what its author believed.
 //!
 //! - [`control_plane`]: a real kube-apiserver + etcd per test binary, one namespace per test.
 //! - [`mcp_servers`]: the argvs of the real MCP servers `hack/mcp-servers.sh` installs.
 //! - [`echo`]: a trivial rmcp echo server, for benches that need a server of negligible cost.
+//! - [`fixtures`]: builders for `McpServer` and `McpProfile` (`McpServer::test("fs").stdio(..)`).
+//! - [`golden`]: golden-file comparison, rewritten under `SPEAR_BLESS=1`.
 
 pub mod control_plane;
 pub mod echo;
+pub mod fixtures;
 pub mod golden;
 pub mod mcp_servers;

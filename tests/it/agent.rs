@@ -4,10 +4,11 @@
 use serde_json::json;
 use spear::agent::{CallContext, Door};
 use spear::api::manifest::Object;
+use spear::api::{McpProfile, McpServer};
 use spear::mcp::ErrorCode;
 use spear::testing::mcp_servers;
 
-use crate::support::{self, start_agent};
+use crate::support::start_agent;
 
 fn ctx() -> CallContext<'static> {
     CallContext { door: Door::Grpc, request_id: "test", session_id: None }
@@ -17,7 +18,10 @@ fn ctx() -> CallContext<'static> {
 async fn calls_route_through_the_profile_and_unknown_names_are_denied() {
     let fixture = mcp_servers::fixture_stdio(&[]);
     let t = start_agent(
-        vec![Object::Server(support::stdio_server("fx", &fixture)), Object::Profile(support::profile("p", &["fx"]))],
+        vec![
+            Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])),
+            Object::Profile(McpProfile::test("p").servers(["fx"])),
+        ],
         "p",
     )
     .await;

@@ -15,11 +15,11 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use spear::agent::chat::{self, ChatService};
 use spear::api::manifest::Object;
-use spear::api::{ChatSpec, McpProfileSpec, UpstreamSpec};
+use spear::api::{McpProfile, McpProfileSpec, McpServer};
 use spear::chat::{UpstreamOverride, UpstreamTimeouts};
 use spear::testing::mcp_servers;
 
-use crate::support::{self, TestAgent, start_agent};
+use crate::support::{TestAgent, start_agent};
 
 // === the scripted upstream ===
 
@@ -151,20 +151,13 @@ async fn start_with(
 ) -> Chat {
     let upstream = ScriptedUpstream::start(script).await;
     let fixture = mcp_servers::fixture_stdio(&[]);
-    let mut profile = support::profile("p", &["fx"]);
-    profile.spec.chat = Some(ChatSpec {
-        upstream: UpstreamSpec {
-            url: upstream.base_url.clone(),
-            api_key_secret_ref: None,
-            model: Some("test-model".into()),
-        },
-    });
+    let mut profile = McpProfile::test("p").servers(["fx"]).upstream(&upstream.base_url).upstream_model("test-model");
     edit(&mut profile.spec);
     let agent = start_agent(
         vec![
-            Object::Server(support::stdio_server("fx", &fixture)),
+            Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])),
             // Never in the profile: connected lazily, so never started either.
-            Object::Server(support::stdio_server("outside", &fixture)),
+            Object::Server(McpServer::test("outside").running(&fixture).allowing(["*"])),
             Object::Profile(profile),
         ],
         "p",

@@ -1,7 +1,7 @@
 //! Every invalid manifest under `tests/fixtures/invalid/` is refused by local validation (the
 //! same `parse` + `validate()` that local mode, `spearlet validate` and the operator use), with
 //! a problem naming the field its `# field:` header gives. The API-server half of the same
-//! fixtures is in `control_plane.rs`.
+//! fixtures is in `cluster/control_plane.rs`.
 
 use std::path::PathBuf;
 

@@ -11,7 +11,7 @@ use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
 use spear::agent::grpc::{self, GrpcError, pb};
 use spear::agent::{Agent, AgentOptions, AuditSink};
 use spear::api::manifest::Object;
-use spear::api::{McpProfile, McpProfileSpec};
+use spear::api::{McpProfile, McpServer};
 use spear::mcp::{Pool, PoolOptions};
 use spear::registry::dir::{DirOptions, DirSource};
 use spear::registry::view::RegistryView;
@@ -76,7 +76,7 @@ impl Drop for Door {
 
 fn fixture_objects(profile: McpProfile) -> Vec<Object> {
     let fixture = mcp_servers::fixture_stdio(&[]);
-    vec![Object::Server(support::stdio_server("fx", &fixture)), Object::Profile(profile)]
+    vec![Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])), Object::Profile(profile)]
 }
 
 async fn open(client: &mut McpSessionsClient<Channel>, server: &str) -> pb::OpenReply {
@@ -127,7 +127,7 @@ async fn wait_for(
 
 #[tokio::test]
 async fn a_session_opens_lists_calls_and_closes_and_is_then_not_found() {
-    let t = start_agent(fixture_objects(support::profile("p", &["fx"])), "p").await;
+    let t = start_agent(fixture_objects(McpProfile::test("p").servers(["fx"])), "p").await;
     let revision = t.agent.state().snapshot.revision().to_string();
     let door = Door::start(t.agent.clone()).await;
     let mut client = door.sessions().await;
@@ -181,10 +181,10 @@ async fn a_session_opens_lists_calls_and_closes_and_is_then_not_found() {
 async fn opening_a_server_outside_the_profile_is_permission_denied() {
     let fixture = mcp_servers::fixture_stdio(&[]);
     let objects = vec![
-        Object::Server(support::stdio_server("fx", &fixture)),
-        Object::Server(support::stdio_server("hidden", &fixture)),
+        Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])),
+        Object::Server(McpServer::test("hidden").running(&fixture).allowing(["*"])),
         // "ghost" is allowed by the profile but not in the registry.
-        Object::Profile(support::profile("p", &["fx", "ghost"])),
+        Object::Profile(McpProfile::test("p").servers(["fx", "ghost"])),
     ];
     let t = start_agent(objects, "p").await;
     let door = Door::start(t.agent.clone()).await;
@@ -205,7 +205,7 @@ async fn opening_a_server_outside_the_profile_is_permission_denied() {
     assert_eq!(empty.code(), Code::InvalidArgument);
 
     // An agent whose profile does not exist refuses every server.
-    let lost = start_agent(fixture_objects(support::profile("p", &["fx"])), "missing").await;
+    let lost = start_agent(fixture_objects(McpProfile::test("p").servers(["fx"])), "missing").await;
     let lost_door = Door::start(lost.agent.clone()).await;
     let denied = lost_door
         .sessions()
@@ -219,10 +219,7 @@ async fn opening_a_server_outside_the_profile_is_permission_denied() {
 
 #[tokio::test]
 async fn a_tool_excluded_by_the_profile_is_neither_listed_nor_callable() {
-    let profile = McpProfile::new(
-        "p",
-        McpProfileSpec { servers: vec!["fx".into()], tool_denylist: vec!["sleep".into()], ..Default::default() },
-    );
+    let profile = McpProfile::test("p").servers(["fx"]).tool_denylist(["sleep"]);
     let t = start_agent(fixture_objects(profile), "p").await;
     let door = Door::start(t.agent.clone()).await;
     let mut client = door.sessions().await;
@@ -265,9 +262,9 @@ async fn a_tool_excluded_by_the_profile_is_neither_listed_nor_callable() {
 async fn registry_list_shows_only_the_servers_the_profile_allows() {
     let fixture = mcp_servers::fixture_stdio(&[]);
     let objects = vec![
-        Object::Server(support::stdio_server("fx", &fixture)),
-        Object::Server(support::http_server("hidden", mcp_servers::free_port())),
-        Object::Profile(support::profile("p", &["fx"])),
+        Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])),
+        Object::Server(McpServer::test("hidden").http_at(mcp_servers::free_port()).allowing(["*"])),
+        Object::Profile(McpProfile::test("p").servers(["fx"])),
     ];
     let t = start_agent(objects, "p").await;
     let snapshot = t.agent.state().snapshot.clone();
@@ -286,9 +283,12 @@ async fn registry_list_shows_only_the_servers_the_profile_allows() {
 #[tokio::test]
 async fn a_registry_change_arrives_as_a_watch_event_with_upserts_and_deletes() {
     let fixture = mcp_servers::fixture_stdio(&[]);
-    let fx = support::stdio_server("fx", &fixture);
-    let t = start_agent(vec![Object::Server(fx.clone()), Object::Profile(support::profile("p", &["fx", "web"]))], "p")
-        .await;
+    let fx = McpServer::test("fx").running(&fixture).allowing(["*"]);
+    let t = start_agent(
+        vec![Object::Server(fx.clone()), Object::Profile(McpProfile::test("p").servers(["fx", "web"]))],
+        "p",
+    )
+    .await;
     let door = Door::start(t.agent.clone()).await;
     let mut registry = door.registry().await;
 
@@ -302,9 +302,12 @@ async fn a_registry_change_arrives_as_a_watch_event_with_upserts_and_deletes() {
     // fx changes, web (allowed by the profile) appears.
     let mut edited = fx.clone();
     edited.spec.display_name = Some("Fixture, edited".into());
-    let web = support::http_server("web", mcp_servers::free_port());
-    let objects =
-        vec![Object::Server(edited), Object::Server(web), Object::Profile(support::profile("p", &["fx", "web"]))];
+    let web = McpServer::test("web").http_at(mcp_servers::free_port()).allowing(["*"]);
+    let objects = vec![
+        Object::Server(edited),
+        Object::Server(web),
+        Object::Profile(McpProfile::test("p").servers(["fx", "web"])),
+    ];
     let changed = support::snapshot(objects.clone());
     let revision = changed.revision().to_string();
     t.registry.replace(changed);
@@ -323,8 +326,8 @@ async fn a_registry_change_arrives_as_a_watch_event_with_upserts_and_deletes() {
 #[tokio::test]
 async fn watch_from_an_unknown_revision_is_refused_and_list_then_watch_resyncs() {
     let fixture = mcp_servers::fixture_stdio(&[]);
-    let fx = support::stdio_server("fx", &fixture);
-    let profile = support::profile("p", &["fx", "web"]);
+    let fx = McpServer::test("fx").running(&fixture).allowing(["*"]);
+    let profile = McpProfile::test("p").servers(["fx", "web"]);
     let t = start_agent(vec![Object::Server(fx.clone()), Object::Profile(profile.clone())], "p").await;
     let door = Door::start(t.agent.clone()).await;
     let mut registry = door.registry().await;
@@ -346,7 +349,7 @@ async fn watch_from_an_unknown_revision_is_refused_and_list_then_watch_resyncs()
     let quiet = tokio::time::timeout(Duration::from_millis(300), stream.next()).await;
     assert!(quiet.is_err(), "no event before a change: {quiet:?}");
 
-    let web = support::http_server("web", mcp_servers::free_port());
+    let web = McpServer::test("web").http_at(mcp_servers::free_port()).allowing(["*"]);
     let changed = support::snapshot(vec![Object::Server(fx), Object::Server(web), Object::Profile(profile)]);
     let revision = changed.revision().to_string();
     t.registry.replace(changed);
@@ -486,12 +489,9 @@ async fn the_tools_command_lists_and_calls_through_the_door_with_meaningful_exit
     use std::process::ExitCode;
     let fixture = mcp_servers::fixture_stdio(&[]);
     let objects = vec![
-        Object::Server(support::stdio_server("fx", &fixture)),
-        Object::Server(support::http_server("hidden", mcp_servers::free_port())),
-        Object::Profile(McpProfile::new(
-            "p",
-            McpProfileSpec { servers: vec!["fx".into()], tool_denylist: vec!["sleep".into()], ..Default::default() },
-        )),
+        Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])),
+        Object::Server(McpServer::test("hidden").http_at(mcp_servers::free_port()).allowing(["*"])),
+        Object::Profile(McpProfile::test("p").servers(["fx"]).tool_denylist(["sleep"])),
     ];
     let t = start_agent(objects, "p").await;
     let door = Door::start(t.agent.clone()).await;

@@ -1,20 +1,30 @@
 //! The single integration-test binary (one link instead of one per file: link time dominates on
 //! 2 cores): one module per area.
+//!
+//! Tests that need the test control plane (kube-apiserver + etcd from `hack/control-plane.sh`) are
+//! under `cluster::`; nothing outside it starts one. So:
+//! - `cargo test --test it cluster::` runs only the control-plane tests;
+//! - `cargo test --test it -- --skip cluster::` runs the rest, without `SPEAR_CONTROL_PLANE_BIN`.
 
 mod agent;
 mod bridge;
 mod chart;
 mod chat;
 mod cli;
-mod control_plane;
-mod controller;
 mod fixtures;
 mod grpc;
-mod kube_source;
 mod mcp_servers;
 mod pool;
 mod registry;
 mod serve;
 mod static_binary;
 mod support;
-mod webhook;
+
+/// The tests against the test control plane ([`spear::testing::control_plane::ControlPlane`]).
+mod cluster {
+    mod chart;
+    mod control_plane;
+    mod controller;
+    mod kube_source;
+    mod webhook;
+}

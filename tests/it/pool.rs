@@ -14,10 +14,13 @@ use spear::policy::ServerTools;
 use spear::registry::snapshot::{Entry, Snapshot};
 use spear::testing::mcp_servers::{self, Command};
 
-use crate::support::{http_server, stdio_server};
-
 const SECOND: Duration = Duration::from_secs(1);
 const BIG: usize = 1 << 20;
+
+/// The fixture server run with `flags`, every tool allowed.
+fn fixture(id: &str, flags: &[&str]) -> McpServer {
+    McpServer::test(id).running(&mcp_servers::fixture_stdio(flags)).allowing(["*"])
+}
 
 fn snapshot(servers: Vec<McpServer>) -> Snapshot {
     Snapshot::build(servers.into_iter().map(|s| Entry::local("test.yaml", 1, Object::Server(s))), Vec::new())
@@ -83,7 +86,7 @@ fn kill(signal: &str, pid: u32) {
 
 #[tokio::test]
 async fn lists_and_calls_tools_over_stdio() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     let tools = pool.list_tools("fx").await.expect("tools/list");
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
     for expected in ["echo", "sleep", "big", "probe", "add_tool", "env", "pid"] {
@@ -102,8 +105,8 @@ async fn npm_everything_and_filesystem_servers_work_over_stdio() {
     std::fs::write(root.path().join("hello.txt"), "hello from disk").expect("write");
     let pool = pool_with(
         vec![
-            stdio_server("everything", &mcp_servers::everything_stdio()),
-            stdio_server("fs", &mcp_servers::filesystem_stdio(root.path())),
+            McpServer::test("everything").running(&mcp_servers::everything_stdio()).allowing(["*"]),
+            McpServer::test("fs").running(&mcp_servers::filesystem_stdio(root.path())).allowing(["*"]),
         ],
         options(),
     )
@@ -122,7 +125,7 @@ async fn npm_everything_and_filesystem_servers_work_over_stdio() {
 async fn lists_and_calls_over_streamable_http() {
     let port = mcp_servers::free_port();
     let _server = start_http_fixture(port).await;
-    let pool = pool_with(vec![http_server("web", port)], options()).await;
+    let pool = pool_with(vec![McpServer::test("web").http_at(port).allowing(["*"])], options()).await;
     assert!(pool.list_tools("web").await.expect("tools").iter().any(|t| t.name == "echo"));
     assert_eq!(call(&pool, "web", "echo", json!({"text": "over http"}), 10 * SECOND).await.expect("echo"), "over http");
     pool.shutdown().await;
@@ -132,7 +135,7 @@ async fn lists_and_calls_over_streamable_http() {
 
 #[tokio::test]
 async fn output_over_the_budget_is_truncated_with_a_marker() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     let out = pool.call_tool("fx", "big", args(json!({"bytes": 100_000})), 10 * SECOND, 1000).await.expect("call");
     let truncated = out.truncated.expect("over the cap");
     assert_eq!(truncated.original_bytes, 100_000);
@@ -145,14 +148,7 @@ async fn output_over_the_budget_is_truncated_with_a_marker() {
 
 #[tokio::test]
 async fn a_slow_call_times_out_on_budget_and_other_servers_are_unaffected() {
-    let pool = pool_with(
-        vec![
-            stdio_server("slow", &mcp_servers::fixture_stdio(&[])),
-            stdio_server("fast", &mcp_servers::fixture_stdio(&[])),
-        ],
-        options(),
-    )
-    .await;
+    let pool = pool_with(vec![fixture("slow", &[]), fixture("fast", &[])], options()).await;
     call(&pool, "slow", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
     call(&pool, "fast", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
     let budget = Duration::from_millis(300);
@@ -171,7 +167,7 @@ async fn a_slow_call_times_out_on_budget_and_other_servers_are_unaffected() {
 
 #[tokio::test]
 async fn the_concurrency_cap_makes_extra_calls_wait() {
-    let mut server = stdio_server("fx", &mcp_servers::fixture_stdio(&[]));
+    let mut server = fixture("fx", &[]);
     server.spec.budgets = Some(ServerBudgets { max_concurrency: Some(2), ..Default::default() });
     let pool = pool_with(vec![server], options()).await;
     call(&pool, "fx", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
@@ -190,7 +186,7 @@ async fn the_concurrency_cap_makes_extra_calls_wait() {
 
 #[tokio::test]
 async fn list_changed_refreshes_the_cached_tool_list() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     let before = pool.list_tools("fx").await.expect("tools");
     assert!(!before.iter().any(|t| t.name == "fresh_tool"));
     let again = pool.list_tools("fx").await.expect("cached");
@@ -205,8 +201,8 @@ async fn list_changed_refreshes_the_cached_tool_list() {
 
 #[tokio::test]
 async fn a_config_change_restarts_only_the_changed_server() {
-    let a = stdio_server("a", &mcp_servers::fixture_stdio(&[]));
-    let b = stdio_server("b", &mcp_servers::fixture_stdio(&[]));
+    let a = fixture("a", &[]);
+    let b = fixture("b", &[]);
     let pool = pool_with(vec![a.clone(), b.clone()], options()).await;
     let pid = |pool: &Pool, id: &str| pool.status(id).and_then(|s| s.pid);
     call(&pool, "a", "echo", json!({"text": "1"}), 10 * SECOND).await.expect("a");
@@ -233,7 +229,7 @@ async fn a_config_change_restarts_only_the_changed_server() {
 
 #[tokio::test]
 async fn a_killed_child_fails_its_call_and_the_next_call_gets_a_new_process() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     call(&pool, "fx", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
     let old = pool.status("fx").and_then(|s| s.pid).expect("pid");
     let pending = call(&pool, "fx", "sleep", json!({"ms": 10_000}), 20 * SECOND);
@@ -255,14 +251,7 @@ async fn a_killed_child_fails_its_call_and_the_next_call_gets_a_new_process() {
 
 #[tokio::test]
 async fn a_frozen_child_times_out_every_call_on_budget_then_is_respawned() {
-    let pool = pool_with(
-        vec![
-            stdio_server("fx", &mcp_servers::fixture_stdio(&[])),
-            stdio_server("ok", &mcp_servers::fixture_stdio(&[])),
-        ],
-        options(),
-    )
-    .await;
+    let pool = pool_with(vec![fixture("fx", &[]), fixture("ok", &[])], options()).await;
     call(&pool, "fx", "echo", json!({"text": "warm"}), 10 * SECOND).await.expect("warm up");
     let frozen = pool.status("fx").and_then(|s| s.pid).expect("pid");
     kill("-STOP", frozen);
@@ -291,14 +280,7 @@ async fn a_frozen_child_times_out_every_call_on_budget_then_is_respawned() {
 
 #[tokio::test]
 async fn a_server_that_never_answers_times_out_without_affecting_others() {
-    let pool = pool_with(
-        vec![
-            stdio_server("hang", &mcp_servers::fixture_stdio(&["--hang"])),
-            stdio_server("ok", &mcp_servers::fixture_stdio(&[])),
-        ],
-        options(),
-    )
-    .await;
+    let pool = pool_with(vec![fixture("hang", &["--hang"]), fixture("ok", &[])], options()).await;
     let budget = Duration::from_millis(500);
     let started = Instant::now();
     let (hung, ok) = tokio::join!(
@@ -313,8 +295,7 @@ async fn a_server_that_never_answers_times_out_without_affecting_others() {
 
 #[tokio::test]
 async fn garbage_on_stdout_is_reported_and_the_session_keeps_working() {
-    let pool =
-        pool_with(vec![stdio_server("junk", &mcp_servers::fixture_stdio(&["--garbage-stdout"]))], options()).await;
+    let pool = pool_with(vec![fixture("junk", &["--garbage-stdout"])], options()).await;
     // The non-JSON line is skipped (rmcp), counted and warned about with the server id (the
     // frame guard); the session is not torn down for one stray print.
     let out = call(&pool, "junk", "echo", json!({"text": "after garbage"}), 10 * SECOND).await.expect("echo");
@@ -326,7 +307,7 @@ async fn garbage_on_stdout_is_reported_and_the_session_keeps_working() {
 #[tokio::test]
 async fn a_reply_over_the_frame_limit_fails_that_call_and_the_next_succeeds() {
     let options = PoolOptions { frame_limit: 256 * 1024, ..options() };
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options).await;
     let err = pool
         .call_tool("fx", "big", args(json!({"bytes": 1_000_000})), 10 * SECOND, usize::MAX)
         .await
@@ -340,7 +321,7 @@ async fn a_reply_over_the_frame_limit_fails_that_call_and_the_next_succeeds() {
 async fn an_http_server_restarted_is_reached_again() {
     let port = mcp_servers::free_port();
     let server = start_http_fixture(port).await;
-    let pool = pool_with(vec![http_server("web", port)], options()).await;
+    let pool = pool_with(vec![McpServer::test("web").http_at(port).allowing(["*"])], options()).await;
     call(&pool, "web", "echo", json!({"text": "one"}), 10 * SECOND).await.expect("first");
     drop(server);
     let down = call(&pool, "web", "echo", json!({"text": "two"}), 3 * SECOND).await.expect_err("server is down");
@@ -363,13 +344,13 @@ async fn an_http_server_restarted_is_reached_again() {
 
 #[tokio::test]
 async fn a_missing_env_var_makes_only_that_server_unavailable() {
-    let mut needs = stdio_server("needs", &mcp_servers::fixture_stdio(&[]));
+    let mut needs = fixture("needs", &[]);
     needs.spec.stdio.as_mut().expect("stdio").env.push(k8s_openapi::api::core::v1::EnvVar {
         name: "TOKEN".into(),
         value: Some("${ENV:SPEAR_TEST_SURELY_UNSET_VAR}".into()),
         value_from: None,
     });
-    let mut passes = stdio_server("passes", &mcp_servers::fixture_stdio(&[]));
+    let mut passes = fixture("passes", &[]);
     passes.spec.stdio.as_mut().expect("stdio").env.push(k8s_openapi::api::core::v1::EnvVar {
         name: "GREETING".into(),
         value: Some("${ENV:SPEAR_TEST_SURELY_UNSET_VAR:-hello}".into()),
@@ -393,7 +374,7 @@ async fn a_missing_env_var_makes_only_that_server_unavailable() {
 
 #[tokio::test]
 async fn a_hundred_concurrent_first_calls_share_one_session() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     let calls = (0..100).map(|i| call(&pool, "fx", "pid", json!({}), 30 * SECOND).map_err(move |e| (i, e)));
     let pids: Vec<String> = futures::future::join_all(calls).await.into_iter().map(|r| r.expect("call")).collect();
     assert!(
@@ -408,7 +389,7 @@ async fn a_hundred_concurrent_first_calls_share_one_session() {
 
 #[tokio::test]
 async fn shutdown_leaves_no_child_behind() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     call(&pool, "fx", "echo", json!({"text": "x"}), 10 * SECOND).await.expect("call");
     let pid = pool.status("fx").and_then(|s| s.pid).expect("pid");
     pool.shutdown().await;
@@ -459,8 +440,8 @@ async fn npm_servers_work_through_the_bridge_socket() {
     // In sidecar mode the stdio command is the sidecar's business; the pool only needs the socket.
     let pool = pool_with(
         vec![
-            stdio_server("everything", &mcp_servers::everything_stdio()),
-            stdio_server("fs", &mcp_servers::fixture_stdio(&[])),
+            McpServer::test("everything").running(&mcp_servers::everything_stdio()).allowing(["*"]),
+            fixture("fs", &[]),
         ],
         options,
     )
@@ -479,11 +460,7 @@ async fn npm_servers_work_through_the_bridge_socket() {
 #[tokio::test]
 async fn the_child_process_cap_refuses_one_more_child_with_a_clear_error() {
     let options = PoolOptions { max_children: 1, ..options() };
-    let pool = pool_with(
-        vec![stdio_server("a", &mcp_servers::fixture_stdio(&[])), stdio_server("b", &mcp_servers::fixture_stdio(&[]))],
-        options,
-    )
-    .await;
+    let pool = pool_with(vec![fixture("a", &[]), fixture("b", &[])], options).await;
     call(&pool, "a", "echo", json!({"text": "1"}), 10 * SECOND).await.expect("first child");
     let err = call(&pool, "b", "echo", json!({"text": "2"}), 10 * SECOND).await.expect_err("over the cap");
     assert_eq!(err.code, ErrorCode::McpUnavailable);
@@ -494,7 +471,7 @@ async fn the_child_process_cap_refuses_one_more_child_with_a_clear_error() {
 #[tokio::test]
 async fn idle_sessions_are_reaped_and_come_back_on_the_next_call() {
     let options = PoolOptions { idle_timeout: Some(Duration::from_millis(200)), ..PoolOptions::default() };
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options).await;
     call(&pool, "fx", "echo", json!({"text": "x"}), 10 * SECOND).await.expect("call");
     let pid = pool.status("fx").and_then(|s| s.pid).expect("pid");
     let deadline = Instant::now() + 5 * SECOND;
@@ -508,7 +485,7 @@ async fn idle_sessions_are_reaped_and_come_back_on_the_next_call() {
 
 #[tokio::test]
 async fn eager_connect_starts_sessions_before_any_call() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     assert_eq!(pool.status("fx").and_then(|s| s.pid), None, "lazy by default");
     pool.connect_all().await;
     assert!(pool.status("fx").and_then(|s| s.pid).is_some(), "eager connect spawned the child");
@@ -518,7 +495,7 @@ async fn eager_connect_starts_sessions_before_any_call() {
 
 #[tokio::test]
 async fn a_20_mib_reply_over_the_default_frame_limit_fails_alone() {
-    let pool = pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     let err = pool
         .call_tool("fx", "big", args(json!({"bytes": 20 << 20})), 30 * SECOND, usize::MAX)
         .await
@@ -539,7 +516,7 @@ async fn a_failed_listing_is_remembered_for_the_failure_ttl_then_retried() {
             other => std::env::var(other).ok(),
         }
     };
-    let mut server = stdio_server("fx", &mcp_servers::fixture_stdio(&[]));
+    let mut server = fixture("fx", &[]);
     server.spec.stdio.as_mut().expect("stdio").env.push(k8s_openapi::api::core::v1::EnvVar {
         name: "TOKEN".into(),
         value: Some("${ENV:SPEAR_TEST_TOKEN}".into()),
@@ -560,9 +537,7 @@ async fn a_failed_listing_is_remembered_for_the_failure_ttl_then_retried() {
 async fn calls_and_connects_are_counted_under_the_design_metric_names() {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = spear::telemetry::PoolMetrics::register(&mut registry);
-    let pool =
-        pool_with(vec![stdio_server("fx", &mcp_servers::fixture_stdio(&[]))], PoolOptions { metrics, ..options() })
-            .await;
+    let pool = pool_with(vec![fixture("fx", &[])], PoolOptions { metrics, ..options() }).await;
     call(&pool, "fx", "echo", json!({"text": "ok"}), 10 * SECOND).await.expect("echo");
     call(&pool, "fx", "sleep", json!({"ms": 2000}), Duration::from_millis(100)).await.expect_err("timeout");
     pool.call_tool("fx", "big", args(json!({"bytes": 5000})), 10 * SECOND, 100).await.expect("truncated");

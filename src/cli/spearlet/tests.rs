@@ -10,37 +10,17 @@ use kube::core::ObjectMeta;
 
 use super::Args;
 use crate::api::keys;
-use crate::api::{
-    ChatSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, SecretKeyRef, StdioSpec, Transport, UpstreamSpec,
-};
+use crate::api::{McpProfile, McpServer};
 use crate::operator::inject::{Decision, InjectConfig, mutate};
 
 /// The pod the webhook admits for profile `dev` with one stdio server `fs` and a chat upstream
 /// whose key comes from a Secret.
 fn injected_pod() -> Pod {
-    let fs = McpServer::new(
-        "fs",
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                image: Some("node:22-slim".into()),
-                command: "npx".into(),
-                args: vec!["-y".into(), "@modelcontextprotocol/server-filesystem".into(), "/data".into()],
-                ..StdioSpec::default()
-            }),
-            allowed_tools: vec!["read_*".into()],
-            ..McpServerSpec::default()
-        },
-    );
-    let upstream = UpstreamSpec {
-        url: "https://llm.example/v1".into(),
-        api_key_secret_ref: Some(SecretKeyRef { name: "llm".into(), key: "key".into() }),
-        ..UpstreamSpec::default()
-    };
-    let dev = McpProfile::new(
-        "dev",
-        McpProfileSpec { servers: vec!["fs".into()], chat: Some(ChatSpec { upstream }), ..McpProfileSpec::default() },
-    );
+    let fs = McpServer::test("fs")
+        .stdio("npx", ["-y", "@modelcontextprotocol/server-filesystem", "/data"])
+        .image("node:22-slim")
+        .allowing(["read_*"]);
+    let dev = McpProfile::test("dev").servers(["fs"]).upstream("https://llm.example/v1").upstream_key("llm", "key");
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some("app".into()),

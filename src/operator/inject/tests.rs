@@ -8,10 +8,6 @@ use kube::core::ObjectMeta;
 use serde_json::json;
 
 use super::*;
-use crate::api::{
-    ChatSpec, HeaderValueSource, HttpHeader, HttpSpec, McpProfileSpec, McpServerSpec, SecretKeyRef, Transport,
-    UpstreamSpec,
-};
 
 // === fixtures ===
 
@@ -53,41 +49,22 @@ fn spec_mut(pod: &mut Pod) -> &mut PodSpec {
     pod.spec.get_or_insert_with(PodSpec::default)
 }
 
+/// The stdio server of the goldens: the filesystem server in `node:22-slim`, `read_*` allowed.
 fn stdio_server(name: &str) -> McpServer {
-    McpServer::new(
-        name,
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                image: Some("node:22-slim".into()),
-                command: "npx".into(),
-                args: vec!["-y".into(), "@modelcontextprotocol/server-filesystem".into(), "/data".into()],
-                ..StdioSpec::default()
-            }),
-            allowed_tools: vec!["read_*".into()],
-            ..McpServerSpec::default()
-        },
-    )
+    McpServer::test(name)
+        .stdio("npx", ["-y", "@modelcontextprotocol/server-filesystem", "/data"])
+        .image("node:22-slim")
+        .allowing(["read_*"])
 }
 
+/// The http server of the goldens: one literal header, every tool allowed.
 fn http_server(name: &str) -> McpServer {
-    McpServer::new(
-        name,
-        McpServerSpec {
-            transport: Transport::StreamableHttp,
-            http: Some(HttpSpec {
-                url: "https://mcp.example.com/mcp".into(),
-                headers: vec![HttpHeader { name: "X-Tenant".into(), value: Some("acme".into()), value_from: None }],
-            }),
-            allowed_tools: vec!["*".into()],
-            ..McpServerSpec::default()
-        },
-    )
+    McpServer::test(name).http("https://mcp.example.com/mcp").header("X-Tenant", "acme").allowing(["*"])
 }
 
+/// The profile `dev` allowing exactly `servers`.
 fn profile(servers: &[&McpServer]) -> McpProfile {
-    let names = servers.iter().filter_map(|s| s.metadata.name.clone()).collect();
-    McpProfile::new("dev", McpProfileSpec { servers: names, ..McpProfileSpec::default() })
+    McpProfile::test("dev").servers(servers.iter().filter_map(|s| s.metadata.name.as_deref()))
 }
 
 fn secret(name: &str, key: &str) -> SecretKeySelector {
@@ -110,41 +87,23 @@ fn mixed() -> (McpProfile, Vec<McpServer>) {
 
 /// `fs` with a Secret and a ConfigMap env var, `web` with a Secret header, and an upstream key.
 fn with_secrets() -> (McpProfile, Vec<McpServer>) {
-    let mut fs = stdio_server("fs");
-    if let Some(stdio) = fs.spec.stdio.as_mut() {
-        stdio.env = vec![
-            secret_env("FS_TOKEN", "fs-credentials", "token"),
-            EnvVar {
-                name: "FS_ROOT".into(),
-                value_from: Some(EnvVarSource {
-                    config_map_key_ref: Some(ConfigMapKeySelector {
-                        name: "fs-config".into(),
-                        key: "root".into(),
-                        optional: None,
-                    }),
-                    ..EnvVarSource::default()
+    let fs = stdio_server("fs")
+        .env_var(secret_env("FS_TOKEN", "fs-credentials", "token"))
+        .env_var(EnvVar {
+            name: "FS_ROOT".into(),
+            value_from: Some(EnvVarSource {
+                config_map_key_ref: Some(ConfigMapKeySelector {
+                    name: "fs-config".into(),
+                    key: "root".into(),
+                    optional: None,
                 }),
-                ..EnvVar::default()
-            },
-            env("FS_AUTH", "Bearer ${ENV:FS_TOKEN}"),
-        ];
-    }
-    let mut web = http_server("web");
-    if let Some(http) = web.spec.http.as_mut() {
-        http.headers.push(HttpHeader {
-            name: "Authorization".into(),
-            value: None,
-            value_from: Some(HeaderValueSource { secret_key_ref: secret("web-credentials", "authorization") }),
-        });
-    }
-    let mut profile = profile(&[&fs, &web]);
-    profile.spec.chat = Some(ChatSpec {
-        upstream: UpstreamSpec {
-            url: "https://api.openai.com/v1".into(),
-            api_key_secret_ref: Some(SecretKeyRef { name: "openai".into(), key: "api-key".into() }),
-            model: None,
-        },
-    });
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        })
+        .env("FS_AUTH", "Bearer ${ENV:FS_TOKEN}");
+    let web = http_server("web").secret_header("Authorization", "web-credentials", "authorization");
+    let profile = profile(&[&fs, &web]).upstream("https://api.openai.com/v1").upstream_key("openai", "api-key");
     (profile, vec![fs, web])
 }
 
@@ -531,15 +490,11 @@ fn secrets_go_to_the_container_that_needs_them() {
 
 #[test]
 fn env_templates_and_argv_survive_the_kubelets_expansion() {
-    let mut fs = stdio_server("fs");
-    if let Some(stdio) = fs.spec.stdio.as_mut() {
-        stdio.args = vec!["--price=$5".into(), "$(HOME)".into()];
-        stdio.env = vec![
-            env("CACHE", "${ENV:HOME}/cache"),
-            env("PRICE", "$5 and $${ENV:X} and ${ENV:UNSET:-fallback}"),
-            env("TOKEN", "${ENV:GITHUB_TOKEN}"),
-        ];
-    }
+    let fs = stdio_server("fs")
+        .stdio("npx", ["--price=$5", "$(HOME)"])
+        .env("CACHE", "${ENV:HOME}/cache")
+        .env("PRICE", "$5 and $${ENV:X} and ${ENV:UNSET:-fallback}")
+        .env("TOKEN", "${ENV:GITHUB_TOKEN}");
     let profile = profile(&[&fs]);
     let decision = run(&with_profile(), Some(&profile), &[fs], true);
     let (_, out, warnings) = patched(&decision);
@@ -557,17 +512,9 @@ fn env_templates_and_argv_survive_the_kubelets_expansion() {
 #[test]
 fn conflicting_secret_env_vars_are_denied() {
     // `a-b` + header `c` and `a` + header `b-c` both map to SPEAR_SECRET_A_B_C.
-    let header = |name: &str, secret_name: &str| HttpHeader {
-        name: name.into(),
-        value: None,
-        value_from: Some(HeaderValueSource { secret_key_ref: secret(secret_name, "k") }),
-    };
-    let mut one = http_server("a-b");
-    let mut two = http_server("a");
-    if let (Some(h1), Some(h2)) = (one.spec.http.as_mut(), two.spec.http.as_mut()) {
-        h1.headers = vec![header("c", "one")];
-        h2.headers = vec![header("b-c", "two")];
-    }
+    let server = |name: &str| McpServer::test(name).http("https://mcp.example.com/mcp").allowing(["*"]);
+    let one = server("a-b").secret_header("c", "one", "k");
+    let two = server("a").secret_header("b-c", "two", "k");
     let profile = profile(&[&one, &two]);
     let decision = run(&with_profile(), Some(&profile), &[one, two], true);
     assert!(denied(&decision).contains("SPEAR_SECRET_A_B_C"));

@@ -1,7 +1,5 @@
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-
 use super::*;
-use crate::api::{HttpSpec, McpProfileSpec, McpServerSpec, StdioSpec};
+use crate::testing::fixtures::NO_ARGS;
 
 fn at(second: i64) -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(second).expect("a valid timestamp"))
@@ -13,31 +11,14 @@ fn at_fraction(second: i64) -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_nanosecond(nanos).expect("a valid timestamp"))
 }
 
+/// A stdio server at generation 1, every tool allowed.
 fn stdio(name: &str) -> McpServer {
-    let mut s = McpServer::new(
-        name,
-        McpServerSpec {
-            stdio: Some(StdioSpec { command: "npx".into(), ..StdioSpec::default() }),
-            allowed_tools: vec!["*".into()],
-            ..McpServerSpec::default()
-        },
-    );
-    s.metadata.generation = Some(1);
-    s
+    McpServer::test(name).stdio("npx", NO_ARGS).allowing(["*"]).generation(1)
 }
 
+/// An http server at generation 2 allowing `search*`.
 fn http(name: &str) -> McpServer {
-    let mut s = McpServer::new(
-        name,
-        McpServerSpec {
-            transport: Transport::StreamableHttp,
-            http: Some(HttpSpec { url: "https://mcp.example.com/mcp".into(), headers: vec![] }),
-            allowed_tools: vec!["search*".into()],
-            ..McpServerSpec::default()
-        },
-    );
-    s.metadata.generation = Some(2);
-    s
+    McpServer::test(name).http("https://mcp.example.com/mcp").allowing(["search*"]).generation(2)
 }
 
 fn succeeded(second: i64, tools: &[&str]) -> ProbeOutcome {
@@ -181,14 +162,9 @@ fn a_reconcile_without_probe_keeps_the_last_probe_until_the_spec_changes() {
 
 // === McpProfile ===
 
+/// The profile `dev` in `team-a` at generation 4, allowing `servers`.
 fn profile(servers: &[&str]) -> McpProfile {
-    let mut p = McpProfile::new(
-        "dev",
-        McpProfileSpec { servers: servers.iter().map(|s| s.to_string()).collect(), ..McpProfileSpec::default() },
-    );
-    p.metadata.namespace = Some("team-a".into());
-    p.metadata.generation = Some(4);
-    p
+    McpProfile::test("dev").servers(servers).in_namespace("team-a").generation(4)
 }
 
 fn known(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
@@ -213,9 +189,7 @@ fn profile_with_all_servers_resolves_and_previews_tools() {
 #[test]
 fn profile_preview_applies_the_profiles_own_lists() {
     let servers = [http("web")];
-    let mut p = profile(&["web"]);
-    p.spec.tool_denylist = vec!["*news".into()];
-    p.spec.default_servers = Some(vec![]);
+    let p = profile(&["web"]).tool_denylist(["*news"]).default_servers(NO_ARGS);
     let status = profile_status(&p, &servers, &known(&[("web", &["search", "search_news"])]), at(100));
     // Defaults do not narrow the preview: a request may name any allowed server.
     assert_eq!(status.tool_preview, ["mcp__web__search"]);
@@ -234,13 +208,8 @@ fn missing_servers_are_listed_and_reported() {
 
 #[test]
 fn selector_adds_matching_servers() {
-    let mut labelled = http("search");
-    labelled.metadata.labels = Some(BTreeMap::from([("tier".to_string(), "public".to_string())]));
-    let mut p = profile(&[]);
-    p.spec.server_selector = Some(LabelSelector {
-        match_labels: Some(BTreeMap::from([("tier".to_string(), "public".to_string())])),
-        ..LabelSelector::default()
-    });
+    let labelled = http("search").label("tier", "public");
+    let p = profile(&[]).selecting("tier", "public");
     let status = profile_status(&p, &[labelled, http("web")], &known(&[("search", &["search"])]), at(100));
     assert_eq!(status.resolved_servers, ["search"]);
     assert!(status.missing_servers.is_empty());
@@ -289,8 +258,7 @@ fn known_tools_come_from_probed_servers_status() {
 
 #[test]
 fn an_invalid_http_server_is_not_probed_and_says_why() {
-    let mut server = http("web");
-    server.spec.http = Some(HttpSpec { url: "https://user:pw@mcp.example.com/mcp".into(), headers: vec![] });
+    let mut server = http("web").http("https://user:pw@mcp.example.com/mcp");
     let status = server_status(&server, None, at(100));
     assert_eq!(get(&status.conditions, types::ACCEPTED).status, "False");
     let ready = get(&status.conditions, types::READY);

@@ -40,8 +40,6 @@ use spear::testing::mcp_servers;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{http_server, profile, stdio_server};
-
 /// What the issue asks of a change's propagation.
 const PROPAGATION_BUDGET: Duration = Duration::from_secs(1);
 /// Longest wait for anything else (first sync, recovery): kube-runtime's backoff reaches 30 s.
@@ -82,10 +80,13 @@ async fn start_source(client: Client, namespace: &str, profile: &str) -> KubeWat
 async fn snapshot_follows_creates_updates_and_deletes_within_a_second() {
     let ns = ControlPlane::shared().namespace("kube-follow").await;
     let (servers, profiles) = (ns.api::<McpServer>(), ns.api::<McpProfile>());
-    servers.create(&PostParams::default(), &http_server("fs", NOBODY)).await.expect("create fs");
-    profiles.create(&PostParams::default(), &profile("p", &["fs", "git"])).await.expect("create p");
+    servers
+        .create(&PostParams::default(), &McpServer::test("fs").http_at(NOBODY).allowing(["*"]))
+        .await
+        .expect("create fs");
+    profiles.create(&PostParams::default(), &McpProfile::test("p").servers(["fs", "git"])).await.expect("create p");
     // Another namespace's objects and another profile are not this pod's.
-    profiles.create(&PostParams::default(), &profile("other", &["fs"])).await.expect("create other");
+    profiles.create(&PostParams::default(), &McpProfile::test("other").servers(["fs"])).await.expect("create other");
 
     let source = start_source(ns.client.clone(), &ns.name, "p").await;
     let first = source.snapshot();
@@ -100,7 +101,10 @@ async fn snapshot_follows_creates_updates_and_deletes_within_a_second() {
     };
 
     let t0 = Instant::now();
-    let created = servers.create(&PostParams::default(), &http_server("git", NOBODY)).await.expect("create git");
+    let created = servers
+        .create(&PostParams::default(), &McpServer::test("git").http_at(NOBODY).allowing(["*"]))
+        .await
+        .expect("create git");
     let api = t0.elapsed();
     let version = created.resource_version();
     wait_until(&mut rx, PATIENCE, "the created server", |s| version_of(s, "git") == version).await;
@@ -139,7 +143,7 @@ async fn snapshot_follows_creates_updates_and_deletes_within_a_second() {
     check("delete profile", api, t0.elapsed());
 
     let t0 = Instant::now();
-    profiles.create(&PostParams::default(), &profile("p", &["fs"])).await.expect("re-create p");
+    profiles.create(&PostParams::default(), &McpProfile::test("p").servers(["fs"])).await.expect("re-create p");
     let api = t0.elapsed();
     wait_until(&mut rx, PATIENCE, "the re-created profile", |s| s.profile("p").is_some()).await;
     check("create profile", api, t0.elapsed());
@@ -271,9 +275,15 @@ async fn an_api_server_outage_keeps_the_last_snapshot_serving_and_resyncs_after(
     let ns = ControlPlane::shared().namespace("kube-outage").await;
     let (servers, profiles) = (ns.api::<McpServer>(), ns.api::<McpProfile>());
     for id in ["fs", "gone"] {
-        servers.create(&PostParams::default(), &http_server(id, NOBODY)).await.expect("create server");
+        servers
+            .create(&PostParams::default(), &McpServer::test(id).http_at(NOBODY).allowing(["*"]))
+            .await
+            .expect("create server");
     }
-    profiles.create(&PostParams::default(), &profile("p", &["fs", "gone", "added"])).await.expect("create p");
+    profiles
+        .create(&PostParams::default(), &McpProfile::test("p").servers(["fs", "gone", "added"]))
+        .await
+        .expect("create p");
 
     let mut apiserver = tokio::task::spawn_blocking(SecondApiServer::start).await.expect("start");
     apiserver.wait_ready().await;
@@ -312,7 +322,10 @@ async fn an_api_server_outage_keeps_the_last_snapshot_serving_and_resyncs_after(
     assert!(agent.state().snapshot.server("fs").is_some());
 
     // Changes made meanwhile through the other API server (etcd is up) must show afterwards.
-    servers.create(&PostParams::default(), &http_server("added", NOBODY)).await.expect("create added");
+    servers
+        .create(&PostParams::default(), &McpServer::test("added").http_at(NOBODY).allowing(["*"]))
+        .await
+        .expect("create added");
     servers.delete("gone", &DeleteParams::default()).await.expect("delete gone");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(source.snapshot().revision(), before.revision(), "nothing changes while the API is gone");
@@ -491,8 +504,16 @@ async fn an_agent_with_the_agent_role_reads_its_namespace_and_is_refused_elsewhe
         .expect("apply the agent ClusterRole");
     ns.api::<RoleBinding>().create(&PostParams::default(), &agent_role_binding(&ns.name)).await.expect("bind");
     for namespace in [&ns, &other] {
-        namespace.api::<McpServer>().create(&PostParams::default(), &http_server("fs", NOBODY)).await.expect("fs");
-        namespace.api::<McpProfile>().create(&PostParams::default(), &profile("p", &["fs"])).await.expect("p");
+        namespace
+            .api::<McpServer>()
+            .create(&PostParams::default(), &McpServer::test("fs").http_at(NOBODY).allowing(["*"]))
+            .await
+            .expect("fs");
+        namespace
+            .api::<McpProfile>()
+            .create(&PostParams::default(), &McpProfile::test("p").servers(["fs"]))
+            .await
+            .expect("p");
     }
     let agent = service_account_client(&admin, &ns.name, "workload").await;
 
@@ -565,8 +586,11 @@ async fn admin_get(admin_addr: SocketAddr, path: &str) -> Option<(u16, String)> 
 async fn spearlet_run_serves_the_namespace_registry() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("kube-run").await;
-    ns.api::<McpServer>().create(&PostParams::default(), &http_server("fs", NOBODY)).await.expect("fs");
-    ns.api::<McpProfile>().create(&PostParams::default(), &profile("p", &["fs"])).await.expect("p");
+    ns.api::<McpServer>()
+        .create(&PostParams::default(), &McpServer::test("fs").http_at(NOBODY).allowing(["*"]))
+        .await
+        .expect("fs");
+    ns.api::<McpProfile>().create(&PostParams::default(), &McpProfile::test("p").servers(["fs"])).await.expect("p");
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let admin_addr = free_addr();
     let config = run_config(control_plane, &ns.name, socket_dir.path(), admin_addr, None);
@@ -611,9 +635,18 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
     let ns = control_plane.namespace("kube-late").await;
     let servers = ns.api::<McpServer>();
     for id in ["early", "late"] {
-        servers.create(&PostParams::default(), &stdio_server(id, &mcp_servers::fixture_stdio(&[]))).await.expect(id);
+        servers
+            .create(
+                &PostParams::default(),
+                &McpServer::test(id).running(&mcp_servers::fixture_stdio(&[])).allowing(["*"]),
+            )
+            .await
+            .expect(id);
     }
-    ns.api::<McpProfile>().create(&PostParams::default(), &profile("p", &["early", "late"])).await.expect("p");
+    ns.api::<McpProfile>()
+        .create(&PostParams::default(), &McpProfile::test("p").servers(["early", "late"]))
+        .await
+        .expect("p");
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let admin_addr = free_addr();
     // As the webhook left it when the profile only had `early`.

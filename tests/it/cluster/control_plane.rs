@@ -16,7 +16,7 @@ use kube::api::{
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Resource, ResourceExt};
 use spear::api::manifest::{self, Object};
-use spear::api::{McpProfile, McpServer, McpServerSpec, StdioSpec, Transport, crd};
+use spear::api::{McpProfile, McpServer, crd};
 use spear::testing::control_plane::ControlPlane;
 
 /// Env var that turns `helper_starts_control_plane_then_aborts` from a no-op into the helper.
@@ -80,21 +80,11 @@ async fn kubeconfig_file_connects_as_admin() {
 async fn server_side_apply_round_trips_a_server() {
     let ns = ControlPlane::shared().namespace("ssa").await;
     let api = ns.api::<McpServer>();
-    let server = McpServer::new(
-        "filesystem",
-        McpServerSpec {
-            display_name: Some("Filesystem".into()),
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                command: "npx".into(),
-                args: vec!["-y".into(), "@modelcontextprotocol/server-filesystem".into(), "/data".into()],
-                ..StdioSpec::default()
-            }),
-            allowed_tools: vec!["read_*".into(), "list_*".into()],
-            denied_tools: vec!["read_secret*".into()],
-            ..McpServerSpec::default()
-        },
-    );
+    let server = McpServer::test("filesystem")
+        .display_name("Filesystem")
+        .stdio("npx", ["-y", "@modelcontextprotocol/server-filesystem", "/data"])
+        .allowing(["read_*", "list_*"])
+        .denying(["read_secret*"]);
     let params = PatchParams::apply("spear-test-ssa");
 
     let applied = api.patch("filesystem", &params, &Patch::Apply(&server)).await.expect("applying a valid server");
@@ -292,7 +282,12 @@ fn is_running(pid: u32) -> bool {
 fn no_process_is_left_behind() {
     let exe = std::env::current_exe().expect("the test binary must know its own path");
     let output = Command::new(exe)
-        .args(["--exact", "control_plane::helper_starts_control_plane_then_aborts", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "cluster::control_plane::helper_starts_control_plane_then_aborts",
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads=1"])
         .env(ENV_ABORT_HELPER, "1")
         .stdin(Stdio::null())

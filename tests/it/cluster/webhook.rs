@@ -30,7 +30,7 @@ use spear::api::keys::{
     AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_MCP_URL,
     INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
 };
-use spear::api::{HttpSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, StdioSpec, Transport};
+use spear::api::{McpProfile, McpServer};
 use spear::operator::certs::{self, CertResolver, CertSource, SECRET_CA_CERT, SECRET_TLS_CERT, SelfSigned};
 use spear::operator::inject::{self, Decision, InjectConfig, Ports, SIDECAR_TMP};
 use spear::operator::webhook::{self, MUTATE_PATH, NativeSidecars, WebhookConfig};
@@ -192,42 +192,6 @@ fn app_pod(prefix: &str, annotations: &[(&str, &str)]) -> Pod {
     }
 }
 
-fn stdio_server(name: &str, image: &str, command: &str, args: &[String]) -> McpServer {
-    McpServer::new(
-        name,
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                image: Some(image.into()),
-                command: command.into(),
-                args: args.to_vec(),
-                ..StdioSpec::default()
-            }),
-            allowed_tools: vec!["*".into()],
-            ..McpServerSpec::default()
-        },
-    )
-}
-
-fn http_server(name: &str) -> McpServer {
-    McpServer::new(
-        name,
-        McpServerSpec {
-            transport: Transport::StreamableHttp,
-            http: Some(HttpSpec { url: "https://mcp.example.com/mcp".into(), headers: vec![] }),
-            allowed_tools: vec!["*".into()],
-            ..McpServerSpec::default()
-        },
-    )
-}
-
-fn profile(name: &str, servers: &[&str]) -> McpProfile {
-    McpProfile::new(
-        name,
-        McpProfileSpec { servers: servers.iter().map(|s| s.to_string()).collect(), ..McpProfileSpec::default() },
-    )
-}
-
 async fn create<K>(api: &Api<K>, object: &K) -> K
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
@@ -248,18 +212,22 @@ async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("webhook-inject").await;
     let webhook = Webhook::start(&ns, inject_config()).await;
-    let args = vec!["-y".to_string(), "@modelcontextprotocol/server-filesystem".into(), "/data".into()];
+    let filesystem = |name: &str| {
+        let args = ["-y", "@modelcontextprotocol/server-filesystem", "/data"];
+        McpServer::test(name).stdio("npx", args).image("node:22-slim").allowing(["*"])
+    };
     let servers = [
-        stdio_server("fs", "node:22-slim", "npx", &args),
-        stdio_server("fixture", "python:3.13-slim", "python", &["fixture_server.py".into()]),
-        http_server("remote"),
+        filesystem("fs"),
+        McpServer::test("fixture").stdio("python", ["fixture_server.py"]).image("python:3.13-slim").allowing(["*"]),
+        McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]),
         // Not in the profile: must not be injected.
-        stdio_server("other", "node:22-slim", "npx", &args),
+        filesystem("other"),
     ];
     for server in &servers {
         create(&ns.api::<McpServer>(), server).await;
     }
-    let stored_profile = create(&ns.api::<McpProfile>(), &profile("dev", &["fs", "fixture", "remote"])).await;
+    let stored_profile =
+        create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fs", "fixture", "remote"])).await;
 
     let pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev")]);
     let admitted = create(&ns.api::<Pod>(), &pod).await;
@@ -297,10 +265,7 @@ async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
     let mut fixture = ns.api::<McpServer>().get("fixture").await.expect("the fixture server exists");
     fixture.metadata.labels = Some(labels(&[("team", "x")]));
     ns.api::<McpServer>().replace("fixture", &PostParams::default(), &fixture).await.expect("labelling fixture");
-    let mut selecting = profile("selecting", &[]);
-    selecting.spec.server_selector =
-        Some(LabelSelector { match_labels: Some(labels(&[("team", "x")])), ..LabelSelector::default() });
-    create(&ns.api::<McpProfile>(), &selecting).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("selecting").selecting("team", "x")).await;
     let admitted = create(&ns.api::<Pod>(), &app_pod("sel", &[(ANNOTATION_PROFILE, "selecting")])).await;
     let spec = admitted.spec.as_ref().expect("a stored pod has a spec");
     let init: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
@@ -329,8 +294,9 @@ async fn pod_naming_a_missing_profile_is_denied_with_the_reason() {
 async fn opted_out_pod_is_left_alone() {
     let ns = ControlPlane::shared().namespace("webhook-optout").await;
     let _webhook = Webhook::start(&ns, inject_config()).await;
-    create(&ns.api::<McpServer>(), &http_server("remote")).await;
-    create(&ns.api::<McpProfile>(), &profile("dev", &["remote"])).await;
+    create(&ns.api::<McpServer>(), &McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]))
+        .await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["remote"])).await;
 
     let pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "false")]);
     let stored = create(&ns.api::<Pod>(), &pod).await;
@@ -637,16 +603,9 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let _webhook = Webhook::start(&ns, inject).await;
 
     let fixture = mcp_servers::fixture_stdio(&[]);
-    let mut server = stdio_server("fixture", "python:3.13-slim", &fixture.program.to_string_lossy(), &fixture.args);
-    if let Some(stdio) = server.spec.stdio.as_mut() {
-        stdio.env = fixture
-            .env
-            .iter()
-            .map(|(k, v)| EnvVar { name: k.clone(), value: Some(v.clone()), value_from: None })
-            .collect();
-    }
+    let server = McpServer::test("fixture").running(&fixture).image("python:3.13-slim").allowing(["*"]);
     create(&ns.api::<McpServer>(), &server).await;
-    create(&ns.api::<McpProfile>(), &profile("dev", &["fixture"])).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fixture"])).await;
     let pod = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
     let spec = pod.spec.clone().expect("a stored pod has a spec");
     let all: Vec<&Container> = spec.init_containers.iter().flatten().chain(&spec.containers).collect();

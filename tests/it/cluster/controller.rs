@@ -12,16 +12,14 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, SecretKeySelector};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use spear::api::{
-    HeaderValueSource, HttpHeader, HttpSpec, McpProfile, McpProfileSpec, McpServer, McpServerSpec, StdioSpec, Transport,
-};
+use spear::api::{McpProfile, McpServer};
 use spear::operator::controller::{self, ControllerConfig, ControllerMetrics, Scope};
 use spear::operator::leader::LeaderConfig;
 use spear::operator::probe::ProbeConfig;
@@ -130,33 +128,12 @@ fn server_has(server: &McpServer, type_: &str, status: &str) -> bool {
     current && server_condition(server, type_).is_some_and(|c| c.status == status)
 }
 
+/// A valid stdio server (never started: the operator does not run stdio servers).
 fn stdio(name: &str) -> McpServer {
-    McpServer::new(
-        name,
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec {
-                image: Some("node:22".into()),
-                command: "npx".into(),
-                args: vec!["-y".into(), "@modelcontextprotocol/server-everything".into()],
-                ..Default::default()
-            }),
-            allowed_tools: vec!["*".into()],
-            ..Default::default()
-        },
-    )
-}
-
-fn http(name: &str, url: String, headers: Vec<HttpHeader>) -> McpServer {
-    McpServer::new(
-        name,
-        McpServerSpec {
-            transport: Transport::StreamableHttp,
-            http: Some(HttpSpec { url, headers }),
-            allowed_tools: vec!["*".into()],
-            ..Default::default()
-        },
-    )
+    McpServer::test(name)
+        .stdio("npx", ["-y", "@modelcontextprotocol/server-everything"])
+        .image("node:22")
+        .allowing(["*"])
 }
 
 /// The in-process rmcp echo server (one tool, `echo`) on a loopback port; aborted on drop.
@@ -256,7 +233,7 @@ async fn a_running_http_server_is_probed_ready_with_its_tools_and_server_info() 
     let ns = ControlPlane::shared().namespace("ctl-http").await;
     let echo = EchoServer::start().await;
     let api = ns.api::<McpServer>();
-    create(&api, &http("echo", echo.url.clone(), vec![])).await;
+    create(&api, &McpServer::test("echo").http(&echo.url).allowing(["*"])).await;
     let controller = Running::start(ns.client.clone(), config(&ns));
 
     let server = wait_for(&api, "echo", "Ready=True", |s| server_has(s, "Ready", "True")).await;
@@ -277,15 +254,10 @@ async fn an_unreachable_http_server_is_not_ready_with_the_error_and_is_retried()
     let ns = ControlPlane::shared().namespace("ctl-down").await;
     let port = spear::testing::mcp_servers::free_port();
     // A secret-backed header: the operator cannot send it and says so; it never sees the value.
-    let secret = HttpHeader {
-        name: "Authorization".into(),
-        value: None,
-        value_from: Some(HeaderValueSource {
-            secret_key_ref: SecretKeySelector { name: "remote-token".into(), key: "token".into(), optional: None },
-        }),
-    };
+    let remote =
+        McpServer::test("remote").http_at(port).secret_header("Authorization", "remote-token", "token").allowing(["*"]);
     let api = ns.api::<McpServer>();
-    create(&api, &http("remote", format!("http://127.0.0.1:{port}/mcp"), vec![secret])).await;
+    create(&api, &remote).await;
     let _controller = Running::start(ns.client.clone(), config(&ns));
 
     let server = wait_for(&api, "remote", "Ready=False", |s| server_has(s, "Ready", "False")).await;
@@ -314,12 +286,8 @@ async fn a_profile_resolves_its_servers_and_follows_servers_appearing_and_going(
     let echo = EchoServer::start().await;
     let profiles = ns.api::<McpProfile>();
     let servers = ns.api::<McpServer>();
-    let profile = McpProfile::new(
-        "assistant",
-        McpProfileSpec { servers: vec!["echo".into(), "later".into()], ..Default::default() },
-    );
-    create(&profiles, &profile).await;
-    create(&servers, &http("echo", echo.url.clone(), vec![])).await;
+    create(&profiles, &McpProfile::test("assistant").servers(["echo", "later"])).await;
+    create(&servers, &McpServer::test("echo").http(&echo.url).allowing(["*"])).await;
     let _controller = Running::start(ns.client.clone(), config(&ns));
 
     let settled = |p: &McpProfile| {
@@ -388,9 +356,7 @@ async fn each_change_is_written_once_and_spec_is_never_touched() {
     let mut invalid = stdio("bad");
     invalid.spec.stdio.as_mut().expect("stdio").command = "npx -y server".into();
     let created = [create(&servers, &stdio("good")).await, create(&servers, &invalid).await];
-    let profile =
-        McpProfile::new("p", McpProfileSpec { servers: vec!["good".into(), "gone".into()], ..Default::default() });
-    let created_profile = create(&profiles, &profile).await;
+    let created_profile = create(&profiles, &McpProfile::test("p").servers(["good", "gone"])).await;
     let controller = Running::start(ns.client.clone(), config(&ns));
 
     for name in ["good", "bad"] {

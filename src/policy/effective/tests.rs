@@ -9,30 +9,15 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::api::manifest::Object;
-use crate::api::{McpProfileSpec, McpServerSpec, StdioSpec, Transport};
 use crate::policy::name::is_valid_function_name;
 use crate::registry::snapshot::Entry;
+use crate::testing::fixtures::NO_ARGS;
 
 // === fixtures ===
 
+/// A stdio server (never started here) with these tool patterns.
 fn server(id: &str, allowed: &[&str], denied: &[&str]) -> McpServer {
-    McpServer::new(
-        id,
-        McpServerSpec {
-            transport: Transport::Stdio,
-            stdio: Some(StdioSpec { command: "server".into(), ..Default::default() }),
-            allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
-            denied_tools: denied.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-    )
-}
-
-fn profile(name: &str, servers: &[&str]) -> McpProfile {
-    McpProfile::new(
-        name,
-        McpProfileSpec { servers: servers.iter().map(|s| s.to_string()).collect(), ..Default::default() },
-    )
+    McpServer::test(id).stdio("server", NO_ARGS).allowing(allowed).denying(denied)
 }
 
 fn snapshot(servers: Vec<McpServer>, profiles: Vec<McpProfile>) -> Snapshot {
@@ -82,8 +67,10 @@ fn compile(snap: &Snapshot, name: &str) -> CompiledProfile {
 
 #[test]
 fn servers_outside_the_profile_are_not_in_profile_and_missing_ones_unknown() {
-    let snap =
-        snapshot(vec![server("fs", &["*"], &[]), server("web", &["*"], &[])], vec![profile("dev", &["fs", "ghost"])]);
+    let snap = snapshot(
+        vec![server("fs", &["*"], &[]), server("web", &["*"], &[])],
+        vec![McpProfile::test("dev").servers(["fs", "ghost"])],
+    );
     let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read"])])), None, &[]).expect("set");
     assert_eq!(exposed(&set), ["fs/read"]);
     assert_eq!(reasons(&set), ["ghost: unknown_server", "web: not_in_profile"]);
@@ -92,7 +79,7 @@ fn servers_outside_the_profile_are_not_in_profile_and_missing_ones_unknown() {
 
 #[test]
 fn a_server_with_no_allowed_tools_is_deny_all() {
-    let snap = snapshot(vec![server("fs", &[], &[])], vec![profile("dev", &["fs"])]);
+    let snap = snapshot(vec![server("fs", &[], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
     let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read"])])), None, &[]).expect("set");
     assert!(exposed(&set).is_empty());
     assert_eq!(reasons(&set), ["fs: deny_all_server"]);
@@ -100,9 +87,8 @@ fn a_server_with_no_allowed_tools_is_deny_all() {
 
 #[test]
 fn each_layer_names_itself_when_it_excludes_a_tool() {
-    let mut p = profile("dev", &["fs"]);
-    p.spec.tool_allowlist = Some(vec!["a*".into(), "b*".into(), "c*".into(), "d*".into(), "e*".into()]);
-    p.spec.tool_denylist = vec!["b*".into()];
+    let p =
+        McpProfile::test("dev").servers(["fs"]).tool_allowlist(["a*", "b*", "c*", "d*", "e*"]).tool_denylist(["b*"]);
     let snap = snapshot(vec![server("fs", &["a*", "b*", "c*", "d*", "e*", "f*"], &["a*"])], vec![p]);
     let request = RequestScope {
         tool_allowlist: Some(vec!["c*".into(), "d*".into(), "fs/e*".into()]),
@@ -126,7 +112,7 @@ fn each_layer_names_itself_when_it_excludes_a_tool() {
 
 #[test]
 fn request_allowlist_narrowing_is_reported_as_request() {
-    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
     let request = RequestScope { tool_allowlist: Some(vec!["read".into()]), ..Default::default() };
     let set = compile(&snap, "dev")
         .effective(lookup(&lists(&[("fs", &["read", "write"])])), Some(&request), &[])
@@ -138,7 +124,7 @@ fn request_allowlist_narrowing_is_reported_as_request() {
 fn env_missing_and_list_failed_exclude_the_server_with_details() {
     let snap = snapshot(
         vec![server("a", &["*"], &[]), server("b", &["*"], &[]), server("c", &["*"], &[])],
-        vec![profile("dev", &["a", "b", "c"])],
+        vec![McpProfile::test("dev").servers(["a", "b", "c"])],
     );
     let tools = |id: &str| match id {
         "a" => ServerTools::EnvMissing { variable: "API_TOKEN".into() },
@@ -155,8 +141,7 @@ fn env_missing_and_list_failed_exclude_the_server_with_details() {
 
 #[test]
 fn defaults_apply_without_a_request_and_requests_pick_within_the_profile() {
-    let mut p = profile("dev", &["a", "b"]);
-    p.spec.default_servers = Some(vec!["a".into()]);
+    let p = McpProfile::test("dev").servers(["a", "b"]).default_servers(["a"]);
     let snap = snapshot(vec![server("a", &["*"], &[]), server("b", &["*"], &[])], vec![p]);
     let tools = lists(&[("a", &["x"]), ("b", &["y"])]);
     let compiled = compile(&snap, "dev");
@@ -173,7 +158,10 @@ fn defaults_apply_without_a_request_and_requests_pick_within_the_profile() {
 
 #[test]
 fn a_request_for_a_server_outside_the_profile_is_refused_not_dropped() {
-    let snap = snapshot(vec![server("a", &["*"], &[]), server("b", &["*"], &[])], vec![profile("dev", &["a"])]);
+    let snap = snapshot(
+        vec![server("a", &["*"], &[]), server("b", &["*"], &[])],
+        vec![McpProfile::test("dev").servers(["a"])],
+    );
     let request = RequestScope { servers: Some(vec!["a".into(), "b".into()]), ..Default::default() };
     let err = compile(&snap, "dev").effective(lookup(&lists(&[])), Some(&request), &[]).expect_err("refused");
     assert_eq!(err.code(), "mcp_policy_denied");
@@ -189,13 +177,8 @@ fn an_unknown_profile_is_an_error() {
 
 #[test]
 fn a_selector_adds_matching_servers() {
-    let mut labelled = server("tagged", &["*"], &[]);
-    labelled.metadata.labels = Some(BTreeMap::from([("tier".into(), "local".into())]));
-    let mut p = profile("dev", &[]);
-    p.spec.server_selector = Some(LabelSelector {
-        match_labels: Some(BTreeMap::from([("tier".into(), "local".into())])),
-        ..Default::default()
-    });
+    let labelled = server("tagged", &["*"], &[]).label("tier", "local");
+    let p = McpProfile::test("dev").selecting("tier", "local");
     let snap = snapshot(vec![labelled, server("other", &["*"], &[])], vec![p]);
     let set = compile(&snap, "dev").effective(lookup(&lists(&[("tagged", &["t"])])), None, &[]).expect("set");
     assert_eq!(exposed(&set), ["tagged/t"]);
@@ -206,7 +189,7 @@ fn a_selector_adds_matching_servers() {
 
 #[test]
 fn every_exposed_name_routes_back_including_the_dotted_form() {
-    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
     let set =
         compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read_file", "read.dir"])])), None, &[]).expect("set");
     let names: Vec<&str> = set.tools().map(|(_, t)| &*t.name).collect();
@@ -218,7 +201,7 @@ fn every_exposed_name_routes_back_including_the_dotted_form() {
 
 #[test]
 fn a_callers_own_tool_wins_and_the_mcp_tool_is_renamed_deterministically() {
-    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
     let compiled = compile(&snap, "dev");
     let tools = lists(&[("fs", &["read_file"])]);
     let caller = ["mcp__fs__read_file"];
@@ -233,9 +216,8 @@ fn a_callers_own_tool_wins_and_the_mcp_tool_is_renamed_deterministically() {
 
 #[test]
 fn a_tool_namespace_is_used_and_its_owner_keeps_plain_names() {
-    let mut alias = server("alias", &["*"], &[]);
-    alias.spec.tool_namespace = Some("fs".into());
-    let snap = snapshot(vec![server("fs", &["*"], &[]), alias], vec![profile("dev", &["fs", "alias"])]);
+    let alias = server("alias", &["*"], &[]).tool_namespace("fs");
+    let snap = snapshot(vec![server("fs", &["*"], &[]), alias], vec![McpProfile::test("dev").servers(["fs", "alias"])]);
     let mut tools = lists(&[("fs", &["read"])]);
     tools.insert("alias".into(), ServerTools::Listed(Arc::new(ToolList::new("fs", vec![ToolInfo::named("read")]))));
     let set = compile(&snap, "dev").effective(lookup(&tools), None, &[]).expect("set");
@@ -247,12 +229,8 @@ fn a_tool_namespace_is_used_and_its_owner_keeps_plain_names() {
 
 #[test]
 fn approval_mode_is_attached_to_each_tool() {
-    let mut s = server("fs", &["*"], &[]);
-    s.spec.approval_policy = Some(crate::api::ApprovalPolicy {
-        default: ApprovalMode::Never,
-        tools: BTreeMap::from([("write_*".into(), ApprovalMode::Always)]),
-    });
-    let snap = snapshot(vec![s], vec![profile("dev", &["fs"])]);
+    let s = server("fs", &["*"], &[]).approval(ApprovalMode::Never, [("write_*", ApprovalMode::Always)]);
+    let snap = snapshot(vec![s], vec![McpProfile::test("dev").servers(["fs"])]);
     let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read", "write_x"])])), None, &[]).expect("set");
     let modes: Vec<ApprovalMode> = set.tools().map(|(_, t)| t.approval).collect();
     assert_eq!(modes, [ApprovalMode::Never, ApprovalMode::Always]);
@@ -260,11 +238,13 @@ fn approval_mode_is_attached_to_each_tool() {
 
 #[test]
 fn budgets_and_loop_budgets_only_tighten() {
-    let mut s = server("fs", &["*"], &[]);
-    s.spec.budgets = Some(crate::api::ServerBudgets { tool_timeout_ms: Some(1000), ..Default::default() });
-    let mut p = profile("dev", &["fs"]);
-    p.spec.budgets =
-        Some(crate::api::ProfileBudgets { tool_timeout_ms: Some(5000), max_iterations: Some(3), ..Default::default() });
+    let s = server("fs", &["*"], &[])
+        .budgets(crate::api::ServerBudgets { tool_timeout_ms: Some(1000), ..Default::default() });
+    let p = McpProfile::test("dev").servers(["fs"]).budgets(crate::api::ProfileBudgets {
+        tool_timeout_ms: Some(5000),
+        max_iterations: Some(3),
+        ..Default::default()
+    });
     let snap = snapshot(vec![s], vec![p]);
     let request = RequestScope {
         budgets: RequestBudgets { max_iterations: Some(50), ..Default::default() },
@@ -322,7 +302,7 @@ prop_compose! {
               profile_deny in prop::collection::vec(pattern(), 0..2)) -> Case {
         let servers: Vec<_> = servers.into_iter().map(|(id, (_, a, d, t))| (id, a, d, t)).collect();
         let allowed: Vec<&str> = servers.iter().zip(&in_profile).filter(|(_, yes)| **yes).map(|((id, ..), _)| id.as_str()).collect();
-        let mut p = profile("p", &allowed);
+        let mut p = McpProfile::test("p").servers(&allowed);
         p.spec.tool_allowlist = profile_allow.clone();
         p.spec.tool_denylist = profile_deny.clone();
         let objs = servers.iter().map(|(id, a, d, _)| {
@@ -425,8 +405,7 @@ proptest! {
 
 #[test]
 fn routes_exist_only_for_tools_exposed_in_this_set() {
-    let mut p = profile("dev", &["a", "b"]);
-    p.spec.default_servers = Some(vec!["a".into()]);
+    let p = McpProfile::test("dev").servers(["a", "b"]).default_servers(["a"]);
     let snap = snapshot(vec![server("a", &["*"], &[]), server("b", &["*"], &[])], vec![p]);
     let tools = lists(&[("a", &["x", "z"]), ("b", &["y"])]);
     let catalog = compile(&snap, "dev").catalog(lookup(&tools));
@@ -444,7 +423,7 @@ fn routes_exist_only_for_tools_exposed_in_this_set() {
 
 #[test]
 fn the_dotted_form_reaches_a_tool_renamed_for_a_caller() {
-    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![profile("dev", &["fs"])]);
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
     let catalog = compile(&snap, "dev").catalog(lookup(&lists(&[("fs", &["read"])])));
     let set = catalog.effective(None, &["mcp__fs__read"]).expect("set");
     let route = set.route("mcp.fs.read").expect("dotted form");
