@@ -24,7 +24,7 @@ use crate::api::{
 
 /// The input formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// TOML (`.toml`).
     Toml,
     /// JSON (`.json`).
@@ -33,7 +33,7 @@ pub enum Format {
 
 impl Format {
     /// The format a file name implies, if any.
-    pub fn from_path(path: &Path) -> Option<Format> {
+    pub(crate) fn from_path(path: &Path) -> Option<Format> {
         match path.extension()?.to_str()? {
             "toml" => Some(Format::Toml),
             "json" => Some(Format::Json),
@@ -44,7 +44,7 @@ impl Format {
 
 /// Why a legacy config could not be converted.
 #[derive(Debug, Error)]
-pub enum ConvertError {
+pub(crate) enum ConvertError {
     /// The TOML did not parse or had an unknown key (the message names it and its line).
     #[error("{0}")]
     Toml(#[from] toml::de::Error),
@@ -122,7 +122,7 @@ struct LegacyBudgets {
 }
 
 /// Converts one legacy server config into a validated McpServer.
-pub fn convert(text: &str, format: Format) -> Result<McpServer, ConvertError> {
+pub(crate) fn convert(text: &str, format: Format) -> Result<McpServer, ConvertError> {
     let legacy: LegacyServer = match format {
         Format::Toml => toml::from_str(text)?,
         Format::Json => serde_json::from_str(text)?,
@@ -214,7 +214,7 @@ fn stdio_spec(s: LegacyStdio) -> Result<StdioSpec, ConvertError> {
 }
 
 /// Renders a server as a YAML document with a header naming where it came from.
-pub fn to_yaml(server: &McpServer, origin: &str) -> Result<String, serde_yaml::Error> {
+pub(crate) fn to_yaml(server: &McpServer, origin: &str) -> Result<String, serde_yaml::Error> {
     Ok(format!("# Converted by `spearlet convert` from {origin}\n{}", serde_yaml::to_string(server)?))
 }
 

@@ -20,11 +20,11 @@ use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
 /// Default filter when neither `--log-level` nor `SPEAR_LOG` is set.
-pub const DEFAULT_LOG_FILTER: &str = "spear=info,warn";
+pub(crate) const DEFAULT_LOG_FILTER: &str = "spear=info,warn";
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Plain,
     /// One JSON object per line.
@@ -33,19 +33,19 @@ pub enum LogFormat {
 
 /// Logging flags shared by every subcommand.
 #[derive(Args, Clone, Debug)]
-pub struct LogArgs {
+pub(crate) struct LogArgs {
     /// Log filter in `tracing` EnvFilter syntax (for example `spear=debug,warn`).
     #[arg(long, global = true, env = crate::api::keys::ENV_LOG, default_value = DEFAULT_LOG_FILTER)]
-    pub log_level: String,
+    pub(crate) log_level: String,
 
     /// Log line format.
     #[arg(long, global = true, env = crate::api::keys::ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Plain)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
 }
 
 impl LogArgs {
     /// Installs the global subscriber. An invalid filter is an error naming the flag.
-    pub fn init(&self) -> anyhow::Result<()> {
+    pub(crate) fn init(&self) -> anyhow::Result<()> {
         let filter = EnvFilter::try_new(&self.log_level)
             .map_err(|e| anyhow::anyhow!("--log-level '{}' is not a valid filter: {e}", self.log_level))?;
         // Colors only for a terminal: escape codes in a log file or a collector are noise.
@@ -67,7 +67,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// The admin routes of both binaries: `/healthz` (the process answers), `/readyz` (`ready`
 /// says `Ok`, or why not) and `/metrics` (the Prometheus text of `metrics`). Callers merge their
 /// own routes into it.
-pub fn admin_router<R>(ready: R, metrics: Arc<Registry>) -> axum::Router
+pub(crate) fn admin_router<R>(ready: R, metrics: Arc<Registry>) -> axum::Router
 where
     R: Fn() -> Result<(), &'static str> + Clone + Send + Sync + 'static,
 {
@@ -119,7 +119,7 @@ struct ErrorLabels {
 /// `error: cause: cause…` on one line, so a log line or a status message says what failed
 /// underneath (the API server's reason, the OS error). A cause whose text the line already holds is
 /// skipped: error types often repeat their source in their own message.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -179,13 +179,13 @@ impl PoolMetrics {
     }
 
     /// A session with `server` was established.
-    pub fn connected(&self, server: &str) {
+    pub(crate) fn connected(&self, server: &str) {
         self.connects.get_or_create(&ServerLabels { server_id: server.to_string() }).inc();
     }
 
     /// A call finished, with the size of its result (when there was one) and its error code
     /// (when it failed, or its output was truncated: `mcp_output_too_large`).
-    pub fn call(&self, server: &str, tool: &str, latency: Duration, bytes: Option<usize>, error: Option<&str>) {
+    pub(crate) fn call(&self, server: &str, tool: &str, latency: Duration, bytes: Option<usize>, error: Option<&str>) {
         let labels = ToolLabels { server_id: server.to_string(), tool: tool.to_string() };
         self.calls.get_or_create(&labels).inc();
         self.latency.get_or_create(&labels).observe(latency.as_secs_f64() * 1000.0);
@@ -233,7 +233,7 @@ impl RegistryMetrics {
     }
 
     /// The profile's stdio servers that need a pod restart now (all others read 0 or vanish).
-    pub fn restart_required<'a>(&self, servers: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn restart_required<'a>(&self, servers: impl IntoIterator<Item = &'a str>) {
         self.restart_required.clear();
         for server_id in servers {
             self.restart_required.get_or_create(&ServerLabels { server_id: server_id.to_string() }).set(1);
@@ -241,7 +241,7 @@ impl RegistryMetrics {
     }
 
     /// A snapshot is now served.
-    pub fn served(&self, generation: u64, degraded: bool) {
+    pub(crate) fn served(&self, generation: u64, degraded: bool) {
         self.revision.set(i64::try_from(generation).unwrap_or(i64::MAX));
         self.degraded.set(i64::from(degraded));
     }

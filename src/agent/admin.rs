@@ -19,7 +19,7 @@ use crate::policy::explain::explain_json;
 /// The admin router: health, readiness and metrics as both binaries serve them, plus
 /// `/debug/effective`. Serve it with `into_make_service_with_connect_info::<SocketAddr>()` so
 /// `/debug/effective` can check the caller is local.
-pub fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
+pub(crate) fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
     let ready = agent.clone();
     let ready = move || {
         if ready.is_ready() { Ok(()) } else { Err("the first registry snapshot is not loaded yet") }

@@ -21,35 +21,35 @@ pub enum Door {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct AuditLine<'a> {
+pub(crate) struct AuditLine<'a> {
     /// When the call finished (RFC 3339).
-    pub ts: String,
+    pub(crate) ts: String,
     /// The chat completion, MCP request or gRPC call this belongs to.
-    pub request_id: &'a str,
+    pub(crate) request_id: &'a str,
     /// The `/mcp` or gRPC session, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<&'a str>,
-    pub door: Door,
+    pub(crate) session_id: Option<&'a str>,
+    pub(crate) door: Door,
     /// The McpProfile in force.
-    pub profile: &'a str,
+    pub(crate) profile: &'a str,
     /// The registry revision the decision used.
-    pub registry_revision: &'a str,
+    pub(crate) registry_revision: &'a str,
     /// The server called (absent when the name did not route anywhere).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_id: Option<&'a str>,
+    pub(crate) server_id: Option<&'a str>,
     /// The tool's name on its server, or the name as asked for when it did not route.
-    pub tool_name: &'a str,
+    pub(crate) tool_name: &'a str,
     /// The model-facing name the caller used.
-    pub called_as: &'a str,
+    pub(crate) called_as: &'a str,
     /// `ok`, or the error code.
-    pub status: &'a str,
+    pub(crate) status: &'a str,
     /// Wall time of the call in milliseconds.
-    pub latency_ms: f64,
+    pub(crate) latency_ms: f64,
     /// Size of the result before any cap.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub output_bytes: Option<usize>,
+    pub(crate) output_bytes: Option<usize>,
     /// The arguments when the audit includes them; `"[redacted]"` otherwise.
-    pub arguments: Value,
+    pub(crate) arguments: Value,
 }
 
 /// Lines waiting for the writer thread; past this, a call waits (audit lines are never dropped).
@@ -113,7 +113,7 @@ fn write_lines(queue: Receiver<Message>, writer: Box<dyn Write + Send>) {
 
 impl AuditSink {
     /// Audit lines to `writer`, with arguments when `include_arguments`.
-    pub fn new(writer: Box<dyn Write + Send>, include_arguments: bool) -> Self {
+    pub(crate) fn new(writer: Box<dyn Write + Send>, include_arguments: bool) -> Self {
         let (queue, lines) = mpsc::sync_channel(QUEUE_LINES);
         let thread = std::thread::Builder::new().name("spear-audit".into()).spawn(move || write_lines(lines, writer));
         match thread {
@@ -130,12 +130,12 @@ impl AuditSink {
     }
 
     /// Lines go to stderr, beside the logs.
-    pub fn stderr(include_arguments: bool) -> Self {
+    pub(crate) fn stderr(include_arguments: bool) -> Self {
         AuditSink::new(Box::new(std::io::stderr()), include_arguments)
     }
 
     /// What the `arguments` field of a line holds for these arguments.
-    pub fn arguments(&self, arguments: Option<&Map<String, Value>>) -> Value {
+    pub(crate) fn arguments(&self, arguments: Option<&Map<String, Value>>) -> Value {
         match (self.include_arguments, arguments) {
             (true, Some(args)) => Value::Object(args.clone()),
             (true, None) => Value::Null,
@@ -144,7 +144,7 @@ impl AuditSink {
     }
 
     /// Queues one line. A failing sink is logged, never fails the call.
-    pub fn record(&self, line: &AuditLine<'_>) {
+    pub(crate) fn record(&self, line: &AuditLine<'_>) {
         let Some(queue) = &self.queue else { return };
         let mut bytes = match serde_json::to_vec(line) {
             Ok(bytes) => bytes,
@@ -165,7 +165,7 @@ impl AuditSink {
     }
 
     /// Waits until every line queued so far is written and flushed (before the process exits).
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         let Some(queue) = &self.queue else { return };
         let (done, written) = mpsc::channel();
         if queue.send(Message::Flush(done)).is_ok() {
@@ -175,12 +175,12 @@ impl AuditSink {
 }
 
 /// The current time as RFC 3339 (UTC).
-pub fn now() -> String {
+pub(crate) fn now() -> String {
     jiff::Timestamp::now().to_string()
 }
 
 /// Milliseconds as a float with microsecond precision.
-pub fn millis(latency: Duration) -> f64 {
+pub(crate) fn millis(latency: Duration) -> f64 {
     (latency.as_micros() as f64) / 1000.0
 }
 

@@ -58,7 +58,7 @@ use crate::chat::upstream::{self, Target, Upstream};
 use crate::chat::{ChatError, UpstreamError, UpstreamOverride, UpstreamTimeouts, stream};
 use crate::policy::EffectiveSet;
 
-pub const COMPLETIONS_PATH: &str = "/v1/chat/completions";
+pub(crate) const COMPLETIONS_PATH: &str = "/v1/chat/completions";
 /// Largest request body. Conversations with inline images run to megabytes; the port is
 /// loopback-only, so a generous cap costs nothing (axum's default, 2 MiB, is too small).
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;

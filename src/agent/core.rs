@@ -32,19 +32,19 @@ use crate::telemetry::{PoolMetrics, RegistryMetrics};
 #[derive(Debug)]
 pub struct AgentOptions {
     /// The McpProfile this agent serves.
-    pub profile: String,
+    pub(crate) profile: String,
     /// Where audit lines go.
     pub audit: AuditSink,
     /// How often tool lists are refreshed when nothing else triggers it (the pool's cache TTL
     /// decides whether that asks the servers again).
-    pub refresh_interval: Duration,
+    pub(crate) refresh_interval: Duration,
     /// First retry delay after a server's tools could not be listed (doubles up to
     /// `refresh_interval`).
-    pub retry_interval: Duration,
+    pub(crate) retry_interval: Duration,
     /// Registry metrics (revision, degraded).
     pub registry_metrics: RegistryMetrics,
     /// The pool's metrics, for calls refused before they reach the pool.
-    pub pool_metrics: PoolMetrics,
+    pub(crate) pool_metrics: PoolMetrics,
 }
 
 impl AgentOptions {
@@ -67,28 +67,28 @@ impl AgentOptions {
 pub struct AgentState {
     pub snapshot: Arc<Snapshot>,
     /// The profile's catalog; `None` when the profile cannot be compiled (it does not exist).
-    pub catalog: Option<Arc<ProfileCatalog>>,
+    pub(crate) catalog: Option<Arc<ProfileCatalog>>,
     /// Counts published states (0 before the first): readiness and metrics.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// A hash of the default tool set (names, descriptions, schemas): it changes exactly when
     /// an MCP client must be told `tools/list_changed`.
-    pub tools_fingerprint: u64,
+    pub(crate) tools_fingerprint: u64,
     /// The effective set of a request that narrows nothing, computed once per state (the hot
     /// path of `/mcp`).
-    pub default_set: Option<Arc<EffectiveSet>>,
+    pub(crate) default_set: Option<Arc<EffectiveSet>>,
 }
 
 /// One tool call as a door reports it.
 #[derive(Clone, Debug)]
 pub struct ToolCall {
     /// The name the caller used.
-    pub name: String,
+    pub(crate) name: String,
     /// The server it routed to.
     pub server_id: Option<Arc<str>>,
     /// The tool's name on that server.
-    pub tool: Option<Arc<str>>,
+    pub(crate) tool: Option<Arc<str>>,
     /// Wall time, policy checks included.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
     /// The output, or why there is none.
     pub result: Result<ToolOutput, McpError>,
 }
@@ -173,16 +173,12 @@ impl Agent {
         Agent { inner: Arc::new(Inner { options, registry, pool, state }) }
     }
 
-    pub fn profile(&self) -> &str {
+    pub(crate) fn profile(&self) -> &str {
         &self.inner.options.profile
     }
 
-    pub fn pool(&self) -> &Pool {
+    pub(crate) fn pool(&self) -> &Pool {
         &self.inner.pool
-    }
-
-    pub fn registry(&self) -> &Arc<dyn RegistryView> {
-        &self.inner.registry
     }
 
     /// The state served now.
@@ -191,7 +187,7 @@ impl Agent {
     }
 
     /// A receiver woken whenever a new state is published.
-    pub fn watch(&self) -> watch::Receiver<Arc<AgentState>> {
+    pub(crate) fn watch(&self) -> watch::Receiver<Arc<AgentState>> {
         self.inner.state.subscribe()
     }
 
@@ -221,7 +217,7 @@ impl Agent {
 
     /// The effective set of a request that narrows nothing and registers no tools of its own,
     /// shared (computed once per published state).
-    pub fn default_set(&self) -> Result<Arc<EffectiveSet>, PolicyError> {
+    pub(crate) fn default_set(&self) -> Result<Arc<EffectiveSet>, PolicyError> {
         if let Some(set) = &self.state().default_set {
             return Ok(set.clone());
         }
@@ -229,7 +225,7 @@ impl Agent {
     }
 
     /// Writes out every audit line queued so far (call before the process exits).
-    pub fn flush_audit(&self) {
+    pub(crate) fn flush_audit(&self) {
         self.inner.options.audit.flush();
     }
 

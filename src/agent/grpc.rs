@@ -55,7 +55,7 @@ pub mod pb {
     tonic::include_proto!("spear.v1");
 
     /// The encoded descriptor set of `proto/`, served by reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/spear_descriptor.bin"));
+    pub(crate) const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/spear_descriptor.bin"));
 }
 
 use pb::mcp_registry_server::{McpRegistry, McpRegistryServer};
@@ -66,17 +66,17 @@ pub const ERROR_CODE_METADATA: &str = "x-spear-error-code";
 /// Metadata key of the registry revision on an error status.
 pub const REVISION_METADATA: &str = crate::api::keys::HEADER_REGISTRY_REVISION;
 /// Metadata key a client may set to correlate its calls with audit lines.
-pub const REQUEST_ID_METADATA: &str = "x-request-id";
+pub(crate) const REQUEST_ID_METADATA: &str = "x-request-id";
 
 /// Tuning of the gRPC door.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GrpcOptions {
+pub(crate) struct GrpcOptions {
     /// A session unused for this long is gone (NOT_FOUND).
-    pub session_idle_timeout: Duration,
+    pub(crate) session_idle_timeout: Duration,
     /// Open sessions at most; one more is RESOURCE_EXHAUSTED.
-    pub max_sessions: usize,
+    pub(crate) max_sessions: usize,
     /// Registry views kept for Watch to resume from.
-    pub history: usize,
+    pub(crate) history: usize,
 }
 
 impl Default for GrpcOptions {
@@ -125,7 +125,7 @@ pub enum GrpcError {
 /// The gRPC services (sessions, registry, reflection v1) over `agent`, to mount on a tonic
 /// server. Must be called within a Tokio runtime: it spawns the registry feed task, which ends
 /// with `shutdown` (which also ends every Watch stream, so a graceful shutdown can finish).
-pub fn services(agent: Agent, options: GrpcOptions, shutdown: CancellationToken) -> Result<Routes, GrpcError> {
+pub(crate) fn services(agent: Agent, options: GrpcOptions, shutdown: CancellationToken) -> Result<Routes, GrpcError> {
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| GrpcError::NoRuntime)?;
     let feed = Arc::new(spawn_feed(&runtime, &agent, options.history, shutdown.clone()));
     let reflection = tonic_reflection::server::Builder::configure()
@@ -153,7 +153,7 @@ pub async fn serve(
 }
 
 /// [`serve`] with explicit options.
-pub async fn serve_with(
+pub(crate) async fn serve_with(
     agent: Agent,
     options: GrpcOptions,
     listener: tokio::net::TcpListener,

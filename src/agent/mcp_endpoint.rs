@@ -33,21 +33,21 @@ const SESSION_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The MCP server handler behind `/mcp`; one per session, all sharing the agent.
 #[derive(Clone, Debug)]
-pub struct McpEndpoint {
+pub(crate) struct McpEndpoint {
     agent: Agent,
     shutdown: CancellationToken,
 }
 
 impl McpEndpoint {
     /// A handler over `agent`; notifier tasks end when `shutdown` is cancelled.
-    pub fn new(agent: Agent, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(agent: Agent, shutdown: CancellationToken) -> Self {
         McpEndpoint { agent, shutdown }
     }
 
     /// The router to mount at `/mcp`: rmcp's Streamable HTTP service behind the `tools/call`
     /// fast path ([`super::mcp_fast_path`]). `allowed_hosts` are the `Host` values accepted
     /// (DNS-rebinding protection; loopback by default).
-    pub fn router(agent: Agent, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> axum::Router {
+    pub(crate) fn router(agent: Agent, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> axum::Router {
         let handler = McpEndpoint::new(agent, shutdown.clone());
         let sessions = Arc::new(LocalSessionManager::default());
         let service = Self::service_with(handler.clone(), shutdown, allowed_hosts.clone(), sessions.clone());
@@ -73,7 +73,7 @@ impl McpEndpoint {
 
     /// One `tools/call` through the core, as the MCP result the client gets: tool failures and
     /// refusals are `isError` results carrying the `{"error": {code, message, retryable}}` object.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         name: &str,
         arguments: Option<serde_json::Map<String, serde_json::Value>>,

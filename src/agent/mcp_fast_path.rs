@@ -36,7 +36,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 
 /// State of the `/mcp` route: the handler, rmcp's service and its sessions.
 #[derive(Clone)]
-pub struct McpRoute {
+pub(crate) struct McpRoute {
     endpoint: McpEndpoint,
     sessions: Arc<LocalSessionManager>,
     service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
@@ -45,7 +45,7 @@ pub struct McpRoute {
 
 impl McpRoute {
     /// `/mcp` over `service`, whose sessions live in `sessions`; `allowed_hosts` as given to it.
-    pub fn new(
+    pub(crate) fn new(
         endpoint: McpEndpoint,
         sessions: Arc<LocalSessionManager>,
         service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
@@ -56,7 +56,7 @@ impl McpRoute {
 }
 
 /// The `/mcp` handler: the fast path when it applies, else rmcp.
-pub async fn handle(State(route): State<McpRoute>, request: Request<Body>) -> Response {
+pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>) -> Response {
     let session = match fast_path_session(request.headers(), &route.allowed_hosts) {
         Some(session) if request.method() == Method::POST => session.to_string(),
         _ => return forward(&route, request).await,

@@ -41,10 +41,10 @@ use crate::telemetry::{PoolMetrics, RegistryMetrics};
 #[derive(Clone, Debug)]
 pub struct LocalConfig {
     /// McpServer/McpProfile manifests, re-read on change.
-    pub registry_dir: PathBuf,
+    pub(crate) registry_dir: PathBuf,
     /// The McpProfile to serve; `None` takes the registry's only profile.
-    pub profile: Option<String>,
-    pub agent: AgentConfig,
+    pub(crate) profile: Option<String>,
+    pub(crate) agent: AgentConfig,
 }
 
 /// `spearlet run`: the registry from the Kubernetes API.

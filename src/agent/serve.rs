@@ -33,7 +33,7 @@ use super::{admin, grpc};
 use crate::chat::{UpstreamOverride, UpstreamTimeouts};
 
 /// The response header naming the registry revision an answer used.
-pub const REVISION_HEADER: HeaderName = HeaderName::from_static(crate::api::keys::HEADER_REGISTRY_REVISION);
+pub(crate) const REVISION_HEADER: HeaderName = HeaderName::from_static(crate::api::keys::HEADER_REGISTRY_REVISION);
 
 /// Where audit lines go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,10 +77,10 @@ pub struct AgentConfig {
 
 /// The three bound listeners (bound first, so a taken port fails fast and names its flag).
 #[derive(Debug)]
-pub struct Listeners {
-    pub http: TcpListener,
-    pub grpc: TcpListener,
-    pub admin: TcpListener,
+pub(crate) struct Listeners {
+    pub(crate) http: TcpListener,
+    pub(crate) grpc: TcpListener,
+    pub(crate) admin: TcpListener,
 }
 
 /// Why serving failed.
@@ -103,7 +103,7 @@ pub enum ServeError {
 
 impl Listeners {
     /// Binds the three addresses of `config`.
-    pub async fn bind(config: &AgentConfig) -> Result<Self, ServeError> {
+    pub(crate) async fn bind(config: &AgentConfig) -> Result<Self, ServeError> {
         async fn one(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
             TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { flag, addr, source })
         }
@@ -117,7 +117,7 @@ impl Listeners {
 
 /// Names the registry revision an answer used: the chat door stamps the revision of the tool set
 /// it used, the HTTP router's layer the current one on every answer that has none yet.
-pub fn stamp_revision(headers: &mut HeaderMap, revision: &str) {
+pub(crate) fn stamp_revision(headers: &mut HeaderMap, revision: &str) {
     if let Ok(value) = HeaderValue::from_str(revision) {
         headers.insert(REVISION_HEADER, value);
     }
@@ -125,7 +125,12 @@ pub fn stamp_revision(headers: &mut HeaderMap, revision: &str) {
 
 /// The HTTP router of port 4040: chat completions and `/mcp`, every answer stamped with the
 /// registry revision.
-pub fn http_router(agent: Agent, chat: ChatService, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> Router {
+pub(crate) fn http_router(
+    agent: Agent,
+    chat: ChatService,
+    shutdown: CancellationToken,
+    allowed_hosts: Vec<String>,
+) -> Router {
     let mcp = McpEndpoint::router(agent.clone(), shutdown, allowed_hosts);
     super::chat::router(chat).nest_service("/mcp", mcp).layer(middleware::from_fn_with_state(agent, revision_layer))
 }
@@ -140,7 +145,7 @@ async fn revision_layer(State(agent): State<Agent>, request: Request, next: Next
 
 /// Serves every door until `cancel`, then shuts down in order (see the module doc). The agent's
 /// refresh task is spawned here and stopped last.
-pub async fn serve(
+pub(crate) async fn serve(
     config: &AgentConfig,
     agent: Agent,
     listeners: Listeners,

@@ -6,25 +6,25 @@ pub mod types {
     /// The spec passed validation.
     pub const ACCEPTED: &str = "Accepted";
     /// The server answered `initialize` and `tools/list` at the last probe.
-    pub const READY: &str = "Ready";
+    pub(crate) const READY: &str = "Ready";
     /// Every server a profile names exists.
-    pub const RESOLVED_REFS: &str = "ResolvedRefs";
+    pub(crate) const RESOLVED_REFS: &str = "ResolvedRefs";
 }
 
 /// Condition reasons (CamelCase, as Kubernetes API conventions ask).
 pub mod reasons {
     /// Spec is valid.
-    pub const VALID: &str = "Valid";
+    pub(crate) const VALID: &str = "Valid";
     /// Spec failed validation; the message names the field.
-    pub const INVALID: &str = "Invalid";
+    pub(crate) const INVALID: &str = "Invalid";
     /// stdio servers run as sidecars and are not probed by the operator.
-    pub const RUNS_AS_SIDECAR: &str = "RunsAsSidecar";
+    pub(crate) const RUNS_AS_SIDECAR: &str = "RunsAsSidecar";
     /// The probe succeeded.
-    pub const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
+    pub(crate) const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
     /// The probe failed; `lastError` says why.
-    pub const PROBE_FAILED: &str = "ProbeFailed";
+    pub(crate) const PROBE_FAILED: &str = "ProbeFailed";
     /// All referenced servers exist.
-    pub const RESOLVED: &str = "Resolved";
+    pub(crate) const RESOLVED: &str = "Resolved";
     /// Some referenced servers are missing; `missingServers` lists them.
-    pub const MISSING_SERVERS: &str = "MissingServers";
+    pub(crate) const MISSING_SERVERS: &str = "MissingServers";
 }

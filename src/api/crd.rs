@@ -22,8 +22,3 @@ pub fn render() -> Result<Vec<(String, String)>, serde_yaml::Error> {
         })
         .collect()
 }
-
-/// All CRDs as one multi-document YAML stream (what `spear-operator crds` prints).
-pub fn render_all() -> Result<String, serde_yaml::Error> {
-    Ok(render()?.into_iter().map(|(_, yaml)| format!("---\n{yaml}")).collect())
-}

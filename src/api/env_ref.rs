@@ -9,13 +9,13 @@ use thiserror::Error;
 
 /// A string split into literal text and environment references.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Template {
+pub(crate) struct Template {
     segments: Vec<Segment>,
 }
 
 /// One piece of a [`Template`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Segment {
+pub(crate) enum Segment {
     /// Text copied as is.
     Literal(String),
     /// `${ENV:name}` or `${ENV:name:-default}`.
@@ -28,7 +28,7 @@ pub enum Segment {
 
 /// Why a string is not a valid template. Offsets are byte offsets into the input.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-pub enum EnvRefError {
+pub(crate) enum EnvRefError {
     /// `${` without a closing `}`.
     #[error("reference at offset {offset} is not closed with '}}'")]
     Unterminated {
@@ -58,15 +58,15 @@ pub enum EnvRefError {
 /// A referenced variable is unset and has no default.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 #[error("environment variable {name} is not set and the reference has no default")]
-pub struct MissingEnv {
+pub(crate) struct MissingEnv {
     /// The variable's name (never its value).
-    pub name: String,
+    pub(crate) name: String,
 }
 
 const PREFIX: &str = "ENV:";
 
 /// Parses `input` into a template.
-pub fn parse(input: &str) -> Result<Template, EnvRefError> {
+pub(crate) fn parse(input: &str) -> Result<Template, EnvRefError> {
     let mut segments = Vec::new();
     let mut literal = String::new();
     let mut rest = input;
@@ -112,7 +112,7 @@ pub fn parse(input: &str) -> Result<Template, EnvRefError> {
 }
 
 /// Whether `name` is a portable environment variable name.
-pub fn is_env_name(name: &str) -> bool {
+pub(crate) fn is_env_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
@@ -120,12 +120,12 @@ pub fn is_env_name(name: &str) -> bool {
 
 impl Template {
     /// The segments in order.
-    pub fn segments(&self) -> &[Segment] {
+    pub(crate) fn segments(&self) -> &[Segment] {
         &self.segments
     }
 
     /// Names of the variables referenced, in order of appearance.
-    pub fn references(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn references(&self) -> impl Iterator<Item = &str> {
         self.segments.iter().filter_map(|s| match s {
             Segment::Env { name, .. } => Some(name.as_str()),
             Segment::Literal(_) => None,
@@ -133,7 +133,7 @@ impl Template {
     }
 
     /// Expands every reference with `lookup`; the first unset variable without default fails.
-    pub fn expand(&self, lookup: impl Fn(&str) -> Option<String>) -> Result<String, MissingEnv> {
+    pub(crate) fn expand(&self, lookup: impl Fn(&str) -> Option<String>) -> Result<String, MissingEnv> {
         let mut out = String::new();
         for segment in &self.segments {
             match segment {

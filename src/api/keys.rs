@@ -3,11 +3,10 @@
 //! agent and the operator read them, the chart and the tests check them; one definition each,
 //! so they cannot drift apart. Flags read their variables from here (`env = keys::...`).
 
-pub const GROUP: &str = "mcp.spear.dev";
-pub const VERSION: &str = "v1alpha1";
-pub const API_VERSION: &str = "mcp.spear.dev/v1alpha1";
-pub const KIND_SERVER: &str = "McpServer";
-pub const KIND_PROFILE: &str = "McpProfile";
+pub(crate) const GROUP: &str = "mcp.spear.dev";
+pub(crate) const API_VERSION: &str = "mcp.spear.dev/v1alpha1";
+pub(crate) const KIND_SERVER: &str = "McpServer";
+pub(crate) const KIND_PROFILE: &str = "McpProfile";
 
 /// Namespace label that opts a namespace into injection (value [`INJECTION_ENABLED`]).
 pub const LABEL_INJECTION: &str = "mcp.spear.dev/injection";
@@ -19,27 +18,27 @@ pub const ANNOTATION_INJECT: &str = "mcp.spear.dev/inject";
 /// Pod annotation the webhook sets on every pod it injects: a hash of what it injected.
 pub const ANNOTATION_INJECTED: &str = "mcp.spear.dev/injected";
 /// The recommended label saying who manages an object.
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub(crate) const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// The recommended label naming the application an object belongs to (value [`PART_OF`]).
-pub const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
-pub const PART_OF: &str = "spear-mcp";
+pub(crate) const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
+pub(crate) const PART_OF: &str = "spear-mcp";
 /// Field manager of every server-side apply the operator makes, and its `managed-by` label.
-pub const FIELD_MANAGER: &str = "spear-operator";
+pub(crate) const FIELD_MANAGER: &str = "spear-operator";
 
 /// Response header (and gRPC metadata key) naming the registry revision an answer used.
-pub const HEADER_REGISTRY_REVISION: &str = "x-spear-registry-revision";
+pub(crate) const HEADER_REGISTRY_REVISION: &str = "x-spear-registry-revision";
 
 // Ports of the agent. HTTP and gRPC are loopback only (only the pod itself may use its tools);
 // admin listens on all interfaces for the kubelet's probes and scrapers.
-pub const PORT_HTTP: u16 = 4040;
-pub const PORT_GRPC: u16 = 4041;
-pub const PORT_ADMIN: u16 = 4042;
+pub(crate) const PORT_HTTP: u16 = 4040;
+pub(crate) const PORT_GRPC: u16 = 4041;
+pub(crate) const PORT_ADMIN: u16 = 4042;
 /// The operator's admin server (`/healthz`, `/readyz`, `/metrics`).
-pub const PORT_OPERATOR_METRICS: u16 = 8080;
+pub(crate) const PORT_OPERATOR_METRICS: u16 = 8080;
 /// The operator's webhook (HTTPS).
-pub const PORT_WEBHOOK: u16 = 8443;
+pub(crate) const PORT_WEBHOOK: u16 = 8443;
 /// Name of the agent's admin port (at most 15 characters, as Kubernetes requires).
-pub const ADMIN_PORT_NAME: &str = "spear-admin";
+pub(crate) const ADMIN_PORT_NAME: &str = "spear-admin";
 
 // The injected pod.
 pub const AGENT_CONTAINER: &str = "spearlet";
@@ -48,18 +47,18 @@ pub const INIT_CONTAINER: &str = "spear-init";
 /// Prefix of the stdio server sidecars' names (`mcp-<server>`).
 pub const SIDECAR_PREFIX: &str = "mcp-";
 /// Prefix of the stdio server sidecars' scratch volumes (`mcp-tmp-<server>`).
-pub const TMP_VOLUME_PREFIX: &str = "mcp-tmp-";
+pub(crate) const TMP_VOLUME_PREFIX: &str = "mcp-tmp-";
 /// Volume holding the static spearlet, mounted at [`BIN_DIR`].
-pub const VOLUME_BIN: &str = "spear-bin";
+pub(crate) const VOLUME_BIN: &str = "spear-bin";
 /// Volume holding the bridges' Unix sockets, mounted at [`RUN_DIR`].
-pub const VOLUME_RUN: &str = "spear-run";
+pub(crate) const VOLUME_RUN: &str = "spear-run";
 pub const BIN_DIR: &str = "/spear/bin";
 /// The bridge of server `s` listens on `<RUN_DIR>/<s>.sock`; the agent's default socket dir.
 pub const RUN_DIR: &str = "/spear/run";
 /// The spearlet every injected container runs.
-pub const SPEARLET: &str = "/spear/bin/spearlet";
+pub(crate) const SPEARLET: &str = "/spear/bin/spearlet";
 /// Where the spearlet image holds the static binary the init container copies.
-pub const IMAGE_SPEARLET: &str = "/spearlet";
+pub(crate) const IMAGE_SPEARLET: &str = "/spearlet";
 
 // RBAC and the operator's own objects.
 /// The agent's ClusterRole, and the RoleBinding to it in each injection-enabled namespace.
@@ -69,72 +68,72 @@ pub const OPERATOR_ROLE: &str = "spear-operator";
 /// The operator's leader-election Lease.
 pub const OPERATOR_LEASE: &str = "spear-operator";
 /// The Secret holding the webhook's serving certificate.
-pub const WEBHOOK_CERT_SECRET: &str = "spear-operator-webhook-tls";
+pub(crate) const WEBHOOK_CERT_SECRET: &str = "spear-operator-webhook-tls";
 /// The MutatingWebhookConfiguration whose `caBundle` the operator keeps current.
 pub const WEBHOOK_CONFIGURATION: &str = "spear-mcp-injector";
 /// The webhook's Service; its certificate is issued for `<service>.<namespace>.svc`.
-pub const WEBHOOK_SERVICE: &str = "spear-operator-webhook";
+pub(crate) const WEBHOOK_SERVICE: &str = "spear-operator-webhook";
 
 // Environment the webhook gives the agent container (read by `spearlet run`'s flags).
-pub const ENV_PROFILE: &str = "SPEAR_PROFILE";
+pub(crate) const ENV_PROFILE: &str = "SPEAR_PROFILE";
 /// The pod's namespace (downward API): where the agent watches its registry. The operator reads
 /// it too, for its own namespace.
-pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
-pub const ENV_SOCKET_DIR: &str = "SPEAR_SOCKET_DIR";
+pub(crate) const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
+pub(crate) const ENV_SOCKET_DIR: &str = "SPEAR_SOCKET_DIR";
 /// The stdio servers given sidecars, comma-separated; a stdio server the profile gains later has
 /// none, and the agent reports that it needs a pod restart.
-pub const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
-pub const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
-pub const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
+pub(crate) const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
+pub(crate) const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
+pub(crate) const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
 /// The chat upstream's API key (from the profile's `chat.upstream.apiKeySecretRef`; in local
 /// mode, export it).
-pub const ENV_UPSTREAM_API_KEY: &str = "SPEAR_UPSTREAM_API_KEY";
+pub(crate) const ENV_UPSTREAM_API_KEY: &str = "SPEAR_UPSTREAM_API_KEY";
 
 // Environment the webhook gives app containers.
 /// The aggregated MCP endpoint.
 pub const ENV_MCP_URL: &str = "SPEAR_MCP_URL";
 /// The OpenAI-compatible base URL.
-pub const ENV_CHAT_URL: &str = "SPEAR_CHAT_URL";
+pub(crate) const ENV_CHAT_URL: &str = "SPEAR_CHAT_URL";
 /// The agent's gRPC address; `spearlet tools` reads it too.
-pub const ENV_GRPC_ADDR: &str = "SPEAR_GRPC_ADDR";
+pub(crate) const ENV_GRPC_ADDR: &str = "SPEAR_GRPC_ADDR";
 
 // The other flags' variables (every flag reads one; see `--help`).
-pub const ENV_LOG: &str = "SPEAR_LOG";
-pub const ENV_LOG_FORMAT: &str = "SPEAR_LOG_FORMAT";
-pub const ENV_KUBECONFIG: &str = "KUBECONFIG";
-pub const ENV_REGISTRY_DIR: &str = "SPEAR_REGISTRY_DIR";
-pub const ENV_REGISTRY_WATCH: &str = "SPEAR_REGISTRY_WATCH";
-pub const ENV_UPSTREAM_URL: &str = "SPEAR_UPSTREAM_URL";
-pub const ENV_UPSTREAM_API_KEY_ENV: &str = "SPEAR_UPSTREAM_API_KEY_ENV";
-pub const ENV_AUDIT_LOG: &str = "SPEAR_AUDIT_LOG";
-pub const ENV_AUDIT_ARGUMENTS: &str = "SPEAR_AUDIT_ARGUMENTS";
-pub const ENV_SHUTDOWN_GRACE_SECONDS: &str = "SPEAR_SHUTDOWN_GRACE_SECONDS";
-pub const ENV_WORKER_THREADS: &str = "SPEAR_WORKER_THREADS";
-pub const ENV_ALLOWED_HOSTS: &str = "SPEAR_ALLOWED_HOSTS";
-pub const ENV_TOOLS_SERVER: &str = "SPEAR_TOOLS_SERVER";
-pub const ENV_TOOLS_ARGS: &str = "SPEAR_TOOLS_ARGS";
-pub const ENV_EXPLAIN_REQUEST: &str = "SPEAR_EXPLAIN_REQUEST";
-pub const ENV_EXPLAIN_CONNECT: &str = "SPEAR_EXPLAIN_CONNECT";
-pub const ENV_OUTPUT: &str = "SPEAR_OUTPUT";
-pub const ENV_CONVERT_OUTPUT_DIR: &str = "SPEAR_CONVERT_OUTPUT_DIR";
-pub const ENV_CONVERT_NAMESPACE: &str = "SPEAR_CONVERT_NAMESPACE";
-pub const ENV_BRIDGE_SOCKET: &str = "SPEAR_BRIDGE_SOCKET";
-pub const ENV_SERVER_ID: &str = "SPEAR_SERVER_ID";
+pub(crate) const ENV_LOG: &str = "SPEAR_LOG";
+pub(crate) const ENV_LOG_FORMAT: &str = "SPEAR_LOG_FORMAT";
+pub(crate) const ENV_KUBECONFIG: &str = "KUBECONFIG";
+pub(crate) const ENV_REGISTRY_DIR: &str = "SPEAR_REGISTRY_DIR";
+pub(crate) const ENV_REGISTRY_WATCH: &str = "SPEAR_REGISTRY_WATCH";
+pub(crate) const ENV_UPSTREAM_URL: &str = "SPEAR_UPSTREAM_URL";
+pub(crate) const ENV_UPSTREAM_API_KEY_ENV: &str = "SPEAR_UPSTREAM_API_KEY_ENV";
+pub(crate) const ENV_AUDIT_LOG: &str = "SPEAR_AUDIT_LOG";
+pub(crate) const ENV_AUDIT_ARGUMENTS: &str = "SPEAR_AUDIT_ARGUMENTS";
+pub(crate) const ENV_SHUTDOWN_GRACE_SECONDS: &str = "SPEAR_SHUTDOWN_GRACE_SECONDS";
+pub(crate) const ENV_WORKER_THREADS: &str = "SPEAR_WORKER_THREADS";
+pub(crate) const ENV_ALLOWED_HOSTS: &str = "SPEAR_ALLOWED_HOSTS";
+pub(crate) const ENV_TOOLS_SERVER: &str = "SPEAR_TOOLS_SERVER";
+pub(crate) const ENV_TOOLS_ARGS: &str = "SPEAR_TOOLS_ARGS";
+pub(crate) const ENV_EXPLAIN_REQUEST: &str = "SPEAR_EXPLAIN_REQUEST";
+pub(crate) const ENV_EXPLAIN_CONNECT: &str = "SPEAR_EXPLAIN_CONNECT";
+pub(crate) const ENV_OUTPUT: &str = "SPEAR_OUTPUT";
+pub(crate) const ENV_CONVERT_OUTPUT_DIR: &str = "SPEAR_CONVERT_OUTPUT_DIR";
+pub(crate) const ENV_CONVERT_NAMESPACE: &str = "SPEAR_CONVERT_NAMESPACE";
+pub(crate) const ENV_BRIDGE_SOCKET: &str = "SPEAR_BRIDGE_SOCKET";
+pub(crate) const ENV_SERVER_ID: &str = "SPEAR_SERVER_ID";
 // spear-operator's (the chart sets them).
 /// The operator pod's name (downward API): its leader-election identity.
-pub const ENV_POD_NAME: &str = "POD_NAME";
-pub const ENV_NAMESPACE: &str = "SPEAR_NAMESPACE";
-pub const ENV_WATCH_NAMESPACE: &str = "SPEAR_WATCH_NAMESPACE";
-pub const ENV_METRICS_ADDR: &str = "SPEAR_METRICS_ADDR";
-pub const ENV_LEADER_ELECTION: &str = "SPEAR_LEADER_ELECTION";
-pub const ENV_LEASE_NAME: &str = "SPEAR_LEASE_NAME";
-pub const ENV_PROBE_INTERVAL_SECONDS: &str = "SPEAR_PROBE_INTERVAL_SECONDS";
-pub const ENV_WEBHOOK_ADDR: &str = "SPEAR_WEBHOOK_ADDR";
-pub const ENV_WEBHOOK_CONFIG_NAME: &str = "SPEAR_WEBHOOK_CONFIG_NAME";
-pub const ENV_WEBHOOK_SERVICE_NAME: &str = "SPEAR_WEBHOOK_SERVICE_NAME";
-pub const ENV_CERT_MODE: &str = "SPEAR_CERT_MODE";
-pub const ENV_CERT_DIR: &str = "SPEAR_CERT_DIR";
-pub const ENV_AGENT_IMAGE: &str = "SPEAR_AGENT_IMAGE";
-pub const ENV_SPEARLET_IMAGE: &str = "SPEAR_SPEARLET_IMAGE";
-pub const ENV_NATIVE_SIDECARS: &str = "SPEAR_NATIVE_SIDECARS";
-pub const ENV_CRDS_OUTPUT_DIR: &str = "SPEAR_CRDS_OUTPUT_DIR";
+pub(crate) const ENV_POD_NAME: &str = "POD_NAME";
+pub(crate) const ENV_NAMESPACE: &str = "SPEAR_NAMESPACE";
+pub(crate) const ENV_WATCH_NAMESPACE: &str = "SPEAR_WATCH_NAMESPACE";
+pub(crate) const ENV_METRICS_ADDR: &str = "SPEAR_METRICS_ADDR";
+pub(crate) const ENV_LEADER_ELECTION: &str = "SPEAR_LEADER_ELECTION";
+pub(crate) const ENV_LEASE_NAME: &str = "SPEAR_LEASE_NAME";
+pub(crate) const ENV_PROBE_INTERVAL_SECONDS: &str = "SPEAR_PROBE_INTERVAL_SECONDS";
+pub(crate) const ENV_WEBHOOK_ADDR: &str = "SPEAR_WEBHOOK_ADDR";
+pub(crate) const ENV_WEBHOOK_CONFIG_NAME: &str = "SPEAR_WEBHOOK_CONFIG_NAME";
+pub(crate) const ENV_WEBHOOK_SERVICE_NAME: &str = "SPEAR_WEBHOOK_SERVICE_NAME";
+pub(crate) const ENV_CERT_MODE: &str = "SPEAR_CERT_MODE";
+pub(crate) const ENV_CERT_DIR: &str = "SPEAR_CERT_DIR";
+pub(crate) const ENV_AGENT_IMAGE: &str = "SPEAR_AGENT_IMAGE";
+pub(crate) const ENV_SPEARLET_IMAGE: &str = "SPEAR_SPEARLET_IMAGE";
+pub(crate) const ENV_NATIVE_SIDECARS: &str = "SPEAR_NATIVE_SIDECARS";
+pub(crate) const ENV_CRDS_OUTPUT_DIR: &str = "SPEAR_CRDS_OUTPUT_DIR";

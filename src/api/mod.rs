@@ -28,7 +28,7 @@ pub mod validate;
 
 pub use mcp_profile::*;
 pub use mcp_server::*;
-pub use validate::{Validate, ValidationError};
+pub(crate) use validate::{Validate, ValidationError};
 
 #[cfg(test)]
 mod tests;

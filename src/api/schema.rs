@@ -6,7 +6,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::json;
 
 /// `status.conditions`: a list-map keyed by `type`, so server-side apply merges by condition type.
-pub fn conditions(generator: &mut SchemaGenerator) -> Schema {
+pub(crate) fn conditions(generator: &mut SchemaGenerator) -> Schema {
     let mut schema = Vec::<Condition>::json_schema(generator);
     schema.insert("x-kubernetes-list-type".into(), json!("map"));
     schema.insert("x-kubernetes-list-map-keys".into(), json!(["type"]));
@@ -14,7 +14,7 @@ pub fn conditions(generator: &mut SchemaGenerator) -> Schema {
 }
 
 /// `stdio.env`: container-style env vars, unique by name, each with a value or a source.
-pub fn env_list(generator: &mut SchemaGenerator) -> Schema {
+pub(crate) fn env_list(generator: &mut SchemaGenerator) -> Schema {
     let mut item = EnvVar::json_schema(generator);
     item.insert(
         "x-kubernetes-validations".into(),

@@ -17,12 +17,12 @@ use super::{ApprovalPolicy, HttpSpec, McpProfile, McpServer, StdioSpec, Transpor
 
 /// One problem in a resource: the field path (`spec.http.url`), what is wrong, and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ValidationError {
+pub(crate) struct ValidationError {
     /// Path of the offending field, as `kubectl explain` spells it, with list indexes.
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
     /// What to do about it.
-    pub fix: String,
+    pub(crate) fix: String,
 }
 
 impl fmt::Display for ValidationError {
@@ -34,7 +34,7 @@ impl fmt::Display for ValidationError {
 impl std::error::Error for ValidationError {}
 
 /// Something that can check itself.
-pub trait Validate {
+pub(crate) trait Validate {
     /// Every problem found; empty means valid.
     fn validate(&self) -> Vec<ValidationError>;
 }
@@ -63,17 +63,17 @@ impl Problems {
 
 /// Bounds shared with the CRD schema (kept in one place so both agree).
 mod bounds {
-    pub const TOOL_TIMEOUT_MS: (u32, u32) = (1, 3_600_000);
-    pub const MAX_CONCURRENCY: (u32, u32) = (1, 1024);
-    pub const MAX_TOOL_OUTPUT_BYTES: (u32, u32) = (1, 16_777_216);
-    pub const MAX_ITERATIONS: (u32, u32) = (1, 100);
-    pub const MAX_TOTAL_TOOL_CALLS: (u32, u32) = (1, 1000);
-    pub const TOOL_PATTERNS: usize = 128;
-    pub const PROFILE_PATTERNS: usize = 256;
-    pub const PATTERN_LEN: usize = 256;
-    pub const SERVERS: usize = 64;
-    pub const ENV: usize = 128;
-    pub const HEADERS: usize = 64;
+    pub(crate) const TOOL_TIMEOUT_MS: (u32, u32) = (1, 3_600_000);
+    pub(crate) const MAX_CONCURRENCY: (u32, u32) = (1, 1024);
+    pub(crate) const MAX_TOOL_OUTPUT_BYTES: (u32, u32) = (1, 16_777_216);
+    pub(crate) const MAX_ITERATIONS: (u32, u32) = (1, 100);
+    pub(crate) const MAX_TOTAL_TOOL_CALLS: (u32, u32) = (1, 1000);
+    pub(crate) const TOOL_PATTERNS: usize = 128;
+    pub(crate) const PROFILE_PATTERNS: usize = 256;
+    pub(crate) const PATTERN_LEN: usize = 256;
+    pub(crate) const SERVERS: usize = 64;
+    pub(crate) const ENV: usize = 128;
+    pub(crate) const HEADERS: usize = 64;
 }
 
 /// Headers the MCP transport sets itself; a configured value would break the protocol.
@@ -89,7 +89,7 @@ const RESERVED_HEADERS: &[&str] = &[
 ];
 
 /// Whether `s` is a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters).
-pub fn is_dns1123_label(s: &str) -> bool {
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -98,13 +98,13 @@ pub fn is_dns1123_label(s: &str) -> bool {
 }
 
 /// Whether `s` is a DNS-1123 subdomain (labels joined by dots, at most 253 characters).
-pub fn is_dns1123_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 /// Checks one tool-name glob pattern: `*` and `?` are the only wildcards, the rest is literal.
 /// Returns the problem and its fix.
-pub fn check_tool_pattern(pattern: &str) -> Result<(), (String, String)> {
+pub(crate) fn check_tool_pattern(pattern: &str) -> Result<(), (String, String)> {
     if pattern.is_empty() {
         return Err(("pattern is empty".into(), "remove it, or use '*' to match every tool".into()));
     }

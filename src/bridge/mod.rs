@@ -32,33 +32,33 @@ use self::policy::{Action, BackoffPolicy, Event, Supervisor};
 use self::relay::{ClientGone, Session};
 use self::socket::Listener;
 
-pub use self::socket::SOCKET_MODE;
+pub(crate) use self::socket::SOCKET_MODE;
 
 /// Pause after a failed `accept` (for example EMFILE), so a persistent error does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// What `spearlet bridge` runs: where to listen and which command to start.
 #[derive(Clone, Debug)]
-pub struct BridgeConfig {
+pub(crate) struct BridgeConfig {
     /// Unix socket path to listen on; its directory must exist.
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// The MCP server's executable (looked up on PATH when it has no slash; never a shell).
-    pub command: String,
-    pub args: Vec<String>,
+    pub(crate) command: String,
+    pub(crate) args: Vec<String>,
     /// Server id for log lines; defaults to the command's file name.
-    pub server_id: Option<String>,
+    pub(crate) server_id: Option<String>,
     /// Grace periods and restart backoff.
-    pub timings: Timings,
+    pub(crate) timings: Timings,
 }
 
 impl BridgeConfig {
     /// A configuration with the default [`Timings`] and no server id.
-    pub fn new(socket: impl Into<PathBuf>, command: impl Into<String>, args: Vec<String>) -> Self {
+    pub(crate) fn new(socket: impl Into<PathBuf>, command: impl Into<String>, args: Vec<String>) -> Self {
         Self { socket: socket.into(), command: command.into(), args, server_id: None, timings: Timings::default() }
     }
 
     /// The name log lines carry as `server_id`: the server id, else the command's file name.
-    pub fn server_label(&self) -> String {
+    pub(crate) fn server_label(&self) -> String {
         if let Some(id) = &self.server_id {
             return id.clone();
         }
@@ -69,22 +69,22 @@ impl BridgeConfig {
 
 /// Grace periods and restart backoff of the bridge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timings {
+pub(crate) struct Timings {
     /// Restart delays for a child that exits on its own.
-    pub backoff: BackoffPolicy,
+    pub(crate) backoff: BackoffPolicy,
     /// After its client left, how long the child may take to exit on stdin EOF before SIGTERM
     /// (the MCP stdio transport's own shutdown sequence).
-    pub eof_grace: Duration,
+    pub(crate) eof_grace: Duration,
     /// After SIGTERM for a child whose client left, how long before SIGKILL.
-    pub term_grace: Duration,
+    pub(crate) term_grace: Duration,
     /// On shutdown, how long the child may take after SIGTERM before SIGKILL.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// When the child exits with a client connected, how long its last output may take to reach
     /// the client before the connection is closed.
-    pub drain_grace: Duration,
+    pub(crate) drain_grace: Duration,
     /// How long a connection that arrives while a client is connected is held before it is
     /// refused, in case the connected client is in fact gone (see `policy`).
-    pub hold_grace: Duration,
+    pub(crate) hold_grace: Duration,
 }
 
 impl Default for Timings {
@@ -108,7 +108,7 @@ impl Default for Timings {
 
 /// Why the bridge stopped with an error.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// The command could not be started (not found, not executable, ...). Never retried.
     #[error("cannot start '{command}': {source}{hint}", hint = child::spawn_hint(.source.kind()))]
     Spawn {
@@ -144,7 +144,7 @@ pub enum Error {
 ///
 /// On shutdown the child gets SIGTERM (SIGKILL after [`Timings::shutdown_grace`]) and the socket
 /// file is removed; it is removed on the error paths too.
-pub async fn run(config: BridgeConfig, shutdown: CancellationToken) -> Result<(), Error> {
+pub(crate) async fn run(config: BridgeConfig, shutdown: CancellationToken) -> Result<(), Error> {
     let server: Arc<str> = config.server_label().into();
     let span = tracing::info_span!("bridge", server_id = %server);
     async move {

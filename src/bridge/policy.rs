@@ -26,13 +26,13 @@ use std::time::{Duration, Instant};
 /// Restart delays for a child that exits on its own: exponential from `initial`, capped at `max`,
 /// and back to `initial` once a child stayed up for `stable_after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BackoffPolicy {
+pub(crate) struct BackoffPolicy {
     /// Delay after the first exit.
-    pub initial: Duration,
+    pub(crate) initial: Duration,
     /// Upper bound of the delay.
-    pub max: Duration,
+    pub(crate) max: Duration,
     /// Uptime after which a child counts as healthy again (the failure count resets).
-    pub stable_after: Duration,
+    pub(crate) stable_after: Duration,
 }
 
 impl Default for BackoffPolicy {
@@ -52,7 +52,7 @@ impl Default for BackoffPolicy {
 
 /// Exponential restart backoff with a cap and a reset after a stable run.
 #[derive(Clone, Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     policy: BackoffPolicy,
     /// Consecutive exits of children that did not reach `stable_after`.
     failures: u32,
@@ -62,7 +62,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// A backoff with no failure recorded yet.
-    pub fn new(policy: BackoffPolicy) -> Self {
+    pub(crate) fn new(policy: BackoffPolicy) -> Self {
         Self { policy, failures: 0 }
     }
 
@@ -71,7 +71,7 @@ impl Backoff {
     /// `fault` is true when the child exited on its own (whatever its status: a server that exits
     /// 0 in a loop is as broken as one that crashes); false when the bridge stopped it because its
     /// client left, which restarts at once and does not count as a failure.
-    pub fn child_ended(&mut self, uptime: Duration, fault: bool) -> Duration {
+    pub(crate) fn child_ended(&mut self, uptime: Duration, fault: bool) -> Duration {
         if uptime >= self.policy.stable_after {
             self.failures = 0;
         }
@@ -86,7 +86,7 @@ impl Backoff {
 
 /// What happened, as the I/O loop reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// A child process started.
     Spawned,
     /// A client connection was accepted.
@@ -103,7 +103,7 @@ pub enum Event {
 
 /// What the I/O loop must do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     None,
     /// Relay the new client to the idle child.
     Attach,
@@ -138,7 +138,7 @@ enum State {
 
 /// The bridge's state machine: one child, at most one client.
 #[derive(Clone, Debug)]
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     state: State,
     backoff: Backoff,
     /// A connection is held (see the module header); the I/O loop holds its stream.
@@ -150,12 +150,12 @@ pub struct Supervisor {
 impl Supervisor {
     /// Starts `Down` with the first child due at once (eager start: a command that cannot start
     /// fails the bridge before any client arrives, and the first call does not pay for startup).
-    pub fn new(policy: BackoffPolicy, now: Instant) -> Self {
+    pub(crate) fn new(policy: BackoffPolicy, now: Instant) -> Self {
         Self { state: State::Down { restart_at: now }, backoff: Backoff::new(policy), held: false }
     }
 
     /// When the next child is due, if none is running and the bridge is not stopping.
-    pub fn restart_at(&self) -> Option<Instant> {
+    pub(crate) fn restart_at(&self) -> Option<Instant> {
         match self.state {
             State::Down { restart_at } => Some(restart_at),
             _ => None,
@@ -163,12 +163,12 @@ impl Supervisor {
     }
 
     /// Whether the I/O loop should accept connections now (otherwise they wait in the backlog).
-    pub fn accepts_clients(&self) -> bool {
+    pub(crate) fn accepts_clients(&self) -> bool {
         matches!(self.state, State::Idle { .. } | State::Serving { .. })
     }
 
     /// Feeds one event and returns the action to execute.
-    pub fn on(&mut self, event: Event, now: Instant) -> Action {
+    pub(crate) fn on(&mut self, event: Event, now: Instant) -> Action {
         match (event, self.state) {
             (Event::ShutdownRequested, _) => {
                 self.state = State::Stopping;

@@ -22,7 +22,7 @@ use super::Error;
 /// Socket file mode: owner and group may connect, others may not. The agent and the sidecars of a
 /// pod share the socket's `emptyDir`; with different UIDs they share a group through the pod's
 /// `fsGroup` (the volume is group-owned and setgid), which 0600 would lock out.
-pub const SOCKET_MODE: u32 = 0o660;
+pub(crate) const SOCKET_MODE: u32 = 0o660;
 
 /// A bound socket that removes its file when dropped.
 #[derive(Debug)]

@@ -87,7 +87,7 @@ impl ChatError {
     }
 
     /// The `code` of the error body (also the log label).
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         self.wire().2
     }
 }

@@ -21,7 +21,7 @@ const CONTENT_PIECE_CHARS: usize = 64;
 
 /// The chunks of `completion`. `extension` (the `spear` object) rides on the last chunk;
 /// `include_usage` adds OpenAI's trailing usage chunk (and `usage: null` on the others).
-pub fn chunks(completion: &ChatCompletion, include_usage: bool, extension: Option<Value>) -> Vec<Value> {
+pub(crate) fn chunks(completion: &ChatCompletion, include_usage: bool, extension: Option<Value>) -> Vec<Value> {
     let mut base = Map::new();
     if let Some(id) = &completion.id {
         base.insert("id".into(), Value::from(id.as_str()));
@@ -110,7 +110,7 @@ fn pieces(s: &str, size: usize) -> impl Iterator<Item = &str> {
 }
 
 /// The SSE body: one `data:` event per chunk, then `data: [DONE]`.
-pub fn sse_body(chunks: &[Value]) -> String {
+pub(crate) fn sse_body(chunks: &[Value]) -> String {
     let mut body = String::new();
     for chunk in chunks {
         body.push_str("data: ");

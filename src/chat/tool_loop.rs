@@ -33,7 +33,7 @@ use crate::policy::budget::LoopBudgets;
 
 /// Whose a tool call in a model answer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallKind {
+pub(crate) enum CallKind {
     /// Routed by the effective set: the agent runs it.
     Mcp,
     /// One of the request's own tools: returned to the caller unexecuted.
@@ -44,13 +44,13 @@ pub enum CallKind {
 
 impl CallKind {
     /// Whether the agent executes it (MCP and unknown calls).
-    pub fn is_executed(self) -> bool {
+    pub(crate) fn is_executed(self) -> bool {
         !matches!(self, CallKind::Caller)
     }
 }
 
 /// Classifies each call: the caller's own tools first, then what `is_mcp` routes.
-pub fn classify(calls: &[ToolCallItem], caller: &HashSet<&str>, is_mcp: impl Fn(&str) -> bool) -> Vec<CallKind> {
+pub(crate) fn classify(calls: &[ToolCallItem], caller: &HashSet<&str>, is_mcp: impl Fn(&str) -> bool) -> Vec<CallKind> {
     calls
         .iter()
         .map(|call| {
@@ -70,11 +70,11 @@ pub fn classify(calls: &[ToolCallItem], caller: &HashSet<&str>, is_mcp: impl Fn(
 
 /// Why the loop stopped early, reported in the `spear.budget_exceeded` extension field.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct BudgetNote {
+pub(crate) struct BudgetNote {
     /// Always `mcp_budget_exceeded`.
-    pub code: &'static str,
+    pub(crate) code: &'static str,
     /// Which budget, and what was not done.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl BudgetNote {
@@ -85,7 +85,7 @@ impl BudgetNote {
 
 /// What happens after the calls of a round are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum After {
+pub(crate) enum After {
     /// Append the results and ask the model again.
     AskAgain,
     /// The answer also calls the caller's tools: return it with only those calls.
@@ -94,20 +94,20 @@ pub enum After {
 
 /// One round of calls to execute, as indices into the answer's `tool_calls`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Round {
+pub(crate) struct Round {
     /// Executed, concurrently.
-    pub run: Vec<usize>,
+    pub(crate) run: Vec<usize>,
     /// Not executed: past `maxTotalToolCalls`; answered with `mcp_budget_exceeded` output.
-    pub refused: Vec<usize>,
+    pub(crate) refused: Vec<usize>,
     /// What comes next.
-    pub then: After,
+    pub(crate) then: After,
     /// Set when calls were refused.
-    pub note: Option<BudgetNote>,
+    pub(crate) note: Option<BudgetNote>,
 }
 
 /// The loop's next step after an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// No call for the agent: return the answer as it is.
     Return,
     Execute(Round),
@@ -117,7 +117,7 @@ pub enum Next {
 
 /// Counters of one completion's loop against its budgets.
 #[derive(Clone, Debug)]
-pub struct LoopState {
+pub(crate) struct LoopState {
     budgets: LoopBudgets,
     iterations: u32,
     tool_calls: u32,
@@ -125,22 +125,22 @@ pub struct LoopState {
 
 impl LoopState {
     /// A loop under `budgets`, nothing done yet.
-    pub fn new(budgets: LoopBudgets) -> Self {
+    pub(crate) fn new(budgets: LoopBudgets) -> Self {
         LoopState { budgets, iterations: 0, tool_calls: 0 }
     }
 
     /// Upstream requests made so far (`maxIterations` counts these).
-    pub fn iterations(&self) -> u32 {
+    pub(crate) fn iterations(&self) -> u32 {
         self.iterations
     }
 
     /// Records an upstream request; call it before each one.
-    pub fn request_sent(&mut self) {
+    pub(crate) fn request_sent(&mut self) {
         self.iterations += 1;
     }
 
     /// Decides what to do with an answer whose calls are `kinds`, and counts the calls it lets run.
-    pub fn decide(&mut self, kinds: &[CallKind]) -> Next {
+    pub(crate) fn decide(&mut self, kinds: &[CallKind]) -> Next {
         let executed: Vec<usize> = (0..kinds.len()).filter(|&i| kinds[i].is_executed()).collect();
         if executed.is_empty() {
             return Next::Return;
@@ -184,7 +184,7 @@ impl LoopState {
 }
 
 /// The tool output of a call refused by `maxTotalToolCalls`.
-pub fn budget_refusal(max_total_tool_calls: u32) -> String {
+pub(crate) fn budget_refusal(max_total_tool_calls: u32) -> String {
     McpError::new(
         ErrorCode::McpBudgetExceeded,
         format!(
@@ -198,7 +198,7 @@ pub fn budget_refusal(max_total_tool_calls: u32) -> String {
 // === the request sent upstream ===
 
 /// The effective set's tools as OpenAI function tools.
-pub fn injected_tools(set: &EffectiveSet) -> Vec<ToolDef> {
+pub(crate) fn injected_tools(set: &EffectiveSet) -> Vec<ToolDef> {
     set.tools()
         .map(|(_, t)| {
             ToolDef::function(
@@ -213,7 +213,11 @@ pub fn injected_tools(set: &EffectiveSet) -> Vec<ToolDef> {
 /// The body sent upstream: the caller's request with the MCP tools appended after its own, the
 /// default model filled in, and non-streaming (the loop needs whole answers; the final one is
 /// streamed to the caller by [`super::stream`]). The `mcp` object is never serialized.
-pub fn upstream_body(mut request: ChatRequest, injected: Vec<ToolDef>, default_model: Option<&str>) -> ChatRequest {
+pub(crate) fn upstream_body(
+    mut request: ChatRequest,
+    injected: Vec<ToolDef>,
+    default_model: Option<&str>,
+) -> ChatRequest {
     request.mcp = None;
     if request.model.is_none() {
         request.model = default_model.map(str::to_string);
@@ -229,16 +233,16 @@ pub fn upstream_body(mut request: ChatRequest, injected: Vec<ToolDef>, default_m
 
 /// `tool_choice` of the first upstream request and of the later ones.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ChoicePlan {
+pub(crate) struct ChoicePlan {
     /// The first request's.
-    pub first: Option<ToolChoice>,
+    pub(crate) first: Option<ToolChoice>,
     /// Every later request's.
-    pub later: Option<ToolChoice>,
+    pub(crate) later: Option<ToolChoice>,
 }
 
 impl ChoicePlan {
     /// The choice for the request after `iterations` earlier ones.
-    pub fn for_iteration(&self, iterations: u32) -> Option<ToolChoice> {
+    pub(crate) fn for_iteration(&self, iterations: u32) -> Option<ToolChoice> {
         if iterations == 0 { self.first.clone() } else { self.later.clone() }
     }
 }
@@ -247,7 +251,7 @@ impl ChoicePlan {
 /// profile's `toolChoice` applies. A forcing choice (`required`, a named function) applies to the
 /// first request only and later ones use `auto`, or the model would call tools forever. A named
 /// function must be offered: one of the caller's tools or an injected MCP tool.
-pub fn plan_tool_choice(
+pub(crate) fn plan_tool_choice(
     requested: Option<&ToolChoice>,
     profile_default: ProfileToolChoice,
     caller: &HashSet<&str>,
@@ -276,7 +280,7 @@ pub fn plan_tool_choice(
 /// The assistant message as appended to the conversation: the fields a request may carry
 /// (role, content, name, refusal, tool_calls), not response-only ones such as `annotations`
 /// that strict APIs refuse in a request.
-pub fn assistant_history(message: &Message) -> Value {
+pub(crate) fn assistant_history(message: &Message) -> Value {
     let mut out = serde_json::Map::new();
     out.insert("role".into(), Value::from("assistant"));
     out.insert("content".into(), message.extra.get("content").cloned().unwrap_or(Value::Null));
@@ -303,13 +307,13 @@ pub fn assistant_history(message: &Message) -> Value {
 }
 
 /// The `role=tool` message answering call `call_id`.
-pub fn tool_message(call_id: &str, content: String) -> Value {
+pub(crate) fn tool_message(call_id: &str, content: String) -> Value {
     json!({"role": "tool", "tool_call_id": call_id, "content": content})
 }
 
 /// Removes the calls the agent executed (or refused) from the returned answer; what remains is
 /// the caller's. Without remaining calls the answer is a plain stop.
-pub fn strip_executed(choice: &mut Choice, kinds: &[CallKind]) {
+pub(crate) fn strip_executed(choice: &mut Choice, kinds: &[CallKind]) {
     let Some(calls) = choice.message.tool_calls.take() else { return };
     let kept: Vec<ToolCallItem> = calls
         .into_iter()

@@ -19,47 +19,47 @@ use crate::policy::RequestScope;
 
 /// A `POST /v1/chat/completions` body.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChatRequest {
+pub(crate) struct ChatRequest {
     /// The model; the profile's `chat.upstream.model` fills it when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// The conversation, forwarded as sent.
     #[serde(default)]
-    pub messages: Vec<Value>,
+    pub(crate) messages: Vec<Value>,
     /// The caller's own tools; the agent appends the MCP tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<ToolDef>>,
+    pub(crate) tools: Option<Vec<ToolDef>>,
     /// `none`, `auto`, `required` or a forced function.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_choice: Option<ToolChoice>,
+    pub(crate) tool_choice: Option<ToolChoice>,
     /// Whether the caller wants SSE chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
+    pub(crate) stream: Option<bool>,
     /// Streaming options (`include_usage`); only valid upstream with `stream: true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream_options: Option<Value>,
+    pub(crate) stream_options: Option<Value>,
     /// The agent's extension object; read by the agent, never serialized (never forwarded).
     #[serde(default, skip_serializing)]
-    pub mcp: Option<Value>,
+    pub(crate) mcp: Option<Value>,
     /// Every other field, forwarded as is.
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 impl ChatRequest {
     /// Parses a request body; the error names the field that is wrong.
-    pub fn from_slice(body: &[u8]) -> Result<Self, ChatError> {
+    pub(crate) fn from_slice(body: &[u8]) -> Result<Self, ChatError> {
         let de = &mut serde_json::Deserializer::from_slice(body);
         serde_path_to_error::deserialize(de).map_err(|e| ChatError::InvalidBody { message: e.to_string() })
     }
 
     /// Names of the caller's own tools.
-    pub fn caller_tool_names(&self) -> Vec<&str> {
+    pub(crate) fn caller_tool_names(&self) -> Vec<&str> {
         self.tools.iter().flatten().filter_map(ToolDef::name).collect()
     }
 
     /// Whether the caller asked for `stream_options.include_usage`.
-    pub fn include_usage(&self) -> bool {
+    pub(crate) fn include_usage(&self) -> bool {
         self.stream_options.as_ref().and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true)
     }
 }
@@ -67,21 +67,21 @@ impl ChatRequest {
 /// A tool offered to the model (`{"type": "function", "function": {...}}`, or another type,
 /// kept as is).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ToolDef {
+pub(crate) struct ToolDef {
     /// `function`, or another tool type passed through.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// The function, for `type: function`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub function: Option<FunctionDef>,
+    pub(crate) function: Option<FunctionDef>,
     /// Other fields (for example `custom: {name, ...}`).
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 impl ToolDef {
     /// A function tool.
-    pub fn function(name: impl Into<String>, description: Option<String>, parameters: Value) -> Self {
+    pub(crate) fn function(name: impl Into<String>, description: Option<String>, parameters: Value) -> Self {
         ToolDef {
             kind: "function".to_string(),
             function: Some(FunctionDef {
@@ -95,7 +95,7 @@ impl ToolDef {
     }
 
     /// The tool's name: the function's, or `<type>.name` for other tool types.
-    pub fn name(&self) -> Option<&str> {
+    pub(crate) fn name(&self) -> Option<&str> {
         match &self.function {
             Some(f) => Some(f.name.as_str()),
             None => self.extra.get(&self.kind).and_then(|t| t.get("name")).and_then(Value::as_str),
@@ -105,27 +105,27 @@ impl ToolDef {
 
 /// A function tool's definition.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FunctionDef {
+pub(crate) struct FunctionDef {
     /// The name the model calls.
-    pub name: String,
+    pub(crate) name: String,
     /// What it does, for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
     /// JSON Schema of the arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<Value>,
+    pub(crate) parameters: Option<Value>,
     /// Other fields (`strict`, ...).
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 /// `tool_choice`, kept as the JSON the caller sent so nothing is lost when forwarding.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ToolChoice(Value);
+pub(crate) struct ToolChoice(Value);
 
 /// What a [`ToolChoice`] asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChoiceKind<'a> {
+pub(crate) enum ChoiceKind<'a> {
     /// `"none"`: no tool calls.
     None,
     /// `"auto"`: the model decides.
@@ -140,17 +140,18 @@ pub enum ChoiceKind<'a> {
 
 impl ToolChoice {
     /// `"auto"`.
-    pub fn auto() -> Self {
+    pub(crate) fn auto() -> Self {
         ToolChoice(Value::from("auto"))
     }
 
+    #[cfg(test)]
     /// `{"type": "function", "function": {"name": name}}`.
-    pub fn function(name: &str) -> Self {
+    pub(crate) fn function(name: &str) -> Self {
         ToolChoice(serde_json::json!({"type": "function", "function": {"name": name}}))
     }
 
     /// What it asks for.
-    pub fn kind(&self) -> ChoiceKind<'_> {
+    pub(crate) fn kind(&self) -> ChoiceKind<'_> {
         match &self.0 {
             Value::String(s) => match s.as_str() {
                 "none" => ChoiceKind::None,
@@ -168,8 +169,9 @@ impl ToolChoice {
         }
     }
 
+    #[cfg(test)]
     /// The JSON form.
-    pub fn as_value(&self) -> &Value {
+    pub(crate) fn as_value(&self) -> &Value {
         &self.0
     }
 }
@@ -200,11 +202,11 @@ impl<'de> Deserialize<'de> for ToolChoice {
 
 /// The request's `mcp` object: `{enabled, server_ids, tool_allowlist, tool_denylist, budgets}`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct McpOptions {
+pub(crate) struct McpOptions {
     /// `false` makes the agent a plain proxy: nothing injected, nothing executed.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// The narrowing (every other key); `None` when the object names nothing to narrow.
-    pub scope: Option<RequestScope>,
+    pub(crate) scope: Option<RequestScope>,
 }
 
 impl Default for McpOptions {
@@ -215,7 +217,7 @@ impl Default for McpOptions {
 
 impl McpOptions {
     /// Reads the `mcp` object; unknown keys are refused, naming the key.
-    pub fn parse(value: Option<Value>) -> Result<Self, ChatError> {
+    pub(crate) fn parse(value: Option<Value>) -> Result<Self, ChatError> {
         let mut object = match value {
             None | Some(Value::Null) => return Ok(McpOptions::default()),
             Some(Value::Object(o)) => o,
@@ -247,47 +249,47 @@ impl McpOptions {
 
 /// A `chat.completion` object as the upstream returns it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletion {
+pub(crate) struct ChatCompletion {
     /// `chatcmpl-...`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub(crate) id: Option<String>,
     /// The answers (the loop follows the first).
     #[serde(default)]
-    pub choices: Vec<Choice>,
+    pub(crate) choices: Vec<Choice>,
     /// `object`, `created`, `model`, `usage`, ... and the agent's `spear` extension.
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 /// One answer of a completion.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Choice {
+pub(crate) struct Choice {
     /// Position among the choices.
     #[serde(default)]
-    pub index: u32,
+    pub(crate) index: u32,
     /// The assistant message.
     #[serde(default)]
-    pub message: Message,
+    pub(crate) message: Message,
     /// `stop`, `tool_calls`, `length`, ...
     #[serde(default)]
-    pub finish_reason: Option<String>,
+    pub(crate) finish_reason: Option<String>,
     /// `logprobs` and anything newer.
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 /// An assistant message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Message {
+pub(crate) struct Message {
     /// `assistant`.
     #[serde(default = "assistant")]
-    pub role: String,
+    pub(crate) role: String,
     /// Tool calls, if the model made any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<ToolCallItem>>,
+    pub(crate) tool_calls: Option<Vec<ToolCallItem>>,
     /// `content`, `refusal`, `annotations`, ... kept as sent (`content: null` stays null).
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 fn assistant() -> String {
@@ -302,31 +304,31 @@ impl Default for Message {
 
 impl Message {
     /// The text content, when it is a string.
-    pub fn content(&self) -> Option<&str> {
+    pub(crate) fn content(&self) -> Option<&str> {
         self.extra.get("content").and_then(Value::as_str)
     }
 
     /// The tool calls (empty when there are none).
-    pub fn calls(&self) -> &[ToolCallItem] {
+    pub(crate) fn calls(&self) -> &[ToolCallItem] {
         self.tool_calls.as_deref().unwrap_or_default()
     }
 }
 
 /// One tool call in an assistant message.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ToolCallItem {
+pub(crate) struct ToolCallItem {
     /// `call_...`: the `tool_call_id` of the answering `role=tool` message.
     #[serde(default)]
-    pub id: String,
+    pub(crate) id: String,
     /// `function` (other types are kept but never routed to MCP).
     #[serde(rename = "type", default = "function_kind")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// The function called, for `type: function`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub function: Option<FunctionCall>,
+    pub(crate) function: Option<FunctionCall>,
     /// Other fields (for example `custom: {name, input}`).
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 fn function_kind() -> String {
@@ -334,8 +336,9 @@ fn function_kind() -> String {
 }
 
 impl ToolCallItem {
+    #[cfg(test)]
     /// A function call (tests and fixtures).
-    pub fn function(id: &str, name: &str, arguments: &str) -> Self {
+    pub(crate) fn function(id: &str, name: &str, arguments: &str) -> Self {
         ToolCallItem {
             id: id.to_string(),
             kind: function_kind(),
@@ -349,7 +352,7 @@ impl ToolCallItem {
     }
 
     /// The name called: the function's, or `<type>.name` for other call types.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match &self.function {
             Some(f) => &f.name,
             None => self.extra.get(&self.kind).and_then(|t| t.get("name")).and_then(Value::as_str).unwrap_or_default(),
@@ -357,12 +360,12 @@ impl ToolCallItem {
     }
 
     /// Whether it is a function call (the only kind an MCP tool can be).
-    pub fn is_function(&self) -> bool {
+    pub(crate) fn is_function(&self) -> bool {
         self.kind == "function" && self.function.is_some()
     }
 
     /// The arguments as a JSON string, as OpenAI sends them.
-    pub fn arguments_string(&self) -> String {
+    pub(crate) fn arguments_string(&self) -> String {
         match self.function.as_ref().map(|f| &f.arguments) {
             Some(Value::String(s)) => s.clone(),
             None | Some(Value::Null) => String::new(),
@@ -373,7 +376,7 @@ impl ToolCallItem {
     /// The arguments as an object for `tools/call`: `Err` with the reason when they are not a
     /// JSON object. Empty or `null` arguments mean none (models send `""` for argument-less
     /// tools); some OpenAI-compatible servers send an object instead of a string, accepted too.
-    pub fn arguments_object(&self) -> Result<Option<Map<String, Value>>, String> {
+    pub(crate) fn arguments_object(&self) -> Result<Option<Map<String, Value>>, String> {
         match self.function.as_ref().map(|f| &f.arguments) {
             None => Ok(None),
             Some(Value::String(s)) => arguments_from_json(s),
@@ -383,16 +386,16 @@ impl ToolCallItem {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FunctionCall {
+pub(crate) struct FunctionCall {
     /// The tool name the model used.
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     /// The arguments: a JSON string in OpenAI's API.
     #[serde(default)]
-    pub arguments: Value,
+    pub(crate) arguments: Value,
     /// Anything newer.
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub(crate) extra: Map<String, Value>,
 }
 
 #[cfg(test)]

@@ -21,8 +21,6 @@ use super::error::ChatError;
 use super::types::{ChatCompletion, ChatRequest};
 use crate::api::UpstreamSpec;
 
-pub use crate::api::keys::ENV_UPSTREAM_API_KEY;
-
 /// Upstream settings from the agent's flags; each wins over the profile's.
 #[derive(Clone, Default)]
 pub struct UpstreamOverride {
@@ -44,13 +42,13 @@ impl fmt::Debug for UpstreamOverride {
 impl UpstreamOverride {
     /// From the flags: the URL, and the name of the env var holding the key (read now; unset
     /// or empty means no override).
-    pub fn from_flags(url: Option<String>, api_key_env: Option<&str>) -> Self {
+    pub(crate) fn from_flags(url: Option<String>, api_key_env: Option<&str>) -> Self {
         UpstreamOverride { url, api_key: api_key_env.and_then(non_empty_env) }
     }
 }
 
 /// The value of env var `name`, unless unset or empty.
-pub fn non_empty_env(name: &str) -> Option<String> {
+pub(crate) fn non_empty_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
@@ -58,9 +56,9 @@ pub fn non_empty_env(name: &str) -> Option<String> {
 #[derive(Clone, Copy, Debug)]
 pub struct UpstreamTimeouts {
     /// TCP + TLS connect.
-    pub connect: Duration,
+    pub(crate) connect: Duration,
     /// One whole completion request (a model can think for minutes).
-    pub request: Duration,
+    pub(crate) request: Duration,
 }
 
 impl Default for UpstreamTimeouts {
@@ -73,7 +71,7 @@ impl Default for UpstreamTimeouts {
 
 /// What authenticates the agent upstream.
 #[derive(Clone, PartialEq, Eq)]
-pub enum Credential {
+pub(crate) enum Credential {
     /// A configured API key, sent as `Bearer`.
     ApiKey(String),
     /// The caller's own `Authorization` header, forwarded as is.
@@ -108,17 +106,17 @@ impl Credential {
 
 /// Where one request goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     /// `{base}/chat/completions`.
-    pub url: String,
-    pub credential: Credential,
+    pub(crate) url: String,
+    pub(crate) credential: Credential,
     /// The model to use when the request names none.
-    pub default_model: Option<String>,
+    pub(crate) default_model: Option<String>,
 }
 
 /// Resolves the upstream of one request: flags, then the profile (`spec.chat.upstream`), then
 /// (for the key) the caller's `Authorization` header. Pure.
-pub fn resolve(
+pub(crate) fn resolve(
     overrides: &UpstreamOverride,
     env_api_key: Option<&str>,
     profile: Option<&UpstreamSpec>,
@@ -140,7 +138,7 @@ pub fn resolve(
 }
 
 /// `{base}/chat/completions`, with one `/` between.
-pub fn completions_url(base: &str) -> String {
+pub(crate) fn completions_url(base: &str) -> String {
     format!("{}/chat/completions", base.trim_end_matches('/'))
 }
 
@@ -182,13 +180,13 @@ pub enum UpstreamError {
 
 /// The HTTP client for upstream requests.
 #[derive(Clone, Debug)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     client: reqwest::Client,
 }
 
 impl Upstream {
     /// A client with these time limits.
-    pub fn new(timeouts: UpstreamTimeouts) -> Result<Self, UpstreamError> {
+    pub(crate) fn new(timeouts: UpstreamTimeouts) -> Result<Self, UpstreamError> {
         // reqwest is built with rustls and no provider (rmcp's feature): install ring first.
         crate::install_crypto_provider();
         let client = reqwest::Client::builder()
@@ -200,7 +198,7 @@ impl Upstream {
     }
 
     /// POSTs `body` to `target` and reads the completion.
-    pub async fn complete(&self, target: &Target, body: &ChatRequest) -> Result<ChatCompletion, UpstreamError> {
+    pub(crate) async fn complete(&self, target: &Target, body: &ChatRequest) -> Result<ChatCompletion, UpstreamError> {
         // Serializing these types cannot fail (string keys, no non-finite floats from JSON input).
         let bytes = serde_json::to_vec(body).unwrap_or_default();
         let mut request = self

@@ -25,17 +25,17 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 /// Exit status of a run that found invalid input (`spearlet validate`, `convert`).
-pub const EXIT_INVALID: u8 = 1;
+pub(crate) const EXIT_INVALID: u8 = 1;
 /// Exit status of a usage error (bad flags, missing paths), as clap uses.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 
 /// Marks an error the user fixes by changing how the command is called: exit status 2.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct UsageError(pub String);
+pub(crate) struct UsageError(pub String);
 
 /// A usage error with `message`.
-pub fn usage(message: impl std::fmt::Display) -> anyhow::Error {
+pub(crate) fn usage(message: impl std::fmt::Display) -> anyhow::Error {
     UsageError(message.to_string()).into()
 }
 
@@ -55,7 +55,7 @@ pub fn exit(outcome: anyhow::Result<ExitCode>) -> ExitCode {
 /// until it finishes; its token is cancelled on SIGINT or SIGTERM, and the work decides how to
 /// stop. The signal handlers are installed before `work` starts, so a SIGTERM during startup is
 /// not lost (a container's PID 1 ignores it by default).
-pub fn run_until_signal<F, Fut, T>(worker_threads: usize, work: F) -> anyhow::Result<T>
+pub(crate) fn run_until_signal<F, Fut, T>(worker_threads: usize, work: F) -> anyhow::Result<T>
 where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = anyhow::Result<T>>,
@@ -75,7 +75,7 @@ where
 
 /// Runs a short command's `work` on the current thread. No signal handling: SIGINT stops the
 /// process as usual.
-pub fn block_on<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+pub(crate) fn block_on<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     runtime(1)?.block_on(work)
 }
 

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 /// Tool arguments as `tools/call` takes them: `null` means none, an object is used as is, anything
 /// else is an error with the reason (the core turns it into `mcp_invalid_arguments`).
-pub fn arguments_from_value(value: Value) -> Result<Option<Map<String, Value>>, String> {
+pub(crate) fn arguments_from_value(value: Value) -> Result<Option<Map<String, Value>>, String> {
     match value {
         Value::Object(map) => Ok(Some(map)),
         Value::Null => Ok(None),
@@ -15,7 +15,7 @@ pub fn arguments_from_value(value: Value) -> Result<Option<Map<String, Value>>, 
 
 /// [`arguments_from_value`] over JSON text; empty text means none (models send `""` for
 /// argument-less tools).
-pub fn arguments_from_json(text: &str) -> Result<Option<Map<String, Value>>, String> {
+pub(crate) fn arguments_from_json(text: &str) -> Result<Option<Map<String, Value>>, String> {
     if text.trim().is_empty() {
         return Ok(None);
     }
@@ -23,7 +23,7 @@ pub fn arguments_from_json(text: &str) -> Result<Option<Map<String, Value>>, Str
 }
 
 /// The JSON type of `value`, for error messages.
-pub fn json_kind(value: &Value) -> &'static str {
+pub(crate) fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

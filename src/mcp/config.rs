@@ -37,11 +37,11 @@ pub enum Mode {
 
 /// Variables a stdio child inherits from the agent besides its configured env: enough for
 /// `npx`/`uvx`/`python` to work, nothing that could carry the agent's own secrets.
-pub const INHERITED_ENV: &[&str] = &["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ", "NODE_PATH"];
+pub(crate) const INHERITED_ENV: &[&str] = &["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ", "NODE_PATH"];
 
 /// The env var that carries a secret-backed value of `server`'s `field` (an env or header name):
 /// `SPEAR_SECRET_<SERVER>_<FIELD>`, upper-cased, other characters as `_`.
-pub fn secret_env_var(server: &str, field: &str) -> String {
+pub(crate) fn secret_env_var(server: &str, field: &str) -> String {
     let clean = |s: &str| -> String {
         s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
     };
@@ -51,7 +51,7 @@ pub fn secret_env_var(server: &str, field: &str) -> String {
 /// A configured value: a template over the agent's environment, or a secret delivered as an env
 /// var.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Value {
+pub(crate) enum Value {
     /// `value`, possibly with `${ENV:...}` references.
     Template(Template),
     /// `valueFrom`: the agent reads this env var (set by the webhook).
@@ -69,7 +69,7 @@ impl Value {
 
 /// How to reach a server, values unexpanded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TransportConfig {
+pub(crate) enum TransportConfig {
     /// A child process speaking MCP on stdin/stdout.
     Stdio {
         /// argv[0].
@@ -98,7 +98,7 @@ pub enum TransportConfig {
 
 /// How to reach a server, values expanded: what a connector uses. Its `Debug` redacts values.
 #[derive(Clone, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// See [`TransportConfig::Stdio`].
     Stdio {
         /// argv[0].
@@ -148,23 +148,23 @@ impl std::fmt::Debug for Endpoint {
 
 /// Everything the pool keeps about one server.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ServerConfig {
+pub(crate) struct ServerConfig {
     /// The McpServer's `metadata.name`.
-    pub id: Arc<str>,
+    pub(crate) id: Arc<str>,
     /// How to reach it.
-    pub transport: TransportConfig,
+    pub(crate) transport: TransportConfig,
     /// Budgets with defaults applied.
-    pub budgets: ServerBudgets,
+    pub(crate) budgets: ServerBudgets,
     /// Hash of the connection fields: a different fingerprint means the session must restart.
-    pub fingerprint: String,
+    pub(crate) fingerprint: String,
 }
 
 /// Why an McpServer cannot be turned into a config (validation refuses these earlier).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("McpServer {server}: {message}")]
 pub struct ConfigError {
-    pub server: String,
-    pub message: String,
+    pub(crate) server: String,
+    pub(crate) message: String,
 }
 
 fn template(server: &str, field: &str, value: &str) -> Result<Value, ConfigError> {
@@ -175,7 +175,7 @@ fn template(server: &str, field: &str, value: &str) -> Result<Value, ConfigError
 
 impl ServerConfig {
     /// The config of `server` in `mode`.
-    pub fn new(server: &McpServer, mode: &Mode) -> Result<Self, ConfigError> {
+    pub(crate) fn new(server: &McpServer, mode: &Mode) -> Result<Self, ConfigError> {
         let id = server.metadata.name.clone().unwrap_or_default();
         let spec = &server.spec;
         let err = |message: &str| ConfigError { server: id.clone(), message: message.into() };
@@ -229,7 +229,7 @@ impl ServerConfig {
 
     /// Expands every value with `lookup` (the agent's environment). The first unset variable
     /// without a default makes the server unavailable (`env_missing`).
-    pub fn resolve(&self, lookup: impl Fn(&str) -> Option<String>) -> Result<Endpoint, MissingEnv> {
+    pub(crate) fn resolve(&self, lookup: impl Fn(&str) -> Option<String>) -> Result<Endpoint, MissingEnv> {
         Ok(match &self.transport {
             TransportConfig::Stdio { command, args, env, working_dir } => {
                 let mut resolved: Vec<(String, String)> =

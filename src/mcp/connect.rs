@@ -44,7 +44,7 @@ const MAX_STDERR_LINE: usize = 4096;
 
 /// An `AsyncRead` that fails once a line (one JSON-RPC message) grows past `limit` bytes, and
 /// records that it did.
-pub struct FrameGuard<R> {
+pub(crate) struct FrameGuard<R> {
     inner: R,
     limit: usize,
     line: usize,
@@ -58,7 +58,7 @@ pub struct FrameGuard<R> {
 
 impl<R> FrameGuard<R> {
     /// Guards `inner`; `tripped` is set when a frame is too large.
-    pub fn new(inner: R, limit: usize, tripped: Arc<AtomicBool>) -> Self {
+    pub(crate) fn new(inner: R, limit: usize, tripped: Arc<AtomicBool>) -> Self {
         FrameGuard {
             inner,
             limit,
@@ -71,7 +71,7 @@ impl<R> FrameGuard<R> {
     }
 
     /// Names the server in the warning about non-JSON lines, counted in `garbage`.
-    pub fn reporting(mut self, server_id: Arc<str>, garbage: Arc<AtomicU64>) -> Self {
+    pub(crate) fn reporting(mut self, server_id: Arc<str>, garbage: Arc<AtomicU64>) -> Self {
         self.server_id = server_id;
         self.garbage = garbage;
         self
@@ -128,20 +128,20 @@ impl<R: AsyncRead + Unpin> AsyncRead for FrameGuard<R> {
 
 /// Counts `notifications/tools/list_changed` from one server and wakes whoever waits.
 #[derive(Debug, Default)]
-pub struct ListChanged {
+pub(crate) struct ListChanged {
     generation: AtomicU64,
     notify: Notify,
 }
 
 impl ListChanged {
     /// Notifications received so far.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
     /// Waits until a notification arrives after `generation` was read (none is missed, even
     /// one that arrives before this is first polled).
-    pub async fn changed_since(&self, generation: u64) {
+    pub(crate) async fn changed_since(&self, generation: u64) {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -161,7 +161,7 @@ impl ListChanged {
 
 /// The pool's rmcp client handler: identifies the agent, and records list_changed.
 #[derive(Clone, Debug)]
-pub struct PoolHandler {
+pub(crate) struct PoolHandler {
     server_id: Arc<str>,
     list_changed: Arc<ListChanged>,
 }
@@ -180,15 +180,15 @@ impl ClientHandler for PoolHandler {
 // === Connection ===
 
 /// One established session.
-pub struct Connection {
+pub(crate) struct Connection {
     /// The rmcp client.
-    pub service: RunningService<RoleClient, PoolHandler>,
+    pub(crate) service: RunningService<RoleClient, PoolHandler>,
     /// What the server said in `initialize`.
-    pub info: ServerInfo,
+    pub(crate) info: ServerInfo,
     /// Set when the server sent a message over the frame limit (the session is then over).
-    pub oversized: Arc<AtomicBool>,
+    pub(crate) oversized: Arc<AtomicBool>,
     /// Lines on the server's stdout that were not JSON-RPC (skipped, logged as warnings).
-    pub garbage_lines: Arc<AtomicU64>,
+    pub(crate) garbage_lines: Arc<AtomicU64>,
     child: parking_lot::Mutex<Option<Child>>,
     pid: Option<u32>,
 }
@@ -201,18 +201,18 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// The child's pid (stdio in local mode).
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.pid
     }
 
     /// Whether the session is over (transport closed, child gone).
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.service.is_closed()
     }
 
     /// Ends the session: stops the service, kills the child and reaps it (no zombie). Calls in
     /// flight on it fail with a closed transport.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.service.cancellation_token().cancel();
         let child = self.child.lock().take();
         if let Some(mut child) = child {
@@ -245,7 +245,7 @@ fn unavailable(message: impl Into<String>) -> McpError {
 
 /// Establishes a session with the server at `endpoint`, within `timeout` (spawn, connect and
 /// `initialize` together).
-pub async fn connect(
+pub(crate) async fn connect(
     server_id: &Arc<str>,
     endpoint: &Endpoint,
     list_changed: Arc<ListChanged>,

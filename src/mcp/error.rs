@@ -28,7 +28,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// The wire spelling (`mcp_timeout`, ...), also the metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ErrorCode::McpUnavailable => "mcp_unavailable",
             ErrorCode::McpTimeout => "mcp_timeout",
@@ -61,13 +61,13 @@ pub struct McpError {
 impl McpError {
     /// An error with `retryable` set as the code implies (unavailable and timeout are worth a
     /// retry; the others are not until something changes).
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         let retryable = matches!(code, ErrorCode::McpUnavailable | ErrorCode::McpTimeout);
         McpError { code, message: message.into(), retryable }
     }
 
     /// `{"error": {"code", "message", "retryable"}}`, the tool output a model sees.
-    pub fn to_tool_output(&self) -> serde_json::Value {
+    pub(crate) fn to_tool_output(&self) -> serde_json::Value {
         serde_json::json!({"error": {"code": self.code, "message": self.message, "retryable": self.retryable}})
     }
 }

@@ -34,24 +34,24 @@ pub enum HealthState {
 pub struct Health {
     pub state: HealthState,
     /// The last error (no secret values).
-    pub last_error: Option<String>,
+    pub(crate) last_error: Option<String>,
     /// Sessions established after the first one.
     pub reconnects: u64,
     /// Timeouts in a row (reset by any success).
-    pub consecutive_timeouts: u32,
+    pub(crate) consecutive_timeouts: u32,
     /// Calls finished (any outcome).
-    pub calls: u64,
+    pub(crate) calls: u64,
     /// Sum of call latencies, for the mean.
-    pub latency_total_ms: u64,
+    pub(crate) latency_total_ms: u64,
     /// Slowest call.
-    pub latency_max_ms: u64,
+    pub(crate) latency_max_ms: u64,
     /// Sessions established in total.
     pub sessions: u64,
 }
 
 /// What the pool should do after recording an outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Nothing.
     Keep,
     /// Kill the session (and child) so the next call starts a fresh one.
@@ -60,7 +60,7 @@ pub enum Action {
 
 impl Health {
     /// A session was established.
-    pub fn connected(&mut self) {
+    pub(crate) fn connected(&mut self) {
         if self.sessions > 0 {
             self.reconnects += 1;
         }
@@ -70,20 +70,20 @@ impl Health {
     }
 
     /// Establishing a session failed, or the session broke.
-    pub fn down(&mut self, error: &str) {
+    pub(crate) fn down(&mut self, error: &str) {
         self.state = HealthState::Down;
         self.last_error = Some(error.to_string());
     }
 
     /// A call finished (successfully at the protocol level; a tool's own `isError` counts).
-    pub fn call_ok(&mut self, latency: Duration) {
+    pub(crate) fn call_ok(&mut self, latency: Duration) {
         self.record(latency);
         self.consecutive_timeouts = 0;
         self.state = HealthState::Connected;
     }
 
     /// A call timed out. After `kill_after` in a row the session is to be restarted.
-    pub fn call_timed_out(&mut self, latency: Duration, kill_after: u32, message: &str) -> Action {
+    pub(crate) fn call_timed_out(&mut self, latency: Duration, kill_after: u32, message: &str) -> Action {
         self.record(latency);
         self.consecutive_timeouts += 1;
         self.last_error = Some(message.to_string());

@@ -13,12 +13,12 @@ use serde_json::{Value, json};
 pub struct Truncation {
     /// Size of the result before the cap.
     pub original_bytes: usize,
-    pub limit_bytes: usize,
+    pub(crate) limit_bytes: usize,
 }
 
 impl Truncation {
     /// The text of the marker block appended to a cut result.
-    pub fn marker(&self) -> String {
+    pub(crate) fn marker(&self) -> String {
         format!(
             "[spear-mcp: output truncated (mcp_output_too_large): the tool returned {} bytes, the limit is {} bytes]",
             self.original_bytes, self.limit_bytes
@@ -34,7 +34,7 @@ fn block_size(block: &Value) -> usize {
 }
 
 /// The size of a `CallToolResult` as JSON, by the rule above.
-pub fn result_size(result: &Value) -> usize {
+pub(crate) fn result_size(result: &Value) -> usize {
     let content: usize = result.get("content").and_then(Value::as_array).map_or(0, |c| c.iter().map(block_size).sum());
     let structured = result.get("structuredContent").map_or(0, |s| serde_json::to_vec(s).map_or(0, |v| v.len()));
     content + structured
@@ -46,7 +46,7 @@ fn prefix(text: &str, max: usize) -> &str {
 }
 
 /// Cuts `result` (a `CallToolResult` as JSON) to `limit` bytes; `None` when it fits.
-pub fn cap(result: &mut Value, limit: usize) -> Option<Truncation> {
+pub(crate) fn cap(result: &mut Value, limit: usize) -> Option<Truncation> {
     let original = result_size(result);
     if original <= limit {
         return None;

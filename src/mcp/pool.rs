@@ -88,9 +88,9 @@ pub struct ToolOutput {
     /// Set when the output was cut (`mcp_output_too_large`).
     pub truncated: Option<Truncation>,
     /// Size of the result before the cap, as `output::result_size` counts it.
-    pub bytes: usize,
+    pub(crate) bytes: usize,
     /// How long the call took, waiting for permits and the session included.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
 }
 
 /// A server's state as the pool sees it (for health endpoints, status and explain).
@@ -103,7 +103,7 @@ pub struct ServerStatus {
     /// The current session's child pid (local mode).
     pub pid: Option<u32>,
     /// A required variable that is not set, if that is why the server is unavailable.
-    pub env_missing: Option<String>,
+    pub(crate) env_missing: Option<String>,
     /// Lines of the current session's stdout that were not JSON-RPC (skipped and warned about).
     pub garbage_lines: u64,
 }
@@ -198,7 +198,7 @@ impl Pool {
     }
 
     /// The servers the pool knows.
-    pub fn server_ids(&self) -> Vec<Arc<str>> {
+    pub(crate) fn server_ids(&self) -> Vec<Arc<str>> {
         let slots = self.inner.slots.read();
         let mut ids: Vec<Arc<str>> = slots.keys().cloned().collect();
         ids.sort();
@@ -391,7 +391,7 @@ impl Pool {
 
     /// Whether `server` is a stdio server this pod has no sidecar for (it joined the profile
     /// after the pod started; only a pod restart brings its sidecar).
-    pub fn needs_pod_restart(&self, server: &str) -> bool {
+    pub(crate) fn needs_pod_restart(&self, server: &str) -> bool {
         self.slot(server).is_ok_and(|slot| slot.config.transport == super::config::TransportConfig::MissingSidecar)
     }
 

@@ -67,24 +67,24 @@ use crate::api::keys::{WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION};
 /// Secret key of the CA bundle (current CA first); also what the `caBundle` is set to.
 pub const SECRET_CA_CERT: &str = "ca.crt";
 /// Secret key of the current CA's private key.
-pub const SECRET_CA_KEY: &str = "ca.key";
+pub(crate) const SECRET_CA_KEY: &str = "ca.key";
 /// Secret key (and file name in files mode) of the serving certificate.
 pub const SECRET_TLS_CERT: &str = "tls.crt";
 /// Secret key (and file name in files mode) of the serving key.
 pub const SECRET_TLS_KEY: &str = "tls.key";
 /// Prefix of the CA's common name; the creation time follows the `@`.
-pub const CA_NAME_PREFIX: &str = "spear-operator-webhook-ca@";
+pub(crate) const CA_NAME_PREFIX: &str = "spear-operator-webhook-ca@";
 
 const DAY: u64 = 24 * 60 * 60;
 /// Default CA lifetime: one year.
-pub const DEFAULT_CA_VALIDITY: Duration = Duration::from_secs(365 * DAY);
+pub(crate) const DEFAULT_CA_VALIDITY: Duration = Duration::from_secs(365 * DAY);
 /// Default serving-certificate lifetime: 90 days.
-pub const DEFAULT_LEAF_VALIDITY: Duration = Duration::from_secs(90 * DAY);
+pub(crate) const DEFAULT_LEAF_VALIDITY: Duration = Duration::from_secs(90 * DAY);
 /// Default pause between two reads of the Secret and the `caBundle`: a minute keeps a reset
 /// `caBundle` (or another replica's renewal) from lasting long, for one GET each.
-pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// Default pause between two reads of the files in files mode.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(10);
 /// Certificates start five minutes in the past, so a node whose clock is a little behind
 /// still accepts a certificate issued a moment ago.
 const BACKDATE_SECONDS: i64 = 5 * 60;
@@ -111,9 +111,9 @@ pub enum CertSource {
 #[derive(Clone, Debug)]
 pub struct SelfSigned {
     /// The operator's namespace, where the Secret lives.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The webhook Service's name; the certificate is for `<service>.<namespace>.svc`.
-    pub service: String,
+    pub(crate) service: String,
     /// Name of the Secret holding the CA and the leaf.
     pub secret_name: String,
     /// The MutatingWebhookConfiguration whose `caBundle` is kept current; `None` leaves every
@@ -122,9 +122,9 @@ pub struct SelfSigned {
     /// More subject alternative names (DNS names or IP addresses), for example `127.0.0.1`.
     pub extra_sans: Vec<String>,
     /// Lifetime of a new CA.
-    pub ca_validity: Duration,
+    pub(crate) ca_validity: Duration,
     /// Lifetime of a new serving certificate.
-    pub leaf_validity: Duration,
+    pub(crate) leaf_validity: Duration,
     /// Pause between two checks of the Secret and the `caBundle`.
     pub recheck_interval: Duration,
 }
@@ -146,7 +146,7 @@ impl SelfSigned {
     }
 
     /// Every subject alternative name of the leaf: the Service's DNS names, then the extras.
-    pub fn sans(&self) -> Vec<String> {
+    pub(crate) fn sans(&self) -> Vec<String> {
         let mut sans = service_dns_names(&self.service, &self.namespace);
         for extra in &self.extra_sans {
             if !sans.contains(extra) {
@@ -168,7 +168,7 @@ pub struct Files {
 
 impl Files {
     /// Files in `dir`, read every [`DEFAULT_POLL_INTERVAL`].
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
         Files { dir: dir.into(), poll_interval: DEFAULT_POLL_INTERVAL }
     }
 }
@@ -257,7 +257,7 @@ fn is_status(error: &kube::Error, check: fn(&kube::core::Status) -> bool) -> boo
 
 /// The DNS names the API server uses for a webhook Service: `<service>.<namespace>.svc` (what
 /// it dials) and the fully qualified `<service>.<namespace>.svc.cluster.local`.
-pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
+pub(crate) fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
     vec![format!("{service}.{namespace}.svc"), format!("{service}.{namespace}.svc.cluster.local")]
 }
 
@@ -271,30 +271,30 @@ fn normalize_name(name: &str) -> String {
 }
 
 /// The names a leaf must carry, normalized.
-pub fn wanted_names(sans: &[String]) -> BTreeSet<String> {
+pub(crate) fn wanted_names(sans: &[String]) -> BTreeSet<String> {
     sans.iter().map(|s| normalize_name(s)).collect()
 }
 
 /// What rotation needs to know about one certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CertInfo {
+pub(crate) struct CertInfo {
     /// Start of validity, unix seconds.
-    pub not_before: i64,
+    pub(crate) not_before: i64,
     /// End of validity, unix seconds.
-    pub not_after: i64,
+    pub(crate) not_after: i64,
     /// Subject alternative names (DNS names, IP addresses as text), normalized.
-    pub names: BTreeSet<String>,
+    pub(crate) names: BTreeSet<String>,
     /// Whether it is a CA (basic constraints).
-    pub is_ca: bool,
+    pub(crate) is_ca: bool,
     /// DER of the subject name.
-    pub subject: Vec<u8>,
+    pub(crate) subject: Vec<u8>,
     /// DER of the issuer name.
-    pub issuer: Vec<u8>,
+    pub(crate) issuer: Vec<u8>,
 }
 
 impl CertInfo {
     /// Reads one DER certificate.
-    pub fn parse_der(der: &[u8], what: &str) -> Result<Self, CertError> {
+    pub(crate) fn parse_der(der: &[u8], what: &str) -> Result<Self, CertError> {
         let parse_error = |message: String| CertError::Parse { what: what.to_string(), message };
         let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| parse_error(e.to_string()))?;
         let mut names = BTreeSet::new();
@@ -328,19 +328,19 @@ impl CertInfo {
     }
 
     /// When it should be replaced: at 2/3 of its lifetime.
-    pub fn renew_at(&self) -> i64 {
+    pub(crate) fn renew_at(&self) -> i64 {
         self.not_before + (self.not_after - self.not_before) * 2 / 3
     }
 
     /// Whether `ca` issued it (by name; CA names are unique per CA, see the module header).
-    pub fn issued_by(&self, ca: &CertInfo) -> bool {
+    pub(crate) fn issued_by(&self, ca: &CertInfo) -> bool {
         self.issuer == ca.subject
     }
 }
 
 /// Why a certificate is replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RenewReason {
+pub(crate) enum RenewReason {
     /// It is missing or does not parse (or, for the CA, its key is missing).
     Missing,
     /// The CA certificate is not a CA.
@@ -355,7 +355,7 @@ pub enum RenewReason {
 
 impl RenewReason {
     /// A short, stable label for logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RenewReason::Missing => "missing",
             RenewReason::NotACa => "not_a_ca",
@@ -368,7 +368,7 @@ impl RenewReason {
 
 /// What to do with the stored certificates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Renewal {
+pub(crate) enum Renewal {
     /// Keep both; look again at `next` (unix seconds) at the latest.
     Keep {
         /// When the first of the two is due for renewal.
@@ -382,7 +382,7 @@ pub enum Renewal {
 
 /// Decides on renewal at `now` (unix seconds). `ca` is `None` when the CA or its key is missing
 /// or unreadable; `wanted` comes from [`wanted_names`].
-pub fn renewal(now: i64, ca: Option<&CertInfo>, leaf: Option<&CertInfo>, wanted: &BTreeSet<String>) -> Renewal {
+pub(crate) fn renewal(now: i64, ca: Option<&CertInfo>, leaf: Option<&CertInfo>, wanted: &BTreeSet<String>) -> Renewal {
     let Some(ca) = ca else { return Renewal::Ca(RenewReason::Missing) };
     if !ca.is_ca {
         return Renewal::Ca(RenewReason::NotACa);
@@ -447,7 +447,7 @@ fn pem_certs(pem: &str, what: &str) -> Result<Vec<(CertificateDer<'static>, Cert
 
 impl Material {
     /// Reads the Secret's entries (missing ones become empty).
-    pub fn from_secret(secret: &Secret) -> Self {
+    pub(crate) fn from_secret(secret: &Secret) -> Self {
         let get = |key: &str| {
             secret
                 .data
@@ -489,13 +489,13 @@ impl Material {
     }
 
     /// What [`renewal`] says about this material.
-    pub fn renewal(&self, now: i64, wanted: &BTreeSet<String>) -> Renewal {
+    pub(crate) fn renewal(&self, now: i64, wanted: &BTreeSet<String>) -> Renewal {
         let ca = self.current_ca().map(|(_, info)| info);
         renewal(now, ca.as_ref(), self.leaf().as_ref(), wanted)
     }
 
     /// The leaf and its key, ready for rustls.
-    pub fn certified_key(&self) -> Result<Arc<CertifiedKey>, CertError> {
+    pub(crate) fn certified_key(&self) -> Result<Arc<CertifiedKey>, CertError> {
         certified_key(self.cert.as_bytes(), self.key.as_bytes(), "Secret tls.crt/tls.key")
     }
 
@@ -596,7 +596,7 @@ fn new_leaf(
 }
 
 /// A certificate chain and key (PEM) loaded for rustls (ring), checked to belong together.
-pub fn certified_key(cert_pem: &[u8], key_pem: &[u8], what: &str) -> Result<Arc<CertifiedKey>, CertError> {
+pub(crate) fn certified_key(cert_pem: &[u8], key_pem: &[u8], what: &str) -> Result<Arc<CertifiedKey>, CertError> {
     let parse = |message: String| CertError::Parse { what: what.to_string(), message };
     let chain =
         CertificateDer::pem_slice_iter(cert_pem).collect::<Result<Vec<_>, _>>().map_err(|e| parse(e.to_string()))?;
@@ -630,7 +630,7 @@ impl fmt::Debug for CertResolver {
 
 impl CertResolver {
     /// Presents `key` from the next handshake on.
-    pub fn set(&self, key: Arc<CertifiedKey>) {
+    pub(crate) fn set(&self, key: Arc<CertifiedKey>) {
         *self.current.write() = Some(key);
     }
 
@@ -742,7 +742,7 @@ async fn publish_ca_bundle(client: &Client, config: &SelfSigned, bundle: &str) {
 
 /// Sets every webhook's `clientConfig.caBundle` in configuration `name` to `bundle`; `true` when
 /// it changed something.
-pub async fn ensure_ca_bundle(client: &Client, name: &str, bundle: &str) -> Result<bool, CertError> {
+pub(crate) async fn ensure_ca_bundle(client: &Client, name: &str, bundle: &str) -> Result<bool, CertError> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let want = ByteString(bundle.as_bytes().to_vec());
     let params = PostParams { field_manager: Some(FIELD_MANAGER.to_string()), ..PostParams::default() };

@@ -73,7 +73,7 @@ use crate::telemetry::error_chain;
 
 /// Reconciles of one kind running at once (and so probes in flight): enough to probe many
 /// slow servers in parallel, few enough not to flood the API server after a re-list.
-pub const DEFAULT_CONCURRENCY: u16 = 16;
+pub(crate) const DEFAULT_CONCURRENCY: u16 = 16;
 /// Retry delay after a failed reconcile (an API error). Fixed: the API server's own
 /// priority-and-fairness throttles a flood, and a status write is cheap to retry.
 const ERROR_REQUEUE: Duration = Duration::from_secs(5);
@@ -120,7 +120,7 @@ impl Scope {
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
     /// Which namespaces to watch.
-    pub scope: Scope,
+    pub(crate) scope: Scope,
     /// When and how http servers are probed.
     pub probe: ProbeConfig,
     /// Leader election; `None` runs the controllers at once (a single replica, or tests).
@@ -128,7 +128,7 @@ pub struct ControllerConfig {
     /// `reportingInstance` of Events (the pod name, or the leader identity).
     pub instance: String,
     /// Reconciles of one kind at once.
-    pub concurrency: u16,
+    pub(crate) concurrency: u16,
     /// Counters and the leader/ready gauges; clones share them.
     pub metrics: ControllerMetrics,
 }
@@ -234,7 +234,7 @@ pub struct ControllerMetrics {
 impl ControllerMetrics {
     /// Metrics registered on `registry` (give it a `spear_operator` prefix; counters get
     /// `_total` on the wire).
-    pub fn register(registry: &mut Registry) -> Self {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
         let metrics = ControllerMetrics::default();
         registry.register("reconcile", "Reconciles run, by kind", metrics.reconciles.clone());
         registry.register("reconcile_error", "Reconciles that failed, by kind", metrics.errors.clone());

@@ -88,7 +88,7 @@ use crate::registry::snapshot::short_hash;
 /// Scratch directory of a server sidecar (its own `emptyDir`; the root filesystem is read-only).
 pub const SIDECAR_TMP: &str = "/tmp";
 /// uid and gid of every injected container (distroless `nonroot`).
-pub const INJECTED_UID: i64 = 65532;
+pub(crate) const INJECTED_UID: i64 = 65532;
 
 /// Longest container or volume name (a DNS-1123 label).
 const MAX_NAME_LEN: usize = 63;
@@ -168,12 +168,12 @@ fn resources(cpu_request: &str, memory_request: &str, memory_limit: &str) -> Res
 }
 
 /// The agent's default resources: a small Rust process holding a few sessions.
-pub fn default_agent_resources() -> ResourceRequirements {
+pub(crate) fn default_agent_resources() -> ResourceRequirements {
     resources("50m", "64Mi", "256Mi")
 }
 
 /// A server sidecar's default resources: room for a Node.js or Python MCP server.
-pub fn default_sidecar_resources() -> ResourceRequirements {
+pub(crate) fn default_sidecar_resources() -> ResourceRequirements {
     resources("50m", "128Mi", "512Mi")
 }
 
@@ -199,7 +199,7 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// A short, stable label for metrics and structured logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SkipReason::NamespaceNotEnabled => "namespace_not_enabled",
             SkipReason::OptedOut => "opted_out",

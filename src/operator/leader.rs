@@ -32,9 +32,9 @@ use crate::api::keys::FIELD_MANAGER;
 
 /// Default term of a Lease: a standby takes over at most this long after the holder died
 /// (client-go's default `LeaseDuration`).
-pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+pub(crate) const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// Default margin: the holder renews this long before its term ends (so every 10 s by default).
-pub const DEFAULT_LEASE_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_LEASE_GRACE: Duration = Duration::from_secs(5);
 /// How long a release may take at shutdown before the process goes anyway (the Lease then
 /// expires by itself).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,11 +43,11 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderConfig {
     /// Name of the Lease (`--lease-name`).
-    pub lease_name: String,
+    pub(crate) lease_name: String,
     /// Namespace of the Lease: the operator's own.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Who this replica is, as written to `spec.holderIdentity`; unique per process.
-    pub identity: String,
+    pub(crate) identity: String,
     /// How long a term lasts without renewal (whole seconds, at least 2).
     pub duration: Duration,
     /// How long before the term ends the holder renews (whole seconds, at least 1, below
@@ -89,7 +89,7 @@ impl LeaderConfig {
 /// This process's identity in leader election: the pod name (`POD_NAME`, else `HOSTNAME`)
 /// and a random suffix, so a restarted pod with the same name is a new candidate (client-go
 /// does the same).
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     let host = std::env::var(crate::api::keys::ENV_POD_NAME)
         .or_else(|_| std::env::var("HOSTNAME"))
         .ok()
@@ -135,7 +135,7 @@ pub enum LeaderError {
 }
 
 /// A running election: whether this replica holds the Lease, as it changes.
-pub struct Elector {
+pub(crate) struct Elector {
     leading: watch::Receiver<bool>,
     task: JoinHandle<Result<LeaseManager, LeaseManagerError>>,
     config: LeaderConfig,
@@ -149,7 +149,7 @@ impl std::fmt::Debug for Elector {
 
 impl Elector {
     /// Creates the Lease when missing and starts competing for it in a background task.
-    pub async fn start(client: Client, config: LeaderConfig) -> Result<Self, LeaderError> {
+    pub(crate) async fn start(client: Client, config: LeaderConfig) -> Result<Self, LeaderError> {
         let params = config.params()?;
         let manager = LeaseManagerBuilder::new(client, &config.lease_name)
             .with_namespace(&config.namespace)
@@ -167,23 +167,18 @@ impl Elector {
         Ok(Elector { leading, task, config })
     }
 
-    /// Whether this replica holds the Lease now.
-    pub fn is_leader(&self) -> bool {
-        *self.leading.borrow()
-    }
-
     /// The identity this replica competes as.
-    pub fn identity(&self) -> &str {
+    pub(crate) fn identity(&self) -> &str {
         &self.config.identity
     }
 
     /// Resolves once this replica holds the Lease (at once if it does).
-    pub async fn acquired(&mut self) -> Result<(), LeaderError> {
+    pub(crate) async fn acquired(&mut self) -> Result<(), LeaderError> {
         self.wait_for(true).await
     }
 
     /// Resolves once this replica no longer holds the Lease (at once if it does not).
-    pub async fn lost(&mut self) -> Result<(), LeaderError> {
+    pub(crate) async fn lost(&mut self) -> Result<(), LeaderError> {
         self.wait_for(false).await
     }
 
@@ -206,7 +201,7 @@ impl Elector {
 
     /// Stops competing and gives the Lease up if held, so a standby takes it at its next check
     /// (within one term). Bounded by a timeout: shutdown never hangs on the API server.
-    pub async fn release(self) {
+    pub(crate) async fn release(self) {
         let Elector { leading, task, config } = self;
         // Dropping the last receiver is the task's signal to release and return.
         drop(leading);

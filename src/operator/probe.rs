@@ -64,13 +64,13 @@ impl Default for ProbeConfig {
 
 /// What a probe connects to. `Debug` shows header names only.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ProbeTarget {
+pub(crate) struct ProbeTarget {
     /// The MCP endpoint.
-    pub url: String,
+    pub(crate) url: String,
     /// Headers sent: those whose configured value is a plain literal.
-    pub headers: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
     /// Names of headers not sent: from a Secret, or referencing the agent's environment.
-    pub withheld: Vec<String>,
+    pub(crate) withheld: Vec<String>,
 }
 
 impl std::fmt::Debug for ProbeTarget {
@@ -85,7 +85,7 @@ impl std::fmt::Debug for ProbeTarget {
 
 /// The probe target of a Streamable HTTP server; `None` for stdio servers (they run as
 /// sidecars and are never probed by the operator).
-pub fn target(server: &McpServer) -> Option<ProbeTarget> {
+pub(crate) fn target(server: &McpServer) -> Option<ProbeTarget> {
     if server.spec.transport != Transport::StreamableHttp {
         return None;
     }
@@ -108,7 +108,7 @@ pub fn target(server: &McpServer) -> Option<ProbeTarget> {
 
 /// When to probe next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Schedule {
+pub(crate) enum Schedule {
     /// Now: never probed at this generation, or the next probe is due.
     Now,
     /// After this long.
@@ -119,7 +119,7 @@ pub enum Schedule {
 
 /// When `server` should be probed next, given `status` (its current one, or the one just
 /// computed) and whether its spec is `valid`. Pure.
-pub fn schedule(
+pub(crate) fn schedule(
     server: &McpServer,
     status: Option<&McpServerStatus>,
     valid: bool,
@@ -156,7 +156,7 @@ fn elapsed(to: &Time, from: &Time) -> Duration {
 
 /// Probes `target`: connect and `initialize`, then `tools/list` (all pages), then close, all
 /// within `timeout`. `now` is recorded as the probe time. Errors never contain header values.
-pub async fn probe(server_id: &str, target: &ProbeTarget, timeout: Duration, now: Time) -> ProbeOutcome {
+pub(crate) async fn probe(server_id: &str, target: &ProbeTarget, timeout: Duration, now: Time) -> ProbeOutcome {
     crate::install_crypto_provider();
     let result = match tokio::time::timeout(timeout, list(server_id, target, timeout)).await {
         Ok(Ok((tools, server_info))) => ProbeResult::Succeeded { tools, server_info: Some(server_info) },

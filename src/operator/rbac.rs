@@ -33,7 +33,7 @@ const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 const CORE: &str = "";
 
 /// Labels of every RBAC object here: managed by the operator (its field manager), part of spear-mcp.
-pub fn labels() -> BTreeMap<String, String> {
+pub(crate) fn labels() -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
         (LABEL_PART_OF.to_string(), PART_OF.to_string()),
@@ -143,7 +143,7 @@ pub fn operator_role(namespace: &str) -> Role {
 
 /// Whether the stored `current` binding grants what `desired` grants and carries its labels,
 /// so the controller can skip the write. Other labels and annotations may be added by others.
-pub fn binding_is_current(current: &RoleBinding, desired: &RoleBinding) -> bool {
+pub(crate) fn binding_is_current(current: &RoleBinding, desired: &RoleBinding) -> bool {
     let labels = current.metadata.labels.clone().unwrap_or_default();
     current.role_ref == desired.role_ref
         && current.subjects == desired.subjects

@@ -33,7 +33,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Where the webhook's serving certificate comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CertMode {
+pub(crate) enum CertMode {
     /// The operator's own CA and certificate, kept in a Secret and rotated; the operator keeps
     /// the named MutatingWebhookConfiguration's `caBundle` current.
     SelfSigned { webhook_config_name: String },
@@ -43,26 +43,26 @@ pub enum CertMode {
 
 /// The plain form of `spear-operator run`'s flags.
 #[derive(Clone, Debug)]
-pub struct OperatorConfig {
+pub(crate) struct OperatorConfig {
     /// The operator's own namespace (its Lease and webhook Secret); `None`: the client's.
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// Watch this namespace only (a namespaced install); `None`: the whole cluster.
-    pub watch_namespace: Option<String>,
-    pub metrics_addr: SocketAddr,
-    pub leader_election: bool,
-    pub lease_name: String,
-    pub probe_interval: Duration,
-    pub webhook_addr: SocketAddr,
+    pub(crate) watch_namespace: Option<String>,
+    pub(crate) metrics_addr: SocketAddr,
+    pub(crate) leader_election: bool,
+    pub(crate) lease_name: String,
+    pub(crate) probe_interval: Duration,
+    pub(crate) webhook_addr: SocketAddr,
     /// The webhook's Service; the certificate is issued for `<service>.<namespace>.svc`.
-    pub webhook_service_name: String,
-    pub cert: CertMode,
-    pub agent_image: String,
-    pub spearlet_image: String,
-    pub native_sidecars: NativeSidecars,
+    pub(crate) webhook_service_name: String,
+    pub(crate) cert: CertMode,
+    pub(crate) agent_image: String,
+    pub(crate) spearlet_image: String,
+    pub(crate) native_sidecars: NativeSidecars,
 }
 
 /// Runs the operator until `shutdown`; an error when a part stops on its own.
-pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     crate::install_crypto_provider();
     let client = kube::Client::try_default()
         .await

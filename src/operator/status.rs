@@ -30,7 +30,7 @@ use crate::registry::snapshot::{Entry, Snapshot};
 
 /// Reason of `Ready=Unknown` for an http server not probed yet at this generation.
 // Belongs in `api::conditions::reasons`; kept here until that file's owner moves it.
-pub const REASON_PROBE_PENDING: &str = "ProbePending";
+pub(crate) const REASON_PROBE_PENDING: &str = "ProbePending";
 /// Problems spelled out in an `Accepted=False` message; the rest are counted.
 const MAX_PROBLEMS_IN_MESSAGE: usize = 5;
 /// Longest condition message (the `metav1.Condition` schema's limit).
@@ -45,15 +45,15 @@ const UNKNOWN: &str = "Unknown";
 
 /// The result of one probe of a Streamable HTTP server (`initialize` + `tools/list`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct ProbeOutcome {
+pub(crate) struct ProbeOutcome {
     /// When the probe ran.
-    pub time: Time,
-    pub result: ProbeResult,
+    pub(crate) time: Time,
+    pub(crate) result: ProbeResult,
 }
 
 /// What a probe found.
 #[derive(Clone, Debug, PartialEq)]
-pub enum ProbeResult {
+pub(crate) enum ProbeResult {
     /// The server answered.
     Succeeded {
         /// Tool names from `tools/list` (any order, duplicates allowed).
@@ -72,7 +72,7 @@ pub enum ProbeResult {
 /// probe fields from `probe`. Without a probe, the previous probe results are kept while the
 /// generation is unchanged (a reconcile that did not probe must not erase them); after a spec
 /// change `Ready` is `Unknown` until the next probe, and while the spec is invalid (never probed).
-pub fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time) -> McpServerStatus {
+pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time) -> McpServerStatus {
     let now = whole_seconds(&now);
     let generation = server.metadata.generation;
     let previous = server.status.as_ref();
@@ -143,7 +143,7 @@ pub fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time
 
 /// The status of `profile`, given every McpServer of its namespace and the tool names known per
 /// server (from their status); servers without known tools add nothing to `toolPreview`.
-pub fn profile_status(
+pub(crate) fn profile_status(
     profile: &McpProfile,
     servers_in_namespace: &[McpServer],
     known_tools: &BTreeMap<String, Vec<String>>,
@@ -189,7 +189,7 @@ pub fn profile_status(
 
 /// The tool names each http server listed at its last successful probe (from its status), as
 /// [`profile_status`] takes them. stdio servers are not probed and have none.
-pub fn known_tools(servers: &[McpServer]) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn known_tools(servers: &[McpServer]) -> BTreeMap<String, Vec<String>> {
     servers
         .iter()
         .filter_map(|s| {

@@ -73,15 +73,15 @@ use crate::telemetry::error_chain;
 /// Path the MutatingWebhookConfiguration calls.
 pub const MUTATE_PATH: &str = "/mutate-pods";
 /// Liveness path (plain `ok` over the same TLS port; kubelet HTTPS probes skip verification).
-pub const HEALTH_PATH: &str = "/healthz";
+pub(crate) const HEALTH_PATH: &str = "/healthz";
 /// Default bound of each API read: two rounds of reads stay inside the API server's 10 s webhook
 /// timeout, leaving room for the TLS handshake and a slow network.
-pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default time in-flight reviews get to finish after shutdown: an admission call takes
 /// milliseconds, and the API server retries elsewhere once the endpoint is gone.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// First Kubernetes minor version (of major 1) with native sidecars on by default.
-pub const NATIVE_SIDECARS_MINOR: u32 = 29;
+pub(crate) const NATIVE_SIDECARS_MINOR: u32 = 29;
 /// A TLS handshake that takes longer is dropped (the API server's whole call has 10 s).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the HTTP server; a burst beyond this waits in the
@@ -108,7 +108,7 @@ pub enum NativeSidecars {
 
 impl NativeSidecars {
     /// The decision, asking the API server's version for `Auto`.
-    pub async fn resolve(self, client: &Client) -> Result<bool, WebhookError> {
+    pub(crate) async fn resolve(self, client: &Client) -> Result<bool, WebhookError> {
         match self {
             NativeSidecars::Enabled => Ok(true),
             NativeSidecars::Disabled => Ok(false),
@@ -125,7 +125,7 @@ impl NativeSidecars {
 /// Whether a cluster of this version runs native sidecars by default (1.29 or later). Managed
 /// clusters spell minors like `29+`; an unreadable version means classic sidecars, which work
 /// everywhere.
-pub fn supports_native_sidecars(info: &Info) -> bool {
+pub(crate) fn supports_native_sidecars(info: &Info) -> bool {
     let number = |s: &str| s.trim_end_matches('+').parse::<u32>().ok();
     match (number(&info.major), number(&info.minor)) {
         (Some(major), _) if major > 1 => true,
@@ -138,17 +138,17 @@ pub fn supports_native_sidecars(info: &Info) -> bool {
 #[derive(Clone, Debug)]
 pub struct WebhookConfig {
     /// Listen address (`--webhook-addr`).
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// What to inject. Its `native_sidecars` is replaced by the decision of `native_sidecars`.
-    pub inject: InjectConfig,
+    pub(crate) inject: InjectConfig,
     /// How to decide native sidecars.
-    pub native_sidecars: NativeSidecars,
+    pub(crate) native_sidecars: NativeSidecars,
     /// Where the serving certificate comes from.
-    pub cert: CertSource,
+    pub(crate) cert: CertSource,
     /// Bound of each API read of one review.
-    pub lookup_timeout: Duration,
+    pub(crate) lookup_timeout: Duration,
     /// Time in-flight reviews get after shutdown.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// Admission counters and latency.
     pub metrics: WebhookMetrics,
 }
@@ -218,7 +218,7 @@ pub enum LookupError {
 
 /// Why one review could not be answered (HTTP 500; the failure policy decides).
 #[derive(Debug, Error)]
-pub enum ReviewError {
+pub(crate) enum ReviewError {
     /// The request names no namespace (pods are namespaced, so the API server always does).
     #[error("the admission request names no namespace")]
     NoNamespace,
@@ -235,7 +235,7 @@ pub enum ReviewError {
 
 impl ReviewError {
     /// A short, stable label for metrics.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             ReviewError::NoNamespace => "no_namespace",
             ReviewError::Lookup(LookupError::Timeout { .. }) => "lookup_timeout",
@@ -309,14 +309,14 @@ pub trait Lookup: Send + Sync + 'static {
 
 /// [`Lookup`] by direct, bounded reads (see the module header for why not a cache).
 #[derive(Clone)]
-pub struct KubeLookup {
+pub(crate) struct KubeLookup {
     client: Client,
     timeout: Duration,
 }
 
 impl KubeLookup {
     /// Reads through `client`, each read bounded by `timeout`.
-    pub fn new(client: Client, timeout: Duration) -> Self {
+    pub(crate) fn new(client: Client, timeout: Duration) -> Self {
         KubeLookup { client, timeout }
     }
 
@@ -377,7 +377,7 @@ impl KubeLookup {
 /// The McpServers `profile` resolves to among `servers`: those named in `spec.servers` plus
 /// those `spec.serverSelector` matches. Named servers that do not exist are simply absent
 /// (the profile's status reports them).
-pub fn profile_servers(profile: &McpProfile, servers: Vec<McpServer>) -> Vec<McpServer> {
+pub(crate) fn profile_servers(profile: &McpProfile, servers: Vec<McpServer>) -> Vec<McpServer> {
     servers.into_iter().filter(|s| profile.selects(s)).collect()
 }
 
@@ -394,18 +394,18 @@ fn wanted_profile(pod: &Pod) -> Option<&str> {
 
 /// The answer to one admission request, and a label for logs and metrics.
 #[derive(Debug)]
-pub struct Reviewed {
+pub(crate) struct Reviewed {
     /// What the API server gets.
-    pub response: AdmissionResponse,
+    pub(crate) response: AdmissionResponse,
     /// `patch`, `skip` or `deny`.
-    pub decision: &'static str,
+    pub(crate) decision: &'static str,
     /// The skip reason; empty otherwise.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// Decides on one admission request: reads what the pod needs through `lookup`, runs
 /// [`inject::mutate`], and turns its decision into a response.
-pub async fn review<L: Lookup>(
+pub(crate) async fn review<L: Lookup>(
     lookup: &L,
     config: &InjectConfig,
     request: AdmissionRequest<Pod>,

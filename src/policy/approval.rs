@@ -12,7 +12,7 @@ use crate::api::{ApprovalMode, ApprovalPolicy};
 
 /// An approval policy compiled for lookups.
 #[derive(Clone, Debug)]
-pub struct CompiledApproval {
+pub(crate) struct CompiledApproval {
     default: ApprovalMode,
     /// Patterns in the order they are tried: most specific first.
     rules: Vec<(Option<GlobMatcher>, String, ApprovalMode)>,
@@ -24,7 +24,7 @@ fn specificity(pattern: &str) -> (usize, usize) {
 
 impl CompiledApproval {
     /// Compiles `policy` (absent means every tool is `never`).
-    pub fn new(policy: Option<&ApprovalPolicy>) -> Result<Self, PatternError> {
+    pub(crate) fn new(policy: Option<&ApprovalPolicy>) -> Result<Self, PatternError> {
         let Some(policy) = policy else {
             return Ok(CompiledApproval { default: ApprovalMode::Never, rules: Vec::new() });
         };
@@ -56,7 +56,7 @@ impl CompiledApproval {
     }
 
     /// The mode for `tool`.
-    pub fn mode_for(&self, tool: &str) -> ApprovalMode {
+    pub(crate) fn mode_for(&self, tool: &str) -> ApprovalMode {
         self.rules
             .iter()
             .find(|(matcher, pattern, _)| match matcher {

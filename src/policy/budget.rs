@@ -7,23 +7,23 @@ use crate::api::{ProfileBudgets, ServerBudgets};
 /// Limits of one tool call, after composition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct CallBudgets {
+pub(crate) struct CallBudgets {
     /// Time limit of one call in milliseconds.
-    pub tool_timeout_ms: u32,
+    pub(crate) tool_timeout_ms: u32,
     /// Largest tool result in bytes.
-    pub max_tool_output_bytes: u32,
+    pub(crate) max_tool_output_bytes: u32,
     /// Calls to the server at once (a server property; profiles and requests do not change it).
-    pub max_concurrency: u32,
+    pub(crate) max_concurrency: u32,
 }
 
 /// Limits of one chat completion's tool loop, after composition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LoopBudgets {
+pub(crate) struct LoopBudgets {
     /// Model round trips.
-    pub max_iterations: u32,
+    pub(crate) max_iterations: u32,
     /// Tool calls over all iterations.
-    pub max_total_tool_calls: u32,
+    pub(crate) max_total_tool_calls: u32,
 }
 
 /// Budgets a request asks for; each applies only where lower than what is in force.
@@ -31,13 +31,13 @@ pub struct LoopBudgets {
 #[serde(default, deny_unknown_fields)]
 pub struct RequestBudgets {
     /// Per-call timeout in milliseconds.
-    pub tool_timeout_ms: Option<u32>,
+    pub(crate) tool_timeout_ms: Option<u32>,
     /// Per-call output cap in bytes.
-    pub max_tool_output_bytes: Option<u32>,
+    pub(crate) max_tool_output_bytes: Option<u32>,
     /// Model round trips.
-    pub max_iterations: Option<u32>,
+    pub(crate) max_iterations: Option<u32>,
     /// Tool calls over all iterations.
-    pub max_total_tool_calls: Option<u32>,
+    pub(crate) max_total_tool_calls: Option<u32>,
 }
 
 /// `current` lowered to `tighter` when that is set and lower. Zero is not a budget (validation
@@ -50,7 +50,11 @@ fn tighten(current: u32, tighter: Option<u32>) -> u32 {
 }
 
 /// A server's call budgets narrowed by its profile and the request.
-pub fn call_budgets(server: &ServerBudgets, profile: Option<&ProfileBudgets>, request: &RequestBudgets) -> CallBudgets {
+pub(crate) fn call_budgets(
+    server: &ServerBudgets,
+    profile: Option<&ProfileBudgets>,
+    request: &RequestBudgets,
+) -> CallBudgets {
     let mut timeout = server.tool_timeout_ms();
     let mut output = server.max_tool_output_bytes();
     if let Some(p) = profile {
@@ -65,7 +69,7 @@ pub fn call_budgets(server: &ServerBudgets, profile: Option<&ProfileBudgets>, re
 }
 
 /// A profile's loop budgets narrowed by the request.
-pub fn loop_budgets(profile: Option<&ProfileBudgets>, request: &RequestBudgets) -> LoopBudgets {
+pub(crate) fn loop_budgets(profile: Option<&ProfileBudgets>, request: &RequestBudgets) -> LoopBudgets {
     let p = profile.cloned().unwrap_or_default();
     LoopBudgets {
         max_iterations: tighten(p.max_iterations(), request.max_iterations),

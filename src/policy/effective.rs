@@ -33,11 +33,11 @@ use crate::registry::snapshot::{Revision, Snapshot};
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolInfo {
     /// The tool's name on its server.
-    pub name: Arc<str>,
+    pub(crate) name: Arc<str>,
     /// Its description, passed through to the model.
     pub description: Option<Arc<str>>,
     /// Its JSON Schema for arguments, passed through to the model.
-    pub input_schema: Arc<serde_json::Value>,
+    pub(crate) input_schema: Arc<serde_json::Value>,
 }
 
 impl ToolInfo {
@@ -179,15 +179,15 @@ impl Serialize for Reason {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Decision {
     /// The server concerned.
-    pub server: String,
+    pub(crate) server: String,
     /// The tool, for a tool-level decision.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
+    pub(crate) tool: Option<String>,
     /// Why it is excluded.
-    pub reason: Reason,
+    pub(crate) reason: Reason,
     /// Details (the missing variable, the list error, the pattern layer); never a secret.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
 }
 
 /// A tool exposed to the workload.
@@ -198,20 +198,20 @@ pub struct EffectiveTool {
     /// The tool as the server lists it.
     pub tool: ToolInfo,
     /// Whether a call needs approval.
-    pub approval: ApprovalMode,
+    pub(crate) approval: ApprovalMode,
 }
 
 /// A server the workload may use, with its tools and budgets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EffectiveServer {
     /// The McpServer's `metadata.name`.
-    pub id: Arc<str>,
+    pub(crate) id: Arc<str>,
     /// The server part of its tool names.
-    pub server_part: Arc<str>,
+    pub(crate) server_part: Arc<str>,
     /// Call budgets after every layer.
-    pub budgets: CallBudgets,
+    pub(crate) budgets: CallBudgets,
     /// Exposed tools; `None` when the server's tools are not known (decided on patterns alone).
-    pub tools: Option<Arc<[EffectiveTool]>>,
+    pub(crate) tools: Option<Arc<[EffectiveTool]>>,
 }
 
 /// Why no effective set can be computed.
@@ -244,7 +244,7 @@ pub enum PolicyError {
 
 impl PolicyError {
     /// The error code a caller sees (`mcp_policy_denied` or `mcp_invalid_arguments`).
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             PolicyError::UnknownProfile { .. } | PolicyError::ServerNotInProfile { .. } => "mcp_policy_denied",
             PolicyError::InvalidPattern { layer: Layer::Request, .. } => "mcp_invalid_arguments",
@@ -395,13 +395,8 @@ impl CompiledProfile {
         })
     }
 
-    /// The revision this was compiled against.
-    pub fn revision(&self) -> &Revision {
-        &self.revision
-    }
-
     /// The allowed servers present in the registry, as (id, name part): whose tools to list.
-    pub fn servers(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn servers(&self) -> impl Iterator<Item = (&str, &str)> {
         self.servers.values().map(|s| (&*s.id, &*s.server_part))
     }
 
@@ -515,7 +510,7 @@ impl CompiledProfile {
     }
 
     /// The effective set for one request, in one go (catalog, then [`ProfileCatalog::effective`]).
-    pub fn effective(
+    pub(crate) fn effective(
         &self,
         tools: impl Fn(&str) -> ServerTools,
         request: Option<&RequestScope>,
@@ -632,12 +627,12 @@ impl ProfileCatalog {
 #[derive(Clone, Debug)]
 pub struct EffectiveSet {
     /// The snapshot revision the decision used.
-    pub revision: Revision,
-    pub profile: String,
+    pub(crate) revision: Revision,
+    pub(crate) profile: String,
     /// Servers in use, by id.
-    pub servers: Vec<EffectiveServer>,
+    pub(crate) servers: Vec<EffectiveServer>,
     /// Loop budgets after every layer.
-    pub loop_budgets: LoopBudgets,
+    pub(crate) loop_budgets: LoopBudgets,
     catalog: Arc<ProfileCatalog>,
     /// Servers the request (or the profile's defaults) left out.
     not_wanted: Vec<(Arc<str>, Layer)>,
@@ -682,7 +677,7 @@ impl EffectiveSet {
 
     /// Every exclusion with its reason, sorted: servers outside the profile or missing, servers
     /// the request or defaults left out, and, for servers in use, each excluded tool.
-    pub fn decisions(&self) -> Vec<Decision> {
+    pub(crate) fn decisions(&self) -> Vec<Decision> {
         let mut out: Vec<Decision> = self.catalog.static_decisions.to_vec();
         for (id, layer) in &self.not_wanted {
             out.push(decision(id, None, Reason::NotAllowedBy(*layer), None));

@@ -5,11 +5,11 @@ use crate::policy::EffectiveSet;
 use crate::registry::snapshot::Snapshot;
 
 /// The note shown when tool lists were not fetched.
-pub const NOT_LISTED: &str = "tool lists not fetched: decided on servers and patterns alone (per-tool decisions need a connection to each server)";
+pub(crate) const NOT_LISTED: &str = "tool lists not fetched: decided on servers and patterns alone (per-tool decisions need a connection to each server)";
 
 /// The effective set as JSON (explain, `/debug/effective`): servers with their tools and
 /// budgets, every exclusion with its reason. `listed` says whether tool lists were known.
-pub fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> serde_json::Value {
+pub(crate) fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> serde_json::Value {
     let servers: Vec<serde_json::Value> = set
         .servers
         .iter()
@@ -39,7 +39,7 @@ pub fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> se
 }
 
 /// The effective set as an aligned table for people (`spearlet explain --output table`).
-pub fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> String {
+pub(crate) fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: bool) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "profile {} at registry revision {}", set.profile, set.revision);

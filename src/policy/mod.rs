@@ -24,4 +24,3 @@ pub use effective::{
     CompiledProfile, Decision, EffectiveServer, EffectiveSet, EffectiveTool, Layer, PolicyError, Reason, RequestScope,
     ServerTools, ToolInfo, ToolList,
 };
-pub use name::{Route, RouteTable};

@@ -24,11 +24,11 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
 /// Prefix of every model-facing MCP tool name.
-pub const PREFIX: &str = "mcp__";
+pub(crate) const PREFIX: &str = "mcp__";
 /// Separator between the server and tool parts.
-pub const SEPARATOR: &str = "__";
+pub(crate) const SEPARATOR: &str = "__";
 /// Longest name OpenAI-style function names allow.
-pub const MAX_NAME_LEN: usize = 64;
+pub(crate) const MAX_NAME_LEN: usize = 64;
 /// Hex characters of the hash suffix: 32 bits; real collisions are also checked.
 const HASH_LEN: usize = 8;
 /// Characters kept from the readable name in front of `_<hash>`.
@@ -87,14 +87,14 @@ fn hashed_name(full: &str, key: &str, tool: &str, salt: u32) -> String {
 
 /// The model-facing name of `tool` on the server whose name part is `server_part`, before
 /// collision handling. A pure function of the pair.
-pub fn base_name(server_part: &str, tool: &str) -> String {
+pub(crate) fn base_name(server_part: &str, tool: &str) -> String {
     let full = full_name(server_part, tool);
     if full.len() <= MAX_NAME_LEN { full } else { hashed_name(&full, server_part, tool, 0) }
 }
 
 /// Whether `base_name` may have collided with another pair's (it was shortened, or reached the
 /// length where shortened names live). Only these need a uniqueness check.
-pub fn may_collide(name: &str) -> bool {
+pub(crate) fn may_collide(name: &str) -> bool {
     name.len() == MAX_NAME_LEN
 }
 
@@ -102,7 +102,7 @@ pub fn may_collide(name: &str) -> bool {
 /// `base` itself when `keep_base` and it is free, else hash variants keyed by `hash_key` (the
 /// server id, so two servers sharing a name part get different names) and a salt counted up
 /// until free. Deterministic: the same inputs and `taken` set give the same name.
-pub fn free_name(
+pub(crate) fn free_name(
     base: &str,
     server_part: &str,
     hash_key: &str,
@@ -121,8 +121,9 @@ pub fn free_name(
         .unwrap_or_else(|| base.to_string())
 }
 
+#[cfg(test)]
 /// Whether `name` has the shape every model-facing name has: `^[a-zA-Z0-9_-]{1,64}$`.
-pub fn is_valid_function_name(name: &str) -> bool {
+pub(crate) fn is_valid_function_name(name: &str) -> bool {
     (1..=MAX_NAME_LEN).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
@@ -133,14 +134,14 @@ pub fn is_valid_function_name(name: &str) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Route {
     /// The McpServer's `metadata.name`.
-    pub server: Arc<str>,
+    pub(crate) server: Arc<str>,
     /// The tool name as the server lists it.
-    pub tool: Arc<str>,
+    pub(crate) tool: Arc<str>,
 }
 
 /// Maps model-facing names (and the dotted `mcp.<server>.<tool>` form) back to routes.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RouteTable {
+pub(crate) struct RouteTable {
     by_name: HashMap<Arc<str>, Route>,
     /// server → tool → model-facing name, for the dotted form.
     by_tool: HashMap<Arc<str>, HashMap<Arc<str>, Arc<str>>>,
@@ -148,30 +149,20 @@ pub struct RouteTable {
 
 impl RouteTable {
     /// Records that `name` routes to `route`.
-    pub fn insert(&mut self, name: Arc<str>, route: Route) {
+    pub(crate) fn insert(&mut self, name: Arc<str>, route: Route) {
         self.by_tool.entry(route.server.clone()).or_default().insert(route.tool.clone(), name.clone());
         self.by_name.insert(name, route);
     }
 
-    /// Number of routes.
-    pub fn len(&self) -> usize {
-        self.by_name.len()
-    }
-
-    /// Whether there is no route.
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
-    }
-
     /// Whether `name` is a model-facing name in the table.
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
 
     /// The model-facing name and route of a name as a model or client writes it: a model-facing
     /// name, or the dotted form `mcp.<server>.<tool>` (server id, original tool name; the tool
     /// may contain dots).
-    pub fn lookup(&self, name: &str) -> Option<(&Arc<str>, &Route)> {
+    pub(crate) fn lookup(&self, name: &str) -> Option<(&Arc<str>, &Route)> {
         if let Some(found) = self.by_name.get_key_value(name) {
             return Some(found);
         }
@@ -180,14 +171,10 @@ impl RouteTable {
         self.by_name.get_key_value(&**model_name)
     }
 
+    #[cfg(test)]
     /// The route of a name (see [`RouteTable::lookup`]).
-    pub fn resolve(&self, name: &str) -> Option<&Route> {
+    pub(crate) fn resolve(&self, name: &str) -> Option<&Route> {
         self.lookup(name).map(|(_, route)| route)
-    }
-
-    /// Every (name, route) pair.
-    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Route)> {
-        self.by_name.iter()
     }
 }
 

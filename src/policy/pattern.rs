@@ -11,7 +11,7 @@ use crate::api::validate::check_tool_pattern;
 
 /// A compiled list of patterns. An empty list matches nothing.
 #[derive(Clone, Debug)]
-pub struct PatternSet {
+pub(crate) struct PatternSet {
     /// One pattern is exactly `*`: every name matches.
     matches_all: bool,
     literals: Vec<Box<str>>,
@@ -27,9 +27,9 @@ pub struct PatternSet {
 #[error("tool pattern '{pattern}': {message}")]
 pub struct PatternError {
     /// The pattern as written.
-    pub pattern: String,
+    pub(crate) pattern: String,
     /// Why it is refused.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Escapes everything but `*` and `?`: `[`, `]`, `{`, `}` become one-character classes (and `\`
@@ -52,7 +52,7 @@ fn to_glob(pattern: &str) -> String {
 
 impl PatternSet {
     /// Compiles `patterns`; each must pass [`check_tool_pattern`].
-    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
+    pub(crate) fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
         let mut set = PatternSet {
             matches_all: false,
             literals: Vec::new(),
@@ -94,7 +94,7 @@ impl PatternSet {
     }
 
     /// Whether any pattern matches `name`.
-    pub fn is_match(&self, name: &str) -> bool {
+    pub(crate) fn is_match(&self, name: &str) -> bool {
         self.matches_all
             || self.literals.iter().any(|l| **l == *name)
             || self.prefixes.iter().any(|p| name.starts_with(&**p))
@@ -103,7 +103,7 @@ impl PatternSet {
     }
 
     /// Whether the set has no pattern (and so matches nothing).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 }

@@ -10,7 +10,7 @@ fn join_or_dash(items: &[String]) -> String {
 }
 
 /// A human-readable table of a snapshot.
-pub fn describe(dir: &Path, snapshot: &Snapshot) -> String {
+pub(crate) fn describe(dir: &Path, snapshot: &Snapshot) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let servers = snapshot.servers();
@@ -48,7 +48,7 @@ pub fn describe(dir: &Path, snapshot: &Snapshot) -> String {
 }
 
 /// One line per new revision, then its problems.
-pub fn describe_change(old: &Snapshot, new: &Snapshot) -> String {
+pub(crate) fn describe_change(old: &Snapshot, new: &Snapshot) -> String {
     use std::fmt::Write as _;
     let changes = old.changes(new);
     let mut parts: Vec<String> = changes.upserts.iter().map(|(k, n)| format!("~{k}/{n}")).collect();

@@ -121,7 +121,7 @@ pub struct DirSource {
 
 impl DirSource {
     /// Opens `dir` and reads it once; a missing, unreadable or non-directory path is an error.
-    pub fn open(dir: &Path) -> Result<Self, Error> {
+    pub(crate) fn open(dir: &Path) -> Result<Self, Error> {
         let mut source = DirSource::new(dir)?;
         source.scan();
         Ok(source)
@@ -171,18 +171,14 @@ impl DirSource {
         Ok(DirWatch { dir: dir.to_path_buf(), task })
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The snapshot of what was last read.
-    pub fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         self.index.snapshot()
     }
 
     /// Re-reads the directory: files whose stat moved are read, and parsed if their content
     /// changed; files gone are forgotten. Blocking I/O.
-    pub fn scan(&mut self) -> Snapshot {
+    pub(crate) fn scan(&mut self) -> Snapshot {
         let listing = match fs::read_dir(&self.dir) {
             Ok(listing) => listing,
             Err(e) => {
@@ -299,10 +295,6 @@ pub struct DirWatch {
 }
 
 impl DirWatch {
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Completes when the watch task ends (shutdown, or a panic, reported as an error), for a
     /// `select!` over critical tasks. Completes at once if called again after it ended.
     pub async fn finished(&mut self) -> Result<(), Error> {

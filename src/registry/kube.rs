@@ -98,19 +98,6 @@ pub enum Error {
     },
 }
 
-impl Error {
-    /// A short, stable label for metrics and structured logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::InvalidNamespace { .. } => "invalid_namespace",
-            Error::InvalidProfile { .. } => "invalid_profile",
-            Error::NoRuntime => "no_runtime",
-            Error::Stopped { .. } => "stopped",
-            Error::TaskFailed { .. } => "task_failed",
-        }
-    }
-}
-
 // === Kind ===
 
 /// Which of the two watched kinds.
@@ -301,16 +288,16 @@ impl KubeSource {
         let task = WatchTask::spawn(runtime, initial, shutdown, span, |publisher, stop| {
             Loop { source, servers, profiles, publisher, synced: synced_tx, stop }.run()
         });
-        KubeWatch { namespace: namespace.to_string(), profile: profile.to_string(), synced, task }
+        KubeWatch { namespace: namespace.to_string(), synced, task }
     }
 
     /// Whether both kinds have been listed completely at least once.
-    pub fn is_listed(&self) -> bool {
+    pub(crate) fn is_listed(&self) -> bool {
         self.servers.listed && self.profiles.listed
     }
 
     /// The snapshot of what the stores hold now, with the problems of both watches.
-    pub fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         let mut problems = Vec::new();
         for (kind, state) in [(Kind::Server, &self.servers), (Kind::Profile, &self.profiles)] {
             problems.extend(state.problem.clone());
@@ -489,20 +476,11 @@ where
 #[derive(Debug)]
 pub struct KubeWatch {
     namespace: String,
-    profile: String,
     synced: watch::Receiver<bool>,
     task: WatchTask,
 }
 
 impl KubeWatch {
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    pub fn profile(&self) -> &str {
-        &self.profile
-    }
-
     /// Waits until the first complete snapshot (both kinds listed) is published; at once after
     /// that. Fails if the watch stopped first. Does not time out: while the API cannot be
     /// listed, the snapshot's problems say why.
@@ -527,7 +505,7 @@ impl KubeWatch {
 
     /// Completes when the watch task ends (shutdown, or a panic, reported as an error), for a
     /// `select!` over critical tasks. Completes at once if called again after it ended.
-    pub async fn finished(&mut self) -> Result<(), Error> {
+    pub(crate) async fn finished(&mut self) -> Result<(), Error> {
         self.task.finished().await.map_err(|source| Error::TaskFailed { namespace: self.namespace.clone(), source })
     }
 }

@@ -61,15 +61,3 @@ pub enum Error {
         source: tokio::task::JoinError,
     },
 }
-
-impl Error {
-    /// A short, stable label for metrics and structured logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::DirUnreadable { .. } => "dir_unreadable",
-            Error::NotADirectory { .. } => "not_a_directory",
-            Error::NoRuntime { .. } => "no_runtime",
-            Error::TaskFailed { .. } => "task_failed",
-        }
-    }
-}

@@ -121,12 +121,12 @@ pub struct SourceProblem {
     /// The field path the problem is about (`spec.stdio.command`, `document`, `file`, `directory`).
     pub field: String,
     pub message: String,
-    pub fix: String,
+    pub(crate) fix: String,
 }
 
 impl SourceProblem {
     /// A manifest problem, placed in `file`.
-    pub fn in_file(file: &Path, problem: Problem) -> Self {
+    pub(crate) fn in_file(file: &Path, problem: Problem) -> Self {
         let Problem { line, field, message, fix } = problem;
         SourceProblem { file: file.to_path_buf(), line, field, message, fix }
     }
@@ -169,7 +169,7 @@ pub enum Item {
 
 impl Item {
     /// The object's kind.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Item::Server(_) => KIND_SERVER,
             Item::Profile(_) => KIND_PROFILE,
@@ -177,20 +177,12 @@ impl Item {
     }
 
     /// The object's `metadata.name`.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         let name = match self {
             Item::Server(s) => &s.object.metadata.name,
             Item::Profile(p) => &p.object.metadata.name,
         };
         name.as_deref().unwrap_or_default()
-    }
-
-    /// The object's resourceVersion.
-    pub fn resource_version(&self) -> &str {
-        match self {
-            Item::Server(s) => &s.resource_version,
-            Item::Profile(p) => &p.resource_version,
-        }
     }
 }
 
@@ -198,15 +190,15 @@ impl Item {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
     /// The file (or source name) the object came from; duplicates keep the first by this path.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// 1-based line of the object's document (0 when the source has no lines).
-    pub line: usize,
-    pub item: Item,
+    pub(crate) line: usize,
+    pub(crate) item: Item,
 }
 
 impl Entry {
     /// An object with a resourceVersion given by its source (the API server).
-    pub fn new(file: impl Into<PathBuf>, line: usize, resource_version: String, object: Object) -> Self {
+    pub(crate) fn new(file: impl Into<PathBuf>, line: usize, resource_version: String, object: Object) -> Self {
         let item = match object {
             Object::Server(s) => Item::Server(Versioned { resource_version, object: Arc::new(s) }),
             Object::Profile(p) => Item::Profile(Versioned { resource_version, object: Arc::new(p) }),
@@ -326,7 +318,7 @@ impl Snapshot {
 
     /// What changed from `self` to `newer`: objects added or changed (by resourceVersion), and
     /// objects removed, each as `(kind, name)` in sorted order.
-    pub fn changes(&self, newer: &Snapshot) -> Changes {
+    pub(crate) fn changes(&self, newer: &Snapshot) -> Changes {
         fn diff<T>(
             kind: &'static str,
             old: &BTreeMap<String, Versioned<T>>,
@@ -349,16 +341,17 @@ impl Snapshot {
 
 /// The difference between two snapshots, by `(kind, name)`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Changes {
+pub(crate) struct Changes {
     /// Objects added or changed.
-    pub upserts: Vec<(&'static str, String)>,
+    pub(crate) upserts: Vec<(&'static str, String)>,
     /// Objects removed.
-    pub deletes: Vec<(&'static str, String)>,
+    pub(crate) deletes: Vec<(&'static str, String)>,
 }
 
 impl Changes {
+    #[cfg(test)]
     /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.upserts.is_empty() && self.deletes.is_empty()
     }
 }
@@ -385,7 +378,7 @@ pub struct SourceIndex {
 impl SourceIndex {
     /// Records a fresh read of `file`: without problems its objects replace the file's; with any
     /// problem the file keeps its last good objects and reports the problems.
-    pub fn apply(&mut self, file: &Path, parsed: Parsed) {
+    pub(crate) fn apply(&mut self, file: &Path, parsed: Parsed) {
         let state = self.files.entry(file.to_path_buf()).or_default();
         if parsed.problems.is_empty() {
             let entries = parsed.documents.into_iter().map(|d| Entry::local(file, d.line, d.object)).collect();
@@ -396,27 +389,27 @@ impl SourceIndex {
     }
 
     /// Records that `file` could not be read; it keeps its last good objects.
-    pub fn fail(&mut self, file: &Path, problem: SourceProblem) {
+    pub(crate) fn fail(&mut self, file: &Path, problem: SourceProblem) {
         self.files.entry(file.to_path_buf()).or_default().problems = vec![problem];
     }
 
     /// Forgets `file`: its objects and problems go away.
-    pub fn delete(&mut self, file: &Path) {
+    pub(crate) fn delete(&mut self, file: &Path) {
         self.files.remove(file);
     }
 
     /// Replaces the problems about the source itself (for example, its directory is missing).
-    pub fn set_source_problems(&mut self, problems: Vec<SourceProblem>) {
+    pub(crate) fn set_source_problems(&mut self, problems: Vec<SourceProblem>) {
         self.source_problems = problems;
     }
 
     /// The files the index knows, sorted.
-    pub fn files(&self) -> impl Iterator<Item = &Path> {
+    pub(crate) fn files(&self) -> impl Iterator<Item = &Path> {
         self.files.keys().map(PathBuf::as_path)
     }
 
     /// The snapshot of everything the files currently contribute.
-    pub fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         let entries = self.files.values().filter_map(|f| f.last_good.as_ref()).flatten().cloned();
         let problems =
             self.source_problems.iter().chain(self.files.values().flat_map(|f| f.problems.iter())).cloned().collect();

@@ -45,7 +45,7 @@ impl<T: RegistryView + ?Sized> RegistryView for Arc<T> {
 /// What every source's running watch shares: the task that publishes, the publisher it feeds, and
 /// the stop signal, fired when this is dropped.
 #[derive(Debug)]
-pub struct WatchTask {
+pub(crate) struct WatchTask {
     publisher: Arc<Publisher>,
     task: Option<JoinHandle<()>>,
     _stop: DropGuard,
@@ -72,7 +72,7 @@ impl WatchTask {
 
     /// A shareable view of the snapshots; it keeps the last snapshot (and stops changing) once the
     /// watch is dropped.
-    pub fn view(&self) -> Arc<dyn RegistryView> {
+    pub(crate) fn view(&self) -> Arc<dyn RegistryView> {
         self.publisher.clone()
     }
 
@@ -106,14 +106,14 @@ pub struct Publisher {
 
 impl Publisher {
     /// A publisher whose first snapshot is `initial` (logged like any published one).
-    pub fn new(initial: Snapshot) -> Self {
+    pub(crate) fn new(initial: Snapshot) -> Self {
         log_published(&initial, &[]);
         Publisher { tx: watch::Sender::new(Arc::new(initial)) }
     }
 
     /// Swaps `snapshot` in if its revision or its problems differ from the current one; returns
     /// whether it was published (and subscribers woken).
-    pub fn publish(&self, snapshot: Snapshot) -> bool {
+    pub(crate) fn publish(&self, snapshot: Snapshot) -> bool {
         let mut previous = None;
         let published = self.tx.send_if_modified(|current| {
             if current.revision() == snapshot.revision() && current.problems() == snapshot.problems() {

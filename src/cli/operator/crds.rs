@@ -9,14 +9,14 @@ use crate::api::{crd, keys};
 
 /// Print the CustomResourceDefinitions generated from the Rust types (for `kubectl apply -f -`).
 #[derive(clap::Args, Debug)]
-pub struct CrdsArgs {
+pub(crate) struct CrdsArgs {
     /// Write one file per CRD into this directory instead of printing a YAML stream.
     #[arg(long, env = keys::ENV_CRDS_OUTPUT_DIR)]
     output_dir: Option<PathBuf>,
 }
 
 impl CrdsArgs {
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let rendered = crd::render().context("rendering CRDs")?;
         let Some(dir) = self.output_dir else {
             for (_, yaml) in rendered {

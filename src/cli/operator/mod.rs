@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub use self::run::RunArgs;
+pub(crate) use self::run::RunArgs;
 use crate::cli::{exit, usage};
 use crate::telemetry::LogArgs;
 

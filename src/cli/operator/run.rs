@@ -15,7 +15,7 @@ use crate::operator::webhook::NativeSidecars;
 
 /// Run the operator: status controllers (leader only), admin server, webhook.
 #[derive(clap::Args, Debug)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// The operator's own namespace (its leader Lease and webhook Secret live there). Unset:
     /// `POD_NAMESPACE` (the chart sets it from the downward API), else the client's namespace.
     #[arg(long, env = keys::ENV_NAMESPACE)]
@@ -95,7 +95,7 @@ struct WebhookArgs {
 }
 
 impl RunArgs {
-    pub fn config(self) -> anyhow::Result<OperatorConfig> {
+    pub(crate) fn config(self) -> anyhow::Result<OperatorConfig> {
         let RunArgs {
             namespace,
             watch_namespace,
@@ -136,7 +136,7 @@ impl RunArgs {
         })
     }
 
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.config()?;
         // One worker per core: the webhook answers while reconciles run.
         let threads = std::thread::available_parallelism().map_or(2, usize::from);

@@ -13,43 +13,43 @@ use crate::cli::usage;
 pub struct AgentArgs {
     /// Chat completions and /mcp (loopback: only the pod itself may use its tools).
     #[arg(long, env = keys::ENV_HTTP_ADDR, default_value_t = SocketAddr::from((Ipv4Addr::LOCALHOST, keys::PORT_HTTP)))]
-    pub http_addr: SocketAddr,
+    pub(crate) http_addr: SocketAddr,
     /// gRPC (McpSessions, McpRegistry).
     #[arg(long, env = keys::ENV_GRPC_ADDR, default_value_t = SocketAddr::from((Ipv4Addr::LOCALHOST, keys::PORT_GRPC)))]
-    pub grpc_addr: SocketAddr,
+    pub(crate) grpc_addr: SocketAddr,
     /// /healthz, /readyz, /metrics (all interfaces, for probes and scrapers); /debug/effective
     /// answers loopback callers only.
     #[arg(long, env = keys::ENV_ADMIN_ADDR, default_value_t = SocketAddr::from((Ipv4Addr::UNSPECIFIED, keys::PORT_ADMIN)))]
-    pub admin_addr: SocketAddr,
+    pub(crate) admin_addr: SocketAddr,
     /// OpenAI-compatible upstream base URL (overrides the profile's chat.upstream.url).
     #[arg(long, env = keys::ENV_UPSTREAM_URL, value_name = "URL")]
-    pub upstream_url: Option<String>,
+    pub(crate) upstream_url: Option<String>,
     /// Name of the env var holding the upstream API key (its value is never logged); by default
     /// SPEAR_UPSTREAM_API_KEY, which the webhook sets from the profile's apiKeySecretRef.
     #[arg(long, env = keys::ENV_UPSTREAM_API_KEY_ENV, value_name = "VAR")]
-    pub upstream_api_key_env: Option<String>,
+    pub(crate) upstream_api_key_env: Option<String>,
     /// Audit log: `stderr`, `off`, or a file path (appended).
     #[arg(long, env = keys::ENV_AUDIT_LOG, default_value = "stderr")]
-    pub audit_log: AuditTarget,
+    pub(crate) audit_log: AuditTarget,
     /// Include tool-call arguments in audit lines (redacted by default: they may hold secrets).
     #[arg(long, env = keys::ENV_AUDIT_ARGUMENTS)]
-    pub audit_arguments: bool,
+    pub(crate) audit_arguments: bool,
     /// Seconds in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = keys::ENV_SHUTDOWN_GRACE_SECONDS, default_value_t = 10)]
-    pub shutdown_grace_seconds: u64,
+    pub(crate) shutdown_grace_seconds: u64,
     /// Runtime threads. 1 (the default) runs everything on one thread: a pod's agent is I/O-bound
     /// and usually has a fraction of a core.
     #[arg(long, env = keys::ENV_WORKER_THREADS, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub worker_threads: u16,
+    pub(crate) worker_threads: u16,
     /// `Host` header values /mcp accepts (DNS-rebinding protection), repeatable.
     #[arg(long = "allowed-host", env = keys::ENV_ALLOWED_HOSTS, value_delimiter = ',', default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
-    pub allowed_hosts: Vec<String>,
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 impl AgentArgs {
     /// The plain configuration. Reads the key variable `--upstream-api-key-env` names; an unset
     /// one is a usage error rather than a chat door that fails every request later.
-    pub fn config(self) -> anyhow::Result<AgentConfig> {
+    pub(crate) fn config(self) -> anyhow::Result<AgentConfig> {
         if let Some(var) = self.upstream_api_key_env.as_deref()
             && std::env::var(var).map_or(true, |v| v.is_empty())
         {

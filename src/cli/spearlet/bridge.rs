@@ -16,7 +16,7 @@ use crate::cli::{run_until_signal, usage};
 /// child is stopped first and the socket removed), 1 when CMD cannot start or the socket
 /// cannot be served, 2 on a usage error.
 #[derive(clap::Args, Debug)]
-pub struct BridgeArgs {
+pub(crate) struct BridgeArgs {
     /// Unix socket to listen on; its directory must exist, a stale socket file is replaced.
     #[arg(long, env = keys::ENV_BRIDGE_SOCKET, value_name = "PATH")]
     pub(super) socket: PathBuf,
@@ -29,7 +29,7 @@ pub struct BridgeArgs {
 }
 
 impl BridgeArgs {
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let Some((command, args)) = self.command.split_first() else {
             return Err(usage("bridge needs a command after `--`"));
         };

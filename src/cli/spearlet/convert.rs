@@ -14,7 +14,7 @@ use crate::convert;
 /// every file converted, 1 when one did not (each error names the file and key), 2 on a usage
 /// error.
 #[derive(clap::Args, Debug)]
-pub struct ConvertArgs {
+pub(crate) struct ConvertArgs {
     /// Legacy config files (*.toml or *.json).
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -27,7 +27,7 @@ pub struct ConvertArgs {
 }
 
 impl ConvertArgs {
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let mut failed = false;
         for file in &self.files {
             let Some(format) = convert::Format::from_path(file) else {

@@ -27,7 +27,7 @@ enum OutputFormat {
 /// lists every allowed server's tools first. Exit status: 0 on success, 1 when the profile
 /// is unknown or the request is refused, 2 on a usage error.
 #[derive(clap::Args, Debug)]
-pub struct ExplainArgs {
+pub(crate) struct ExplainArgs {
     /// Directory of McpServer/McpProfile manifests (local mode).
     #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
     registry_dir: PathBuf,
@@ -48,7 +48,7 @@ pub struct ExplainArgs {
 }
 
 impl ExplainArgs {
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let scope: Option<RequestScope> = self
             .request
             .as_deref()

@@ -19,7 +19,7 @@ use crate::registry::view::RegistryView;
 /// objects of a broken file keep serving. Exit status without --watch: 0 when the registry
 /// is clean, 1 when it is degraded, 2 on a usage error (for example a missing directory).
 #[derive(clap::Args, Debug)]
-pub struct RegistryArgs {
+pub(crate) struct RegistryArgs {
     /// Directory of McpServer/McpProfile manifests (*.yaml, *.yml, *.json; not recursive).
     #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
     registry_dir: PathBuf,
@@ -29,7 +29,7 @@ pub struct RegistryArgs {
 }
 
 impl RegistryArgs {
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let dir = self.registry_dir;
         if self.watch {
             return run_until_signal(1, |cancel| watch(dir, cancel));

@@ -18,32 +18,32 @@ pub struct RunArgs {
     /// The McpProfile this pod uses (the webhook sets it from the pod's `mcp.spear.dev/profile`
     /// annotation).
     #[arg(long, env = keys::ENV_PROFILE)]
-    pub profile: Option<String>,
+    pub(crate) profile: Option<String>,
     /// The pod's namespace: the profile and the McpServers are read there (the webhook sets it
     /// from the downward API). Defaults to the service account's namespace in a pod, or the
     /// kubeconfig context's.
     #[arg(long, env = keys::ENV_POD_NAMESPACE)]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// Directory of the stdio servers' bridge sockets (`<dir>/<server>.sock`), shared with their
     /// sidecars.
     #[arg(long, env = keys::ENV_SOCKET_DIR, value_name = "DIR", default_value = keys::RUN_DIR)]
-    pub socket_dir: PathBuf,
+    pub(crate) socket_dir: PathBuf,
     /// The stdio servers this pod has sidecars for, comma-separated (the webhook sets it). A
     /// stdio server of the profile outside the list joined it after the pod started: the agent
     /// reports it (log and `mcp_server_restart_required`) and its calls say to restart the pod.
     /// Unset: every stdio server is expected to have a sidecar.
     #[arg(long, env = keys::ENV_SIDECAR_SERVERS, value_name = "IDS", value_delimiter = ',')]
-    pub sidecar_servers: Option<Vec<String>>,
+    pub(crate) sidecar_servers: Option<Vec<String>>,
     /// kubeconfig file(s), `:`-separated, for running outside a cluster. Without it the pod's
     /// service account is used, falling back to `~/.kube/config`.
     #[arg(long, env = keys::ENV_KUBECONFIG, value_name = "PATH")]
-    pub kubeconfig: Option<OsString>,
+    pub(crate) kubeconfig: Option<OsString>,
     #[command(flatten)]
-    pub agent: AgentArgs,
+    pub(crate) agent: AgentArgs,
 }
 
 impl RunArgs {
-    pub fn config(self) -> anyhow::Result<PodConfig> {
+    pub(crate) fn config(self) -> anyhow::Result<PodConfig> {
         Ok(PodConfig {
             profile: self.profile,
             namespace: self.namespace,
@@ -54,7 +54,7 @@ impl RunArgs {
         })
     }
 
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let threads = usize::from(self.agent.worker_threads);
         let config = self.config()?;
         run_until_signal(threads, |cancel| async move { super::agent_outcome(run_in_pod(config, cancel).await) })

@@ -17,16 +17,16 @@ use crate::cli::run_until_signal;
 pub struct ServeArgs {
     /// Directory of McpServer/McpProfile manifests (local mode; re-read on change).
     #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
-    pub registry_dir: PathBuf,
+    pub(crate) registry_dir: PathBuf,
     /// The McpProfile to serve. May be omitted when the registry has exactly one profile.
     #[arg(long, env = keys::ENV_PROFILE)]
-    pub profile: Option<String>,
+    pub(crate) profile: Option<String>,
     #[command(flatten)]
-    pub agent: AgentArgs,
+    pub(crate) agent: AgentArgs,
 }
 
 impl ServeArgs {
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let threads = usize::from(self.agent.worker_threads);
         let config =
             LocalConfig { registry_dir: self.registry_dir, profile: self.profile, agent: self.agent.config()? };

@@ -12,14 +12,14 @@ use crate::cli::{EXIT_INVALID, usage};
 /// Prints one line per problem as `file:line: field: message (fix)`. Exit status: 0 when
 /// everything is valid, 1 when a manifest is invalid, 2 on a usage error.
 #[derive(clap::Args, Debug)]
-pub struct ValidateArgs {
+pub(crate) struct ValidateArgs {
     /// Files, directories (their *.yaml, *.yml and *.json files, not recursive) or `-` for stdin.
     #[arg(required = true, value_name = "FILE|DIR|-")]
     paths: Vec<PathBuf>,
 }
 
 impl ValidateArgs {
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let inputs = collect_inputs(&self.paths)?;
         let (mut objects, mut problems) = (0, 0);
         for (name, source) in &inputs {
