@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, SecretKeySelector};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{
     ApprovalMode, ApprovalPolicy, ChatSpec, HeaderValueSource, HttpHeader, McpProfile, McpProfileSpec, McpServer,
@@ -29,32 +29,37 @@ fn strings<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> impl Iterator<I
     items.into_iter().map(|s| s.as_ref().to_string())
 }
 
-fn label(meta: &mut ObjectMeta, key: &str, value: &str) {
-    meta.labels.get_or_insert_default().insert(key.to_string(), value.to_string());
+/// The metadata setters both kinds share.
+macro_rules! metadata_builders {
+    ($($kind:ty),*) => {$(
+        impl $kind {
+            /// Sets `metadata.namespace`.
+            pub fn in_namespace(mut self, namespace: &str) -> Self {
+                self.metadata.namespace = Some(namespace.to_string());
+                self
+            }
+
+            /// Adds the label `key: value`.
+            pub fn label(mut self, key: &str, value: &str) -> Self {
+                self.metadata.labels.get_or_insert_default().insert(key.to_string(), value.to_string());
+                self
+            }
+
+            /// Sets `metadata.generation`, as the API server would.
+            pub fn generation(mut self, generation: i64) -> Self {
+                self.metadata.generation = Some(generation);
+                self
+            }
+        }
+    )*};
 }
+
+metadata_builders!(McpServer, McpProfile);
 
 impl McpServer {
     /// A server named `name` with a default spec (stdio transport, no command, no tool allowed).
     pub fn test(name: &str) -> Self {
         McpServer::new(name, McpServerSpec::default())
-    }
-
-    /// Sets `metadata.namespace`.
-    pub fn in_namespace(mut self, namespace: &str) -> Self {
-        self.metadata.namespace = Some(namespace.to_string());
-        self
-    }
-
-    /// Adds the label `key: value`.
-    pub fn label(mut self, key: &str, value: &str) -> Self {
-        label(&mut self.metadata, key, value);
-        self
-    }
-
-    /// Sets `metadata.generation`, as the API server would.
-    pub fn generation(mut self, generation: i64) -> Self {
-        self.metadata.generation = Some(generation);
-        self
     }
 
     /// Sets `spec.displayName`.
@@ -170,24 +175,6 @@ impl McpProfile {
     /// `servers` or a selector is set).
     pub fn test(name: &str) -> Self {
         McpProfile::new(name, McpProfileSpec::default())
-    }
-
-    /// Sets `metadata.namespace`.
-    pub fn in_namespace(mut self, namespace: &str) -> Self {
-        self.metadata.namespace = Some(namespace.to_string());
-        self
-    }
-
-    /// Adds the label `key: value`.
-    pub fn label(mut self, key: &str, value: &str) -> Self {
-        label(&mut self.metadata, key, value);
-        self
-    }
-
-    /// Sets `metadata.generation`, as the API server would.
-    pub fn generation(mut self, generation: i64) -> Self {
-        self.metadata.generation = Some(generation);
-        self
     }
 
     /// Adds names to `spec.servers`.
