@@ -91,7 +91,7 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     let admin_stop = shutdown.clone();
     let ready = metrics.clone();
     let admin_router = crate::telemetry::admin_router(
-        move || if ready.is_ready() { Ok(()) } else { Err("leader election has not started") },
+        move || if ready.is_ready() { Ok(()) } else { Err("leader election has not started".to_string()) },
         Arc::new(registry),
     );
     let mut admin = tokio::spawn(async move {
@@ -117,6 +117,9 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
 
     let mut controllers = tokio::spawn(controller::run(client, controller_config, shutdown.clone()));
     let outcome = tokio::select! {
+        // Shutdown first: every task ends on it too, and a task that ended because of the signal
+        // must not be reported as a task that stopped on its own (exit 1 on a clean SIGTERM).
+        biased;
         () = shutdown.cancelled() => {
             tracing::info!("shutdown signal: draining");
             Ok(())
