@@ -69,7 +69,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// own routes into it.
 pub(crate) fn admin_router<R>(ready: R, metrics: Arc<Registry>) -> axum::Router
 where
-    R: Fn() -> Result<(), &'static str> + Clone + Send + Sync + 'static,
+    R: Fn() -> Result<(), String> + Clone + Send + Sync + 'static,
 {
     axum::Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -114,8 +114,6 @@ struct ErrorLabels {
     code: String,
 }
 
-/// Milliseconds: 0.25 ms to about 16 s in doublings (tool calls range from an in-process echo to
-/// a slow remote search).
 /// `error: cause: cause…` on one line, so a log line or a status message says what failed
 /// underneath (the API server's reason, the OS error). A cause whose text the line already holds is
 /// skipped: error types often repeat their source in their own message.
@@ -133,6 +131,8 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Milliseconds: 0.25 ms to about 16 s in doublings (tool calls range from an in-process echo to
+/// a slow remote search).
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.25, 2.0, 17))
 }
@@ -197,6 +197,13 @@ impl PoolMetrics {
             self.errors.get_or_create(&labels).inc();
         }
     }
+
+    /// A call refused before any tool was chosen (the name routes nowhere, the profile is
+    /// missing): counted under `code` with an empty tool, and an empty server when none is named.
+    pub(crate) fn refused(&self, server: &str, code: &str) {
+        let labels = ErrorLabels { server_id: server.to_string(), tool: String::new(), code: code.to_string() };
+        self.errors.get_or_create(&labels).inc();
+    }
 }
 
 /// The registry's metrics: which revision is served and whether the source is degraded.
@@ -240,9 +247,12 @@ impl RegistryMetrics {
         }
     }
 
-    /// A snapshot is now served.
-    pub(crate) fn served(&self, generation: u64, degraded: bool) {
-        self.revision.set(i64::try_from(generation).unwrap_or(i64::MAX));
+    /// A state is now served; `new_revision` when its snapshot's revision differs from the last
+    /// one served (tool list changes and partial states do not count).
+    pub(crate) fn served(&self, new_revision: bool, degraded: bool) {
+        if new_revision {
+            self.revision.inc();
+        }
         self.degraded.set(i64::from(degraded));
     }
 }

@@ -1,5 +1,11 @@
 //! The admin port (4042, all interfaces): `/healthz`, `/readyz`, `/metrics`, and
 //! `/debug/effective` for loopback callers only (it shows the whole tool set and its reasons).
+//!
+//! Ready means: the profile named by `--profile` exists and compiles, and each of its servers has
+//! had a first listing attempt, listed or failed. Waiting for the attempt lets the pod's app (held
+//! by the startup probe) find the tools on its first request; not waiting for success keeps one
+//! broken server from holding every other tool back (its calls answer `mcp_unavailable`). A
+//! missing or invalid profile is not ready, with the reason in the 503 body.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,9 +27,7 @@ use crate::policy::explain::explain_json;
 /// `/debug/effective` can check the caller is local.
 pub(crate) fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
     let ready = agent.clone();
-    let ready = move || {
-        if ready.is_ready() { Ok(()) } else { Err("the first registry snapshot is not loaded yet") }
-    };
+    let ready = move || ready.readiness();
     crate::telemetry::admin_router(ready, metrics)
         .merge(Router::new().route("/debug/effective", get(debug_effective)).with_state(agent))
 }

@@ -15,6 +15,10 @@
 //!                                                       ─▶ JSON, or SSE (stream::chunks)
 //! ```
 //!
+//! **Starting.** A request that arrives before the agent has its first tool lists waits for them
+//! (`Agent::settled`), so the model is offered the workload's tools; calls the model makes to a
+//! server whose list is not known wait too, in `Agent::call_tool`, like every door's.
+//!
 //! The decisions live in the pure `crate::chat` library (types, `tool_loop`, `upstream`,
 //! `stream`, `error`); this file is the I/O around them.
 //!
@@ -124,6 +128,10 @@ impl ChatService {
             return Ok(Reply { completion, sse, include_usage, extension: None });
         }
 
+        // A request that arrives while the agent starts waits for the first tool lists, so the
+        // model is offered the workload's tools rather than none (bounded by the slowest
+        // server's connect timeout; a missing profile does not wait).
+        inner.agent.settled().await;
         let caller_names: Vec<String> = request.caller_tool_names().into_iter().map(str::to_string).collect();
         let caller: HashSet<&str> = caller_names.iter().map(String::as_str).collect();
         let caller_list: Vec<&str> = caller_names.iter().map(String::as_str).collect();

@@ -9,6 +9,7 @@
 //!                                                        ─ budgets ─ pool ─ audit line ─▶ ToolCall
 //! ```
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -21,8 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::audit::{self, AuditLine, AuditSink, Door};
 use crate::api::ApprovalMode;
+use crate::mcp::health::{Health, HealthState};
 use crate::mcp::{ErrorCode, McpError, Pool, ToolOutput};
-use crate::policy::effective::ProfileCatalog;
+use crate::policy::effective::{Listing, ProfileCatalog, Unlisted};
+use crate::policy::name::Route;
 use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope, ServerTools};
 use crate::registry::snapshot::Snapshot;
 use crate::registry::view::RegistryView;
@@ -68,6 +71,11 @@ pub struct AgentState {
     pub snapshot: Arc<Snapshot>,
     /// The profile's catalog; `None` when the profile cannot be compiled (it does not exist).
     pub(crate) catalog: Option<Arc<ProfileCatalog>>,
+    /// Why the profile cannot be compiled, when it cannot.
+    pub(crate) profile_error: Option<String>,
+    /// Every server of the profile has had its first listing attempt (listed, or failed): the
+    /// readiness condition besides the profile itself.
+    pub(crate) first_lists_done: bool,
     /// Counts published states (0 before the first): readiness and metrics.
     pub(crate) generation: u64,
     /// A hash of the default tool set (names, descriptions, schemas): it changes exactly when
@@ -87,8 +95,8 @@ pub struct ToolCall {
     pub server_id: Option<Arc<str>>,
     /// The tool's name on that server.
     pub(crate) tool: Option<Arc<str>>,
-    /// Wall time, policy checks included.
-    pub(crate) latency: Duration,
+    /// Wall time, policy checks (and any wait for a tool list) included.
+    pub latency: Duration,
     /// The output, or why there is none.
     pub result: Result<ToolOutput, McpError>,
 }
@@ -165,6 +173,8 @@ impl Agent {
         let initial = AgentState {
             snapshot: registry.snapshot(),
             catalog: None,
+            profile_error: None,
+            first_lists_done: false,
             generation: 0,
             tools_fingerprint: 0,
             default_set: None,
@@ -191,16 +201,39 @@ impl Agent {
         self.inner.state.subscribe()
     }
 
-    /// Whether the first state (snapshot loaded, tools listed or failed) is published.
+    /// Whether the agent is ready: the profile compiles against the registry and each of its
+    /// servers has had a first listing attempt.
     pub fn is_ready(&self) -> bool {
-        self.inner.state.borrow().generation > 0
+        self.readiness().is_ok()
+    }
+
+    /// `Ok` when ready, else why not (for `/readyz`'s body).
+    pub fn readiness(&self) -> Result<(), String> {
+        let state = self.state();
+        if state.generation == 0 {
+            return Err("starting: the registry is being read".to_string());
+        }
+        if let Some(error) = &state.profile_error {
+            return Err(format!("{error}; the agent serves no tools until it exists and is valid"));
+        }
+        if !state.first_lists_done {
+            return Err("listing the profile's servers' tools for the first time".to_string());
+        }
+        Ok(())
+    }
+
+    /// Waits until the agent is past starting: ready, or its profile found missing or invalid
+    /// (which only a registry change mends, so nobody should wait for it).
+    pub async fn settled(&self) {
+        let mut rx = self.watch();
+        let _ = rx.wait_for(|s| s.generation > 0 && (s.catalog.is_none() || s.first_lists_done)).await;
     }
 
     /// Waits until the agent is ready.
     pub async fn ready(&self) {
         let mut rx = self.watch();
         // The sender lives as long as `self`, so this cannot fail while we hold it.
-        let _ = rx.wait_for(|s| s.generation > 0).await;
+        let _ = rx.wait_for(|s| s.generation > 0 && s.catalog.is_some() && s.first_lists_done).await;
     }
 
     /// The effective set for one request: the profile's catalog narrowed by `scope`, with the
@@ -231,7 +264,14 @@ impl Agent {
 
     /// Calls the tool `name` (a model-facing or dotted name) of `set`. `arguments` is `Err`
     /// with a reason when the caller's arguments were not a JSON object. Never fails: every
-    /// failure is a structured [`McpError`] in the result. One audit line per call.
+    /// failure is a structured [`McpError`] in the result. One audit line per call; every
+    /// refusal is counted in `mcp_tool_call_error_total`.
+    ///
+    /// A name of an allowed server whose tools are not listed yet (the agent or the server is
+    /// starting, its listing failed) waits for the list within the server's call budget, then
+    /// routes or, still unknown, is `mcp_unavailable` and retryable: a client must not give up
+    /// on a tool it is entitled to because it asked early. Only a name the policy excludes once
+    /// the lists are known is `mcp_policy_denied`.
     pub async fn call_tool(
         &self,
         set: &EffectiveSet,
@@ -248,12 +288,33 @@ impl Agent {
             result: Ok(empty_output()),
         };
         let audit_arguments = self.inner.options.audit.arguments(arguments.as_ref().ok().and_then(Option::as_ref));
-        call.result = self.route_and_call(set, name, arguments, &mut call).await;
+        let (used, resolved) = self.resolve(set, name, started).await;
+        let mut reached_pool = false;
+        call.result = match resolved {
+            Ok(route) => {
+                call.server_id = Some(route.server.clone());
+                call.tool = Some(route.tool.clone());
+                self.call_routed(&used, &route, name, arguments, started, &mut reached_pool).await
+            }
+            Err((error, server)) => {
+                call.server_id = server;
+                Err(error)
+            }
+        };
         call.latency = started.elapsed();
-        if let (Err(error), Some(server), Some(tool)) = (&call.result, &call.server_id, &call.tool)
-            && refused_before_pool(error.code)
+        if let Err(error) = &call.result
+            && !reached_pool
         {
-            self.inner.options.pool_metrics.call(server, tool, call.latency, None, Some(error.code.as_str()));
+            let metrics = &self.inner.options.pool_metrics;
+            match (call.server_id.as_deref(), call.tool.as_deref()) {
+                (Some(server), Some(tool)) => metrics.call(server, tool, call.latency, None, Some(error.code.as_str())),
+                // The caller's name is not a label value (unbounded): the tool stays empty, the
+                // server is the profile's server the name designates, if any.
+                (Some(server), None) => metrics.refused(server, error.code.as_str()),
+                (None, _) => {
+                    metrics.refused(used.named_server(name).as_deref().unwrap_or_default(), error.code.as_str())
+                }
+            }
         }
         let output_bytes = call.result.as_ref().ok().map(|o| o.bytes);
         self.inner.options.audit.record(&AuditLine {
@@ -261,8 +322,8 @@ impl Agent {
             request_id: context.request_id,
             session_id: context.session_id,
             door: context.door,
-            profile: &set.profile,
-            registry_revision: set.revision.as_str(),
+            profile: &used.profile,
+            registry_revision: used.revision.as_str(),
             server_id: call.server_id.as_deref(),
             tool_name: call.tool.as_deref().unwrap_or(name),
             called_as: name,
@@ -274,21 +335,105 @@ impl Agent {
         call
     }
 
-    async fn route_and_call(
+    /// Refuses a call a door could not even compute a tool set for (the profile does not exist
+    /// or is invalid): audited and counted like every other refusal.
+    pub(crate) fn refuse_call(&self, error: &PolicyError, name: &str, context: CallContext<'_>) -> McpError {
+        let refusal = McpError::new(ErrorCode::McpPolicyDenied, error.to_string());
+        self.inner.options.pool_metrics.refused("", refusal.code.as_str());
+        let state = self.state();
+        self.inner.options.audit.record(&AuditLine {
+            ts: audit::now(),
+            request_id: context.request_id,
+            session_id: context.session_id,
+            door: context.door,
+            profile: self.profile(),
+            registry_revision: state.snapshot.revision().as_str(),
+            server_id: None,
+            tool_name: name,
+            called_as: name,
+            status: refusal.code.as_str(),
+            latency_ms: 0.0,
+            output_bytes: None,
+            arguments: self.inner.options.audit.arguments(None),
+        });
+        refusal
+    }
+
+    /// The route of `name`, waiting (within the call budget of the server it names) for that
+    /// server's tool list when it is not known yet. Returns the set the decision used (a newer
+    /// one when a new state was published meanwhile), and the refusal with the server it
+    /// concerns otherwise.
+    async fn resolve<'s>(
+        &self,
+        set: &'s EffectiveSet,
+        name: &str,
+        started: Instant,
+    ) -> (Cow<'s, EffectiveSet>, Result<Route, (McpError, Option<Arc<str>>)>) {
+        let mut current = Cow::Borrowed(set);
+        let mut states: Option<watch::Receiver<Arc<AgentState>>> = None;
+        loop {
+            if let Some(route) = current.route(name) {
+                let route = route.clone();
+                return (current, Ok(route));
+            }
+            let Some(unlisted) = current.unlisted(name) else {
+                let error = McpError::new(
+                    ErrorCode::McpPolicyDenied,
+                    format!("tool '{name}' is not available to this workload (McpProfile '{}')", current.profile),
+                );
+                return (current, Err((error, None)));
+            };
+            if let Listing::EnvMissing(variable) = &unlisted.listing {
+                let error = McpError {
+                    code: ErrorCode::McpUnavailable,
+                    message: format!(
+                        "server '{}' needs the variable {variable}, which is not set in the agent's environment",
+                        unlisted.server
+                    ),
+                    retryable: false,
+                };
+                return (current, Err((error, Some(unlisted.server))));
+            }
+            // The first time, look at the state published since the door computed `set`;
+            // then wait for the next one.
+            let first = states.is_none();
+            let rx = states.get_or_insert_with(|| self.watch());
+            if !first {
+                let budget = Duration::from_millis(u64::from(unlisted.budgets.tool_timeout_ms));
+                let left = budget.saturating_sub(started.elapsed());
+                let woke = !left.is_zero() && matches!(tokio::time::timeout(left, rx.changed()).await, Ok(Ok(())));
+                if !woke {
+                    let health = self.pool().status(&unlisted.server).map(|s| s.health);
+                    let error = unlisted_error(name, &unlisted, health.as_ref(), started.elapsed());
+                    return (current, Err((error, Some(unlisted.server))));
+                }
+            }
+            let state = rx.borrow_and_update().clone();
+            match &state.catalog {
+                Some(catalog) if !current.is_from(catalog) => match current.recompute(catalog) {
+                    Ok(newer) => current = Cow::Owned(newer),
+                    Err(e) => return (current, Err((McpError::new(ErrorCode::McpPolicyDenied, e.to_string()), None))),
+                },
+                None if state.generation > 0 => {
+                    let reason = state.profile_error.clone().unwrap_or_else(|| "the profile is not served".into());
+                    return (current, Err((McpError::new(ErrorCode::McpPolicyDenied, reason), None)));
+                }
+                // The same catalog, or the first state is not published yet: wait on.
+                _ => {}
+            }
+        }
+    }
+
+    /// A routed call: approval, arguments, then the pool with what is left of the budget.
+    async fn call_routed(
         &self,
         set: &EffectiveSet,
+        route: &Route,
         name: &str,
         arguments: Result<Option<Map<String, Value>>, String>,
-        call: &mut ToolCall,
+        started: Instant,
+        reached_pool: &mut bool,
     ) -> Result<ToolOutput, McpError> {
-        let Some(route) = set.route(name) else {
-            return Err(McpError::new(
-                ErrorCode::McpPolicyDenied,
-                format!("tool '{name}' is not available to this workload (McpProfile '{}')", set.profile),
-            ));
-        };
-        call.server_id = Some(route.server.clone());
-        call.tool = Some(route.tool.clone());
         let server = set.servers.iter().find(|s| s.id == route.server).ok_or_else(|| {
             McpError::new(ErrorCode::McpPolicyDenied, format!("server '{}' is not in use", route.server))
         })?;
@@ -313,15 +458,12 @@ impl Agent {
             )
         })?;
         let budgets = server.budgets;
+        // Time spent waiting for the tool list counts against the call's budget.
+        let timeout = Duration::from_millis(u64::from(budgets.tool_timeout_ms)).saturating_sub(started.elapsed());
+        *reached_pool = true;
         self.inner
             .pool
-            .call_tool(
-                &route.server,
-                &route.tool,
-                arguments,
-                Duration::from_millis(u64::from(budgets.tool_timeout_ms)),
-                budgets.max_tool_output_bytes as usize,
-            )
+            .call_tool(&route.server, &route.tool, arguments, timeout, budgets.max_tool_output_bytes as usize)
             .await
     }
 
@@ -332,6 +474,11 @@ impl Agent {
         let mut registry_rx = inner.registry.watch();
         let mut applied: Option<crate::registry::snapshot::Revision> = None;
         let mut compiled: Option<CompiledProfile> = None;
+        let mut profile_error: Option<String> = None;
+        // The last known tool list of each server, kept across rounds so that a round publishes
+        // newly listed servers at once without hiding the others' tools while it runs.
+        let mut known: HashMap<String, ServerTools> = HashMap::new();
+        let mut first_lists_done = false;
         let mut retry = inner.options.retry_interval;
         let mut restart_required: BTreeSet<String> = BTreeSet::new();
         loop {
@@ -340,13 +487,17 @@ impl Agent {
                 for problem in inner.pool.apply(&snapshot).await {
                     tracing::warn!(error = %problem, "server configuration not usable");
                 }
-                compiled = match CompiledProfile::compile(&snapshot, &inner.options.profile) {
-                    Ok(c) => Some(c),
+                (compiled, profile_error) = match CompiledProfile::compile(&snapshot, &inner.options.profile) {
+                    Ok(c) => (Some(c), None),
                     Err(e) => {
                         tracing::warn!(error = %e, "profile not served");
-                        None
+                        (None, Some(profile_problem(&snapshot, &inner.options.profile, &e)))
                     }
                 };
+                if compiled.is_none() {
+                    // A profile that comes back is listed afresh before it counts as ready.
+                    first_lists_done = false;
+                }
                 applied = Some(snapshot.revision().clone());
                 let now: BTreeSet<String> = compiled
                     .iter()
@@ -373,24 +524,40 @@ impl Agent {
                 Some(compiled) => {
                     let servers: Vec<(String, String)> =
                         compiled.servers().map(|(id, part)| (id.to_string(), part.to_string())).collect();
+                    known.retain(|id, _| servers.iter().any(|(s, _)| s == id));
                     for (id, _) in &servers {
                         if let Ok(changed) = inner.pool.list_changed(id) {
                             changes.push(changed.boxed());
                         }
                     }
-                    let listed = futures::future::join_all(
-                        servers
-                            .iter()
-                            .map(|(id, part)| async move { (id.clone(), inner.pool.server_tools(id, part).await) }),
-                    )
-                    .await;
-                    let tools: HashMap<String, ServerTools> = listed.into_iter().collect();
-                    failed = tools.values().any(|t| matches!(t, ServerTools::ListFailed { .. }));
-                    Some(compiled.catalog(|id| tools.get(id).cloned().unwrap_or(ServerTools::Unknown)))
+                    if !first_lists_done {
+                        // Before the first lists: the profile is served (its tools unknown), so
+                        // readiness and calls can say what they wait for.
+                        let unknown = compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown));
+                        self.publish(snapshot.clone(), Some(unknown), None, false);
+                    }
+                    let mut listings: futures::stream::FuturesUnordered<_> = servers
+                        .iter()
+                        .map(|(id, part)| async move { (id.clone(), inner.pool.server_tools(id, part).await) })
+                        .collect();
+                    while let Some((id, tools)) = futures::StreamExt::next(&mut listings).await {
+                        let newly_listed = matches!(tools, ServerTools::Listed(_))
+                            && !matches!(known.get(&id), Some(ServerTools::Listed(_)));
+                        known.insert(id, tools);
+                        // A server listed for the first time is served at once; calls waiting
+                        // for it need not wait for slower servers.
+                        if newly_listed && !listings.is_empty() {
+                            let partial = compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown));
+                            self.publish(snapshot.clone(), Some(partial), None, first_lists_done);
+                        }
+                    }
+                    failed = known.values().any(|t| matches!(t, ServerTools::ListFailed { .. }));
+                    first_lists_done = true;
+                    Some(compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown)))
                 }
                 None => None,
             };
-            self.publish(snapshot, catalog);
+            self.publish(snapshot, catalog, profile_error.clone(), first_lists_done);
 
             let wait = if failed {
                 let wait = retry;
@@ -424,7 +591,13 @@ impl Agent {
     }
 
     /// Swaps a new state in when anything a door can see changed.
-    fn publish(&self, snapshot: Arc<Snapshot>, catalog: Option<Arc<ProfileCatalog>>) {
+    fn publish(
+        &self,
+        snapshot: Arc<Snapshot>,
+        catalog: Option<Arc<ProfileCatalog>>,
+        profile_error: Option<String>,
+        first_lists_done: bool,
+    ) {
         let default_set = catalog.as_ref().and_then(|c| c.effective(None, &[]).ok()).map(Arc::new);
         let fingerprint = default_set.as_deref().map_or(0, fingerprint);
         let metrics = &self.inner.options.registry_metrics;
@@ -433,23 +606,83 @@ impl Agent {
                 && current.snapshot.revision() == snapshot.revision()
                 && current.snapshot.problems() == snapshot.problems()
                 && current.tools_fingerprint == fingerprint
-                && current.catalog.is_some() == catalog.is_some();
+                && current.catalog.is_some() == catalog.is_some()
+                && current.profile_error == profile_error
+                && current.first_lists_done == first_lists_done;
             if same {
                 return false;
             }
             let generation = current.generation + 1;
-            metrics.served(generation, snapshot.is_degraded());
+            let new_revision = current.generation == 0 || current.snapshot.revision() != snapshot.revision();
+            metrics.served(new_revision, snapshot.is_degraded());
             tracing::debug!(revision = %snapshot.revision(), generation, "agent state published");
-            *current =
-                Arc::new(AgentState { snapshot, catalog, generation, tools_fingerprint: fingerprint, default_set });
+            *current = Arc::new(AgentState {
+                snapshot,
+                catalog,
+                profile_error,
+                first_lists_done,
+                generation,
+                tools_fingerprint: fingerprint,
+                default_set,
+            });
             true
         });
     }
 }
 
-/// Refusals decided by the agent itself (the pool counts the calls it makes).
-fn refused_before_pool(code: ErrorCode) -> bool {
-    matches!(code, ErrorCode::McpApprovalRequired | ErrorCode::McpInvalidArguments | ErrorCode::McpPolicyDenied)
+/// Why the profile is not served, for `/readyz` and refusals: the compile error, and the
+/// registry's problems with the profile's manifest when it was left out as invalid.
+fn profile_problem(snapshot: &Snapshot, profile: &str, error: &PolicyError) -> String {
+    let mut text = error.to_string();
+    let mut named = 0;
+    for problem in snapshot.problems() {
+        let line = problem.to_string();
+        if line.contains(profile) {
+            text.push_str("; ");
+            text.push_str(&line);
+            named += 1;
+        }
+    }
+    let others = snapshot.problems().len() - named;
+    if others > 0 {
+        text.push_str(&format!(
+            "; the registry left out {others} invalid object(s) (`spearlet validate` or /debug/effective names them)"
+        ));
+    }
+    text
+}
+
+/// The answer to a call whose server's tools are still not known when its budget ran out:
+/// retryable, naming the server and its state, so a client retries instead of giving up.
+fn unlisted_error(name: &str, unlisted: &Unlisted, health: Option<&Health>, waited: Duration) -> McpError {
+    let listing = match &unlisted.listing {
+        Listing::Failed(message) => format!("its last tools/list failed ({message})"),
+        _ => "its tools are not listed yet".to_string(),
+    };
+    let server_state = match health {
+        None => "not started".to_string(),
+        Some(h) if h.sessions == 0 && h.last_error.is_none() => "starting".to_string(),
+        Some(h) => {
+            let state = match h.state {
+                HealthState::Connected => "connected",
+                HealthState::Degraded => "degraded",
+                HealthState::Down => "down",
+            };
+            match &h.last_error {
+                Some(error) if h.state != HealthState::Connected => format!("{state}: {error}"),
+                _ => state.to_string(),
+            }
+        }
+    };
+    McpError {
+        code: ErrorCode::McpUnavailable,
+        message: format!(
+            "'{name}' names a tool of server '{}', but {listing}; the server is {server_state}; waited {} ms, retry later",
+            unlisted.server,
+            waited.as_millis()
+        ),
+        retryable: true,
+    }
 }
 
 fn empty_output() -> ToolOutput {

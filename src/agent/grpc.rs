@@ -342,15 +342,17 @@ fn session_scope(server_id: &str, allowlist: Vec<String>, denylist: Vec<String>)
 }
 
 /// The name to route: a model-facing (or dotted) name as is, else the model-facing name of
-/// the server tool called `tool`. Unknown names pass through, so the core refuses them with its
-/// own message and audit line.
-fn resolve<'a>(set: &'a EffectiveSet, tool: &'a str) -> Cow<'a, str> {
+/// the session's server's tool called `tool`. A server tool name not in the set (yet) becomes
+/// the dotted `mcp.<server>.<tool>`, so the core can tell a server whose tools are not listed
+/// yet (it waits) from a tool the policy excludes (it refuses, with its own audit line).
+fn resolve<'a>(set: &'a EffectiveSet, server_id: &str, tool: &'a str) -> Cow<'a, str> {
     if set.route(tool).is_some() {
         return Cow::Borrowed(tool);
     }
-    match set.tools().find(|(_, t)| *t.tool.name == *tool) {
+    match set.tools().find(|(s, t)| *s.id == *server_id && *t.tool.name == *tool) {
         Some((_, t)) => Cow::Owned(t.name.to_string()),
-        None => Cow::Borrowed(tool),
+        None if crate::policy::name::target(tool).is_some() => Cow::Borrowed(tool),
+        None => Cow::Owned(format!("mcp.{server_id}.{tool}")),
     }
 }
 
@@ -460,13 +462,16 @@ impl McpSessions for SessionsDoor {
         let request_id = request_id(&request);
         let pb::CallToolRequest { session_id, tool, args_json } = request.into_inner();
         let pinned = self.touch(&session_id)?;
+        let context = CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id) };
         let set = match self.agent.effective(Some(&pinned.scope), &[]) {
             Ok(set) => set,
             // A policy refusal of a call is tool output, like a refused tool: the session stays usable.
-            Err(e) => return Ok(Response::new(refused_reply(&e, &self.revision()))),
+            Err(e) => {
+                self.agent.refuse_call(&e, &tool, context);
+                return Ok(Response::new(refused_reply(&e, &self.revision())));
+            }
         };
-        let name = resolve(&set, &tool);
-        let context = CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id) };
+        let name = resolve(&set, &pinned.server_id, &tool);
         let call = self.agent.call_tool(&set, &name, arguments_from_json(&args_json), context).await;
         // A long call counts as use: the session's idle time starts when the call ends. (A
         // session closed meanwhile stays closed.)

@@ -80,14 +80,11 @@ impl McpEndpoint {
         request_id: &str,
         session_id: Option<&str>,
     ) -> CallToolResult {
+        let call_context = CallContext { door: Door::Mcp, request_id, session_id };
         let set = match self.agent.default_set() {
             Ok(set) => set,
-            Err(e) => {
-                let error = crate::mcp::McpError::new(crate::mcp::ErrorCode::McpPolicyDenied, e.to_string());
-                return error_result(&error);
-            }
+            Err(e) => return error_result(&self.agent.refuse_call(&e, name, call_context)),
         };
-        let call_context = CallContext { door: Door::Mcp, request_id, session_id };
         let call = self.agent.call_tool(&set, name, Ok(arguments), call_context).await;
         match call.result {
             Ok(output) => output.result,

@@ -278,7 +278,13 @@ impl Pool {
         timeout: Duration,
         max_output_bytes: usize,
     ) -> Result<ToolOutput, McpError> {
-        let slot = self.slot(server)?;
+        let slot = match self.slot(server) {
+            Ok(slot) => slot,
+            Err(error) => {
+                self.inner.options.metrics.call(server, tool, Duration::ZERO, None, Some(error.code.as_str()));
+                return Err(error);
+            }
+        };
         let started = Instant::now();
         // One timer for the whole call: waiting for permits and the session counts against the
         // budget too (the caller's budget is wall time), and a single timer keeps the hot path

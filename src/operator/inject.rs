@@ -32,8 +32,10 @@
 //!   native mode the sidecars come before the pod's own init containers, so those may use tools
 //!   too; bridges come before the agent, so their sockets exist when it connects and (sidecars stop
 //!   in reverse order) the agent closes its sessions before the bridges go. The agent's startup
-//!   probe is `/readyz`, so in native mode the kubelet starts the app only once the agent has its
-//!   registry snapshot (Istio's "hold application until proxy starts").
+//!   probe is `/readyz`, so in native mode the kubelet starts the app only once the agent is ready:
+//!   profile valid, each server's first tool list attempted (Istio's "hold application until
+//!   proxy starts"). The probe's 120 s budget covers the longest first attempt (connect plus list,
+//!   10 s each).
 //! - **Users.** Every injected container runs as uid/gid 65532 (distroless `nonroot`),
 //!   non-root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
 //!   read-only root filesystem. The server sidecars too: one uid for all of them means the bridge's

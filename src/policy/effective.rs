@@ -92,6 +92,34 @@ pub enum ServerTools {
     },
 }
 
+/// Where a server's tool list stands: what a call naming one of its tools before the list is
+/// known is told (wait and retry, or a refusal).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Listing {
+    /// Listed: its tools are in the route table.
+    Listed,
+    /// Not listed yet (the agent is starting, or the server is being connected and listed).
+    NotYet,
+    /// The last `tools/list` failed; the agent retries with backoff.
+    Failed(String),
+    /// A variable the server's configuration needs is not set: only a configuration change helps.
+    EnvMissing(String),
+    /// Its allowedTools is empty: nothing of it is ever exposed.
+    DenyAll,
+}
+
+/// A name that routes nowhere yet belongs to an allowed server whose list is not known: the call
+/// may wait for the list (within `budgets`) instead of being refused by policy.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Unlisted {
+    /// The server the name belongs to.
+    pub(crate) server: Arc<str>,
+    /// Why its tools are not known.
+    pub(crate) listing: Listing,
+    /// The call budgets that server's calls get in this set.
+    pub(crate) budgets: CallBudgets,
+}
+
 /// Request-level narrowing: the `mcp` object of a chat request, a gRPC call's scope.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -416,26 +444,31 @@ impl CompiledProfile {
                 spec: server.spec.clone(),
                 tools: None,
                 usable: true,
+                listing: Listing::NotYet,
                 decisions: Arc::from([]),
             };
             if server.allowed.is_empty() {
                 decisions.push(decision(id, None, Reason::DenyAllServer, None));
                 entry.usable = false;
+                entry.listing = Listing::DenyAll;
             } else {
                 match tools(id) {
                     ServerTools::Unknown => {}
                     ServerTools::EnvMissing { variable } => {
-                        decisions.push(decision(id, None, Reason::EnvMissing, Some(variable)));
+                        decisions.push(decision(id, None, Reason::EnvMissing, Some(variable.clone())));
                         entry.usable = false;
+                        entry.listing = Listing::EnvMissing(variable);
                     }
                     ServerTools::ListFailed { message } => {
-                        decisions.push(decision(id, None, Reason::ListFailed, Some(message)));
+                        decisions.push(decision(id, None, Reason::ListFailed, Some(message.clone())));
                         entry.usable = false;
+                        entry.listing = Listing::Failed(message);
                     }
                     ServerTools::Listed(list) => {
                         let exposed =
                             self.expose(server, &list, &mut decisions, &mut routes, &mut checked, &mut buffer);
                         entry.tools = Some(exposed.into());
+                        entry.listing = Listing::Listed;
                     }
                 }
             }
@@ -531,6 +564,8 @@ struct CatalogServer {
     tools: Option<Arc<[EffectiveTool]>>,
     /// False when nothing of it can be used (deny-all, env missing, list failed).
     usable: bool,
+    /// Where its tool list stands.
+    listing: Listing,
     /// Why tools (or the whole server) are excluded by the server and profile layers.
     decisions: Arc<[Decision]>,
 }
@@ -585,6 +620,8 @@ impl ProfileCatalog {
             servers: Vec::with_capacity(self.servers.len()),
             loop_budgets: budget::loop_budgets(p.budgets.as_ref(), &scope.budgets),
             catalog: self.clone(),
+            request: request.map(|r| Arc::new(r.clone())),
+            caller_tools: caller_tools.iter().map(|t| (*t).into()).collect(),
             not_wanted: Vec::new(),
             request_decisions: Vec::new(),
             filtered: HashSet::new(),
@@ -599,11 +636,7 @@ impl ProfileCatalog {
             if !server.usable {
                 continue;
             }
-            let budgets = budget::call_budgets(
-                &server.spec.spec.budgets.clone().unwrap_or_default(),
-                p.budgets.as_ref(),
-                &scope.budgets,
-            );
+            let budgets = self.call_budgets(server, &scope.budgets);
             let tools = match &server.tools {
                 Some(tools) if narrows_tools || tools.iter().any(|t| caller.contains(&*t.name)) => {
                     Some(set.narrow(server, tools, request_allow.as_ref(), &request_deny, &caller, &mut buffer))
@@ -618,6 +651,17 @@ impl ProfileCatalog {
             });
         }
         Ok(set)
+    }
+}
+
+impl ProfileCatalog {
+    /// A server's call budgets after the profile and request layers.
+    fn call_budgets(&self, server: &CatalogServer, request: &RequestBudgets) -> CallBudgets {
+        budget::call_budgets(
+            &server.spec.spec.budgets.clone().unwrap_or_default(),
+            self.spec.spec.budgets.as_ref(),
+            request,
+        )
     }
 }
 
@@ -642,6 +686,10 @@ pub struct EffectiveSet {
     filtered: HashSet<Arc<str>>,
     /// Catalog name → new name, for tools renamed because a caller's tool has their name.
     renamed: HashMap<Arc<str>, (Arc<str>, Route)>,
+    /// The request scope and caller tool names this set was computed for, to compute the same
+    /// request again over a newer catalog ([`EffectiveSet::recompute`]).
+    request: Option<Arc<RequestScope>>,
+    caller_tools: Vec<Box<str>>,
 }
 
 impl PartialEq for EffectiveSet {
@@ -673,6 +721,45 @@ impl EffectiveSet {
         }
         let in_use = self.servers.iter().any(|s| s.id == route.server);
         (in_use && !self.filtered.contains(catalog_name)).then_some(route)
+    }
+
+    /// For a name that does not [`route`](Self::route): the allowed, wanted server it names
+    /// whose tool list is not known (not listed yet, listing failed, a variable missing), if
+    /// any. `None` means no list to come can make the name route: a policy refusal. Servers
+    /// sharing a name part: the first one whose list is unknown.
+    pub(crate) fn unlisted(&self, name: &str) -> Option<Unlisted> {
+        let target = name::target(name)?;
+        let no_budgets = RequestBudgets::default();
+        let request_budgets = self.request.as_deref().map_or(&no_budgets, |r| &r.budgets);
+        self.catalog.servers.iter().find_map(|server| {
+            let named = target.names(&server.id, &server.server_part);
+            let wanted = !self.not_wanted.iter().any(|(id, _)| *id == server.id);
+            let unknown = !matches!(server.listing, Listing::Listed | Listing::DenyAll);
+            (named && wanted && unknown).then(|| Unlisted {
+                server: server.id.clone(),
+                listing: server.listing.clone(),
+                budgets: self.catalog.call_budgets(server, request_budgets),
+            })
+        })
+    }
+
+    /// The profile's server a name belongs to by its shape, whether or not the name routes: a
+    /// bounded label for refusals (the name itself is the caller's and unbounded).
+    pub(crate) fn named_server(&self, name: &str) -> Option<Arc<str>> {
+        let target = name::target(name)?;
+        self.catalog.servers.iter().find(|s| target.names(&s.id, &s.server_part)).map(|s| s.id.clone())
+    }
+
+    /// Whether this set was computed from `catalog`.
+    pub(crate) fn is_from(&self, catalog: &Arc<ProfileCatalog>) -> bool {
+        Arc::ptr_eq(&self.catalog, catalog)
+    }
+
+    /// The same request (scope and caller tools) over `catalog`: the set a caller gets once a
+    /// newer catalog is published.
+    pub(crate) fn recompute(&self, catalog: &Arc<ProfileCatalog>) -> Result<EffectiveSet, PolicyError> {
+        let caller: Vec<&str> = self.caller_tools.iter().map(|t| &**t).collect();
+        catalog.effective(self.request.as_deref(), &caller)
     }
 
     /// Every exclusion with its reason, sorted: servers outside the profile or missing, servers

@@ -121,6 +121,36 @@ pub(crate) fn free_name(
         .unwrap_or_else(|| base.to_string())
 }
 
+/// The server a name as a model or client writes it belongs to, read from the name alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Target<'a> {
+    /// `mcp__<part>__…` (also shortened names whose kept prefix holds the whole part).
+    ServerPart(&'a str),
+    /// The dotted form `mcp.<server id>.<tool>`.
+    ServerId(&'a str),
+}
+
+impl Target<'_> {
+    /// Whether the server with this id and name part is the one named.
+    pub(crate) fn names(&self, id: &str, server_part: &str) -> bool {
+        match self {
+            Target::ServerPart(part) => *part == server_part,
+            Target::ServerId(server) => *server == id,
+        }
+    }
+}
+
+/// Which server `name` belongs to, if it has the shape of a model-facing or dotted name. Exact
+/// because a server part never contains `__` (see the module header).
+pub(crate) fn target(name: &str) -> Option<Target<'_>> {
+    if let Some(rest) = name.strip_prefix(PREFIX) {
+        let (part, _) = rest.split_once(SEPARATOR)?;
+        return is_plain(part).then_some(Target::ServerPart(part));
+    }
+    let (server, _tool) = name.strip_prefix("mcp.")?.split_once('.')?;
+    (!server.is_empty()).then_some(Target::ServerId(server))
+}
+
 #[cfg(test)]
 /// Whether `name` has the shape every model-facing name has: `^[a-zA-Z0-9_-]{1,64}$`.
 pub(crate) fn is_valid_function_name(name: &str) -> bool {
@@ -218,6 +248,18 @@ mod tests {
         let other = free_name(&base, "fs", "other-server", "read_file", false, |_| false);
         assert_ne!(other, renamed, "keyed by server id");
         assert_eq!(free_name(&base, "fs", "fs", "read_file", true, |_| false), base);
+    }
+
+    #[test]
+    fn target_reads_the_server_from_every_name_shape() {
+        assert_eq!(target(&base_name("fs", "read_file")), Some(Target::ServerPart("fs")));
+        assert_eq!(target(&base_name("fs", "read.file")), Some(Target::ServerPart("fs")));
+        let shortened = base_name("fs", &"t".repeat(200));
+        assert_eq!(target(&shortened), Some(Target::ServerPart("fs")), "{shortened}");
+        assert_eq!(target("mcp.fs.read.file"), Some(Target::ServerId("fs")));
+        for not_a_tool in ["read_file", "mcp__fs", "mcp___Zm9v__x", "mcp..x", "mcp.fs", "mcp____x"] {
+            assert_eq!(target(not_a_tool), None, "{not_a_tool}");
+        }
     }
 
     #[test]

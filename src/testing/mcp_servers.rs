@@ -49,6 +49,15 @@ pub struct Command {
 }
 
 impl Command {
+    /// The same server started `seconds` later, through `sh` (which then execs it): a server
+    /// that is slow to start, as `npx` is while it downloads its package.
+    pub fn delayed(&self, seconds: f64) -> Command {
+        let mut args = vec!["-c".to_string(), format!("sleep {seconds}; exec \"$0\" \"$@\"")];
+        args.push(self.program.to_string_lossy().into_owned());
+        args.extend(self.args.iter().cloned());
+        Command { program: PathBuf::from("/bin/sh"), args, env: self.env.clone() }
+    }
+
     /// A `std::process::Command` with the program, arguments and extra environment set
     /// (`tokio::process::Command::from` takes it as is).
     pub fn to_std(&self) -> std::process::Command {

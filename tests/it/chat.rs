@@ -163,6 +163,11 @@ async fn start_with(
         "p",
     )
     .await;
+    serve_chat(upstream, agent, overrides).await
+}
+
+/// The chat router of `agent` on a loopback port.
+async fn serve_chat(upstream: ScriptedUpstream, agent: TestAgent, overrides: UpstreamOverride) -> Chat {
     let service = ChatService::new(agent.agent.clone(), overrides, UpstreamTimeouts::default()).expect("chat service");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind chat");
     let port = listener.local_addr().expect("addr").port();
@@ -270,6 +275,31 @@ async fn an_mcp_tool_call_is_executed_and_the_model_is_asked_again() {
     assert_eq!(messages[1]["tool_calls"][0]["id"], "call_1");
     assert_eq!(tool_messages(second), [("call_1".to_string(), "hello".to_string())]);
     assert_eq!(spear["messages"].as_array().map(Vec::len), Some(2), "the exchange is reported");
+}
+
+/// A chat request sent while the agent is still starting (its server slow to start) waits for
+/// the first tool lists: the model is offered the tools, and its call runs.
+#[tokio::test]
+async fn a_request_sent_while_the_agent_starts_gets_the_tools_and_its_calls_run() {
+    let upstream = ScriptedUpstream::start(vec![
+        calls(&[("call_1", "mcp__fx__echo", r#"{"text": "from the first second"}"#)]),
+        answer("done"),
+    ])
+    .await;
+    let fixture = mcp_servers::fixture_stdio(&[]).delayed(2.0);
+    let profile = McpProfile::test("p").servers(["fx"]).upstream(&upstream.base_url).upstream_model("test-model");
+    let agent = crate::support::spawn_agent(
+        vec![Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])), Object::Profile(profile)],
+        "p",
+    );
+    assert!(!agent.agent.is_ready());
+    let chat = serve_chat(upstream, agent, UpstreamOverride::default()).await;
+    let reply = chat.post(json!({"model": "test-model", "messages": user("echo something")})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let requests = chat.upstream.requests();
+    assert!(tool_names(&requests[0]).contains(&"mcp__fx__echo".to_string()), "offered: {:?}", tool_names(&requests[0]));
+    let messages = tool_messages(&requests[1]);
+    assert!(messages[0].1.contains("from the first second"), "{messages:?}");
 }
 
 #[tokio::test]

@@ -47,7 +47,11 @@ fn terminate(child: &mut Child, grace: Duration) -> Option<std::process::ExitSta
 /// A registry with the Python fixture server as `fx` (all tools but `big` allowed) and a
 /// profile `p` that also denies `pid` — so `big` and `pid` are outside what the workload sees.
 pub fn fixture_registry(dir: &Path) {
-    let fixture = mcp_servers::fixture_stdio(&[]);
+    fixture_registry_of(dir, &mcp_servers::fixture_stdio(&[]));
+}
+
+/// [`fixture_registry`] with `fixture` as the server's command.
+fn fixture_registry_of(dir: &Path, fixture: &mcp_servers::Command) {
     let args: Vec<String> = fixture.args.iter().map(|a| format!("{a:?}")).collect();
     let env: Vec<String> = fixture.env.iter().map(|(k, v)| format!("{{name: {k:?}, value: {v:?}}}")).collect();
     let yaml = format!(
@@ -68,6 +72,19 @@ pub fn fixture_registry(dir: &Path) {
 
 /// Starts `spearlet serve` over `dir` (already filled) with `extra` flags; waits for /readyz.
 pub fn serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
+    let served = spawn_serve(dir, extra);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((200, _)) = http_get(served.admin, "/readyz") {
+            return served;
+        }
+        assert!(Instant::now() < deadline, "spearlet serve not ready within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts `spearlet serve` over `dir` (already filled) with `extra` flags and returns at once.
+pub fn spawn_serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_spearlet"))
         .arg("serve")
@@ -81,15 +98,7 @@ pub fn serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn spearlet serve");
-    let served = Served { child, http, grpc, admin, dir };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some((200, _)) = http_get(admin, "/readyz") {
-            return served;
-        }
-        assert!(Instant::now() < deadline, "spearlet serve not ready within 30 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    Served { child, http, grpc, admin, dir }
 }
 
 /// A plain HTTP/1.1 GET on 127.0.0.1: (status, body).
@@ -338,4 +347,114 @@ async fn mcp_tools_calls_in_a_session_are_answered_as_json_and_the_rest_by_rmcp(
     let (status, _, _, body) =
         mcp_post(&http, served.http, Some(&session), Some("evil.example"), call(6, "mcp__fx__echo", None)).await;
     assert!((400..500).contains(&status), "foreign Host: {status} {body}");
+}
+
+/// The agent as a client meets it in its first seconds: a stdio server that takes 2 s to start,
+/// a /mcp client and a gRPC client calling an allowed tool in a tight loop from the moment the
+/// process starts. Neither is ever told `mcp_policy_denied`; both succeed once the server is up;
+/// `/readyz` says why it is not ready meanwhile; the refusal of a tool outside the profile is
+/// counted in `/metrics`.
+#[tokio::test]
+async fn clients_calling_from_the_first_moment_are_never_denied_an_allowed_tool() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&[]).delayed(2.0));
+    let served = spawn_serve(dir, &["--audit-log", "off"]);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(60);
+
+    // gRPC, from a thread: `spearlet tools call` until it succeeds, every answer kept.
+    let addr = format!("127.0.0.1:{}", served.grpc);
+    let grpc = std::thread::spawn(move || {
+        let mut answers = Vec::new();
+        loop {
+            let out = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+                .args(["tools", "call", "fx/echo", "--args", r#"{"text": "grpc early"}"#, "--grpc-addr", &addr])
+                .output()
+                .expect("spearlet tools call");
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            let ok = out.status.success();
+            answers.push(said);
+            if ok || Instant::now() > deadline {
+                return (ok, answers);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    // Until the port is bound, nothing answers; /readyz answers 503 with the reason meanwhile.
+    let (status, body) = loop {
+        if let Some(answer) = http_get(served.admin, "/readyz") {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "admin port never answered");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status, 503, "not ready while the server starts: {body}");
+    assert!(body.contains("listing"), "{body}");
+
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "early", "version": "1"}}});
+    let (status, _, session, body) = mcp_post(&http, served.http, None, None, initialize).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(mcp_post(&http, served.http, Some(&session), None, initialized).await.0, 202);
+    let mut refusals = Vec::new();
+    for id in 2.. {
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "mcp__fx__echo", "arguments": {"text": "mcp early"}}});
+        let (status, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, call).await;
+        assert_eq!(status, 200, "{body}");
+        let reply = jsonrpc_message(&content_type, &body);
+        if reply["result"]["isError"] == false {
+            assert!(body.contains("mcp early"), "{body}");
+            break;
+        }
+        let error = &reply["result"]["structuredContent"]["error"];
+        assert_eq!(error["code"], "mcp_unavailable", "an allowed tool is never denied: {reply}");
+        assert_eq!(error["retryable"], true, "{reply}");
+        refusals.push(reply);
+        assert!(Instant::now() < deadline, "no success within 60 s: {refusals:?}");
+    }
+    let (ok, answers) = grpc.join().expect("gRPC client thread");
+    assert!(ok, "the gRPC client succeeded: {answers:?}");
+    assert!(answers.iter().all(|a| !a.contains("mcp_policy_denied")), "{answers:?}");
+    assert!(answers.last().is_some_and(|a| a.contains("grpc early")), "{answers:?}");
+
+    let (status, body) = http_get(served.admin, "/readyz").expect("readyz");
+    assert_eq!(status, 200, "ready once the server listed: {body}");
+    // A tool outside the profile is refused by policy, and the refusal is counted.
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1000, "method": "tools/call",
+        "params": {"name": "mcp__fx__pid", "arguments": {}}});
+    let (_, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, call).await;
+    let refused = jsonrpc_message(&content_type, &body);
+    assert_eq!(refused["result"]["structuredContent"]["error"]["code"], "mcp_policy_denied", "{refused}");
+    let (_, metrics) = http_get(served.admin, "/metrics").expect("metrics");
+    let counted = r#"mcp_tool_call_error_total{server_id="fx",tool="",code="mcp_policy_denied"} 1"#;
+    assert!(metrics.contains(counted), "{counted} missing in\n{metrics}");
+}
+
+/// `--profile` naming a profile the registry does not have: `/readyz` stays 503 and says so.
+#[test]
+fn a_missing_profile_keeps_readyz_unready_with_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = spawn_serve(dir, &["--audit-log", "off", "--profile", "nope"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    // Long enough for a profile that existed to have been served: the fixture lists in ~1 s.
+    while Instant::now() < deadline && seen.len() < 40 {
+        if let Some(answer) = http_get(served.admin, "/readyz") {
+            seen.push(answer);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!seen.is_empty(), "the admin port answered");
+    for (status, body) in &seen {
+        assert_eq!(*status, 503, "{body}");
+    }
+    let (_, body) = seen.last().expect("an answer");
+    assert!(body.contains("McpProfile 'nope' does not exist"), "{body}");
 }

@@ -31,8 +31,17 @@ impl Drop for TestAgent {
     }
 }
 
-/// Starts an agent serving `profile` over `objects`, ready (tools listed) on return. Audit is off.
+/// Starts an agent serving `profile` over `objects`, past starting on return (tools listed, or
+/// the profile found missing). Audit is off.
 pub async fn start_agent(objects: Vec<Object>, profile: &str) -> TestAgent {
+    let t = spawn_agent(objects, profile);
+    tokio::time::timeout(std::time::Duration::from_secs(30), t.agent.settled()).await.expect("agent settled in 30 s");
+    t
+}
+
+/// Starts an agent serving `profile` over `objects` and returns at once, before its first state
+/// is published (as the doors see it in the moment the process starts). Audit is off.
+pub fn spawn_agent(objects: Vec<Object>, profile: &str) -> TestAgent {
     let registry = Arc::new(StaticRegistry::new(snapshot(objects)));
     let pool = Pool::with_env(
         PoolOptions { idle_timeout: None, ..PoolOptions::default() },
@@ -43,6 +52,5 @@ pub async fn start_agent(objects: Vec<Object>, profile: &str) -> TestAgent {
     let agent = Agent::new(options, registry.clone(), pool);
     let cancel = CancellationToken::new();
     tokio::spawn(agent.clone().run(cancel.clone()));
-    tokio::time::timeout(std::time::Duration::from_secs(30), agent.ready()).await.expect("agent ready within 30 s");
     TestAgent { agent, registry, cancel }
 }

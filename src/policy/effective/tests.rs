@@ -430,3 +430,70 @@ fn the_dotted_form_reaches_a_tool_renamed_for_a_caller() {
     // The catalog is shared: a request without the caller tool still sees the plain name.
     assert!(catalog.effective(None, &[]).expect("set").route("mcp__fs__read").is_some());
 }
+
+// === names of servers whose tools are not known ===
+
+#[test]
+fn a_name_of_a_server_not_listed_yet_is_unlisted_not_denied() {
+    let p = McpProfile::test("dev").servers(["a", "b", "c", "d", "e"]).default_servers(["a", "b", "c", "d"]);
+    let slow = server("a", &["*"], &[])
+        .budgets(crate::api::ServerBudgets { tool_timeout_ms: Some(700), ..Default::default() });
+    let snap = snapshot(
+        vec![slow, server("b", &["*"], &[]), server("c", &["*"], &[]), server("d", &[], &[]), server("e", &["*"], &[])],
+        vec![p],
+    );
+    let tools = |id: &str| match id {
+        "b" => ServerTools::ListFailed { message: "connection refused".into() },
+        "c" => ServerTools::EnvMissing { variable: "TOKEN".into() },
+        "e" => ServerTools::Listed(Arc::new(ToolList::new("e", vec![ToolInfo::named("x")]))),
+        _ => ServerTools::Unknown,
+    };
+    let set = compile(&snap, "dev").effective(tools, None, &[]).expect("set");
+    let listing = |name: &str| set.unlisted(name).map(|u| (u.server.to_string(), u.listing));
+
+    assert_eq!(listing("mcp__a__read"), Some(("a".into(), Listing::NotYet)));
+    assert_eq!(set.unlisted("mcp__a__read").map(|u| u.budgets.tool_timeout_ms), Some(700));
+    assert_eq!(listing("mcp.a.read.file"), Some(("a".into(), Listing::NotYet)), "dotted form");
+    assert_eq!(listing(&name::base_name("a", &"t".repeat(100))), Some(("a".into(), Listing::NotYet)), "shortened");
+    assert_eq!(listing("mcp__b__x"), Some(("b".into(), Listing::Failed("connection refused".into()))));
+    assert_eq!(listing("mcp__c__x"), Some(("c".into(), Listing::EnvMissing("TOKEN".into()))));
+    // Policy refusals: no list to come changes them.
+    assert_eq!(listing("mcp__d__x"), None, "deny-all server");
+    assert_eq!(listing("mcp__e__y"), None, "listed server without that tool");
+    assert_eq!(listing("mcp__e__x"), None, "e is not among the defaults");
+    assert_eq!(listing("mcp__ghost__x"), None, "no such server");
+    assert_eq!(listing("read"), None, "not an MCP tool name");
+}
+
+#[test]
+fn recompute_applies_the_same_request_to_a_newer_catalog() {
+    let snap = snapshot(
+        vec![server("a", &["*"], &[]), server("b", &["*"], &[])],
+        vec![McpProfile::test("dev").servers(["a", "b"])],
+    );
+    let compiled = compile(&snap, "dev");
+    let before = compiled.catalog(lookup(&lists(&[])));
+    let request =
+        RequestScope { servers: Some(vec!["a".into()]), tool_denylist: vec!["w*".into()], ..Default::default() };
+    let set = before.effective(Some(&request), &["mcp__a__read"]).expect("set");
+    assert!(set.route("mcp__a__read").is_none());
+    assert!(set.is_from(&before));
+
+    let after = compiled.catalog(lookup(&lists(&[("a", &["read", "write"]), ("b", &["y"])])));
+    let again = set.recompute(&after).expect("recomputed");
+    assert!(again.is_from(&after));
+    assert_eq!(exposed(&again), ["a/read"], "request scope kept: b and write stay out");
+    assert!(again.route("mcp__a__read").is_none(), "the caller's own tool keeps its name");
+    assert!(again.route("mcp.a.read").is_some(), "the MCP tool is renamed, reachable as before");
+}
+
+#[test]
+fn named_server_reads_the_server_of_any_name_shape() {
+    let snap = snapshot(vec![server("fs", &["read"], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
+    let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read", "write"])])), None, &[]).expect("set");
+    assert!(set.route("mcp__fs__write").is_none());
+    assert_eq!(set.named_server("mcp__fs__write").as_deref(), Some("fs"), "excluded tool, known server");
+    assert_eq!(set.named_server("mcp.fs.anything").as_deref(), Some("fs"));
+    assert_eq!(set.named_server("mcp__web__x"), None);
+    assert_eq!(set.named_server("write"), None);
+}
