@@ -11,6 +11,13 @@
 //! resolve with the YAML 1.2 core schema, as the API server's YAML decoder does (`yes` is a
 //! string, not a boolean). A document with any problem yields no object: callers never see a
 //! half-valid resource.
+//!
+//! Manifests come from registry authors, who are not trusted with the agent's memory. The
+//! parser's events are pulled in a loop (yaml-rust2's `Parser::load` recurses once per nesting
+//! level, so deep input overflowed the stack), and every document is held to caps: nesting
+//! depth, nodes and scalar bytes with alias expansions counted (an alias is a copy: a few
+//! hundred bytes of nested aliases used to expand to gigabytes), and bytes of the field-path line
+//! index. A manifest past a cap is one problem naming the cap and the fix, never a crash.
 
 use std::collections::BTreeMap;
 
@@ -106,18 +113,52 @@ pub fn is_manifest_file_name(name: &str) -> bool {
     manifest && !ignored
 }
 
+/// Largest manifest text read, in bytes. Kubernetes stores objects of at most about 1.5 MiB; a
+/// file of several such objects fits.
+pub(crate) const MAX_MANIFEST_BYTES: usize = 8 << 20;
+/// Deepest nesting of mappings and sequences in a document. The resource types nest about eight
+/// levels at most (label selector expressions); the rest is headroom.
+pub(crate) const MAX_DEPTH: usize = 64;
+/// Nodes in one document, alias expansions included: far above any real resource (a server
+/// with a thousand tool patterns is a few thousand nodes).
+pub(crate) const MAX_NODES: usize = 200_000;
+/// Scalar bytes in one document, alias expansions included.
+pub(crate) const MAX_SCALAR_BYTES: usize = 32 << 20;
+/// Bytes of field paths in one document's line index (a long key repeats in every path below it).
+pub(crate) const MAX_PATH_BYTES: usize = 32 << 20;
+
 /// Reads every document of `text`; nothing that fails is returned as an object.
 pub fn parse(text: &str) -> Parsed {
-    let mut builder = Builder::default();
     let mut parsed = Parsed::default();
-    if let Err(e) = Parser::new_from_str(text).load(&mut builder, true) {
+    if text.len() > MAX_MANIFEST_BYTES {
         parsed.problems.push(Problem {
-            line: e.marker().line().max(1),
+            line: 1,
             field: "document".into(),
-            message: format!("YAML syntax error: {}", e.info()),
-            fix: "fix the YAML syntax at this line".into(),
+            message: format!("the manifest is {} bytes; at most {MAX_MANIFEST_BYTES} are read", text.len()),
+            fix: "split it into several files".into(),
         });
         return parsed;
+    }
+    let mut builder = Builder::default();
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        match parser.next_token() {
+            Ok((Event::StreamEnd, _)) => break,
+            Ok((event, mark)) => builder.on_event(event, mark),
+            Err(e) => {
+                parsed.problems.push(Problem {
+                    line: e.marker().line().max(1),
+                    field: "document".into(),
+                    message: format!("YAML syntax error: {}", e.info()),
+                    fix: "fix the YAML syntax at this line".into(),
+                });
+                return parsed;
+            }
+        }
+        if let Some(problem) = builder.over_limit.take() {
+            parsed.problems.push(problem);
+            return parsed;
+        }
     }
     for doc in builder.docs {
         read_document(doc, &mut parsed);
@@ -132,13 +173,8 @@ fn read_document(doc: RawDocument, parsed: &mut Parsed) {
         message,
         fix: fix.to_string(),
     };
-    if let Some((line, message)) = doc.error {
-        parsed.problems.push(Problem {
-            line,
-            field: "document".into(),
-            message,
-            fix: "make every mapping key unique".into(),
-        });
+    if let Some(error) = doc.error {
+        parsed.problems.push(error);
         return;
     }
     let Value::Object(map) = &doc.value else {
@@ -249,7 +285,7 @@ struct RawDocument {
     value: Value,
     start_line: usize,
     lines: BTreeMap<String, usize>,
-    error: Option<(usize, String)>,
+    error: Option<Problem>,
 }
 
 impl RawDocument {
@@ -273,14 +309,30 @@ enum Frame {
     Seq { items: Vec<Value>, path: String },
 }
 
+/// What a document has used of the caps so far; an anchored value remembers its own cost, which
+/// every alias to it spends again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Cost {
+    nodes: usize,
+    scalar_bytes: usize,
+}
+
 #[derive(Default)]
 struct Builder {
     docs: Vec<RawDocument>,
     current: RawDocument,
     stack: Vec<Frame>,
-    anchors: BTreeMap<usize, Value>,
-    /// Anchors of the containers being built, set when they close.
-    open_anchors: Vec<usize>,
+    /// Anchored values and their cost.
+    anchors: BTreeMap<usize, (Value, Cost)>,
+    /// Anchors of the containers being built, set when they close, with the document's cost
+    /// when they opened.
+    open_anchors: Vec<(usize, Cost)>,
+    /// The current document's cost so far.
+    cost: Cost,
+    /// Bytes of field paths in the current document's line index and frames.
+    path_bytes: usize,
+    /// Set when the document went past a cap: parsing stops with this problem.
+    over_limit: Option<Problem>,
 }
 
 fn join(parent: &str, key: &str) -> String {
@@ -305,7 +357,12 @@ impl Builder {
             Some(Frame::Map { map, key, .. }) => {
                 if let Some(k) = key.take() {
                     if map.contains_key(&k) && self.current.error.is_none() {
-                        self.current.error = Some((line, format!("duplicate key '{k}'")));
+                        self.current.error = Some(Problem {
+                            line,
+                            field: "document".into(),
+                            message: format!("duplicate key '{k}'"),
+                            fix: "make every mapping key unique".into(),
+                        });
                     }
                     map.insert(k, value);
                 } else {
@@ -322,11 +379,43 @@ impl Builder {
     }
 
     fn record_line(&mut self, line: usize) {
+        // A key is recorded when the key scalar is placed (in `on_event`).
         if let Some(path) = self.next_value_path() {
-            self.current.lines.entry(path).or_insert(line);
-        } else if let Some(Frame::Map { path, .. }) = self.stack.last() {
-            let _ = path; // a key: recorded when the key scalar is placed (below)
+            self.index(path, line);
         }
+    }
+
+    /// Records the line of `path` (the first one wins), counting its bytes.
+    fn index(&mut self, path: String, line: usize) {
+        if let std::collections::btree_map::Entry::Vacant(entry) = self.current.lines.entry(path) {
+            self.path_bytes += entry.key().len();
+            entry.insert(line);
+        }
+    }
+
+    /// Spends `cost` on the current document; past a cap, records the problem and says so.
+    fn spend(&mut self, cost: Cost, line: usize) -> bool {
+        self.cost.nodes = self.cost.nodes.saturating_add(cost.nodes);
+        self.cost.scalar_bytes = self.cost.scalar_bytes.saturating_add(cost.scalar_bytes);
+        let exceeded = if self.stack.len() > MAX_DEPTH {
+            Some(format!("mappings and sequences nest deeper than {MAX_DEPTH} levels"))
+        } else if self.cost.nodes > MAX_NODES {
+            Some(format!("the document has more than {MAX_NODES} nodes (aliases count as copies)"))
+        } else if self.cost.scalar_bytes > MAX_SCALAR_BYTES {
+            Some(format!("the document's values exceed {MAX_SCALAR_BYTES} bytes (aliases count as copies)"))
+        } else if self.path_bytes > MAX_PATH_BYTES {
+            Some(format!("the document's field paths exceed {MAX_PATH_BYTES} bytes (very long keys, deeply nested)"))
+        } else {
+            None
+        };
+        let Some(message) = exceeded else { return true };
+        self.over_limit = Some(Problem {
+            line,
+            field: "document".into(),
+            message,
+            fix: "write the resource out plainly: no deep nesting, no alias expanding to large copies".into(),
+        });
+        false
     }
 }
 
@@ -346,11 +435,17 @@ fn scalar(text: String, style: TScalarStyle) -> Value {
 impl MarkedEventReceiver for Builder {
     fn on_event(&mut self, event: Event, mark: Marker) {
         let line = mark.line().max(1);
+        if self.over_limit.is_some() {
+            return;
+        }
         match event {
             Event::DocumentStart => {
                 self.current = RawDocument { start_line: line, ..Default::default() };
                 self.stack.clear();
                 self.anchors.clear();
+                self.open_anchors.clear();
+                self.cost = Cost::default();
+                self.path_bytes = 0;
             }
             Event::DocumentEnd => self.docs.push(std::mem::take(&mut self.current)),
             Event::Scalar(text, style, anchor, _) => {
@@ -358,14 +453,18 @@ impl MarkedEventReceiver for Builder {
                 if self.current.lines.is_empty() {
                     self.current.start_line = line;
                 }
+                let cost = Cost { nodes: 1, scalar_bytes: text.len() };
+                if !self.spend(cost, line) {
+                    return;
+                }
                 let value = scalar(text, style);
                 if anchor > 0 {
-                    self.anchors.insert(anchor, value.clone());
+                    self.anchors.insert(anchor, (value.clone(), cost));
                 }
                 if is_key {
                     if let (Some(Frame::Map { path, .. }), Value::String(k)) = (self.stack.last(), &value) {
                         let field = join(path, k);
-                        self.current.lines.entry(field).or_insert(line);
+                        self.index(field, line);
                     }
                 } else {
                     self.record_line(line);
@@ -373,8 +472,13 @@ impl MarkedEventReceiver for Builder {
                 self.place(value, line);
             }
             Event::Alias(id) => {
+                // Spent before the copy is made: the cap must hold before the memory is taken.
+                let cost = self.anchors.get(&id).map_or(Cost { nodes: 1, scalar_bytes: 0 }, |(_, cost)| *cost);
+                if !self.spend(cost, line) {
+                    return;
+                }
                 self.record_line(line);
-                let value = self.anchors.get(&id).cloned().unwrap_or(Value::Null);
+                let value = self.anchors.get(&id).map_or(Value::Null, |(value, _)| value.clone());
                 self.place(value, line);
             }
             Event::MappingStart(anchor, _) | Event::SequenceStart(anchor, _) => {
@@ -382,13 +486,16 @@ impl MarkedEventReceiver for Builder {
                     self.current.start_line = line;
                 }
                 let path = self.next_value_path().unwrap_or_default();
-                self.current.lines.entry(path.clone()).or_insert(line);
-                self.open_anchors.push(anchor);
+                self.path_bytes += path.len();
+                self.index(path.clone(), line);
+                self.open_anchors.push((anchor, self.cost));
                 self.stack.push(if matches!(event, Event::MappingStart(..)) {
                     Frame::Map { map: Map::new(), key: None, path }
                 } else {
                     Frame::Seq { items: Vec::new(), path }
                 });
+                // Past a cap, `over_limit` is set and every later event is ignored.
+                self.spend(Cost { nodes: 1, scalar_bytes: 0 }, line);
             }
             Event::MappingEnd | Event::SequenceEnd => {
                 let value = match self.stack.pop() {
@@ -396,8 +503,12 @@ impl MarkedEventReceiver for Builder {
                     Some(Frame::Seq { items, .. }) => Value::Array(items),
                     None => Value::Null,
                 };
-                if let Some(anchor) = self.open_anchors.pop().filter(|a| *a > 0) {
-                    self.anchors.insert(anchor, value.clone());
+                if let Some((anchor, at_open)) = self.open_anchors.pop().filter(|(a, _)| *a > 0) {
+                    let cost = Cost {
+                        nodes: self.cost.nodes - at_open.nodes,
+                        scalar_bytes: self.cost.scalar_bytes - at_open.scalar_bytes,
+                    };
+                    self.anchors.insert(anchor, (value.clone(), cost));
                 }
                 self.place(value, line);
             }
@@ -508,6 +619,65 @@ spec:
         ] {
             assert!(!is_manifest_file_name(name), "{name}");
         }
+    }
+
+    /// The attack: a few hundred bytes of nested aliases (a "billion laughs") expanded to
+    /// gigabytes before anything was checked.
+    #[test]
+    fn an_alias_bomb_is_one_problem_not_gigabytes() {
+        let mut text = String::from(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {name: x}\na0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n",
+        );
+        for i in 1..12 {
+            let p = i - 1;
+            text.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        assert!(text.len() < 1000, "{}", text.len());
+        let parsed = parse(&text);
+        assert_eq!(parsed.documents, vec![]);
+        assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
+        assert!(parsed.problems[0].message.contains("aliases count as copies"), "{:?}", parsed.problems[0]);
+        assert_eq!(parsed.problems[0].field, "document");
+    }
+
+    /// The attack: 14 KB of `- - - …` overflowed the stack (the process aborted).
+    #[test]
+    fn deep_nesting_is_one_problem_not_a_stack_overflow() {
+        for deep in ["- ".repeat(200_000), "[".repeat(200_000), "{a: ".repeat(100_000)] {
+            let parsed = parse(&deep);
+            assert_eq!(parsed.documents, vec![]);
+            assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
+            let message = &parsed.problems[0].message;
+            assert!(message.contains("nest deeper than 64") || message.contains("syntax"), "{message}");
+        }
+        let parsed = parse(&"- ".repeat(20_000));
+        assert!(parsed.problems[0].message.contains("nest deeper than 64 levels"), "{:?}", parsed.problems);
+    }
+
+    /// The attack: one long key repeated in the path of every node below it.
+    #[test]
+    fn long_keys_over_many_nodes_stop_at_the_path_cap() {
+        let key = "k".repeat(1 << 20);
+        let items = "1, ".repeat(60_000);
+        let text = format!("apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\n? {key}\n: [{items}]\n");
+        let parsed = parse(&text);
+        assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems.first().map(|p| &p.message));
+        assert!(parsed.problems[0].message.contains("field paths exceed"), "{}", parsed.problems[0].message);
+    }
+
+    #[test]
+    fn oversized_text_and_moderate_aliases() {
+        let parsed = parse(&" ".repeat(MAX_MANIFEST_BYTES + 1));
+        assert!(parsed.problems[0].message.contains("at most"), "{:?}", parsed.problems);
+        // An anchor used a few times, as people write shared lists, still parses.
+        let text = SERVER
+            .replace("  allowedTools: [\"read_*\"]\n", "  allowedTools: &tools [\"read_*\"]\n  deniedTools: *tools\n");
+        let parsed = parse(&text);
+        assert_eq!(parsed.problems, vec![]);
+        let Object::Server(s) = &parsed.documents[0].object else { panic!("a server") };
+        assert_eq!(s.spec.denied_tools, ["read_*"]);
     }
 
     #[test]

@@ -66,6 +66,25 @@ fn validate_reads_stdin_for_dash() {
     assert!(stdout(&out).starts_with("<stdin>:9: spec.transport: unknown variant `grpc`"), "{}", stdout(&out));
 }
 
+/// Hostile manifests (an alias bomb, nesting thousands deep) are one located problem line and
+/// exit 1, in bounded memory and without a crash.
+#[test]
+fn validate_refuses_an_alias_bomb_and_deep_nesting_with_one_line_each() {
+    let mut bomb =
+        String::from("apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let p = i - 1;
+        bomb.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
+    }
+    for (text, said) in [(bomb, "aliases count as copies"), ("- ".repeat(7_000), "nest deeper than 64 levels")] {
+        let out = spearlet(&["validate", "-"], Some(&text));
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with("<stdin>:") && lines[0].contains(said), "{lines:?}");
+    }
+}
+
 #[test]
 fn validate_usage_errors_exit_2() {
     assert_eq!(spearlet(&["validate"], None).status.code(), Some(2), "no path");
