@@ -1,8 +1,17 @@
 //! The audit log: one JSON line per tool call, whichever door it came through. Arguments are redacted unless the operator turns them on.
+//!
+//! Lines go through a queue to a writer thread, bounded by bytes rather than lines so that a
+//! burst is absorbed whole. When the queue is full (stderr or the disk stalled), a line is dropped
+//! and counted in `mcp_audit_dropped_lines_total` rather than waited for: waiting blocked the
+//! runtime's only worker thread, so a stalled log stopped every door and `/healthz` with it.
+//! Alert on the counter where lost lines matter.
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use std::io::{BufWriter, Write};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -52,8 +61,9 @@ pub(crate) struct AuditLine<'a> {
     pub(crate) arguments: Value,
 }
 
-/// Lines waiting for the writer thread; past this, a call waits (audit lines are never dropped).
-const QUEUE_LINES: usize = 4096;
+/// Bytes of lines waiting for the writer thread; past this, lines are dropped and counted
+/// (about 64,000 lines: many seconds of a busy agent's calls, enough to ride out a slow disk).
+const QUEUE_BYTES: usize = 32 << 20;
 
 enum Message {
     Line(Vec<u8>),
@@ -65,9 +75,13 @@ enum Message {
 /// disk; the thread flushes whenever the queue is drained (one syscall for a burst of lines, at
 /// once when traffic is light).
 pub struct AuditSink {
-    queue: Option<SyncSender<Message>>,
+    queue: Option<Sender<Message>>,
+    /// Bytes queued and not yet written.
+    queued: Arc<AtomicUsize>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     include_arguments: bool,
+    /// Lines dropped because the queue was full.
+    dropped: Counter,
 }
 
 impl std::fmt::Debug for AuditSink {
@@ -80,7 +94,7 @@ impl std::fmt::Debug for AuditSink {
 }
 
 /// The writer thread: write what comes, flush when nothing more is waiting.
-fn write_lines(queue: Receiver<Message>, writer: Box<dyn Write + Send>) {
+fn write_lines(queue: Receiver<Message>, writer: Box<dyn Write + Send>, queued: Arc<AtomicUsize>) {
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     let mut failed = false;
     let report = |result: std::io::Result<()>, failed: &mut bool| {
@@ -98,7 +112,10 @@ fn write_lines(queue: Receiver<Message>, writer: Box<dyn Write + Send>) {
         let mut next = Some(message);
         while let Some(message) = next.take() {
             match message {
-                Message::Line(line) => report(writer.write_all(&line), &mut failed),
+                Message::Line(line) => {
+                    report(writer.write_all(&line), &mut failed);
+                    queued.fetch_sub(line.len(), Ordering::Relaxed);
+                }
                 Message::Flush(done) => {
                     report(writer.flush(), &mut failed);
                     let _ = done.send(());
@@ -114,10 +131,19 @@ fn write_lines(queue: Receiver<Message>, writer: Box<dyn Write + Send>) {
 impl AuditSink {
     /// Audit lines to `writer`, with arguments when `include_arguments`.
     pub(crate) fn new(writer: Box<dyn Write + Send>, include_arguments: bool) -> Self {
-        let (queue, lines) = mpsc::sync_channel(QUEUE_LINES);
-        let thread = std::thread::Builder::new().name("spear-audit".into()).spawn(move || write_lines(lines, writer));
+        let (queue, lines) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let counted = queued.clone();
+        let thread =
+            std::thread::Builder::new().name("spear-audit".into()).spawn(move || write_lines(lines, writer, counted));
         match thread {
-            Ok(handle) => AuditSink { queue: Some(queue), writer: Mutex::new(Some(handle)), include_arguments },
+            Ok(handle) => AuditSink {
+                queue: Some(queue),
+                queued,
+                writer: Mutex::new(Some(handle)),
+                include_arguments,
+                dropped: Counter::default(),
+            },
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the audit writer thread: audit is off");
                 AuditSink::disabled()
@@ -126,7 +152,22 @@ impl AuditSink {
     }
 
     pub fn disabled() -> Self {
-        AuditSink { queue: None, writer: Mutex::new(None), include_arguments: false }
+        AuditSink {
+            queue: None,
+            queued: Arc::default(),
+            writer: Mutex::new(None),
+            include_arguments: false,
+            dropped: Counter::default(),
+        }
+    }
+
+    /// Registers the dropped-lines counter as `mcp_audit_dropped_lines`.
+    pub(crate) fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "mcp_audit_dropped_lines",
+            "Audit lines dropped because the audit writer could not keep up (stalled stderr or disk)",
+            self.dropped.clone(),
+        );
     }
 
     /// Lines go to stderr, beside the logs.
@@ -143,7 +184,8 @@ impl AuditSink {
         }
     }
 
-    /// Queues one line. A failing sink is logged, never fails the call.
+    /// Queues one line without waiting: a full queue drops it (counted). A failing sink is
+    /// logged, never fails the call.
     pub(crate) fn record(&self, line: &AuditLine<'_>) {
         let Some(queue) = &self.queue else { return };
         let mut bytes = match serde_json::to_vec(line) {
@@ -154,23 +196,33 @@ impl AuditSink {
             }
         };
         bytes.push(b'\n');
-        match queue.try_send(Message::Line(bytes)) {
-            Ok(()) => {}
-            // A full queue means the disk is slower than the calls: wait rather than lose lines.
-            Err(TrySendError::Full(message)) => {
-                let _ = queue.send(message);
+        // The writer is stalled: waiting here would block the runtime's worker, and with it
+        // every door. One warning per power of two dropped, not one per line.
+        let len = bytes.len();
+        if self.queued.fetch_add(len, Ordering::Relaxed) + len > QUEUE_BYTES {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            let dropped = self.dropped.inc() + 1;
+            if dropped.is_power_of_two() {
+                tracing::warn!(dropped, "audit writer stalled: audit lines dropped (mcp_audit_dropped_lines_total)");
             }
-            Err(TrySendError::Disconnected(_)) => tracing::warn!("audit writer gone: line not written"),
+            return;
+        }
+        if queue.send(Message::Line(bytes)).is_err() {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            tracing::warn!("audit writer gone: line not written");
         }
     }
 
     /// Waits until every line queued so far is written and flushed (before the process exits).
     pub(crate) fn flush(&self) {
         let Some(queue) = &self.queue else { return };
+        // Bounded: a stalled writer must not hold the process's exit either.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let (done, written) = mpsc::channel();
-        if queue.send(Message::Flush(done)).is_ok() {
-            let _ = written.recv_timeout(Duration::from_secs(5));
+        if queue.send(Message::Flush(done)).is_err() {
+            return;
         }
+        let _ = written.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
     }
 }
 
@@ -186,10 +238,13 @@ pub(crate) fn millis(latency: Duration) -> f64 {
 
 impl Drop for AuditSink {
     fn drop(&mut self) {
-        // Closing the queue ends the thread after it wrote everything.
+        // Closing the queue ends the thread after it wrote everything; a stalled writer is left
+        // behind (bounded by `flush`) rather than holding the process's exit.
+        self.flush();
+        let drained = self.queued.load(Ordering::Relaxed) == 0;
         self.queue.take();
         let handle = self.writer.lock().take();
-        if let Some(handle) = handle {
+        if let Some(handle) = handle.filter(|_| drained) {
             let _ = handle.join();
         }
     }
@@ -197,8 +252,6 @@ impl Drop for AuditSink {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
     /// A writer the test can read back.
@@ -272,6 +325,48 @@ mod tests {
         for l in text.lines() {
             serde_json::from_str::<Value>(l).expect("every line is one whole JSON object");
         }
+    }
+
+    /// A writer that blocks until released, as a stalled stderr pipe or disk does.
+    struct Stalled(Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>);
+
+    impl Write for Stalled {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let (released, wake) = &*self.0;
+            let mut released = released.lock();
+            while !*released {
+                wake.wait(&mut released);
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The attack (or accident): a stalled audit sink. Recording must never wait on it; lines
+    /// past the queue are dropped and counted.
+    #[test]
+    fn a_stalled_writer_never_blocks_a_call_and_drops_are_counted() {
+        let gate = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
+        let sink = Arc::new(AuditSink::new(Box::new(Stalled(gate.clone())), false));
+        let recorder = sink.clone();
+        // Twice what the queue holds (a line here is about 300 bytes).
+        const LINES: usize = 2 * QUEUE_BYTES / 300;
+        let (done, finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            // BufWriter holds 64 KiB before the writer is reached; the queue then fills.
+            for _ in 0..LINES {
+                recorder.record(&line(Value::Null));
+            }
+            let _ = done.send(());
+        });
+        finished.recv_timeout(Duration::from_secs(20)).expect("recording returned while the writer was stalled");
+        let dropped = sink.dropped.get();
+        assert!(dropped > 0 && dropped < LINES as u64, "dropped {dropped}");
+        let (released, wake) = &*gate;
+        *released.lock() = true;
+        wake.notify_all();
     }
 
     #[test]

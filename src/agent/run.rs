@@ -189,6 +189,7 @@ async fn run(
     let mut metrics = Registry::default();
     let pool_metrics = PoolMetrics::register(&mut metrics);
     let registry_metrics = RegistryMetrics::register(&mut metrics);
+    audit.register(&mut metrics);
     // The agent keeps its sessions: a pod's servers stay connected while the pod lives.
     let pool =
         Pool::new(PoolOptions { mode, idle_timeout: None, metrics: pool_metrics.clone(), ..PoolOptions::default() });
