@@ -110,6 +110,7 @@ impl ChatService {
         revision: &mut Option<String>,
     ) -> Result<Reply, ChatError> {
         let inner = &self.inner;
+        require_json(headers)?;
         let mut request = ChatRequest::from_slice(body)?;
         let options = McpOptions::parse(request.mcp.take())?;
         let sse = request.stream == Some(true);
@@ -344,6 +345,17 @@ pub fn router(service: ChatService) -> Router {
         .route(COMPLETIONS_PATH, post(completions))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(service)
+}
+
+/// `application/json` (parameters allowed, as `charset=utf-8`), or the refusal.
+fn require_json(headers: &HeaderMap) -> Result<(), ChatError> {
+    let content_type = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let media_type = content_type.split(';').next().unwrap_or_default().trim();
+    if media_type.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(ChatError::NotJson { content_type: content_type.chars().take(100).collect() })
+    }
 }
 
 /// The handler: parse, complete, map errors, stamp the revision.

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::chat::ChatService;
 use super::core::Agent;
+use super::http_guard::{self, Allowed};
 use super::mcp_endpoint::McpEndpoint;
 use super::{admin, grpc};
 use crate::chat::{UpstreamOverride, UpstreamTimeouts};
@@ -66,8 +67,10 @@ pub struct AgentConfig {
     pub admin_addr: SocketAddr,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
-    /// `Host` header values `/mcp` accepts (DNS-rebinding protection).
+    /// `Host` header values chat completions and `/mcp` accept (DNS-rebinding protection).
     pub allowed_hosts: Vec<String>,
+    /// Web page origins allowed on chat completions and `/mcp`; any other `Origin` is refused.
+    pub allowed_origins: Vec<String>,
     /// The flags' upstream settings, over the profile's.
     pub upstream: UpstreamOverride,
     pub audit: AuditTarget,
@@ -123,16 +126,20 @@ pub(crate) fn stamp_revision(headers: &mut HeaderMap, revision: &str) {
     }
 }
 
-/// The HTTP router of port 4040: chat completions and `/mcp`, every answer stamped with the
-/// registry revision.
+/// The HTTP router of port 4040: chat completions and `/mcp` behind the browser guard, every
+/// answer stamped with the registry revision.
 pub(crate) fn http_router(
     agent: Agent,
     chat: ChatService,
     shutdown: CancellationToken,
-    allowed_hosts: Vec<String>,
+    config: &AgentConfig,
 ) -> Router {
-    let mcp = McpEndpoint::router(agent.clone(), shutdown, allowed_hosts);
-    super::chat::router(chat).nest_service("/mcp", mcp).layer(middleware::from_fn_with_state(agent, revision_layer))
+    let mcp = McpEndpoint::router(agent.clone(), shutdown, config.allowed_hosts.clone());
+    let allowed = Allowed::new(config.allowed_hosts.clone(), config.allowed_origins.clone());
+    super::chat::router(chat)
+        .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(agent, revision_layer))
+        .layer(middleware::from_fn_with_state(allowed, http_guard::guard))
 }
 
 async fn revision_layer(State(agent): State<Agent>, request: Request, next: Next) -> Response {
@@ -158,7 +165,7 @@ pub(crate) async fn serve(
     // Doors stop accepting on `cancel`; their in-flight work gets the grace period.
     let doors_stop = cancel.child_token();
 
-    let http = http_router(agent.clone(), chat, doors_stop.clone(), config.allowed_hosts.clone());
+    let http = http_router(agent.clone(), chat, doors_stop.clone(), config);
     let http_server = axum::serve(listeners.http, http.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(doors_stop.clone().cancelled_owned());
     let grpc_server = grpc::serve(agent.clone(), listeners.grpc, doors_stop.clone());

@@ -110,6 +110,7 @@ pub(crate) const ENV_AUDIT_ARGUMENTS: &str = "SPEAR_AUDIT_ARGUMENTS";
 pub(crate) const ENV_SHUTDOWN_GRACE_SECONDS: &str = "SPEAR_SHUTDOWN_GRACE_SECONDS";
 pub(crate) const ENV_WORKER_THREADS: &str = "SPEAR_WORKER_THREADS";
 pub(crate) const ENV_ALLOWED_HOSTS: &str = "SPEAR_ALLOWED_HOSTS";
+pub(crate) const ENV_ALLOWED_ORIGINS: &str = "SPEAR_ALLOWED_ORIGINS";
 pub(crate) const ENV_TOOLS_SERVER: &str = "SPEAR_TOOLS_SERVER";
 pub(crate) const ENV_TOOLS_ARGS: &str = "SPEAR_TOOLS_ARGS";
 pub(crate) const ENV_EXPLAIN_REQUEST: &str = "SPEAR_EXPLAIN_REQUEST";

@@ -11,6 +11,13 @@ use crate::policy::PolicyError;
 /// A request the agent cannot complete.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
+    /// The body is not declared as JSON. Browsers may post `text/plain` cross-origin without a
+    /// preflight; requiring `application/json` forces one, which the door never grants.
+    #[error("the request must be sent with Content-Type: application/json (got '{content_type}')")]
+    NotJson {
+        /// The Content-Type sent (empty when absent).
+        content_type: String,
+    },
     /// The body is not a chat completion request.
     #[error("the request body is not a valid chat completion request: {message}")]
     InvalidBody {
@@ -52,6 +59,9 @@ impl ChatError {
     fn wire(&self) -> (StatusCode, &'static str, &'static str) {
         use super::upstream::UpstreamError as U;
         match self {
+            ChatError::NotJson { .. } => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", "unsupported_media_type")
+            }
             ChatError::InvalidBody { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request"),
             ChatError::InvalidMcp { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", "mcp_invalid_arguments"),
             ChatError::UnknownForcedTool { .. } => {

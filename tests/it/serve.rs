@@ -458,3 +458,66 @@ fn a_missing_profile_keeps_readyz_unready_with_the_reason() {
     let (_, body) = seen.last().expect("an answer");
     assert!(body.contains("McpProfile 'nope' does not exist"), "{body}");
 }
+
+/// The attack: a web page open in the developer's browser drives the chat loop (and so the
+/// tools, with the developer's model key) by posting `text/plain` (no preflight), from its own
+/// origin, or under its own name by DNS rebinding. Each is refused before the upstream is asked;
+/// a plain client still gets through to it.
+#[tokio::test]
+async fn web_pages_cannot_drive_the_chat_door_or_mcp() {
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the stand-in upstream");
+    upstream.set_nonblocking(true).expect("nonblocking");
+    let upstream_url = format!("http://{}/v1", upstream.local_addr().expect("addr"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off", "--upstream-url", &upstream_url]);
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let chat = format!("http://127.0.0.1:{}/v1/chat/completions", served.http);
+    let body = r#"{"model": "m", "messages": [{"role": "user", "content": "run a tool"}]}"#;
+    let post = |content_type: &'static str, host: Option<&'static str>, origin: Option<&'static str>| {
+        let mut request = http.post(&chat).header("content-type", content_type).body(body);
+        if let Some(host) = host {
+            request = request.header("host", host);
+        }
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+    let status = |r: reqwest::Response| r.status().as_u16();
+    assert_eq!(status(post("text/plain", None, None).await.expect("reply")), 415, "a simple cross-site POST");
+    assert_eq!(status(post("application/json", None, Some("https://evil.example")).await.expect("reply")), 403);
+    assert_eq!(status(post("application/json", Some("evil.example:4040"), None).await.expect("reply")), 403);
+    assert!(
+        matches!(upstream.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "no refused request reached the upstream"
+    );
+
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "page", "version": "1"}}});
+    let from_page = http
+        .post(format!("http://127.0.0.1:{}/mcp", served.http))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("origin", "https://evil.example")
+        .body(initialize.to_string())
+        .send()
+        .await
+        .expect("reply");
+    assert_eq!(from_page.status().as_u16(), 403, "/mcp from a web page, with a valid Host");
+
+    // A plain client (no Origin, JSON, loopback Host) reaches the upstream.
+    let plain = tokio::spawn(post("application/json; charset=utf-8", None, None));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match upstream.accept() {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("a plain client's request never reached the upstream: {e}"),
+        }
+    }
+    plain.abort();
+}

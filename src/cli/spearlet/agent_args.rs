@@ -41,9 +41,13 @@ pub struct AgentArgs {
     /// and usually has a fraction of a core.
     #[arg(long, env = keys::ENV_WORKER_THREADS, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub(crate) worker_threads: u16,
-    /// `Host` header values /mcp accepts (DNS-rebinding protection), repeatable.
+    /// `Host` header values chat completions and /mcp accept (DNS-rebinding protection), repeatable.
     #[arg(long = "allowed-host", env = keys::ENV_ALLOWED_HOSTS, value_delimiter = ',', default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
     pub(crate) allowed_hosts: Vec<String>,
+    /// Web page origins (`scheme://host:port`) allowed to call chat completions and /mcp,
+    /// repeatable; none by default: a request carrying any other `Origin` is refused.
+    #[arg(long = "allowed-origin", env = keys::ENV_ALLOWED_ORIGINS, value_delimiter = ',')]
+    pub(crate) allowed_origins: Vec<String>,
 }
 
 impl AgentArgs {
@@ -63,6 +67,7 @@ impl AgentArgs {
             admin_addr: self.admin_addr,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
             allowed_hosts: self.allowed_hosts,
+            allowed_origins: self.allowed_origins,
             upstream: UpstreamOverride::from_flags(self.upstream_url, self.upstream_api_key_env.as_deref()),
             audit: self.audit_log,
             audit_arguments: self.audit_arguments,

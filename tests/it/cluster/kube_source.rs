@@ -552,6 +552,7 @@ fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
         admin_addr,
         shutdown_grace: Duration::from_secs(1),
         allowed_hosts: vec!["127.0.0.1".into()],
+        allowed_origins: Vec::new(),
         upstream: UpstreamOverride::default(),
         audit: AuditTarget::Off,
         audit_arguments: false,

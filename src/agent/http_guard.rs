@@ -1,0 +1,146 @@
+//! The HTTP door's guard against browsers (port 4040: chat completions and `/mcp`). The door
+//! listens on loopback, which keeps other hosts out but not a web page the developer has open:
+//! a page may post to `http://127.0.0.1:4040` (a `text/plain` POST needs no CORS preflight), or
+//! reach it under its own name by DNS rebinding, and run tools with the developer's model key.
+//!
+//! Every request on the door is refused with 403 before any handler runs when
+//! - its `Host` (the `Host` header, or the URI authority of an HTTP/2 request) is not one of
+//!   `--allowed-host` (rebinding: the page's own name arrives as Host), or
+//! - it carries an `Origin` that is not one of `--allowed-origin` (none by default): browsers send
+//!   `Origin` on cross-origin requests, MCP and OpenAI clients outside a browser do not.
+//!
+//! The chat door also requires `Content-Type: application/json` (415 otherwise), so a page
+//! cannot send the request without a preflight, which nothing here answers.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// The hosts and origins the door accepts.
+#[derive(Clone, Debug)]
+pub(crate) struct Allowed {
+    hosts: Arc<[String]>,
+    origins: Arc<[String]>,
+}
+
+impl Allowed {
+    pub(crate) fn new(hosts: Vec<String>, origins: Vec<String>) -> Self {
+        Allowed { hosts: hosts.into(), origins: origins.into() }
+    }
+}
+
+/// `host` (`name` or `name:port`, IPv6 in brackets) matches an entry given as a name or as
+/// `name:port`; an empty list allows any host, as rmcp does.
+pub(crate) fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    if allowed.is_empty() {
+        return true;
+    }
+    let host = host.to_ascii_lowercase();
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default().to_string(),
+        None => host.rsplit_once(':').map_or(host.as_str(), |(name, _)| name).to_string(),
+    };
+    allowed.iter().any(|entry| {
+        let entry = entry.to_ascii_lowercase();
+        let entry = entry.trim_start_matches('[').replace(']', "");
+        entry == name || entry == host.replace(['[', ']'], "")
+    })
+}
+
+/// An `Origin` is allowed only when listed exactly (scheme, host and port; case-insensitive).
+fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    allowed.iter().any(|entry| entry.trim_end_matches('/').eq_ignore_ascii_case(origin.trim_end_matches('/')))
+}
+
+/// Why a request is refused, if it is.
+fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| request.uri().authority().map(|a| a.to_string()));
+    match host {
+        Some(host) if host_allowed(&host, &allowed.hosts) => {}
+        Some(host) => {
+            return Some(format!(
+                "Host '{}' is not allowed on this port (add it with --allowed-host if it is yours)",
+                host.chars().take(100).collect::<String>()
+            ));
+        }
+        None if allowed.hosts.is_empty() => {}
+        None => return Some("a Host header is required".to_string()),
+    }
+    if let Some(origin) = request.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("(not text)");
+        if !origin_allowed(origin, &allowed.origins) {
+            return Some(format!(
+                "requests from web pages (Origin '{}') are refused (allow one with --allowed-origin)",
+                origin.chars().take(100).collect::<String>()
+            ));
+        }
+    }
+    None
+}
+
+/// The middleware: refuse, or pass the request on.
+pub(crate) async fn guard(State(allowed): State<Allowed>, request: Request, next: Next) -> Response {
+    match refusal(&request, &allowed) {
+        None => next.run(request).await,
+        Some(reason) => {
+            tracing::info!(%reason, path = %request.uri().path(), "request refused by the browser guard");
+            (StatusCode::FORBIDDEN, format!("{reason}\n")).into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    fn request(host: Option<&str>, origin: Option<&str>) -> Request {
+        let mut builder = Request::builder().uri("/v1/chat/completions");
+        if let Some(host) = host {
+            builder = builder.header(header::HOST, host);
+        }
+        if let Some(origin) = origin {
+            builder = builder.header(header::ORIGIN, origin);
+        }
+        builder.body(Body::empty()).expect("request")
+    }
+
+    fn allowed(origins: &[&str]) -> Allowed {
+        let hosts = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+        Allowed::new(hosts, origins.iter().map(|o| o.to_string()).collect())
+    }
+
+    #[test]
+    fn hosts_match_by_name_or_name_and_port() {
+        let allowed = ["localhost".to_string(), "::1".to_string(), "api.example:8080".to_string()];
+        assert!(host_allowed("localhost", &allowed));
+        assert!(host_allowed("LOCALHOST:4040", &allowed));
+        assert!(host_allowed("[::1]:4040", &allowed));
+        assert!(host_allowed("api.example:8080", &allowed));
+        assert!(!host_allowed("api.example:9090", &allowed));
+        assert!(!host_allowed("localhost.evil:4040", &allowed));
+        assert!(host_allowed("anything", &[]));
+    }
+
+    #[test]
+    fn rebinding_and_web_pages_are_refused_plain_clients_pass() {
+        let a = allowed(&[]);
+        assert_eq!(refusal(&request(Some("127.0.0.1:4040"), None), &a), None, "a plain client");
+        assert!(refusal(&request(Some("evil.example:4040"), None), &a).is_some_and(|r| r.contains("--allowed-host")));
+        assert!(refusal(&request(None, None), &a).is_some(), "no Host at all");
+        let page = refusal(&request(Some("127.0.0.1:4040"), Some("https://evil.example")), &a);
+        assert!(page.is_some_and(|r| r.contains("--allowed-origin")), "a page on another site");
+        assert!(refusal(&request(Some("localhost"), Some("null")), &a).is_some(), "a sandboxed page");
+        let a = allowed(&["http://localhost:3000"]);
+        assert_eq!(refusal(&request(Some("localhost:4040"), Some("http://LOCALHOST:3000")), &a), None);
+        assert!(refusal(&request(Some("localhost:4040"), Some("http://localhost:3001")), &a).is_some());
+    }
+}
