@@ -21,7 +21,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use rmcp::model::{CallToolRequestParams, RequestId};
+use rmcp::model::{CallToolRequestParams, ProtocolVersion, RequestId};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
@@ -34,6 +34,7 @@ use super::mcp_endpoint::McpEndpoint;
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 const SESSION_HEADER: &str = "mcp-session-id";
+const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// State of the `/mcp` route: the handler, rmcp's service and its sessions.
 #[derive(Clone)]
@@ -90,14 +91,20 @@ async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
 }
 
 /// The session id when the headers allow the fast path: a session, a JSON body, a client that
-/// takes a JSON reply, and a `Host` rmcp would accept (its DNS-rebinding check, which the fast
-/// path must not bypass). `None` sends the request to rmcp, which answers or refuses it itself.
+/// takes a JSON reply, a `Host` rmcp would accept (its DNS-rebinding check, which the fast path
+/// must not bypass) and an `MCP-Protocol-Version` rmcp knows, or none (rmcp then assumes
+/// 2025-03-26). `None` sends the request to rmcp, which answers or refuses it itself (400 for an
+/// unknown protocol version), so the fast path never accepts what rmcp would refuse.
 fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
     let json_body = text(header::CONTENT_TYPE.as_str())?.starts_with("application/json");
     let json_reply = text(header::ACCEPT.as_str())?.contains("application/json");
     let host = text(header::HOST.as_str())?;
-    (json_body && json_reply && host_allowed(host, allowed_hosts)).then_some(())?;
+    let known_version = match headers.get(PROTOCOL_VERSION_HEADER) {
+        None => true,
+        Some(value) => value.to_str().is_ok_and(|v| ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == v)),
+    };
+    (json_body && json_reply && known_version && host_allowed(host, allowed_hosts)).then_some(())?;
     text(SESSION_HEADER).filter(|s| !s.is_empty())
 }
 
@@ -174,12 +181,16 @@ mod tests {
             ("mcp-session-id", "abc"),
         ];
         assert_eq!(fast_path_session(&headers(&good), &allowed), Some("abc"));
+        let mut versioned = good.to_vec();
+        versioned.push(("mcp-protocol-version", "2025-06-18"));
+        assert_eq!(fast_path_session(&headers(&versioned), &allowed), Some("abc"), "a known version");
         for (drop, replace) in [
             ("mcp-session-id", None),
             ("accept", Some("text/event-stream")),
             ("content-type", Some("text/plain")),
             ("host", Some("evil.example:4040")),
             ("host", None),
+            ("mcp-protocol-version", Some("1999-01-01")),
         ] {
             let mut pairs: Vec<_> = good.iter().filter(|(k, _)| *k != drop).cloned().collect();
             if let Some(value) = replace {

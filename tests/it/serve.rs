@@ -340,6 +340,18 @@ async fn mcp_tools_calls_in_a_session_are_answered_as_json_and_the_rest_by_rmcp(
     assert_eq!(status, 200, "{body}");
     let tools = jsonrpc_message(&content_type, &body);
     assert!(tools["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()), "{tools}");
+    // An unsupported MCP-Protocol-Version is refused as rmcp refuses it (400), fast path or not.
+    let unsupported = http
+        .post(format!("http://127.0.0.1:{}/mcp", served.http))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "1999-01-01")
+        .header("mcp-session-id", &session)
+        .body(call(8, "mcp__fx__echo", None).to_string())
+        .send()
+        .await
+        .expect("a reply");
+    assert_eq!(unsupported.status().as_u16(), 400, "an unsupported protocol version");
     // Neither an unknown session nor a foreign Host gets past the checks rmcp makes.
     let (status, _, _, body) =
         mcp_post(&http, served.http, Some("not-a-session"), None, call(5, "mcp__fx__echo", None)).await;
