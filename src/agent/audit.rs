@@ -226,6 +226,14 @@ impl AuditSink {
     }
 }
 
+/// Longest name copied into a line: names come from callers and models, unbounded.
+const MAX_NAME_BYTES: usize = 256;
+
+/// `name` cut to [`MAX_NAME_BYTES`] on a character boundary.
+pub(crate) fn capped(name: &str) -> &str {
+    &name[..name.floor_char_boundary(MAX_NAME_BYTES)]
+}
+
 /// The current time as RFC 3339 (UTC).
 pub(crate) fn now() -> String {
     jiff::Timestamp::now().to_string()
@@ -367,6 +375,14 @@ mod tests {
         let (released, wake) = &*gate;
         *released.lock() = true;
         wake.notify_all();
+    }
+
+    #[test]
+    fn names_are_capped_on_a_character_boundary() {
+        assert_eq!(capped("mcp__fs__read"), "mcp__fs__read");
+        let long = "é".repeat(1000);
+        let cut = capped(&long);
+        assert!(cut.len() <= MAX_NAME_BYTES && cut.len() >= MAX_NAME_BYTES - 1 && cut.chars().all(|c| c == 'é'));
     }
 
     #[test]

@@ -19,6 +19,7 @@
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -179,7 +180,8 @@ async fn run(
     let audit = match &config.audit {
         AuditTarget::Stderr => AuditSink::stderr(config.audit_arguments),
         AuditTarget::Off => AuditSink::disabled(),
-        AuditTarget::File(path) => match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        // 0600: audit lines name the workload's calls (and, with --audit-arguments, their arguments).
+        AuditTarget::File(path) => match std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path) {
             Ok(file) => AuditSink::new(Box::new(file), config.audit_arguments),
             Err(e) => return Err(RunError::Config(format!("--audit-log {}: {e}", path.display()))),
         },

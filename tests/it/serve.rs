@@ -533,3 +533,18 @@ async fn web_pages_cannot_drive_the_chat_door_or_mcp() {
     }
     plain.abort();
 }
+
+/// The audit file holds what the workload called (and, with --audit-arguments, the arguments):
+/// it is created readable by the agent's user only.
+#[test]
+fn the_audit_file_is_created_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let log = tempfile::tempdir().expect("log dir");
+    let path = log.path().join("audit.jsonl");
+    let served = serve(dir, &["--audit-log", path.to_str().expect("utf-8 path")]);
+    let mode = std::fs::metadata(&path).expect("the audit file exists").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    drop(served);
+}
