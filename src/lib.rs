@@ -8,6 +8,7 @@
 //! - [`chat`]: the chat completions library (OpenAI types, tool-loop decisions, upstream)
 //! - [`agent`]: the per-pod agent: its core, its three doors and admin port, and how it runs
 //! - [`bridge`]: the stdio sidecar (a child process served on a Unix socket)
+//! - `child`: process groups and bounded stderr for MCP server children (bridge and pool)
 //! - [`operator`]: status, pod injection, RBAC, and the controllers and webhook around them
 //! - [`convert`]: migration from the file-based registry format (pure)
 //! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
@@ -18,6 +19,7 @@ pub mod agent;
 pub mod api;
 pub mod bridge;
 pub mod chat;
+mod child;
 pub mod cli;
 pub mod convert;
 pub mod mcp;

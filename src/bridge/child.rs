@@ -16,8 +16,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use rustix::process::Signal;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -123,13 +122,7 @@ impl Child {
         if self.reaped {
             return;
         }
-        let Some(pid) = i32::try_from(self.pid).ok().and_then(Pid::from_raw) else {
-            return;
-        };
-        // ESRCH: the group is already gone, which is what we want; anything else is worth a line.
-        if let Err(error) = rustix::process::kill_process_group(pid, signal)
-            && error != rustix::io::Errno::SRCH
-        {
+        if let Err(error) = crate::child::signal_group(self.pid, signal) {
             tracing::warn!(pid = self.pid, ?signal, %error, "cannot signal the MCP server");
         }
     }
@@ -145,24 +138,10 @@ impl Child {
 /// Logs each stderr line of the child at `info` (its own log, not an error of ours), tagged with
 /// the server id and pid. Never writes to stdout: the bridge's stdout carries nothing.
 async fn forward_stderr(stderr: ChildStderr, server: Arc<str>, pid: u32) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::with_capacity(256);
-    loop {
-        line.clear();
-        let read = (&mut reader).take(MAX_LOG_LINE as u64).read_until(b'\n', &mut line).await;
-        match read {
-            Ok(0) => return,
-            Ok(_) => {
-                let text = String::from_utf8_lossy(&line);
-                let text = text.trim_end_matches(['\n', '\r']);
-                tracing::info!(target: "spear::bridge", server_id = %server, pid, stream = "stderr", "{text}");
-            }
-            Err(error) => {
-                tracing::debug!(server_id = %server, pid, %error, "reading the MCP server's stderr");
-                return;
-            }
-        }
-    }
+    crate::child::for_each_line(stderr, MAX_LOG_LINE, |text| {
+        tracing::info!(target: "spear::bridge", server_id = %server, pid, stream = "stderr", "{text}");
+    })
+    .await;
 }
 
 /// A hint for the common reasons a command cannot start, appended to the spawn error.

@@ -27,7 +27,7 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 use tracing::Instrument;
@@ -216,7 +216,7 @@ impl Connection {
         self.service.cancellation_token().cancel();
         let child = self.child.lock().take();
         if let Some(mut child) = child {
-            let _ = child.start_kill();
+            kill_group(&mut child);
             // Bounded: a child that ignores SIGKILL is the kernel's problem, not ours to hang on.
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         }
@@ -228,7 +228,7 @@ impl Drop for Connection {
         self.service.cancellation_token().cancel();
         let child = self.child.get_mut().take();
         if let Some(mut child) = child {
-            let _ = child.start_kill();
+            kill_group(&mut child);
             // Reap in the background so no zombie is left (tokio also reaps orphans, later).
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move {
@@ -237,6 +237,17 @@ impl Drop for Connection {
             }
         }
     }
+}
+
+/// Kills the child and everything it started (its process group: `npx`/`uvx` run the real
+/// server as a grandchild, which killing the child alone would leave running).
+fn kill_group(child: &mut Child) {
+    if let Some(pid) = child.id()
+        && let Err(error) = crate::child::signal_group(pid, rustix::process::Signal::KILL)
+    {
+        tracing::warn!(pid, %error, "cannot kill the MCP server's process group");
+    }
+    let _ = child.start_kill();
 }
 
 fn unavailable(message: impl Into<String>) -> McpError {
@@ -266,7 +277,9 @@ pub(crate) async fn connect(
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
-                    .kill_on_drop(true);
+                    .kill_on_drop(true)
+                    // Its own process group (id = its pid), so a stop reaches its children too.
+                    .process_group(0);
                 if let Some(dir) = working_dir {
                     cmd.current_dir(dir);
                 }
@@ -382,20 +395,15 @@ fn display(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// Copies a child's stderr into the log, one line per event, tagged with the server id.
+/// Copies a child's stderr into the log, one line per event, tagged with the server id; a line
+/// past [`MAX_STDERR_LINE`] comes in pieces, invalid UTF-8 is replaced and does not stop the
+/// reader.
 fn forward_stderr(server_id: Arc<str>, stderr: tokio::process::ChildStderr) {
     let span = tracing::info_span!("mcp_stderr", server_id = %server_id);
     tokio::spawn(
-        async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(mut line)) = lines.next_line().await {
-                if line.len() > MAX_STDERR_LINE {
-                    line.truncate(line.floor_char_boundary(MAX_STDERR_LINE));
-                    line.push_str(" [cut]");
-                }
-                tracing::info!(target: "spear::mcp::stderr", "{line}");
-            }
-        }
+        crate::child::for_each_line(stderr, MAX_STDERR_LINE, |line| {
+            tracing::info!(target: "spear::mcp::stderr", "{line}");
+        })
         .instrument(span),
     );
 }

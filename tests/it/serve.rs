@@ -548,3 +548,49 @@ fn the_audit_file_is_created_0600() {
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     drop(served);
 }
+
+/// `npx`/`uvx` run the real server as a grandchild: stopping the agent must stop it too (it used
+/// to kill only the direct child, leaking the rest). The server also writes invalid UTF-8 to
+/// stderr first, which used to end the reader (and close the pipe); its calls keep working.
+#[tokio::test]
+async fn stopping_the_agent_stops_the_servers_grandchildren_and_bad_stderr_stops_nothing() {
+    let fixture = mcp_servers::fixture_stdio(&["--stderr-chatter"]);
+    let marker = format!("1000.{}", std::process::id());
+    let mut args = vec![
+        "-c".to_string(),
+        format!("sleep {marker} & printf '\\377\\376 not utf-8\\n' >&2; exec \"$0\" \"$@\""),
+        fixture.program.to_string_lossy().into_owned(),
+    ];
+    args.extend(fixture.args.iter().cloned());
+    let wrapped = mcp_servers::Command { program: "/bin/sh".into(), args, env: fixture.env.clone() };
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry_of(dir.path(), &wrapped);
+    let mut served = serve(dir, &["--audit-log", "off"]);
+
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let (_, _, session, _) = mcp_post(&http, served.http, None, None, initialize).await;
+    let session = session.expect("a session");
+    for id in 2..5 {
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "mcp__fx__echo", "arguments": {"text": "still here"}}});
+        let (_, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, call).await;
+        assert_eq!(jsonrpc_message(&content_type, &body)["result"]["isError"], false, "call {id}: {body}");
+    }
+
+    let grandchild = || {
+        let out = Command::new("pgrep").args(["-f", &format!("sleep {marker}")]).output().expect("pgrep");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect::<Vec<_>>()
+    };
+    let before = grandchild();
+    assert_eq!(before.len(), 1, "the server's own child runs: {before:?}");
+    let status = terminate(&mut served.child, Duration::from_secs(10)).expect("exited on SIGTERM within 10 s");
+    assert!(status.success(), "{status:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !grandchild().is_empty() {
+        assert!(Instant::now() < deadline, "the grandchild {before:?} outlived the agent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,55 @@
+//! What every MCP server child process gets, whoever runs it (the bridge in a pod, the pool in
+//! local mode): its own process group, so a stop reaches what it started (`npx` and `uvx` run the
+//! real server as a grandchild), and a stderr reader that cannot be stopped or flooded by what
+//! the server writes (lines are bounded, invalid UTF-8 is replaced, never an end of reading:
+//! closing the pipe would kill a server that logs on with SIGPIPE).
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+
+/// Sends `signal` to the process group `pid` leads. ESRCH (already gone) is success.
+pub(crate) fn signal_group(pid: u32, signal: rustix::process::Signal) -> Result<(), rustix::io::Errno> {
+    let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
+        return Ok(());
+    };
+    match rustix::process::kill_process_group(pid, signal) {
+        Err(rustix::io::Errno::SRCH) => Ok(()),
+        other => other,
+    }
+}
+
+/// Calls `each` with every line of `reader` (without its line end), each cut to `max_line`
+/// bytes (the rest of a longer line comes as the next ones), invalid UTF-8 replaced. Returns at
+/// end of input or on a read error.
+pub(crate) async fn for_each_line(reader: impl AsyncRead + Unpin, max_line: usize, mut each: impl FnMut(&str)) {
+    let mut reader = BufReader::new(reader);
+    let mut line = Vec::with_capacity(256);
+    // The previous piece was cut at `max_line`: a lone line end now only ends it.
+    let mut cut = false;
+    loop {
+        line.clear();
+        match (&mut reader).take(max_line as u64).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let ended = line.last() == Some(&b'\n');
+                if !(cut && line == b"\n") {
+                    let text = String::from_utf8_lossy(&line);
+                    each(text.trim_end_matches(['\n', '\r']));
+                }
+                cut = !ended;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_bounded_and_invalid_utf8_does_not_stop_the_reader() {
+        let input: Vec<u8> = [b"ok\n".as_slice(), b"\xff\xfe bad\n", &[b'x'; 10], b"\nlast\n"].concat();
+        let mut seen = Vec::new();
+        for_each_line(input.as_slice(), 4, |l| seen.push(l.to_string())).await;
+        assert_eq!(seen, ["ok", "\u{fffd}\u{fffd} b", "ad", "xxxx", "xxxx", "xx", "last"]);
+    }
+}
