@@ -169,7 +169,12 @@ pub(crate) async fn serve(
     let http_server = axum::serve(listeners.http, http.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(doors_stop.clone().cancelled_owned());
     let grpc_server = grpc::serve(agent.clone(), listeners.grpc, doors_stop.clone());
-    let admin = admin::router(agent.clone(), metrics);
+    // Any Host (probes and scrapers use the pod's IP), but no web page: a page has no business
+    // reading the tool set or metrics, and admin answers carry no CORS headers anyway.
+    let admin = admin::router(agent.clone(), metrics).layer(middleware::from_fn_with_state(
+        Allowed::new(Vec::new(), config.allowed_origins.clone()),
+        http_guard::guard,
+    ));
     let admin_stop = CancellationToken::new();
     let admin_server = axum::serve(listeners.admin, admin.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(admin_stop.clone().cancelled_owned());

@@ -518,6 +518,15 @@ async fn web_pages_cannot_drive_the_chat_door_or_mcp() {
         .await
         .expect("reply");
     assert_eq!(from_page.status().as_u16(), 403, "/mcp from a web page, with a valid Host");
+    let admin = |origin: Option<&'static str>| {
+        let mut request = http.get(format!("http://127.0.0.1:{}/metrics", served.admin));
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+    assert_eq!(admin(Some("https://evil.example")).await.expect("reply").status().as_u16(), 403, "admin from a page");
+    assert_eq!(admin(None).await.expect("reply").status().as_u16(), 200, "a scraper");
 
     // A plain client (no Origin, JSON, loopback Host) reaches the upstream.
     let plain = tokio::spawn(post("application/json; charset=utf-8", None, None));

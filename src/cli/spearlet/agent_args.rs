@@ -17,10 +17,11 @@ pub struct AgentArgs {
     /// gRPC (McpSessions, McpRegistry).
     #[arg(long, env = keys::ENV_GRPC_ADDR, default_value_t = SocketAddr::from((Ipv4Addr::LOCALHOST, keys::PORT_GRPC)))]
     pub(crate) grpc_addr: SocketAddr,
-    /// /healthz, /readyz, /metrics (all interfaces, for probes and scrapers); /debug/effective
-    /// answers loopback callers only.
-    #[arg(long, env = keys::ENV_ADMIN_ADDR, default_value_t = SocketAddr::from((Ipv4Addr::UNSPECIFIED, keys::PORT_ADMIN)))]
-    pub(crate) admin_addr: SocketAddr,
+    /// /healthz, /readyz, /metrics; /debug/effective answers loopback callers only. Default:
+    /// 127.0.0.1:4042 for `serve` (a developer's machine), 0.0.0.0:4042 for `run` (the kubelet's
+    /// probes and the scrapers reach it from outside the pod).
+    #[arg(long, env = keys::ENV_ADMIN_ADDR)]
+    pub(crate) admin_addr: Option<SocketAddr>,
     /// OpenAI-compatible upstream base URL (overrides the profile's chat.upstream.url).
     #[arg(long, env = keys::ENV_UPSTREAM_URL, value_name = "URL")]
     pub(crate) upstream_url: Option<String>,
@@ -51,9 +52,10 @@ pub struct AgentArgs {
 }
 
 impl AgentArgs {
-    /// The plain configuration. Reads the key variable `--upstream-api-key-env` names; an unset
-    /// one is a usage error rather than a chat door that fails every request later.
-    pub(crate) fn config(self) -> anyhow::Result<AgentConfig> {
+    /// The plain configuration; `admin_ip` is the admin port's address when `--admin-addr` is
+    /// not given. Reads the key variable `--upstream-api-key-env` names; an unset one is a usage
+    /// error rather than a chat door that fails every request later.
+    pub(crate) fn config(self, admin_ip: Ipv4Addr) -> anyhow::Result<AgentConfig> {
         if let Some(var) = self.upstream_api_key_env.as_deref()
             && std::env::var(var).map_or(true, |v| v.is_empty())
         {
@@ -64,7 +66,7 @@ impl AgentArgs {
         Ok(AgentConfig {
             http_addr: self.http_addr,
             grpc_addr: self.grpc_addr,
-            admin_addr: self.admin_addr,
+            admin_addr: self.admin_addr.unwrap_or(SocketAddr::from((admin_ip, keys::PORT_ADMIN))),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
             allowed_hosts: self.allowed_hosts,
             allowed_origins: self.allowed_origins,

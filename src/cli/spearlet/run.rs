@@ -50,7 +50,7 @@ impl RunArgs {
             socket_dir: self.socket_dir,
             sidecar_servers: self.sidecar_servers,
             kubeconfig: self.kubeconfig,
-            agent: self.agent.config()?,
+            agent: self.agent.config(std::net::Ipv4Addr::UNSPECIFIED)?,
         })
     }
 

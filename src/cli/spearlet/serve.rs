@@ -28,8 +28,18 @@ pub struct ServeArgs {
 impl ServeArgs {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let threads = usize::from(self.agent.worker_threads);
-        let config =
-            LocalConfig { registry_dir: self.registry_dir, profile: self.profile, agent: self.agent.config()? };
+        let config = self.config()?;
         run_until_signal(threads, |cancel| async move { super::agent_outcome(run_local(config, cancel).await) })
+    }
+}
+
+impl ServeArgs {
+    /// The plain configuration: local mode keeps the admin port on loopback unless told otherwise.
+    pub(crate) fn config(self) -> anyhow::Result<LocalConfig> {
+        Ok(LocalConfig {
+            registry_dir: self.registry_dir,
+            profile: self.profile,
+            agent: self.agent.config(std::net::Ipv4Addr::LOCALHOST)?,
+        })
     }
 }

@@ -127,3 +127,18 @@ fn the_injected_bridge_sidecar_is_a_valid_spearlet_bridge() {
     assert_eq!(bridge.server_id.as_deref(), Some("fs"));
     assert_eq!(bridge.command.first().map(String::as_str), Some("npx"));
 }
+
+#[test]
+fn local_mode_keeps_the_admin_port_on_loopback_and_a_pod_opens_it() {
+    #[derive(Parser)]
+    struct ServeCli {
+        #[command(flatten)]
+        serve: super::ServeArgs,
+    }
+    let serve = ServeCli::try_parse_from(["spearlet-serve", "--registry-dir", "r"]).expect("parses");
+    let local = serve.serve.config().expect("config");
+    assert!(local.agent.admin_addr.ip().is_loopback(), "{}", local.agent.admin_addr);
+    assert_eq!(local.agent.admin_addr.port(), keys::PORT_ADMIN);
+    let pod = RunCli::try_parse_from(["spearlet-run"]).expect("parses").run.config().expect("config");
+    assert!(pod.agent.admin_addr.ip().is_unspecified(), "{}", pod.agent.admin_addr);
+}
