@@ -56,9 +56,13 @@ pub struct ToolList {
 
 impl ToolList {
     /// Names `tools` for the server whose name part is `server_part` (its `toolNamespace` or id).
+    /// A name the server lists twice is kept once, the first: two functions of one name would
+    /// make the model API refuse the whole request, and routing could only reach one of them.
     pub fn new(server_part: &str, tools: Vec<ToolInfo>) -> Self {
+        let mut seen = HashSet::with_capacity(tools.len());
         let tools = tools
             .into_iter()
+            .filter(|t| seen.insert(t.name.clone()))
             .map(|t| {
                 let base: Arc<str> = name::base_name(server_part, &t.name).into();
                 (t, base)

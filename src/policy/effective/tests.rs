@@ -497,3 +497,17 @@ fn named_server_reads_the_server_of_any_name_shape() {
     assert_eq!(set.named_server("mcp__web__x"), None);
     assert_eq!(set.named_server("write"), None);
 }
+
+/// A hostile or buggy server lists one name twice: the model must see it once.
+#[test]
+fn a_tool_listed_twice_by_its_server_is_exposed_once() {
+    let snap = snapshot(vec![server("fs", &["*"], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
+    let twice = ServerTools::Listed(Arc::new(ToolList::new(
+        "fs",
+        vec![ToolInfo::named("read"), ToolInfo { description: Some("the second".into()), ..ToolInfo::named("read") }],
+    )));
+    let set = compile(&snap, "dev").effective(|_| twice.clone(), None, &[]).expect("set");
+    assert_eq!(exposed(&set), ["fs/read"]);
+    let (_, tool) = set.tools().next().expect("one tool");
+    assert_eq!(tool.tool.description, None, "the first listing is kept");
+}
