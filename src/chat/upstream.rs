@@ -178,6 +178,10 @@ pub enum UpstreamError {
     },
 }
 
+/// Largest upstream answer read (a chat completion is kilobytes; 16 MiB leaves room for long
+/// outputs and many choices): a hostile or broken upstream must not fill the agent's memory.
+const MAX_RESPONSE_BYTES: usize = 16 << 20;
+
 /// The HTTP client for upstream requests.
 #[derive(Clone, Debug)]
 pub(crate) struct Upstream {
@@ -192,6 +196,9 @@ impl Upstream {
         let client = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .timeout(timeouts.request)
+            // No redirects: the request carries the model key, and a POST API has no reason to
+            // move; a 3xx goes back to the caller like any other upstream status.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|source| UpstreamError::Client { source })?;
         Ok(Upstream { client })
@@ -214,10 +221,20 @@ impl Upstream {
             url: target.url.clone(),
             source: source.without_url(),
         };
-        let response = request.send().await.map_err(unreachable)?;
+        let mut response = request.send().await.map_err(unreachable)?;
         let status = response.status();
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let body = response.bytes().await.map_err(unreachable)?;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                return Err(UpstreamError::InvalidResponse {
+                    url: target.url.clone(),
+                    message: format!("the answer is larger than {MAX_RESPONSE_BYTES} bytes"),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let body = Bytes::from(body);
         if !status.is_success() {
             tracing::info!(url = %target.url, %status, "upstream answered with an error; passed back to the caller");
             return Err(UpstreamError::Status { status, body, content_type });

@@ -635,6 +635,56 @@ async fn an_unreachable_upstream_is_502() {
     assert_eq!(reply.json()["error"]["code"], "upstream_unreachable");
 }
 
+/// An upstream that answers every request with `answer`, counting the requests it got.
+async fn fixed_upstream(
+    answer: impl Fn() -> axum::response::Response + Clone + Send + Sync + 'static,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let answer = answer.clone();
+        async move { answer() }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://127.0.0.1:{port}/v1"), hits, task)
+}
+
+/// The attack: an upstream (or whoever controls its URL) redirects the agent's POST, with the
+/// model key in it, to another origin. The agent follows no redirect; the caller gets the 3xx.
+#[tokio::test]
+async fn an_upstream_redirect_is_not_followed_with_the_key() {
+    use axum::response::IntoResponse;
+    let (elsewhere, elsewhere_hits, _elsewhere) = fixed_upstream(|| (StatusCode::OK, "{}").into_response()).await;
+    let location = format!("{elsewhere}/chat/completions");
+    let (url, hits, _upstream) = fixed_upstream(move || {
+        (StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, location.clone())]).into_response()
+    })
+    .await;
+    let overrides = UpstreamOverride { url: Some(url), api_key: Some("sk-agent".into()) };
+    let chat = start_with(vec![], |_| {}, overrides).await;
+    let reply = chat.post(json!({"messages": user("x")})).await;
+    assert_eq!(reply.status, StatusCode::TEMPORARY_REDIRECT, "{}", reply.text);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(elsewhere_hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the redirect was not followed");
+}
+
+/// The attack: an upstream answers with an endless body. The agent stops reading at its cap.
+#[tokio::test]
+async fn an_oversized_upstream_answer_is_refused_not_buffered() {
+    use axum::response::IntoResponse;
+    let (url, _, _upstream) = fixed_upstream(|| (StatusCode::OK, vec![b' '; 17 << 20]).into_response()).await;
+    let overrides = UpstreamOverride { url: Some(url), api_key: None };
+    let chat = start_with(vec![], |_| {}, overrides).await;
+    let reply = chat.post(json!({"messages": user("x")})).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", reply.text);
+    assert!(reply.json()["error"]["message"].as_str().unwrap_or_default().contains("larger than"), "{}", reply.text);
+}
+
 #[tokio::test]
 async fn a_configured_key_replaces_the_callers_authorization() {
     let overrides = UpstreamOverride { url: None, api_key: Some("sk-agent".into()) };
