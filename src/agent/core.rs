@@ -306,33 +306,37 @@ impl Agent {
             && !reached_pool
         {
             let metrics = &self.inner.options.pool_metrics;
-            match (call.server_id.as_deref(), call.tool.as_deref()) {
+            match (&call.server_id, &call.tool) {
                 (Some(server), Some(tool)) => metrics.call(server, tool, call.latency, None, Some(error.code.as_str())),
                 // The caller's name is not a label value (unbounded): the tool stays empty, the
                 // server is the profile's server the name designates, if any.
-                (Some(server), None) => metrics.refused(server, error.code.as_str()),
-                (None, _) => {
-                    metrics.refused(used.named_server(name).as_deref().unwrap_or_default(), error.code.as_str())
+                (server, _) => {
+                    let server = server.clone().or_else(|| used.named_server(name));
+                    metrics.refused(server.as_deref().unwrap_or_default(), error.code.as_str());
                 }
             }
         }
-        let output_bytes = call.result.as_ref().ok().map(|o| o.bytes);
+        self.record(&call, context, &used.profile, used.revision.as_str(), audit_arguments);
+        call
+    }
+
+    /// The audit line of `call`.
+    fn record(&self, call: &ToolCall, context: CallContext<'_>, profile: &str, revision: &str, arguments: Value) {
         self.inner.options.audit.record(&AuditLine {
             ts: audit::now(),
             request_id: context.request_id,
             session_id: context.session_id,
             door: context.door,
-            profile: &used.profile,
-            registry_revision: used.revision.as_str(),
+            profile,
+            registry_revision: revision,
             server_id: call.server_id.as_deref(),
-            tool_name: audit::capped(call.tool.as_deref().unwrap_or(name)),
-            called_as: audit::capped(name),
+            tool_name: audit::capped(call.tool.as_deref().unwrap_or(&call.name)),
+            called_as: audit::capped(&call.name),
             status: call.status(),
             latency_ms: audit::millis(call.latency),
-            output_bytes,
-            arguments: audit_arguments,
+            output_bytes: call.result.as_ref().ok().map(|o| o.bytes),
+            arguments,
         });
-        call
     }
 
     /// Refuses a call a door could not even compute a tool set for (the profile does not exist
@@ -340,22 +344,15 @@ impl Agent {
     pub(crate) fn refuse_call(&self, error: &PolicyError, name: &str, context: CallContext<'_>) -> McpError {
         let refusal = McpError::new(ErrorCode::McpPolicyDenied, error.to_string());
         self.inner.options.pool_metrics.refused("", refusal.code.as_str());
-        let state = self.state();
-        self.inner.options.audit.record(&AuditLine {
-            ts: audit::now(),
-            request_id: context.request_id,
-            session_id: context.session_id,
-            door: context.door,
-            profile: self.profile(),
-            registry_revision: state.snapshot.revision().as_str(),
+        let call = ToolCall {
+            name: name.to_string(),
             server_id: None,
-            tool_name: audit::capped(name),
-            called_as: audit::capped(name),
-            status: refusal.code.as_str(),
-            latency_ms: 0.0,
-            output_bytes: None,
-            arguments: self.inner.options.audit.arguments(None),
-        });
+            tool: None,
+            latency: Duration::ZERO,
+            result: Err(refusal.clone()),
+        };
+        let revision = self.state().snapshot.revision().clone();
+        self.record(&call, context, self.profile(), revision.as_str(), self.inner.options.audit.arguments(None));
         refusal
     }
 
@@ -491,7 +488,7 @@ impl Agent {
                     Ok(c) => (Some(c), None),
                     Err(e) => {
                         tracing::warn!(error = %e, "profile not served");
-                        (None, Some(profile_problem(&snapshot, &inner.options.profile, &e)))
+                        (None, Some(profile_problem(&snapshot, &e)))
                     }
                 };
                 if compiled.is_none() {
@@ -530,11 +527,13 @@ impl Agent {
                             changes.push(changed.boxed());
                         }
                     }
+                    let catalog_of = |known: &HashMap<String, ServerTools>| {
+                        compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown))
+                    };
                     if !first_lists_done {
                         // Before the first lists: the profile is served (its tools unknown), so
                         // readiness and calls can say what they wait for.
-                        let unknown = compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown));
-                        self.publish(snapshot.clone(), Some(unknown), None, false);
+                        self.publish(snapshot.clone(), Some(catalog_of(&known)), None, false);
                     }
                     let mut listings: futures::stream::FuturesUnordered<_> = servers
                         .iter()
@@ -547,13 +546,12 @@ impl Agent {
                         // A server listed for the first time is served at once; calls waiting
                         // for it need not wait for slower servers.
                         if newly_listed && !listings.is_empty() {
-                            let partial = compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown));
-                            self.publish(snapshot.clone(), Some(partial), None, first_lists_done);
+                            self.publish(snapshot.clone(), Some(catalog_of(&known)), None, first_lists_done);
                         }
                     }
                     failed = known.values().any(|t| matches!(t, ServerTools::ListFailed { .. }));
                     first_lists_done = true;
-                    Some(compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown)))
+                    Some(catalog_of(&known))
                 }
                 None => None,
             };
@@ -630,26 +628,15 @@ impl Agent {
     }
 }
 
-/// Why the profile is not served, for `/readyz` and refusals: the compile error, and the
-/// registry's problems with the profile's manifest when it was left out as invalid.
-fn profile_problem(snapshot: &Snapshot, profile: &str, error: &PolicyError) -> String {
-    let mut text = error.to_string();
-    let mut named = 0;
-    for problem in snapshot.problems() {
-        let line = problem.to_string();
-        if line.contains(profile) {
-            text.push_str("; ");
-            text.push_str(&line);
-            named += 1;
-        }
+/// Why the profile is not served, for `/readyz` and refusals: the compile error, and a pointer
+/// to the registry's problems when it has some (an invalid profile is left out and reported there).
+fn profile_problem(snapshot: &Snapshot, error: &PolicyError) -> String {
+    match snapshot.problems().len() {
+        0 => error.to_string(),
+        n => format!(
+            "{error}; the registry reports {n} problem(s), perhaps with it (`spearlet validate` or the agent's log names them)"
+        ),
     }
-    let others = snapshot.problems().len() - named;
-    if others > 0 {
-        text.push_str(&format!(
-            "; the registry left out {others} invalid object(s) (`spearlet validate` or /debug/effective names them)"
-        ));
-    }
-    text
 }
 
 /// The answer to a call whose server's tools are still not known when its budget ran out:
