@@ -122,12 +122,13 @@ async fn in_process(size: &Size) {
     let mut mutate = Vec::with_capacity(size.in_process);
     for _ in 0..size.in_process {
         let started = Instant::now();
-        let decision = inject::mutate(&pod, &enabled(), Some(&profile), &servers, &config).expect("mutate");
+        let decision =
+            inject::mutate(&pod, &enabled(), Some(&profile), &servers, &Default::default(), &config).expect("mutate");
         mutate.push(started.elapsed());
         assert!(matches!(decision, Decision::Patch { .. }), "{decision:?}");
     }
 
-    let inputs = Inputs { namespace_labels: enabled(), profile: Some(profile), servers };
+    let inputs = Inputs { namespace_labels: enabled(), profile: Some(profile), servers, secrets: Default::default() };
     let router = webhook::router(Fixed(inputs), config, WebhookMetrics::default());
     let review = serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1",

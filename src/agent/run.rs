@@ -58,6 +58,9 @@ pub struct PodConfig {
     pub socket_dir: PathBuf,
     /// The stdio servers this pod has sidecars for; `None`: every one is expected to have one.
     pub sidecar_servers: Option<Vec<String>>,
+    /// The secret-backed header values delivered to this pod (`<server>/<header>`); `None`:
+    /// every `SPEAR_SECRET_*` variable is read.
+    pub secret_refs: Option<Vec<String>>,
     /// kubeconfig file(s), `:`-separated; `None`: in-cluster, then `~/.kube/config`.
     pub kubeconfig: Option<OsString>,
     pub agent: AgentConfig,
@@ -122,7 +125,7 @@ fn only_profile(snapshot: &crate::registry::snapshot::Snapshot, dir: &std::path:
 
 /// Runs the in-pod agent until `cancel`, or until the registry watch dies.
 pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<(), RunError> {
-    let PodConfig { profile, namespace, socket_dir, sidecar_servers, kubeconfig, agent } = config;
+    let PodConfig { profile, namespace, socket_dir, sidecar_servers, secret_refs, kubeconfig, agent } = config;
     crate::install_crypto_provider();
     let Some(profile) = profile.filter(|p| !p.is_empty()) else {
         return Err(RunError::Config(format!(
@@ -162,9 +165,11 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
         }
     });
     // An empty value (a pod whose profile had no stdio servers) is an empty list, not unset.
-    let sidecars: Option<BTreeSet<String>> = sidecar_servers
-        .map(|ids| ids.into_iter().map(|id| id.trim().to_string()).filter(|id| !id.is_empty()).collect());
-    run(agent, profile, registry, Mode::Sidecar { socket_dir, sidecars }, Some(critical), cancel).await
+    let set = |ids: Vec<String>| -> BTreeSet<String> {
+        ids.into_iter().map(|id| id.trim().to_string()).filter(|id| !id.is_empty()).collect()
+    };
+    let mode = Mode::Sidecar { socket_dir, sidecars: sidecar_servers.map(set), secret_refs: secret_refs.map(set) };
+    run(agent, profile, registry, mode, Some(critical), cancel).await
 }
 
 /// Serves `profile` over `registry` on the three doors until `cancel`, or until `critical` ends
@@ -193,8 +198,13 @@ async fn run(
     let registry_metrics = RegistryMetrics::register(&mut metrics);
     audit.register(&mut metrics);
     // The agent keeps its sessions: a pod's servers stay connected while the pod lives.
-    let pool =
-        Pool::new(PoolOptions { mode, idle_timeout: None, metrics: pool_metrics.clone(), ..PoolOptions::default() });
+    let pool = Pool::new(PoolOptions {
+        mode,
+        idle_timeout: None,
+        metrics: pool_metrics.clone(),
+        hidden_env: config.upstream.api_key_env.iter().cloned().collect(),
+        ..PoolOptions::default()
+    });
     let mut options = AgentOptions::new(profile);
     options.audit = audit;
     options.registry_metrics = registry_metrics;

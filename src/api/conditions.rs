@@ -7,7 +7,7 @@ pub mod types {
     pub const ACCEPTED: &str = "Accepted";
     /// The server answered `initialize` and `tools/list` at the last probe.
     pub(crate) const READY: &str = "Ready";
-    /// Every server a profile names exists.
+    /// Every server a profile names exists, and every Secret an object references allows it.
     pub(crate) const RESOLVED_REFS: &str = "ResolvedRefs";
 }
 
@@ -27,4 +27,7 @@ pub mod reasons {
     pub(crate) const RESOLVED: &str = "Resolved";
     /// Some referenced servers are missing; `missingServers` lists them.
     pub(crate) const MISSING_SERVERS: &str = "MissingServers";
+    /// A referenced Secret does not allow the object (`mcp.spear.dev/allowed-servers` or
+    /// `allowed-profiles`); the message names it. The Gateway API's reason for a missing grant.
+    pub(crate) const REF_NOT_PERMITTED: &str = "RefNotPermitted";
 }

@@ -4,6 +4,11 @@
 //! expansion reads the agent's environment through a lookup function so that this module stays
 //! pure and tests never touch the process environment. `$${` writes a literal `${`; any other
 //! `$` is literal.
+//!
+//! **Reserved names.** A template is written by a registry author, who must not read the agent's
+//! own configuration and credentials through it (a header `${ENV:SPEAR_UPSTREAM_API_KEY}` on a
+//! server whose URL the author controls would send them the model key). [`is_reserved`] names
+//! what no template may reference: validation refuses it, and the pool's lookup never reads it.
 
 use thiserror::Error;
 
@@ -118,6 +123,17 @@ pub(crate) fn is_env_name(name: &str) -> bool {
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
 }
 
+/// Variables the agent and the operator read themselves: every `SPEAR_*` (flags, the upstream
+/// key, the secret-backed values of *other* servers), the downward-API names the webhook sets,
+/// and `KUBECONFIG`. No template may reference them.
+pub(crate) fn is_reserved(name: &str) -> bool {
+    use crate::api::keys::{ENV_KUBECONFIG, ENV_POD_NAME, ENV_POD_NAMESPACE};
+    name.starts_with(RESERVED_PREFIX) || [ENV_POD_NAMESPACE, ENV_POD_NAME, ENV_KUBECONFIG].contains(&name)
+}
+
+/// Prefix of every variable spear-mcp itself reads.
+pub(crate) const RESERVED_PREFIX: &str = "SPEAR_";
+
 impl Template {
     /// The segments in order.
     pub(crate) fn segments(&self) -> &[Segment] {
@@ -187,6 +203,18 @@ mod tests {
         let t = parse("$${ENV:TOKEN}").expect("valid");
         assert_eq!(t.expand(env).expect("literal"), "${ENV:TOKEN}");
         assert_eq!(t.references().count(), 0);
+    }
+
+    #[test]
+    fn the_agents_own_variables_are_reserved() {
+        for name in
+            ["SPEAR_UPSTREAM_API_KEY", "SPEAR_SECRET_GITHUB_AUTHORIZATION", "SPEAR_X", "POD_NAMESPACE", "KUBECONFIG"]
+        {
+            assert!(is_reserved(name), "{name}");
+        }
+        for name in ["TOKEN", "spear_x", "MY_SPEAR_TOKEN", "HOME"] {
+            assert!(!is_reserved(name), "{name}");
+        }
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub(crate) const ENV_SOCKET_DIR: &str = "SPEAR_SOCKET_DIR";
 /// The stdio servers given sidecars, comma-separated; a stdio server the profile gains later has
 /// none, and the agent reports that it needs a pod restart.
 pub(crate) const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
+/// The secret-backed header values delivered to the agent, `<server>/<header>`, comma-separated:
+/// the agent reads `SPEAR_SECRET_*` only for these (see `mcp::config::Mode::Sidecar`).
+pub(crate) const ENV_SECRET_REFS: &str = "SPEAR_SECRET_REFS";
 pub(crate) const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
 pub(crate) const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
 /// The chat upstream's API key (from the profile's `chat.upstream.apiKeySecretRef`; in local

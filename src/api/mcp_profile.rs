@@ -147,7 +147,8 @@ pub struct UpstreamSpec {
     #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
     pub url: String,
 
-    /// The Secret key holding the API key; the webhook gives it to the agent as an env var.
+    /// The Secret key holding the API key; the webhook gives it to the agent as an env var when
+    /// the Secret allows this profile (annotation `mcp.spear.dev/allowed-profiles`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<SecretKeyRef>,
 

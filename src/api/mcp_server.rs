@@ -155,9 +155,12 @@ pub struct StdioSpec {
     #[schemars(length(max = 256), inner(length(max = 4096)))]
     pub args: Vec<String>,
 
-    /// Environment of the server process, as in a container. `value` may reference the agent's
-    /// environment as `${ENV:NAME}` or `${ENV:NAME:-default}`; `$${` writes a literal `${`.
-    /// Secret- and ConfigMap-backed values are set on the sidecar by the webhook.
+    /// Environment of the server process, as in a container; names may not start with `SPEAR_`.
+    /// `value` may reference `${ENV:NAME}` or `${ENV:NAME:-default}`: in a pod a variable defined
+    /// before it in this list, in local mode the agent's environment, never `SPEAR_*`,
+    /// `POD_NAME`, `POD_NAMESPACE` or `KUBECONFIG`; `$${` writes a literal `${`. Secret- and
+    /// ConfigMap-backed values are set on the sidecar by the webhook; a Secret must allow this
+    /// server in its `mcp.spear.dev/allowed-servers` annotation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 128), schema_with = "schema::env_list")]
     pub env: Vec<EnvVar>,
@@ -201,13 +204,15 @@ pub struct HttpHeader {
     #[schemars(length(min = 1, max = 256), regex(pattern = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"))]
     pub name: String,
 
-    /// Literal value; may reference the agent's environment as `${ENV:NAME}`.
+    /// Literal value. `${ENV:NAME}` / `${ENV:NAME:-default}` read the agent's environment in
+    /// local mode only (never `SPEAR_*`); in a pod only the default applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 8192))]
     pub value: Option<String>,
 
-    /// Value from a Secret key. The webhook sets it as an env var on the agent; the agent never
-    /// reads Secrets itself.
+    /// Value from a Secret key. The webhook sets it as an env var on the agent when the Secret
+    /// allows this server (annotation `mcp.spear.dev/allowed-servers`); the agent never reads
+    /// Secrets itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_from: Option<HeaderValueSource>,
 }

@@ -10,7 +10,8 @@
 //!   what `kubectl explain` prints. `schema.rs`: the schema pieces the derive cannot express.
 //! - [`validate`]: every rule, including those a schema cannot state.
 //! - [`manifest`]: YAML documents with line numbers, unknown fields refused.
-//! - [`env_ref`]: `${ENV:NAME}` / `${ENV:NAME:-default}` templates.
+//! - [`env_ref`]: `${ENV:NAME}` / `${ENV:NAME:-default}` templates, and the names they may not read.
+//! - [`secret_grant`]: which McpServers and McpProfiles a Secret allows to reference it.
 //! - [`conditions`]: condition types and reasons of both statuses.
 //! - [`crd`]: rendering `crds/*.yaml`.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
@@ -24,6 +25,7 @@ pub mod manifest;
 mod mcp_profile;
 mod mcp_server;
 mod schema;
+pub mod secret_grant;
 pub mod validate;
 
 pub use mcp_profile::*;

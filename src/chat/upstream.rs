@@ -28,6 +28,8 @@ pub struct UpstreamOverride {
     pub url: Option<String>,
     /// The API key (read from the env var `--upstream-api-key-env` names).
     pub api_key: Option<String>,
+    /// That env var's name: no `${ENV:...}` template may read it.
+    pub api_key_env: Option<String>,
 }
 
 impl fmt::Debug for UpstreamOverride {
@@ -43,7 +45,11 @@ impl UpstreamOverride {
     /// From the flags: the URL, and the name of the env var holding the key (read now; unset
     /// or empty means no override).
     pub(crate) fn from_flags(url: Option<String>, api_key_env: Option<&str>) -> Self {
-        UpstreamOverride { url, api_key: api_key_env.and_then(non_empty_env) }
+        UpstreamOverride {
+            url,
+            api_key: api_key_env.and_then(non_empty_env),
+            api_key_env: api_key_env.map(str::to_string),
+        }
     }
 }
 
@@ -260,7 +266,7 @@ mod tests {
 
     #[test]
     fn the_flag_url_wins_over_the_profile_and_the_path_is_appended_once() {
-        let over = UpstreamOverride { url: Some("http://flag/v1/".into()), api_key: None };
+        let over = UpstreamOverride { url: Some("http://flag/v1/".into()), api_key: None, api_key_env: None };
         let profile = spec("https://api.openai.com/v1", Some("gpt"));
         let t = resolve(&over, None, Some(&profile), "p", &HeaderMap::new()).expect("resolves");
         assert_eq!(t.url, "http://flag/v1/chat/completions");
@@ -278,7 +284,7 @@ mod tests {
     #[test]
     fn key_precedence_is_flag_then_env_then_caller() {
         let profile = spec("http://u", None);
-        let over = UpstreamOverride { url: None, api_key: Some("flag".into()) };
+        let over = UpstreamOverride { url: None, api_key: Some("flag".into()), api_key_env: None };
         let t = resolve(&over, Some("env"), Some(&profile), "p", &caller("Bearer c")).expect("ok");
         assert_eq!(t.credential, Credential::ApiKey("flag".into()));
         let t =
@@ -293,7 +299,7 @@ mod tests {
 
     #[test]
     fn keys_never_show_in_debug_output() {
-        let over = UpstreamOverride { url: None, api_key: Some("sk-secret".into()) };
+        let over = UpstreamOverride { url: None, api_key: Some("sk-secret".into()), api_key_env: None };
         assert!(!format!("{over:?}").contains("sk-secret"));
         assert!(!format!("{:?}", Credential::ApiKey("sk-secret".into())).contains("sk-secret"));
         let target =

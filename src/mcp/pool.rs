@@ -58,6 +58,9 @@ pub struct PoolOptions {
     pub idle_timeout: Option<Duration>,
     /// Where calls and connects are counted (register them on the process registry).
     pub metrics: PoolMetrics,
+    /// Env vars no `${ENV:...}` template may read besides the reserved ones (the variable
+    /// `--upstream-api-key-env` names).
+    pub hidden_env: Vec<String>,
 }
 
 impl Default for PoolOptions {
@@ -76,6 +79,7 @@ impl Default for PoolOptions {
             max_children: 64,
             idle_timeout: Some(Duration::from_secs(600)),
             metrics: PoolMetrics::default(),
+            hidden_env: Vec::new(),
         }
     }
 }
@@ -159,9 +163,13 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// A pool reading `${ENV:...}` values from the process environment.
+    /// A pool reading `${ENV:...}` values from the process environment, except `hidden_env`.
     pub fn new(options: PoolOptions) -> Self {
-        Pool::with_env(options, Arc::new(|name: &str| std::env::var(name).ok()))
+        let hidden = options.hidden_env.clone();
+        Pool::with_env(
+            options,
+            Arc::new(move |name: &str| if hidden.iter().any(|h| h == name) { None } else { std::env::var(name).ok() }),
+        )
     }
 
     /// A pool reading `${ENV:...}` values through `env` (tests pass their own).

@@ -31,7 +31,7 @@
 //! - **Probes inside the reconcile.** The controller never runs two reconciles of one object
 //!   at once, so a probe cannot race with itself; `concurrency` bounds probes in flight.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -64,16 +64,19 @@ use tracing::Instrument;
 use super::leader::{Elector, LeaderConfig, LeaderError};
 use super::probe::{self, ProbeConfig, Schedule};
 use super::rbac::{agent_cluster_role, agent_role_binding, binding_is_current};
-use super::status::{ProbeOutcome, ProbeResult, known_tools, profile_status, server_status};
+use super::status::{ProbeOutcome, ProbeResult, fold_secret_refusals, known_tools, profile_status, server_status};
 use crate::api::conditions::{reasons, types};
 use crate::api::keys::{AGENT_ROLE, LABEL_MANAGED_BY};
 use crate::api::keys::{API_VERSION, FIELD_MANAGER, INJECTION_ENABLED, KIND_PROFILE, KIND_SERVER, LABEL_INJECTION};
+use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
 use crate::api::{McpProfile, McpServer, Validate};
 use crate::telemetry::error_chain;
 
 /// Reconciles of one kind running at once (and so probes in flight): enough to probe many
 /// slow servers in parallel, few enough not to flood the API server after a re-list.
 pub(crate) const DEFAULT_CONCURRENCY: u16 = 16;
+/// How often an object that references Secrets re-reads their grants (metadata GETs).
+const SECRET_RECHECK: Duration = Duration::from_secs(60);
 /// Retry delay after a failed reconcile (an API error). Fixed: the API server's own
 /// priority-and-fairness throttles a flood, and a status write is cheap to retry.
 const ERROR_REQUEUE: Duration = Duration::from_secs(5);
@@ -152,6 +155,15 @@ impl ControllerConfig {
 /// Why a reconcile or the controller failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Reading a referenced Secret's metadata failed (RBAC: get on secrets).
+    #[error("reading the metadata of Secret {namespace}/{name} failed")]
+    ReadSecret {
+        namespace: String,
+        name: String,
+        /// The API error (boxed: it is large, and errors are the rare path).
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// Writing a status failed (RBAC: patch on `<kind>s/status`).
     #[error("writing the status of {kind} {namespace}/{name} failed")]
     WriteStatus {
@@ -588,18 +600,34 @@ async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<A
         ctx.metrics.probed(&probed);
         outcome = Some(probed);
     }
-    let status = server_status(&server, outcome.as_ref(), now.clone());
+    let mut status = server_status(&server, outcome.as_ref(), now.clone());
+    let references = server_secret_refs(&server);
+    let grants = ctx.secret_grants(&namespace, references.iter().map(|r| r.secret.as_str())).await?;
+    let old = server.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let refusals = grants.server_refusals(&server);
+    fold_secret_refusals(
+        &mut status.conditions,
+        old,
+        !references.is_empty(),
+        &refusals,
+        server.metadata.generation,
+        now.clone(),
+    );
     if server.status.as_ref() != Some(&status) {
         let api: Api<McpServer> = Api::namespaced(ctx.client.clone(), &namespace);
         apply_status(&api, &namespace, &name, &status, &ctx.metrics).await?;
         let old = server.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         ctx.report_rejection(&*server, old, &status.conditions).await;
     }
-    Ok(match probe::schedule(&server, Some(&status), valid, &now, &ctx.probe) {
-        Schedule::After(delay) => Action::requeue(delay),
+    // Secrets are not watched (that would take list/watch on every Secret): a grant added or
+    // withdrawn shows on the status within SECRET_RECHECK.
+    let recheck = (!references.is_empty()).then_some(SECRET_RECHECK);
+    Ok(match (probe::schedule(&server, Some(&status), valid, &now, &ctx.probe), recheck) {
+        (Schedule::After(delay), recheck) => Action::requeue(recheck.map_or(delay, |r| r.min(delay))),
         // Only when the write above did not take (the object went away meanwhile).
-        Schedule::Now => Action::requeue(ctx.probe.min_retry),
-        Schedule::Never => Action::await_change(),
+        (Schedule::Now, _) => Action::requeue(ctx.probe.min_retry),
+        (Schedule::Never, Some(recheck)) => Action::requeue(recheck),
+        (Schedule::Never, None) => Action::await_change(),
     })
 }
 
@@ -615,14 +643,20 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
         .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
         .map(|s| (**s).clone())
         .collect();
-    let status = profile_status(&profile, &servers, &known_tools(&servers), now());
+    let now = now();
+    let mut status = profile_status(&profile, &servers, &known_tools(&servers), now.clone());
+    let reference = profile_secret_ref(&profile);
+    let grants = ctx.secret_grants(&namespace, reference.iter().map(|r| r.secret.as_str())).await?;
+    let old = profile.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let refusals: Vec<_> = grants.profile_refusal(&profile).into_iter().collect();
+    fold_secret_refusals(&mut status.conditions, old, reference.is_some(), &refusals, profile.metadata.generation, now);
     if profile.status.as_ref() != Some(&status) {
         let api: Api<McpProfile> = Api::namespaced(ctx.client.clone(), &namespace);
         apply_status(&api, &namespace, &name, &status, &ctx.metrics).await?;
         let old = profile.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         ctx.report_rejection(&*profile, old, &status.conditions).await;
     }
-    Ok(Action::await_change())
+    Ok(if reference.is_some() { Action::requeue(SECRET_RECHECK) } else { Action::await_change() })
 }
 
 async fn reconcile_namespace(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -735,6 +769,21 @@ fn new_rejection<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str>
 }
 
 impl Context {
+    /// The annotations of the named Secrets of `namespace` (metadata GETs; never the data).
+    async fn secret_grants(&self, namespace: &str, names: impl Iterator<Item = &str>) -> Result<SecretGrants, Error> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let mut grants = SecretGrants::default();
+        for name in names.collect::<BTreeSet<_>>() {
+            let meta = api.get_metadata_opt(name).await.map_err(|source| Error::ReadSecret {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source: Box::new(source),
+            })?;
+            grants.insert(name, meta.map(|m| m.metadata.annotations.unwrap_or_default()));
+        }
+        Ok(grants)
+    }
+
     /// Publishes a Warning Event on `obj` when its `Accepted` turned False (or its problems
     /// changed). A failure is logged, not returned: the status already says it.
     async fn report_rejection<K: Resource<DynamicType = ()> + Kind>(

@@ -55,7 +55,11 @@
 //!   without a default it stays `$(NAME)` and the admission response carries a warning.
 //! - **Secrets.** The agent never reads Secrets: http header `secretKeyRef`s become
 //!   `SPEAR_SECRET_<SERVER>_<HEADER>` env vars on the agent and the upstream key becomes
-//!   `SPEAR_UPSTREAM_API_KEY`; stdio `valueFrom`s stay on the sidecar that needs them.
+//!   `SPEAR_UPSTREAM_API_KEY`; stdio `valueFrom`s stay on the sidecar that needs them. Each
+//!   reference is injected only when its Secret allows the referring McpServer or McpProfile
+//!   (`api::secret_grant`); a refused one is left out with an admission warning, so the server
+//!   is unavailable (`env_missing`) rather than the pod refused: a registry author cannot stop
+//!   a workload from starting, nor read a Secret not granted to them.
 //! - **Copy command.** `cp /spearlet /spear/bin/spearlet`: the spearlet image must hold the static
 //!   binary at `/spearlet` and a `cp` (for example a busybox- or distroless-`debug`-based image).
 
@@ -78,13 +82,14 @@ use crate::api::env_ref::{self, Segment};
 use crate::api::keys::{
     ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR,
     ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
-    ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED,
-    LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SIDECAR_PREFIX, SPEARLET, TMP_VOLUME_PREFIX,
-    VOLUME_BIN, VOLUME_RUN,
+    ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER,
+    INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SIDECAR_PREFIX, SPEARLET,
+    TMP_VOLUME_PREFIX, VOLUME_BIN, VOLUME_RUN,
 };
+use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
-use crate::mcp::config::secret_env_var;
+use crate::mcp::config::{secret_env_var, secret_ref_id};
 use crate::registry::snapshot::short_hash;
 
 /// Scratch directory of a server sidecar (its own `emptyDir`; the root filesystem is read-only).
@@ -285,6 +290,7 @@ pub fn mutate(
     namespace_labels: &BTreeMap<String, String>,
     profile: Option<&McpProfile>,
     servers: &[McpServer],
+    secrets: &SecretGrants,
     config: &InjectConfig,
 ) -> Result<Decision, InjectError> {
     // Checked again here although the webhook's namespaceSelector filters already: a
@@ -342,7 +348,7 @@ pub fn mutate(
         ));
     }
 
-    let plan = match Plan::build(profile_name, profile, servers, config) {
+    let plan = match Plan::build(profile_name, profile, servers, secrets, config) {
         Ok(plan) => plan,
         Err(message) => return deny(message),
     };
@@ -378,6 +384,7 @@ impl Plan {
         profile_name: &str,
         profile: &McpProfile,
         servers: &[McpServer],
+        secrets: &SecretGrants,
         config: &InjectConfig,
     ) -> Result<Self, String> {
         let mut warnings = Vec::new();
@@ -390,6 +397,7 @@ impl Plan {
         let mut sidecars = Vec::new();
         let mut sidecar_servers: Vec<&str> = Vec::new();
         let mut secret_env: BTreeMap<String, (String, SecretKeySelector)> = BTreeMap::new();
+        let mut secret_refs = Vec::new();
         for (&name, server) in &servers {
             if let Some(stdio) = &server.spec.stdio {
                 let Some(image) = stdio.image.as_deref().filter(|i| !i.is_empty()) else {
@@ -401,16 +409,32 @@ impl Plan {
                 let tmp = dns_label(TMP_VOLUME_PREFIX, name);
                 volumes.push(empty_dir(&tmp));
                 sidecar_servers.push(name);
-                sidecars.push(bridge_container(name, image, stdio, &tmp, config, &mut warnings));
+                let stdio = granted_env(name, stdio, secrets, &mut warnings);
+                sidecars.push(bridge_container(name, image, &stdio, &tmp, config, &mut warnings));
             }
             for header in server.spec.http.iter().flat_map(|h| &h.headers) {
-                let Some(source) = &header.value_from else { continue };
+                let Some(source) = &header.value_from else {
+                    warn_unread_template(name, &header.name, header.value.as_deref(), &mut warnings);
+                    continue;
+                };
+                let reference = SecretRef {
+                    field: format!("spec.http.headers[{}].valueFrom.secretKeyRef", header.name),
+                    secret: source.secret_key_ref.name.clone(),
+                };
+                if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
+                    warnings.push(format!("{refusal}; the header was not injected"));
+                    continue;
+                }
+                secret_refs.push(secret_ref_id(name, &header.name));
                 let var = secret_env_var(name, &header.name);
                 let owner = format!("McpServer {name:?} header {:?}", header.name);
                 insert_secret(&mut secret_env, var, owner, source.secret_key_ref.clone())?;
             }
         }
-        if let Some(key) = profile.spec.chat.as_ref().and_then(|c| c.upstream.api_key_secret_ref.as_ref()) {
+        let upstream_key = profile.spec.chat.as_ref().and_then(|c| c.upstream.api_key_secret_ref.as_ref());
+        if let Some(refusal) = secrets.profile_refusal(profile) {
+            warnings.push(format!("{refusal}; the upstream API key was not injected"));
+        } else if let Some(key) = upstream_key {
             let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
             let owner = format!("McpProfile {profile_name:?} chat.upstream.apiKeySecretRef");
             insert_secret(&mut secret_env, ENV_UPSTREAM_API_KEY.to_string(), owner, selector)?;
@@ -421,7 +445,7 @@ impl Plan {
             value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
             ..EnvVar::default()
         });
-        let agent = agent_container(profile_name, &sidecar_servers, secret_env.collect(), config);
+        let agent = agent_container(profile_name, &sidecar_servers, &secret_refs, secret_env.collect(), config);
 
         let mut init_containers = vec![init_container(config)];
         let mut containers = Vec::new();
@@ -649,6 +673,7 @@ fn init_container(config: &InjectConfig) -> Container {
 fn agent_container(
     profile: &str,
     sidecar_servers: &[&str],
+    secret_refs: &[String],
     secret_env: Vec<EnvVar>,
     config: &InjectConfig,
 ) -> Container {
@@ -658,6 +683,7 @@ fn agent_container(
         field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
         env(ENV_SOCKET_DIR, RUN_DIR),
         env(ENV_SIDECAR_SERVERS, sidecar_servers.join(",")),
+        env(ENV_SECRET_REFS, secret_refs.join(",")),
         env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", ports.http)),
         env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)),
         env(ENV_ADMIN_ADDR, format!("0.0.0.0:{}", ports.admin)),
@@ -742,6 +768,47 @@ fn bridge_container(
             mount(tmp_volume, SIDECAR_TMP, false),
         ]),
         ..Container::default()
+    }
+}
+
+/// `stdio` without the `secretKeyRef` env entries whose Secret does not allow `server` (each one
+/// reported in `warnings`).
+fn granted_env(server: &str, stdio: &StdioSpec, secrets: &SecretGrants, warnings: &mut Vec<String>) -> StdioSpec {
+    let mut stdio = stdio.clone();
+    stdio.env.retain(|var| {
+        let Some(selector) = var.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()) else { return true };
+        let reference = SecretRef {
+            field: format!("spec.stdio.env[{}].valueFrom.secretKeyRef", var.name),
+            secret: selector.name.clone(),
+        };
+        match secrets.check(Referrer::Server(server), &reference) {
+            Ok(()) => true,
+            Err(refusal) => {
+                warnings.push(format!("{refusal}; the variable was not injected"));
+                false
+            }
+        }
+    });
+    stdio
+}
+
+/// Warns about a literal header value with `${ENV:NAME}` references: in a pod the agent reads no
+/// environment for them (see `mcp::config`), so only their defaults apply.
+fn warn_unread_template(server: &str, header: &str, value: Option<&str>, warnings: &mut Vec<String>) {
+    let Some(Ok(template)) = value.map(env_ref::parse) else { return };
+    let unread: Vec<&str> = template
+        .segments()
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Env { name, default: None } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    if !unread.is_empty() {
+        warnings.push(format!(
+            "McpServer {server:?} header {header:?} references {} without a default, but in a pod the agent reads no environment for header values, so the server will be unavailable: take the value from a Secret (valueFrom.secretKeyRef) instead",
+            unread.iter().map(|n| format!("${{ENV:{n}}}")).collect::<Vec<_>>().join(", ")
+        ));
     }
 }
 

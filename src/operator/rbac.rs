@@ -9,6 +9,7 @@
 //!     └ subject: Group system:serviceaccounts:<namespace>  (every pod's service account there)
 //!
 //! ClusterRole spear-operator: read both kinds, write their status, events, watch namespaces,
+//!     get Secrets (metadata: the grant annotations of referenced Secrets),
 //!     manage RoleBindings and `bind` only spear-mcp-agent, its own webhook configuration
 //! Role spear-operator (its namespace): its leader Lease and its webhook certificate Secret
 //! ```
@@ -105,6 +106,10 @@ pub fn operator_cluster_role() -> ClusterRole {
             rule("events.k8s.io", &["events"], &["create", "patch"]),
             // Which namespaces are injection-enabled (RoleBindings; the webhook's defence in depth).
             rule(CORE, &["namespaces"], &read),
+            // Whether a Secret allows the McpServer or McpProfile that references it: metadata
+            // GETs by name (api::secret_grant). `get` cannot be limited to metadata; the
+            // operator never reads or logs the data. No list or watch.
+            rule(CORE, &["secrets"], &["get"]),
             rule(RBAC_GROUP, &["rolebindings"], &["get", "list", "watch", "create", "update", "patch", "delete"]),
             // Granting a ClusterRole needs `bind` on it (or holding all its permissions); limited
             // to the agent's, so the operator cannot hand out any other role.
@@ -190,9 +195,14 @@ mod tests {
     }
 
     #[test]
-    fn operator_reads_secrets_only_in_its_namespace_and_by_name() {
+    fn operator_gets_secrets_by_name_and_writes_only_its_own() {
+        // Cluster-wide only `get` (the grant annotations of referenced Secrets): never list,
+        // watch or a write.
         let cluster = operator_cluster_role().rules.unwrap_or_default();
-        assert!(cluster.iter().all(|r| !r.resources.iter().flatten().any(|res| res == "secrets")));
+        let secret_rules: Vec<_> =
+            cluster.iter().filter(|r| r.resources.iter().flatten().any(|res| res == "secrets")).collect();
+        assert_eq!(secret_rules.len(), 1);
+        assert_eq!(secret_rules[0].verbs, ["get"]);
         let own = operator_role("spear-system");
         assert_eq!(own.metadata.namespace.as_deref(), Some("spear-system"));
         for r in own.rules.unwrap_or_default().iter().filter(|r| r.resources.iter().flatten().any(|s| s == "secrets")) {

@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::conditions::{reasons, types};
 use crate::api::manifest::Object;
+use crate::api::secret_grant::Refusal;
 use crate::api::{
     MAX_STATUS_TOOLS, McpProfile, McpProfileStatus, McpServer, McpServerStatus, ServerInfo, Transport, Validate,
     ValidationError,
@@ -232,6 +233,41 @@ fn tool_preview(
     names.dedup();
     names.truncate(MAX_STATUS_TOOLS);
     names
+}
+
+/// Folds the Secret references of an object into its `ResolvedRefs` condition (see
+/// `api::secret_grant`): nothing when it references no Secret; `ResolvedRefs=False`,
+/// `RefNotPermitted` when a referenced Secret does not allow the object, its message naming the
+/// Secret and the annotation to add (appended to a `ResolvedRefs=False` already there).
+pub(crate) fn fold_secret_refusals(
+    status_conditions: &mut Vec<Condition>,
+    old: &[Condition],
+    references_secrets: bool,
+    refusals: &[Refusal],
+    generation: Option<i64>,
+    now: Time,
+) {
+    if !references_secrets {
+        return;
+    }
+    let now = whole_seconds(&now);
+    let refused = refusals.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+    let existing = status_conditions.iter_mut().find(|c| c.type_ == types::RESOLVED_REFS);
+    match existing {
+        Some(c) if c.status == FALSE && !refusals.is_empty() => {
+            c.message = truncate(&format!("{}; {refused}", c.message), MAX_MESSAGE_BYTES);
+        }
+        Some(c) if !refusals.is_empty() => {
+            *c = condition(old, types::RESOLVED_REFS, FALSE, reasons::REF_NOT_PERMITTED, refused, generation, &now);
+        }
+        Some(_) => {}
+        None => status_conditions.push(if refusals.is_empty() {
+            let message = "every referenced Secret allows this object".to_string();
+            condition(old, types::RESOLVED_REFS, TRUE, reasons::RESOLVED, message, generation, &now)
+        } else {
+            condition(old, types::RESOLVED_REFS, FALSE, reasons::REF_NOT_PERMITTED, refused, generation, &now)
+        }),
+    }
 }
 
 /// `Accepted` from validation problems: the first few as `field: message (fix)`.

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! API server ──TLS (CertResolver, hot-swapped by certs)──▶ accept loop ──▶ axum /mutate-pods
-//!   AdmissionReview<Pod> ──▶ Lookup::fetch(namespace, profile)   (bounded reads, two rounds)
-//!                              namespace labels ∥ McpProfile, then its McpServers (GETs ∥)
+//!   AdmissionReview<Pod> ──▶ Lookup::fetch(namespace, profile)   (bounded reads, three rounds)
+//!                              namespace labels ∥ McpProfile, then its McpServers (GETs ∥),
+//!                              then the metadata of the Secrets they reference (GETs ∥)
 //!                        ──▶ profile_servers (pure: spec.servers ∪ serverSelector)
 //!                        ──▶ inject::mutate (pure) ──▶ Skip: allow · Patch: JSON patch + warnings
 //!                                                       · Deny: allowed=false + message
@@ -14,7 +15,8 @@
 //! Decisions, and why:
 //! - **Direct reads, not reflector caches.** The API server gives the webhook 10 s; the reads
 //!   (namespace ∥ profile, then the profile's servers) are each bounded by
-//!   [`DEFAULT_LOOKUP_TIMEOUT`] (3 s), so two rounds stay inside it. A cache would save them but
+//!   [`DEFAULT_LOOKUP_TIMEOUT`] (3 s), so the three rounds stay inside it (the third, Secret
+//!   metadata, only when something references a Secret). A cache would save them but
 //!   could be a moment behind: `kubectl apply -f profile.yaml -f deployment.yaml` would
 //!   then deny pods whose profile "does not exist" or silently miss a server just created. Pod
 //!   creations are rare next to the API server's capacity, and only pods in injection-enabled
@@ -32,7 +34,7 @@
 //!   with a timeout, so a slow or idle client (a port scanner, a half-open connection) never
 //!   holds up the API server's next call.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -45,7 +47,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::version::Info;
 use kube::Client;
 use kube::api::{Api, ListParams};
@@ -67,6 +69,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::certs::{self, CertError, CertResolver, CertSource};
 use super::inject::{self, Decision, InjectConfig, InjectError};
 use crate::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE};
+use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
 use crate::api::{McpProfile, McpServer};
 use crate::telemetry::error_chain;
 
@@ -74,8 +77,8 @@ use crate::telemetry::error_chain;
 pub const MUTATE_PATH: &str = "/mutate-pods";
 /// Liveness path (plain `ok` over the same TLS port; kubelet HTTPS probes skip verification).
 pub(crate) const HEALTH_PATH: &str = "/healthz";
-/// Default bound of each API read: two rounds of reads stay inside the API server's 10 s webhook
-/// timeout, leaving room for the TLS handshake and a slow network.
+/// Default bound of each API read: three rounds of reads stay inside the API server's 10 s webhook
+/// timeout, leaving room for the TLS handshake.
 pub(crate) const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default time in-flight reviews get to finish after shutdown: an admission call takes
 /// milliseconds, and the API server retries elsewhere once the endpoint is gone.
@@ -296,6 +299,8 @@ pub struct Inputs {
     /// McpServers of the namespace, at least those the profile resolves to (empty when no
     /// profile was asked for or it does not exist); [`profile_servers`] picks the profile's.
     pub servers: Vec<McpServer>,
+    /// The annotations of the Secrets the profile and its servers reference (metadata only).
+    pub secrets: SecretGrants,
 }
 
 /// The webhook's read access to the API server, a trait so the handler can run without one:
@@ -346,11 +351,15 @@ impl Lookup for KubeLookup {
             labels,
             self.bounded(|| format!("McpProfile {namespace}/{name}"), profiles.get_opt(name))
         )?;
-        let servers = match &profile {
-            Some(profile) => self.servers(namespace, profile).await?,
-            None => Vec::new(),
+        let (servers, secrets) = match &profile {
+            Some(profile) => {
+                let servers = self.servers(namespace, profile).await?;
+                let secrets = self.secrets(namespace, profile, &servers).await?;
+                (servers, secrets)
+            }
+            None => Default::default(),
         };
-        Ok(Inputs { namespace_labels: labels.metadata.labels.unwrap_or_default(), profile, servers })
+        Ok(Inputs { namespace_labels: labels.metadata.labels.unwrap_or_default(), profile, servers, secrets })
     }
 }
 
@@ -371,6 +380,35 @@ impl KubeLookup {
             async move { self.bounded(|| format!("McpServer {namespace}/{name}"), api.get_opt(name)).await }
         });
         Ok(futures::future::try_join_all(reads).await?.into_iter().flatten().collect())
+    }
+}
+
+impl KubeLookup {
+    /// The annotations of every Secret `profile` and the servers it selects among `servers`
+    /// reference: metadata GETs in parallel (never the data, which the operator does not need).
+    async fn secrets(
+        &self,
+        namespace: &str,
+        profile: &McpProfile,
+        servers: &[McpServer],
+    ) -> Result<SecretGrants, LookupError> {
+        let mut names: BTreeSet<String> = profile_secret_ref(profile).map(|r| r.secret).into_iter().collect();
+        for server in servers.iter().filter(|s| profile.selects(s)) {
+            names.extend(server_secret_refs(server).into_iter().map(|r| r.secret));
+        }
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let reads = names.into_iter().map(|name| {
+            let api = api.clone();
+            async move {
+                let meta = self.bounded(|| format!("Secret {namespace}/{name}"), api.get_metadata_opt(&name)).await?;
+                Ok::<_, LookupError>((name, meta.map(|m| m.metadata.annotations.unwrap_or_default())))
+            }
+        });
+        let mut grants = SecretGrants::default();
+        for (name, annotations) in futures::future::try_join_all(reads).await? {
+            grants.insert(name, annotations);
+        }
+        Ok(grants)
     }
 }
 
@@ -430,7 +468,8 @@ pub(crate) async fn review<L: Lookup>(
         Some(profile) => profile_servers(profile, inputs.servers),
         None => Vec::new(),
     };
-    let decision = inject::mutate(&pod, &inputs.namespace_labels, inputs.profile.as_ref(), &servers, config)?;
+    let decision =
+        inject::mutate(&pod, &inputs.namespace_labels, inputs.profile.as_ref(), &servers, &inputs.secrets, config)?;
     Ok(match decision {
         Decision::Skip { reason } => allow(reason.as_str()),
         Decision::Patch { patch, warnings, .. } => {

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, SecretKeySelector};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{
@@ -99,6 +99,13 @@ impl McpServer {
     pub fn env_var(mut self, var: EnvVar) -> Self {
         self.spec.stdio.get_or_insert_with(StdioSpec::default).env.push(var);
         self
+    }
+
+    /// Adds a `spec.stdio.env` entry from the key `key` of the Secret `secret`.
+    pub fn secret_env(self, name: &str, secret: &str, key: &str) -> Self {
+        let secret_key_ref = SecretKeySelector { name: secret.to_string(), key: key.to_string(), optional: None };
+        let value_from = EnvVarSource { secret_key_ref: Some(secret_key_ref), ..EnvVarSource::default() };
+        self.env_var(EnvVar { name: name.to_string(), value: None, value_from: Some(value_from) })
     }
 
     /// Transport `streamableHttp` at `url` (headers already added are kept).

@@ -628,7 +628,8 @@ async fn an_upstream_error_status_and_body_pass_through() {
 #[tokio::test]
 async fn an_unreachable_upstream_is_502() {
     let closed = mcp_servers::free_port();
-    let overrides = UpstreamOverride { url: Some(format!("http://127.0.0.1:{closed}/v1")), api_key: None };
+    let overrides =
+        UpstreamOverride { url: Some(format!("http://127.0.0.1:{closed}/v1")), api_key: None, api_key_env: None };
     let chat = start_with(vec![], |_| {}, overrides).await;
     let reply = chat.post(json!({"messages": user("x")})).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", reply.text);
@@ -665,7 +666,7 @@ async fn an_upstream_redirect_is_not_followed_with_the_key() {
         (StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, location.clone())]).into_response()
     })
     .await;
-    let overrides = UpstreamOverride { url: Some(url), api_key: Some("sk-agent".into()) };
+    let overrides = UpstreamOverride { url: Some(url), api_key: Some("sk-agent".into()), api_key_env: None };
     let chat = start_with(vec![], |_| {}, overrides).await;
     let reply = chat.post(json!({"messages": user("x")})).await;
     assert_eq!(reply.status, StatusCode::TEMPORARY_REDIRECT, "{}", reply.text);
@@ -678,7 +679,7 @@ async fn an_upstream_redirect_is_not_followed_with_the_key() {
 async fn an_oversized_upstream_answer_is_refused_not_buffered() {
     use axum::response::IntoResponse;
     let (url, _, _upstream) = fixed_upstream(|| (StatusCode::OK, vec![b' '; 17 << 20]).into_response()).await;
-    let overrides = UpstreamOverride { url: Some(url), api_key: None };
+    let overrides = UpstreamOverride { url: Some(url), api_key: None, api_key_env: None };
     let chat = start_with(vec![], |_| {}, overrides).await;
     let reply = chat.post(json!({"messages": user("x")})).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", reply.text);
@@ -687,7 +688,7 @@ async fn an_oversized_upstream_answer_is_refused_not_buffered() {
 
 #[tokio::test]
 async fn a_configured_key_replaces_the_callers_authorization() {
-    let overrides = UpstreamOverride { url: None, api_key: Some("sk-agent".into()) };
+    let overrides = UpstreamOverride { url: None, api_key: Some("sk-agent".into()), api_key_env: None };
     let chat = start_with(vec![answer("ok")], |_| {}, overrides).await;
     let reply = chat.post(json!({"messages": user("x"), "model": "own-model"})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);

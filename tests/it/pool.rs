@@ -434,7 +434,11 @@ async fn npm_servers_work_through_the_bridge_socket() {
     let _everything = start_bridge(&run.path().join("everything.sock"), &mcp_servers::everything_stdio()).await;
     let _fs = start_bridge(&run.path().join("fs.sock"), &mcp_servers::filesystem_stdio(root.path())).await;
     let options = PoolOptions {
-        mode: spear::mcp::config::Mode::Sidecar { socket_dir: run.path().to_path_buf(), sidecars: None },
+        mode: spear::mcp::config::Mode::Sidecar {
+            socket_dir: run.path().to_path_buf(),
+            sidecars: None,
+            secret_refs: None,
+        },
         ..options()
     };
     // In sidecar mode the stdio command is the sidecar's business; the pool only needs the socket.

@@ -34,6 +34,11 @@ pub struct RunArgs {
     /// Unset: every stdio server is expected to have a sidecar.
     #[arg(long, env = keys::ENV_SIDECAR_SERVERS, value_name = "IDS", value_delimiter = ',')]
     pub(crate) sidecar_servers: Option<Vec<String>>,
+    /// The secret-backed header values the webhook delivered, `<server>/<header>`,
+    /// comma-separated (the webhook sets it). The agent reads a server's `SPEAR_SECRET_*`
+    /// variable only when listed. Unset: every one is read.
+    #[arg(long, env = keys::ENV_SECRET_REFS, value_name = "REFS", value_delimiter = ',')]
+    pub(crate) secret_refs: Option<Vec<String>>,
     /// kubeconfig file(s), `:`-separated, for running outside a cluster. Without it the pod's
     /// service account is used, falling back to `~/.kube/config`.
     #[arg(long, env = keys::ENV_KUBECONFIG, value_name = "PATH")]
@@ -49,6 +54,7 @@ impl RunArgs {
             namespace: self.namespace,
             socket_dir: self.socket_dir,
             sidecar_servers: self.sidecar_servers,
+            secret_refs: self.secret_refs,
             kubeconfig: self.kubeconfig,
             agent: self.agent.config(std::net::Ipv4Addr::UNSPECIFIED)?,
         })

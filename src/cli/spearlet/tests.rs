@@ -35,7 +35,7 @@ fn injected_pod() -> Pod {
         ..Pod::default()
     };
     let enabled = BTreeMap::from([(keys::LABEL_INJECTION.to_string(), keys::INJECTION_ENABLED.to_string())]);
-    match mutate(&pod, &enabled, Some(&dev), &[fs], &InjectConfig::new("agent:1", "spearlet:1")) {
+    match mutate(&pod, &enabled, Some(&dev), &[fs], &Default::default(), &InjectConfig::new("agent:1", "spearlet:1")) {
         Ok(Decision::Patch { pod, .. }) => *pod,
         other => panic!("expected the pod to be injected, got {other:?}"),
     }

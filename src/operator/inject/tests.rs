@@ -8,6 +8,7 @@ use kube::core::ObjectMeta;
 use serde_json::json;
 
 use super::*;
+use crate::api::secret_grant::{ANNOTATION_ALLOWED_SERVERS, profile_secret_ref, server_secret_refs};
 
 // === fixtures ===
 
@@ -107,8 +108,16 @@ fn with_secrets() -> (McpProfile, Vec<McpServer>) {
     (profile, vec![fs, web])
 }
 
+/// Grants from every Secret the inputs reference, each allowing everyone: the tests of the
+/// grant itself build their own.
+fn granted(profile: Option<&McpProfile>, servers: &[McpServer]) -> SecretGrants {
+    let mut names: Vec<String> = profile.and_then(profile_secret_ref).map(|r| r.secret).into_iter().collect();
+    names.extend(servers.iter().flat_map(server_secret_refs).map(|r| r.secret));
+    SecretGrants::allow_all(names.iter().map(String::as_str))
+}
+
 fn run(pod: &Pod, profile: Option<&McpProfile>, servers: &[McpServer], native: bool) -> Decision {
-    match mutate(pod, &enabled(), profile, servers, &config(native)) {
+    match mutate(pod, &enabled(), profile, servers, &granted(profile, servers), &config(native)) {
         Ok(d) => d,
         Err(e) => panic!("mutate failed: {e}"),
     }
@@ -197,7 +206,7 @@ fn cases() -> Vec<Case> {
     vec![
         case("no_profile_annotation", pod(&[]), mixed(true)),
         case("namespace_not_enabled", with_profile(), |p| {
-            mutate(p, &BTreeMap::new(), None, &[], &config(true)).expect("decides")
+            mutate(p, &BTreeMap::new(), None, &[], &SecretGrants::default(), &config(true)).expect("decides")
         }),
         case("opt_out", pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "false")]), mixed(true)),
         case("classic_sidecars", with_profile(), mixed(false)),
@@ -283,7 +292,8 @@ fn injecting_twice_changes_nothing() {
 fn gates_skip_in_order() {
     let (profile, servers) = mixed();
     let not_enabled = BTreeMap::from([(LABEL_INJECTION.to_string(), "disabled".to_string())]);
-    let d = mutate(&with_profile(), &not_enabled, Some(&profile), &servers, &config(true)).expect("decides");
+    let d = mutate(&with_profile(), &not_enabled, Some(&profile), &servers, &SecretGrants::default(), &config(true))
+        .expect("decides");
     assert_eq!(d, Decision::Skip { reason: SkipReason::NamespaceNotEnabled });
     let opted_out = pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "False")]);
     assert_eq!(run(&opted_out, Some(&profile), &servers, true), Decision::Skip { reason: SkipReason::OptedOut });
@@ -548,7 +558,9 @@ fn long_server_names_give_unique_valid_container_names() {
 fn ports_are_configurable() {
     let (profile, servers) = mixed();
     let config = InjectConfig { ports: Ports { http: 5050, grpc: 5051, admin: 5052 }, ..config(true) };
-    let decision = mutate(&with_profile(), &enabled(), Some(&profile), &servers, &config).expect("decides");
+    let decision =
+        mutate(&with_profile(), &enabled(), Some(&profile), &servers, &granted(Some(&profile), &servers), &config)
+            .expect("decides");
     let (_, out, _) = patched(&decision);
     let app = find(out, "app");
     assert_eq!(env_of(app, ENV_MCP_URL).and_then(|e| e.value.as_deref()), Some("http://127.0.0.1:5050/mcp"));
@@ -569,6 +581,48 @@ fn result_does_not_depend_on_server_order() {
 fn a_profile_other_than_the_annotated_one_is_an_error() {
     let (mut profile, servers) = mixed();
     profile.metadata.name = Some("other".into());
-    let result = mutate(&with_profile(), &enabled(), Some(&profile), &servers, &config(true));
+    let result = mutate(
+        &with_profile(),
+        &enabled(),
+        Some(&profile),
+        &servers,
+        &granted(Some(&profile), &servers),
+        &config(true),
+    );
     assert!(matches!(result, Err(InjectError::ProfileMismatch { .. })), "{result:?}");
+}
+
+#[test]
+fn references_their_secret_does_not_grant_are_left_out_with_a_warning() {
+    let (profile, servers) = with_secrets();
+    let mut grants = SecretGrants::default();
+    // web-credentials grants another server; fs-secret and openai do not exist.
+    grants.insert("web-credentials", Some([(ANNOTATION_ALLOWED_SERVERS.to_string(), "other".to_string())].into()));
+    let decision =
+        mutate(&with_profile(), &enabled(), Some(&profile), &servers, &grants, &config(true)).expect("decides");
+    let (_, pod, warnings) = patched(&decision);
+    let spec = pod.spec.as_ref().expect("spec");
+    let secret_vars: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .flat_map(|c| c.env.iter().flatten())
+        .filter(|e| e.value_from.as_ref().is_some_and(|v| v.secret_key_ref.is_some()))
+        .map(|e| e.name.as_str())
+        .collect();
+    assert!(secret_vars.is_empty(), "{secret_vars:?}");
+    let refused: Vec<&String> = warnings.iter().filter(|w| w.contains("not injected")).collect();
+    assert_eq!(refused.len(), server_secret_refs(&servers[0]).len() + 2, "{warnings:#?}");
+    assert!(refused.iter().any(|w| w.contains("McpServer \"web\"") && w.contains(ANNOTATION_ALLOWED_SERVERS)));
+    assert!(refused.iter().any(|w| w.contains("McpProfile") && w.contains("upstream API key")));
+}
+
+#[test]
+fn a_header_template_without_default_is_flagged_because_the_pod_agent_reads_no_env() {
+    let server = http_server("web").header("X-Token", "${ENV:TOKEN}").header("X-Region", "${ENV:REGION:-eu}");
+    let profile = profile(&[&server]);
+    let decision = run(&with_profile(), Some(&profile), &[server], true);
+    let (_, _, warnings) = patched(&decision);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("${ENV:TOKEN}") && warnings[0].contains("valueFrom.secretKeyRef"), "{}", warnings[0]);
 }

@@ -267,3 +267,34 @@ fn an_invalid_http_server_is_not_probed_and_says_why() {
     server.status = Some(stored(&status));
     assert_eq!(Some(&server_status(&server, None, at(200))), server.status.as_ref(), "stable while unchanged");
 }
+
+#[test]
+fn a_secret_that_does_not_allow_the_server_shows_as_ref_not_permitted() {
+    use crate::api::secret_grant::SecretGrants;
+    let server = http("web").secret_header("Authorization", "creds", "token");
+    let mut status = server_status(&server, None, at(100));
+    let refusals = SecretGrants::default().server_refusals(&server);
+    fold_secret_refusals(&mut status.conditions, &[], true, &refusals, Some(1), at(100));
+    let refs = status.conditions.iter().find(|c| c.type_ == types::RESOLVED_REFS).expect("ResolvedRefs");
+    assert_eq!((refs.status.as_str(), refs.reason.as_str()), (FALSE, reasons::REF_NOT_PERMITTED));
+    assert!(
+        refs.message.contains("\"creds\"") && refs.message.contains("mcp.spear.dev/allowed-servers"),
+        "{}",
+        refs.message
+    );
+
+    let granted = SecretGrants::allow_all(["creds"]).server_refusals(&server);
+    let mut status = server_status(&server, None, at(200));
+    fold_secret_refusals(&mut status.conditions, &[], true, &granted, Some(1), at(200));
+    let refs = status.conditions.iter().find(|c| c.type_ == types::RESOLVED_REFS).expect("ResolvedRefs");
+    assert_eq!(refs.status, TRUE);
+
+    // A profile already missing servers keeps that reason and gains the refusal.
+    let mut missing = profile_status(&profile(&["gone"]), &[], &BTreeMap::new(), at(100));
+    let refusal =
+        SecretGrants::default().profile_refusal(&profile(&["gone"]).upstream_key("key", "k")).expect("refused");
+    fold_secret_refusals(&mut missing.conditions, &[], true, &[refusal], Some(1), at(100));
+    let refs = missing.conditions.iter().find(|c| c.type_ == types::RESOLVED_REFS).expect("ResolvedRefs");
+    assert_eq!(refs.reason, reasons::MISSING_SERVERS);
+    assert!(refs.message.contains("gone") && refs.message.contains("\"key\""), "{}", refs.message);
+}

@@ -299,7 +299,7 @@ async fn an_api_server_outage_keeps_the_last_snapshot_serving_and_resyncs_after(
     options.registry_metrics = RegistryMetrics::register(&mut metrics);
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let pool = Pool::new(PoolOptions {
-        mode: Mode::Sidecar { socket_dir: socket_dir.path().to_path_buf(), sidecars: None },
+        mode: Mode::Sidecar { socket_dir: socket_dir.path().to_path_buf(), sidecars: None, secret_refs: None },
         idle_timeout: None,
         ..PoolOptions::default()
     });
@@ -572,6 +572,7 @@ fn run_config(
         namespace: Some(ns.to_string()),
         socket_dir: socket_dir.to_path_buf(),
         sidecar_servers,
+        secret_refs: None,
         kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
         agent: agent_config(admin_addr),
     }
@@ -622,6 +623,7 @@ async fn spearlet_run_without_a_profile_names_the_flag_and_env() {
         namespace: Some("ns".into()),
         socket_dir: "/spear/run".into(),
         sidecar_servers: None,
+        secret_refs: None,
         kubeconfig: None,
         agent: agent_config(free_addr()),
     };
