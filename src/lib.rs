@@ -13,6 +13,7 @@
 //! - [`convert`]: migration from the file-based registry format (pure)
 //! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
 //! - [`telemetry`]: logging, metrics and the admin router shared by both binaries
+//! - [`http_server`]: the HTTP server loop of both binaries (header timeout, connection cap)
 //! - `testing` (feature `testing`, and unit tests): the test control plane and fixtures
 
 pub mod agent;
@@ -22,6 +23,7 @@ pub mod chat;
 mod child;
 pub mod cli;
 pub mod convert;
+pub mod http_server;
 pub mod mcp;
 pub mod operator;
 pub mod policy;

@@ -164,7 +164,11 @@ pub(crate) async fn serve_with(
     tracing::info!(%addr, "gRPC door listening");
     // Small request/response messages: Nagle's delay would only add latency.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // h2 pings find dead or stalled peers; the door listens on loopback only, so the HTTP door's
+    // connection cap (http_server) is not repeated here.
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await

@@ -32,6 +32,7 @@ use super::http_guard::{self, Allowed};
 use super::mcp_endpoint::McpEndpoint;
 use super::{admin, grpc};
 use crate::chat::{UpstreamOverride, UpstreamTimeouts};
+use crate::http_server::{self, ConnectionLimits};
 
 /// The response header naming the registry revision an answer used.
 pub(crate) const REVISION_HEADER: HeaderName = HeaderName::from_static(crate::api::keys::HEADER_REGISTRY_REVISION);
@@ -76,6 +77,8 @@ pub struct AgentConfig {
     pub audit: AuditTarget,
     /// Include tool-call arguments in audit lines (they may hold secrets).
     pub audit_arguments: bool,
+    /// Header-read timeout and connection cap of the HTTP door and the admin port, each.
+    pub connection_limits: ConnectionLimits,
 }
 
 /// The three bound listeners (bound first, so a taken port fails fast and names its flag).
@@ -166,8 +169,8 @@ pub(crate) async fn serve(
     let doors_stop = cancel.child_token();
 
     let http = http_router(agent.clone(), chat, doors_stop.clone(), config);
-    let http_server = axum::serve(listeners.http, http.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(doors_stop.clone().cancelled_owned());
+    let limits = config.connection_limits;
+    let http_server = http_server::serve(listeners.http, http, limits, doors_stop.clone());
     let grpc_server = grpc::serve(agent.clone(), listeners.grpc, doors_stop.clone());
     // Any Host (probes and scrapers use the pod's IP), but no web page: a page has no business
     // reading the tool set or metrics, and admin answers carry no CORS headers anyway.
@@ -176,17 +179,14 @@ pub(crate) async fn serve(
         http_guard::guard,
     ));
     let admin_stop = CancellationToken::new();
-    let admin_server = axum::serve(listeners.admin, admin.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(admin_stop.clone().cancelled_owned());
-    let admin_task = tokio::spawn(async move { admin_server.await });
+    let admin_task = tokio::spawn(http_server::serve(listeners.admin, admin, limits, admin_stop.clone()));
 
     tracing::info!(
         http = %config.http_addr, grpc = %config.grpc_addr, admin = %config.admin_addr,
         profile = agent.profile(), "spearlet serving"
     );
     let doors = async {
-        let (http, grpc) = tokio::join!(http_server, grpc_server);
-        http.map_err(|e| ServeError::Server { door: "http", message: e.to_string() })?;
+        let ((), grpc) = tokio::join!(http_server, grpc_server);
         grpc.map_err(|e| ServeError::Server { door: "grpc", message: e.to_string() })
     };
     tokio::pin!(doors);

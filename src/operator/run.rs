@@ -94,9 +94,8 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
         move || if ready.is_ready() { Ok(()) } else { Err("leader election has not started".to_string()) },
         Arc::new(registry),
     );
-    let mut admin = tokio::spawn(async move {
-        axum::serve(listener, admin_router).with_graceful_shutdown(async move { admin_stop.cancelled().await }).await
-    });
+    let limits = crate::http_server::ConnectionLimits::default();
+    let mut admin = tokio::spawn(crate::http_server::serve(listener, admin_router, limits, admin_stop));
 
     let cert = match config.cert {
         CertMode::SelfSigned { webhook_config_name } => {
@@ -135,8 +134,7 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
             Err(e) => anyhow::Error::new(e).context("the webhook task panicked"),
         }),
         result = &mut admin => Err(match result {
-            Ok(Ok(())) => anyhow::anyhow!("the admin server stopped unexpectedly"),
-            Ok(Err(e)) => anyhow::Error::new(e).context("the admin server failed"),
+            Ok(()) => anyhow::anyhow!("the admin server stopped unexpectedly"),
             Err(e) => anyhow::Error::new(e).context("the admin server task panicked"),
         }),
     };

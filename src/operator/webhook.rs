@@ -71,6 +71,7 @@ use super::inject::{self, Decision, InjectConfig, InjectError};
 use crate::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE};
 use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
 use crate::api::{McpProfile, McpServer};
+use crate::http_server::ConnectionLimits;
 use crate::telemetry::error_chain;
 
 /// Path the MutatingWebhookConfiguration calls.
@@ -87,6 +88,9 @@ pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub(crate) const NATIVE_SIDECARS_MINOR: u32 = 29;
 /// A TLS handshake that takes longer is dropped (the API server's whole call has 10 s).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TLS handshakes in progress at once: the API server opens a handful of connections and
+/// reuses them; 128 leaves room for a control plane of several replicas restarting together.
+const MAX_HANDSHAKES: usize = 128;
 /// Handshaken connections waiting for the HTTP server; a burst beyond this waits in the
 /// handshake tasks, which is back-pressure, not loss.
 const ACCEPT_QUEUE: usize = 64;
@@ -191,9 +195,6 @@ pub enum WebhookError {
     /// No serving certificate.
     #[error("the webhook has no serving certificate")]
     Certs(#[from] CertError),
-    /// The HTTP server failed.
-    #[error("the webhook server failed")]
-    Serve(#[source] io::Error),
     /// The certificate task ended before shutdown (it only ends by panicking).
     #[error("the webhook certificate task ended unexpectedly")]
     CertTask(#[source] tokio::task::JoinError),
@@ -572,6 +573,7 @@ impl TlsListener {
     fn spawn(listener: TcpListener, acceptor: TlsAcceptor, shutdown: CancellationToken) -> io::Result<Self> {
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
         let accept = async move {
             loop {
                 let (tcp, peer) = tokio::select! {
@@ -590,8 +592,15 @@ impl TlsListener {
                 if let Err(error) = tcp.set_nodelay(true) {
                     debug!(%error, %peer, "setting TCP_NODELAY failed");
                 }
+                // Bounded like the connections behind it (http_server): past the cap a new
+                // connection is closed at once instead of adding a task.
+                let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                    debug!(%peer, "too many TLS handshakes in progress; connection closed");
+                    continue;
+                };
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
+                    let _permit = permit;
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         // A closed channel means the server is shutting down: drop the connection.
                         Ok(Ok(tls)) => drop(tx.send((tls, peer)).await),
@@ -645,13 +654,15 @@ pub async fn serve(client: Client, config: WebhookConfig, shutdown: Cancellation
         info!(addr = %listener.local, native_sidecars = inject.native_sidecars, "serving the pod webhook");
 
         let app = router(KubeLookup::new(client, lookup_timeout), inject, metrics);
-        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        // The API server keeps a few connections; the cap and header timeout stop anyone else
+        // who reaches the port from holding it.
+        let server = crate::http_server::serve(listener, app, ConnectionLimits::default(), shutdown.clone());
         let grace = async {
             shutdown.cancelled().await;
             tokio::time::sleep(shutdown_grace).await;
         };
         tokio::select! {
-            served = server.into_future() => served.map_err(WebhookError::Serve),
+            () = server => Ok(()),
             () = grace => {
                 warn!(?shutdown_grace, "webhook connections still open after the grace period; closing them");
                 Ok(())

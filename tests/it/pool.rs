@@ -515,15 +515,15 @@ async fn a_failed_listing_is_remembered_for_the_failure_ttl_then_retried() {
     let env = {
         let token_set = token_set.clone();
         move |name: &str| match name {
-            "SPEAR_TEST_TOKEN" if token_set.load(std::sync::atomic::Ordering::SeqCst) => Some("t".to_string()),
-            "SPEAR_TEST_TOKEN" => None,
+            "TEST_TOKEN_OF_FX" if token_set.load(std::sync::atomic::Ordering::SeqCst) => Some("t".to_string()),
+            "TEST_TOKEN_OF_FX" => None,
             other => std::env::var(other).ok(),
         }
     };
     let mut server = fixture("fx", &[]);
     server.spec.stdio.as_mut().expect("stdio").env.push(k8s_openapi::api::core::v1::EnvVar {
         name: "TOKEN".into(),
-        value: Some("${ENV:SPEAR_TEST_TOKEN}".into()),
+        value: Some("${ENV:TEST_TOKEN_OF_FX}".into()),
         value_from: None,
     });
     let options = PoolOptions { failure_ttl: Duration::from_millis(300), ..options() };

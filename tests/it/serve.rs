@@ -603,3 +603,36 @@ async fn stopping_the_agent_stops_the_servers_grandchildren_and_bad_stderr_stops
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Issue 13 finding 7: slowloris. Clients that open connections to every port of the agent and
+/// send request heads a byte at a time (or nothing) fill the connection cap; the agent closes
+/// them after the header timeout, and `/healthz`, `/mcp` and the admin port answer again.
+#[test]
+fn slow_clients_are_cut_off_and_never_stop_the_doors_or_healthz() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off", "--header-read-timeout-seconds", "1", "--max-connections", "16"]);
+    let mut slow = Vec::new();
+    for port in [served.http, served.admin] {
+        for _ in 0..16 {
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            stream.write_all(b"GET /healthz HTTP/1.1\r\nHo").expect("partial head");
+            slow.push(stream);
+        }
+    }
+    // Every slow connection is closed by the agent (EOF, an error answer or a reset) soon after
+    // the 1 s header timeout; none is held until the client gives up.
+    let started = Instant::now();
+    for stream in &mut slow {
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut buf = [0u8; 256];
+        match std::io::Read::read(stream, &mut buf) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("a slow client was not cut off: {e}"),
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(8), "cut off after {:?}", started.elapsed());
+    assert_eq!(http_get(served.admin, "/healthz").map(|(s, _)| s), Some(200));
+    assert_eq!(http_get(served.http, "/mcp").map(|(s, _)| s != 0), Some(true), "the HTTP door answers");
+}

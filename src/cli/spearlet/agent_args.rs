@@ -8,6 +8,7 @@ use crate::agent::{AgentConfig, AuditTarget};
 use crate::api::keys;
 use crate::chat::UpstreamOverride;
 use crate::cli::usage;
+use crate::http_server::ConnectionLimits;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct AgentArgs {
@@ -49,6 +50,13 @@ pub struct AgentArgs {
     /// repeatable; none by default: a request carrying any other `Origin` is refused.
     #[arg(long = "allowed-origin", env = keys::ENV_ALLOWED_ORIGINS, value_delimiter = ',')]
     pub(crate) allowed_origins: Vec<String>,
+    /// Seconds a client may take to send a request head on port 4040 and the admin port, and
+    /// may leave a keep-alive connection idle (slowloris protection).
+    #[arg(long, env = keys::ENV_HEADER_READ_TIMEOUT_SECONDS, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) header_read_timeout_seconds: u64,
+    /// Open connections each of port 4040 and the admin port keeps; more are closed at once.
+    #[arg(long, env = keys::ENV_MAX_CONNECTIONS, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) max_connections: u16,
 }
 
 impl AgentArgs {
@@ -73,6 +81,10 @@ impl AgentArgs {
             upstream: UpstreamOverride::from_flags(self.upstream_url, self.upstream_api_key_env.as_deref()),
             audit: self.audit_log,
             audit_arguments: self.audit_arguments,
+            connection_limits: ConnectionLimits {
+                header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
+                max_connections: usize::from(self.max_connections),
+            },
         })
     }
 }

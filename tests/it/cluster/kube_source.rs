@@ -556,6 +556,7 @@ fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
         upstream: UpstreamOverride::default(),
         audit: AuditTarget::Off,
         audit_arguments: false,
+        connection_limits: Default::default(),
     }
 }
 
