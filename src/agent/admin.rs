@@ -56,7 +56,15 @@ async fn debug_effective(
     match agent.effective(scope.as_ref(), &[]) {
         Ok(set) => {
             let listed = current.catalog.is_some();
-            axum::Json(explain_json(&current.snapshot, &set, listed)).into_response()
+            let mut explained = explain_json(&current.snapshot, &set, listed);
+            // What the list caps cut (mcp::limits) is the pool's to know, not the policy's.
+            for server in explained["servers"].as_array_mut().into_iter().flatten() {
+                let cut = server["id"].as_str().and_then(|id| agent.pool().status(id)).and_then(|s| s.list_cut);
+                if let Some(cut) = cut {
+                    server["listCut"] = cut.to_string().into();
+                }
+            }
+            axum::Json(explained).into_response()
         }
         Err(e) => (
             StatusCode::FORBIDDEN,

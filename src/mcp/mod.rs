@@ -20,6 +20,7 @@ pub mod config;
 pub mod connect;
 pub mod error;
 pub mod health;
+pub mod limits;
 pub mod output;
 pub mod pool;
 

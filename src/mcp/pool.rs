@@ -29,6 +29,7 @@ use super::config::{ConfigError, Mode, ServerConfig};
 use super::connect::{self, Connection, ListChanged};
 use super::error::{ErrorCode, McpError};
 use super::health::{Action, Health};
+use super::limits::{self, ListCut, ListLimits};
 use super::output::{self, Truncation};
 use crate::api::ServerInfo;
 use crate::policy::{ServerTools, ToolInfo, ToolList};
@@ -42,8 +43,11 @@ pub struct PoolOptions {
     pub mode: Mode,
     /// Spawn/connect plus `initialize` must finish within this.
     pub connect_timeout: Duration,
-    /// Largest single message accepted from a server (rmcp's own default line limit, 16 MiB).
+    /// Ceiling of the message size accepted from a server (rmcp's own default line limit,
+    /// 16 MiB); each server's own limit follows its output budget (`limits::frame_limit`).
     pub frame_limit: usize,
+    /// Caps on each server's tool list.
+    pub list_limits: ListLimits,
     /// Timeouts in a row after which a session (and its child) is killed and restarted.
     pub timeouts_before_restart: u32,
     /// How long a tools/list answer is reused.
@@ -80,6 +84,7 @@ impl Default for PoolOptions {
             idle_timeout: Some(Duration::from_secs(600)),
             metrics: PoolMetrics::default(),
             hidden_env: Vec::new(),
+            list_limits: ListLimits::default(),
         }
     }
 }
@@ -110,6 +115,8 @@ pub struct ServerStatus {
     pub(crate) env_missing: Option<String>,
     /// Lines of the current session's stdout that were not JSON-RPC (skipped and warned about).
     pub garbage_lines: u64,
+    /// What the caps cut from the last tool list (`None`: nothing, or not listed yet).
+    pub list_cut: Option<ListCut>,
 }
 
 /// A live session and what it holds.
@@ -135,6 +142,7 @@ struct Slot {
     session: tokio::sync::Mutex<Option<Arc<Live>>>,
     health: Mutex<Health>,
     env_missing: Mutex<Option<String>>,
+    list_cut: Mutex<Option<ListCut>>,
     list_changed: Arc<ListChanged>,
     tools: tokio::sync::Mutex<ToolsCache>,
 }
@@ -419,6 +427,7 @@ impl Pool {
             pid: live.as_ref().and_then(|l| l.conn.pid()),
             env_missing: slot.env_missing.lock().clone(),
             garbage_lines: live.as_ref().map_or(0, |l| l.conn.garbage_lines.load(std::sync::atomic::Ordering::Relaxed)),
+            list_cut: slot.list_cut.lock().clone(),
         })
     }
 
@@ -481,6 +490,7 @@ impl Slot {
             session: tokio::sync::Mutex::new(None),
             health: Mutex::new(Health::default()),
             env_missing: Mutex::new(None),
+            list_cut: Mutex::new(None),
             list_changed: Arc::new(ListChanged::default()),
             tools: tokio::sync::Mutex::new(ToolsCache::default()),
         }
@@ -536,7 +546,7 @@ impl Slot {
             &self.config.id,
             &endpoint,
             self.list_changed.clone(),
-            inner.options.frame_limit,
+            limits::frame_limit(self.config.budgets.max_tool_output_bytes(), inner.options.frame_limit),
             inner.options.connect_timeout,
         )
         .await;
@@ -606,8 +616,30 @@ impl Slot {
         let live = tokio::time::timeout(inner.options.connect_timeout, self.session(inner))
             .await
             .map_err(|_| McpError::new(ErrorCode::McpTimeout, "no session to list tools"))??;
-        match tokio::time::timeout(inner.options.connect_timeout, live.conn.service.peer().list_all_tools()).await {
-            Ok(Ok(tools)) => Ok(Arc::new(tools)),
+        let limits = inner.options.list_limits;
+        let pages = async {
+            let (mut tools, mut cursor) = (Vec::new(), None);
+            for _ in 0..limits.max_pages {
+                let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
+                let page = live.conn.service.peer().list_tools(Some(params)).await?;
+                tools.extend(page.tools);
+                cursor = page.next_cursor;
+                // Past the tool cap nothing more is kept, so nothing more is fetched.
+                if cursor.is_none() || tools.len() > limits.max_tools {
+                    break;
+                }
+            }
+            Ok::<_, ServiceError>((tools, cursor.is_some()))
+        };
+        match tokio::time::timeout(inner.options.connect_timeout, pages).await {
+            Ok(Ok((tools, more))) => {
+                let (tools, cut) = limits::admit(tools, more, &limits);
+                if !cut.is_empty() {
+                    tracing::warn!(server_id = %self.config.id, cut = %cut, "the tool list was cut to the agent's caps");
+                }
+                *self.list_cut.lock() = (!cut.is_empty()).then_some(cut);
+                Ok(Arc::new(tools))
+            }
             Ok(Err(e)) => Err(self.failed(&live, e).await),
             Err(_) => Err(McpError::new(ErrorCode::McpTimeout, "tools/list did not answer in time")),
         }

@@ -636,3 +636,100 @@ fn slow_clients_are_cut_off_and_never_stop_the_doors_or_healthz() {
     assert_eq!(http_get(served.admin, "/healthz").map(|(s, _)| s), Some(200));
     assert_eq!(http_get(served.http, "/mcp").map(|(s, _)| s != 0), Some(true), "the HTTP door answers");
 }
+
+/// Issue 13 finding 4: four hostile servers (an endless tools/list, two 15 MiB replies, a reply
+/// line that never ends) at once cannot run the agent out of memory: under a 256 MiB data limit
+/// the agent answers each with a structured error, keeps its other server working, and cuts the
+/// flooded list to its caps, which `/debug/effective` reports.
+#[tokio::test]
+async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let python = mcp_servers::python();
+    let hostile = script("hostile_server.py");
+    let mut names = vec!["fx".to_string()];
+    for (name, mode) in
+        [("flood", "--flood-list"), ("huge1", "--huge-reply"), ("huge2", "--huge-reply"), ("endless", "--endless-line")]
+    {
+        let yaml = format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: {name}\nspec:\n  transport: stdio\n  \
+             stdio:\n    command: {:?}\n    args: [{:?}, {mode:?}]\n  allowedTools: [\"*\"]\n",
+            python.to_string_lossy(),
+            hostile.to_string_lossy(),
+        );
+        std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).expect("write server");
+        names.push(name.to_string());
+    }
+    std::fs::write(
+        dir.path().join("profile.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [{}]\n",
+            names.join(", ")
+        ),
+    )
+    .expect("write profile");
+    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    // RLIMIT_DATA counts the heap and every writable private mapping: what the agent really holds.
+    let mut child = Command::new("prlimit")
+        .arg(format!("--data={}", 256u64 << 20))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_spearlet"))
+        .args(["serve", "--audit-log", "off", "--registry-dir"])
+        .arg(dir.path())
+        .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn spearlet under prlimit");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(admin, "/readyz").map(|(s, _)| s) != Some(200) {
+        assert!(child.try_wait().expect("wait").is_none(), "the agent died while starting");
+        assert!(Instant::now() < deadline, "not ready within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    spear::install_crypto_provider();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let (_, _, session, _) = mcp_post(&client, http, None, None, initialize).await;
+    let session = session.expect("session");
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    mcp_post(&client, http, Some(&session), None, initialized).await;
+    let call = |id: u64, name: &str| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": {"text": "still here"}}})
+    };
+    let blasts = ["mcp__huge1__blast", "mcp__huge2__blast", "mcp__endless__blast", "mcp__huge1__blast"];
+    let replies = futures::future::join_all(
+        blasts
+            .iter()
+            .enumerate()
+            .map(|(i, name)| mcp_post(&client, http, Some(&session), None, call(10 + i as u64, name))),
+    )
+    .await;
+    for ((status, content_type, _, body), name) in replies.iter().zip(blasts) {
+        assert_eq!(*status, 200, "{name}: {body}");
+        let reply = jsonrpc_message(content_type, body);
+        assert_eq!(reply["result"]["isError"], true, "{name}: {reply}");
+        assert!(reply.to_string().contains("mcp_output_too_large"), "{name}: {reply}");
+    }
+    assert!(child.try_wait().expect("wait").is_none(), "the agent survived");
+    let (_, content_type, _, body) = mcp_post(&client, http, Some(&session), None, call(20, "mcp__fx__echo")).await;
+    let reply = jsonrpc_message(&content_type, &body);
+    assert_eq!(reply["result"]["isError"], false, "the other server still works: {reply}");
+    assert_eq!(http_get(admin, "/healthz").map(|(s, _)| s), Some(200));
+
+    let (_, body) = http_get(admin, "/debug/effective").expect("debug");
+    let explained: Value = serde_json::from_str(&body).expect("JSON");
+    let flood = explained["servers"].as_array().expect("servers").iter().find(|s| s["id"] == "flood").cloned();
+    let flood = flood.expect("flood in the effective set");
+    let cut = flood["listCut"].as_str().unwrap_or_default();
+    assert!(cut.contains("over the cap") && cut.contains("descriptions were shortened"), "{flood}");
+    assert!(flood["tools"].as_array().map_or(0, Vec::len) <= 1000, "at most the tool cap");
+
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    let peak = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or_default().to_string();
+    eprintln!("agent peak RSS with four hostile servers: {peak}");
+    terminate(&mut child, Duration::from_secs(5));
+}
