@@ -112,7 +112,12 @@ async fn run(calls_per_round: usize) {
     let _bridge_pool = start_bridge(&dir.path().join("echo.sock"), &exe);
     wait_for(&dir.path().join("echo.sock")).await;
     let sidecar = Pool::new(PoolOptions {
-        mode: Mode::Sidecar { socket_dir: dir.path().to_path_buf(), sidecars: None, secret_refs: None },
+        mode: Mode::Sidecar {
+            socket_dir: dir.path().to_path_buf(),
+            sidecars: None,
+            secret_refs: None,
+            peer_uids: Default::default(),
+        },
         idle_timeout: None,
         ..PoolOptions::default()
     });

@@ -210,7 +210,15 @@ fn stdio_spec(s: LegacyStdio) -> Result<StdioSpec, ConvertError> {
         // `env_from = ["X"]` passes the agent's X through: `${ENV:X}`.
         env.push(EnvVar { value: Some(format!("${{ENV:{name}}}")), name, value_from: None });
     }
-    Ok(StdioSpec { image: s.image, command: s.command, args: s.args, env, working_dir: s.cwd, resources: None })
+    Ok(StdioSpec {
+        image: s.image,
+        command: s.command,
+        args: s.args,
+        env,
+        working_dir: s.cwd,
+        resources: None,
+        mount_service_account_token: false,
+    })
 }
 
 /// Renders a server as a YAML document with a header naming where it came from.

@@ -17,7 +17,7 @@
 //! no timeout of its own; while the API cannot be listed, the log says why (for example a
 //! missing RoleBinding) and the pod's probes decide.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
@@ -54,7 +54,7 @@ pub struct PodConfig {
     pub profile: Option<String>,
     /// `None` uses the client configuration's namespace.
     pub namespace: Option<String>,
-    /// Where the sidecars' bridge sockets are (`<dir>/<server>.sock`).
+    /// Where the sidecars' bridge sockets are (`<dir>/<server>/mcp.sock`).
     pub socket_dir: PathBuf,
     /// The stdio servers this pod has sidecars for; `None`: every one is expected to have one.
     pub sidecar_servers: Option<Vec<String>>,
@@ -168,8 +168,39 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
     let set = |ids: Vec<String>| -> BTreeSet<String> {
         ids.into_iter().map(|id| id.trim().to_string()).filter(|id| !id.is_empty()).collect()
     };
-    let mode = Mode::Sidecar { socket_dir, sidecars: sidecar_servers.map(set), secret_refs: secret_refs.map(set) };
+    let (sidecars, peer_uids) = match sidecar_servers.map(set) {
+        Some(entries) => {
+            let (sidecars, peer_uids) = sidecar_entries(entries).map_err(RunError::Config)?;
+            (Some(sidecars), peer_uids)
+        }
+        None => (None, BTreeMap::new()),
+    };
+    let mode = Mode::Sidecar { socket_dir, sidecars, secret_refs: secret_refs.map(set), peer_uids };
     run(agent, profile, registry, mode, Some(critical), cancel).await
+}
+
+/// `SPEAR_SIDECAR_SERVERS` entries, `<server>` or `<server>=<uid>`: the servers with a sidecar,
+/// and the uid each sidecar's bridge runs as.
+fn sidecar_entries(entries: BTreeSet<String>) -> Result<(BTreeSet<String>, BTreeMap<String, u32>), String> {
+    let mut sidecars = BTreeSet::new();
+    let mut uids = BTreeMap::new();
+    for entry in entries {
+        match entry.split_once('=') {
+            None => {
+                sidecars.insert(entry);
+            }
+            Some((server, uid)) => {
+                let uid = uid.parse().map_err(|_| {
+                    format!(
+                        "--sidecar-servers: {entry:?} is not <server>=<uid> with a numeric uid (the webhook writes it)"
+                    )
+                })?;
+                uids.insert(server.to_string(), uid);
+                sidecars.insert(server.to_string());
+            }
+        }
+    }
+    Ok((sidecars, uids))
 }
 
 /// Serves `profile` over `registry` on the three doors until `cancel`, or until `critical` ends

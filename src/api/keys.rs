@@ -50,10 +50,15 @@ pub const SIDECAR_PREFIX: &str = "mcp-";
 pub(crate) const TMP_VOLUME_PREFIX: &str = "mcp-tmp-";
 /// Volume holding the static spearlet, mounted at [`BIN_DIR`].
 pub(crate) const VOLUME_BIN: &str = "spear-bin";
-/// Volume holding the bridges' Unix sockets, mounted at [`RUN_DIR`].
-pub(crate) const VOLUME_RUN: &str = "spear-run";
+/// Prefix of each stdio server's socket volume (`mcp-sock-<server>`), mounted at
+/// `<RUN_DIR>/<server>`: writable in that server's sidecar, read-only in the agent.
+pub(crate) const SOCKET_VOLUME_PREFIX: &str = "mcp-sock-";
+/// An empty volume mounted over the service-account token path of server sidecars.
+pub(crate) const VOLUME_NO_TOKEN: &str = "spear-no-token";
+/// Where the kubelet mounts a container's service-account token.
+pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 pub const BIN_DIR: &str = "/spear/bin";
-/// The bridge of server `s` listens on `<RUN_DIR>/<s>.sock`; the agent's default socket dir.
+/// The bridge of server `s` listens on `<RUN_DIR>/<s>/mcp.sock`; the agent's default socket dir.
 pub const RUN_DIR: &str = "/spear/run";
 /// The spearlet every injected container runs.
 pub(crate) const SPEARLET: &str = "/spear/bin/spearlet";
@@ -82,7 +87,7 @@ pub(crate) const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 pub(crate) const ENV_SOCKET_DIR: &str = "SPEAR_SOCKET_DIR";
 /// The stdio servers given sidecars, comma-separated; a stdio server the profile gains later has
 /// none, and the agent reports that it needs a pod restart.
-pub(crate) const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
+pub const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
 /// The secret-backed header values delivered to the agent, `<server>/<header>`, comma-separated:
 /// the agent reads `SPEAR_SECRET_*` only for these (see `mcp::config::Mode::Sidecar`).
 pub(crate) const ENV_SECRET_REFS: &str = "SPEAR_SECRET_REFS";
@@ -125,6 +130,7 @@ pub(crate) const ENV_CONVERT_OUTPUT_DIR: &str = "SPEAR_CONVERT_OUTPUT_DIR";
 pub(crate) const ENV_CONVERT_NAMESPACE: &str = "SPEAR_CONVERT_NAMESPACE";
 pub(crate) const ENV_BRIDGE_SOCKET: &str = "SPEAR_BRIDGE_SOCKET";
 pub(crate) const ENV_SERVER_ID: &str = "SPEAR_SERVER_ID";
+pub(crate) const ENV_BRIDGE_PEER_UID: &str = "SPEAR_BRIDGE_PEER_UID";
 // spear-operator's (the chart sets them).
 /// The operator pod's name (downward API): its leader-election identity.
 pub(crate) const ENV_POD_NAME: &str = "POD_NAME";

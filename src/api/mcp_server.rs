@@ -173,6 +173,11 @@ pub struct StdioSpec {
     /// Compute resources of the sidecar, as in a container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+
+    /// Mount the pod's service-account token into the sidecar (default false: the server cannot
+    /// call the Kubernetes API as the pod). Set it only for a server that needs the API.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mount_service_account_token: bool,
 }
 
 /// A Streamable HTTP server.

@@ -70,6 +70,7 @@ fn full_server() -> McpServer {
                     limits: Some(BTreeMap::from([("memory".into(), Quantity("256Mi".into()))])),
                     ..Default::default()
                 }),
+                mount_service_account_token: true,
             }),
             http: None,
             tool_namespace: Some("files".into()),

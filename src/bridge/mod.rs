@@ -49,12 +49,21 @@ pub(crate) struct BridgeConfig {
     pub(crate) server_id: Option<String>,
     /// Grace periods and restart backoff.
     pub(crate) timings: Timings,
+    /// The only uid that may connect (the agent's, `SO_PEERCRED`); `None`: any.
+    pub(crate) peer_uid: Option<u32>,
 }
 
 impl BridgeConfig {
     /// A configuration with the default [`Timings`] and no server id.
     pub(crate) fn new(socket: impl Into<PathBuf>, command: impl Into<String>, args: Vec<String>) -> Self {
-        Self { socket: socket.into(), command: command.into(), args, server_id: None, timings: Timings::default() }
+        Self {
+            socket: socket.into(),
+            command: command.into(),
+            args,
+            server_id: None,
+            timings: Timings::default(),
+            peer_uid: None,
+        }
     }
 
     /// The name log lines carry as `server_id`: the server id, else the command's file name.
@@ -148,7 +157,7 @@ pub(crate) async fn run(config: BridgeConfig, shutdown: CancellationToken) -> Re
     let server: Arc<str> = config.server_label().into();
     let span = tracing::info_span!("bridge", server_id = %server);
     async move {
-        let listener = Listener::bind(&config.socket)?;
+        let listener = Listener::bind(&config.socket, config.peer_uid)?;
         tracing::info!(socket = %config.socket.display(), mode = format_args!("{SOCKET_MODE:o}"), "listening");
         let supervisor = Supervisor::new(config.timings.backoff, Instant::now());
         let mut bridge =

@@ -19,9 +19,9 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::Error;
 
-/// Socket file mode: owner and group may connect, others may not. The agent and the sidecars of a
-/// pod share the socket's `emptyDir`; with different UIDs they share a group through the pod's
-/// `fsGroup` (the volume is group-owned and setgid), which 0600 would lock out.
+/// Socket file mode: owner and group may connect, others may not. The sidecar (its own uid) and
+/// the agent (uid 65532) share gid 65532, which 0600 would lock out; who may actually talk is
+/// checked with `SO_PEERCRED` (`--peer-uid`).
 pub(crate) const SOCKET_MODE: u32 = 0o660;
 
 /// A bound socket that removes its file when dropped.
@@ -32,11 +32,13 @@ pub(super) struct Listener {
     /// (device, inode) of the file we created: on drop only that file is removed, never a socket
     /// another process has since put at the same path.
     identity: (u64, u64),
+    /// The only uid allowed to connect (the agent's), checked with `SO_PEERCRED`; `None`: any.
+    peer_uid: Option<u32>,
 }
 
 impl Listener {
     /// Binds `path` after checking its directory and replacing a stale socket file.
-    pub(super) fn bind(path: &Path) -> Result<Self, Error> {
+    pub(super) fn bind(path: &Path, peer_uid: Option<u32>) -> Result<Self, Error> {
         let listen_error = |source| Error::Listen { path: path.to_path_buf(), source };
         let dir = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
@@ -81,7 +83,7 @@ impl Listener {
         let inner = UnixListener::bind(&staging).map_err(listen_error)?;
         // From here on the file is ours: `Self`'s drop removes it on every exit path.
         let meta = std::fs::symlink_metadata(&staging).map_err(listen_error)?;
-        let mut listener = Self { inner, path: staging.clone(), identity: (meta.dev(), meta.ino()) };
+        let mut listener = Self { inner, path: staging.clone(), identity: (meta.dev(), meta.ino()), peer_uid };
         std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(listen_error)?;
         std::fs::rename(&staging, path).map_err(listen_error)?;
         listener.path = path.to_path_buf();
@@ -91,9 +93,18 @@ impl Listener {
         Ok(listener)
     }
 
-    /// Accepts the next connection (cancel-safe).
+    /// Accepts the next connection from the allowed uid (cancel-safe): a connection from any
+    /// other process (another server's sidecar, with its own uid) is closed and logged.
     pub(super) async fn accept(&self) -> io::Result<UnixStream> {
-        self.inner.accept().await.map(|(stream, _addr)| stream)
+        loop {
+            let (stream, _addr) = self.inner.accept().await?;
+            let Some(allowed) = self.peer_uid else { return Ok(stream) };
+            match stream.peer_cred() {
+                Ok(cred) if cred.uid() == allowed => return Ok(stream),
+                Ok(cred) => tracing::warn!(uid = cred.uid(), allowed, "refused a client that is not the agent"),
+                Err(error) => tracing::warn!(%error, "refused a client whose credentials cannot be read"),
+            }
+        }
     }
 }
 
@@ -116,7 +127,7 @@ mod tests {
         let path = dir.path().join("s.sock");
         drop(std::os::unix::net::UnixListener::bind(&path).expect("stale socket"));
         assert!(path.exists(), "a dropped std listener leaves its file behind");
-        let listener = Listener::bind(&path).expect("bind over a stale socket");
+        let listener = Listener::bind(&path, None).expect("bind over a stale socket");
         let mode = std::fs::metadata(&path).expect("socket file").permissions().mode();
         assert_eq!(mode & 0o777, SOCKET_MODE);
         let _client = std::os::unix::net::UnixStream::connect(&path).expect("listening as soon as the file is there");
@@ -131,7 +142,7 @@ mod tests {
     async fn leaves_a_socket_that_replaced_its_own_in_place() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s.sock");
-        let listener = Listener::bind(&path).expect("bind");
+        let listener = Listener::bind(&path, None).expect("bind");
         std::fs::remove_file(&path).expect("remove");
         let _other = std::os::unix::net::UnixListener::bind(&path).expect("another socket at the path");
         drop(listener);
@@ -142,14 +153,14 @@ mod tests {
     async fn refuses_a_missing_directory_and_a_path_that_is_not_a_socket() {
         let dir = tempfile::tempdir().expect("tempdir");
         let missing = dir.path().join("nope/s.sock");
-        let err = Listener::bind(&missing).expect_err("missing dir");
+        let err = Listener::bind(&missing, None).expect_err("missing dir");
         assert!(err.to_string().contains("does not exist"), "{err}");
         let file = dir.path().join("file");
         std::fs::write(&file, "keep me").expect("write");
-        let err = Listener::bind(&file).expect_err("regular file");
+        let err = Listener::bind(&file, None).expect_err("regular file");
         assert!(matches!(err, Error::SocketPathTaken { .. }), "{err}");
         assert_eq!(std::fs::read_to_string(&file).expect("still there"), "keep me");
-        let err = Listener::bind(&file.join("s.sock")).expect_err("parent is a file");
+        let err = Listener::bind(&file.join("s.sock"), None).expect_err("parent is a file");
         assert!(err.to_string().contains("is not a directory"), "{err}");
     }
 }

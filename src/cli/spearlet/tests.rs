@@ -91,7 +91,7 @@ fn the_injected_agent_container_is_a_valid_spearlet_run() {
     assert_eq!(config.profile.as_deref(), Some("dev"));
     assert_eq!(config.namespace.as_deref(), Some("team-a"));
     assert_eq!(config.socket_dir, std::path::Path::new(keys::RUN_DIR));
-    assert_eq!(config.sidecar_servers, Some(vec!["fs".to_string()]));
+    assert_eq!(config.sidecar_servers, Some(vec!["fs=65600".to_string()]));
     assert_eq!(config.agent.http_addr.port(), keys::PORT_HTTP);
     assert_eq!(config.agent.grpc_addr.port(), keys::PORT_GRPC);
     assert_eq!(config.agent.admin_addr.port(), keys::PORT_ADMIN);
@@ -123,7 +123,8 @@ fn the_injected_bridge_sidecar_is_a_valid_spearlet_bridge() {
     }
     let parsed = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?} does not parse: {e}"));
     let super::Command::Bridge(bridge) = parsed.command else { panic!("{argv:?} is not `spearlet bridge`") };
-    assert_eq!(bridge.socket, std::path::Path::new(&format!("{}/fs.sock", keys::RUN_DIR)));
+    assert_eq!(bridge.socket, std::path::Path::new(&format!("{}/fs/mcp.sock", keys::RUN_DIR)));
+    assert_eq!(bridge.peer_uid, Some(65532), "only the agent may connect");
     assert_eq!(bridge.server_id.as_deref(), Some("fs"));
     assert_eq!(bridge.command.first().map(String::as_str), Some("npx"));
 }

@@ -266,7 +266,7 @@ fn patch_applies_to_a_pod_that_already_has_every_list() {
     assert_eq!(names(spec.init_containers.as_ref()), ["spear-init", "mcp-fs", "spearlet", "migrate"]);
     assert_eq!(
         spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect::<Vec<_>>(),
-        ["data", "spear-bin", "spear-run", "mcp-tmp-fs"]
+        ["data", "spear-bin", "mcp-tmp-fs", "mcp-sock-fs", "spear-no-token"]
     );
     assert_eq!(out.metadata.annotations.as_ref().and_then(|a| a.get("team")).map(String::as_str), Some("a"));
     // The app's own value wins; the rest is added.
@@ -354,8 +354,8 @@ fn sidecar_and_volume_name_collisions_are_denied() {
     assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("\"mcp-fs\""));
 
     let mut p = with_profile();
-    spec_mut(&mut p).volumes = Some(vec![empty_dir(VOLUME_RUN)]);
-    assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("volume named \"spear-run\""));
+    spec_mut(&mut p).volumes = Some(vec![empty_dir(VOLUME_BIN)]);
+    assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("volume named \"spear-bin\""));
 }
 
 #[test]
@@ -410,9 +410,11 @@ fn bridge_runs_the_servers_argv_through_the_copied_spearlet() {
         [
             "bridge",
             "--socket",
-            "/spear/run/fs.sock",
+            "/spear/run/fs/mcp.sock",
             "--server-id",
             "fs",
+            "--peer-uid",
+            "65532",
             "--",
             "npx",
             "-y",
@@ -424,7 +426,12 @@ fn bridge_runs_the_servers_argv_through_the_copied_spearlet() {
         bridge.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only)).collect();
     assert_eq!(
         mounts,
-        [("spear-bin", "/spear/bin", Some(true)), ("spear-run", "/spear/run", None), ("mcp-tmp-fs", "/tmp", None)]
+        [
+            ("spear-bin", "/spear/bin", Some(true)),
+            ("mcp-sock-fs", "/spear/run/fs", None),
+            ("mcp-tmp-fs", "/tmp", None),
+            ("spear-no-token", "/var/run/secrets/kubernetes.io/serviceaccount", Some(true))
+        ]
     );
     assert_eq!(env_of(bridge, "HOME").and_then(|e| e.value.as_deref()), Some("/tmp"));
     assert_eq!(bridge.resources.as_ref(), Some(&default_sidecar_resources()));
@@ -457,10 +464,11 @@ fn every_injected_container_is_locked_down() {
     let (profile, servers) = with_secrets();
     let decision = run(&with_profile(), Some(&profile), &servers, true);
     let (_, out, _) = patched(&decision);
-    for name in [INIT_CONTAINER, "mcp-fs", AGENT_CONTAINER] {
+    for (name, uid) in [(INIT_CONTAINER, INJECTED_UID), ("mcp-fs", sidecar_uid(0)), (AGENT_CONTAINER, INJECTED_UID)] {
         let sc = find(out, name).security_context.clone().expect("a security context");
         assert_eq!(sc.run_as_non_root, Some(true), "{name}");
-        assert_eq!(sc.run_as_user, Some(INJECTED_UID), "{name}");
+        assert_eq!(sc.run_as_user, Some(uid), "{name}");
+        assert_eq!(sc.run_as_group, Some(INJECTED_UID), "{name}: the shared group reaches the 0660 socket");
         assert_eq!(sc.allow_privilege_escalation, Some(false), "{name}");
         assert_eq!(sc.read_only_root_filesystem, Some(true), "{name}");
         assert_eq!(sc.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_string()]), "{name}");
@@ -625,4 +633,54 @@ fn a_header_template_without_default_is_flagged_because_the_pod_agent_reads_no_e
     let (_, _, warnings) = patched(&decision);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(warnings[0].contains("${ENV:TOKEN}") && warnings[0].contains("valueFrom.secretKeyRef"), "{}", warnings[0]);
+}
+
+/// Issue 13 finding 2: each sidecar has its own uid, its own socket directory (read-only for the
+/// agent, absent from every other sidecar) and no service-account token unless it asks.
+#[test]
+fn sidecars_are_isolated_from_each_other_and_from_the_api() {
+    let with_token = {
+        let mut s = stdio_server("kube");
+        s.spec.stdio.as_mut().expect("stdio").mount_service_account_token = true;
+        s
+    };
+    let servers = vec![stdio_server("fs"), stdio_server("git"), with_token];
+    let profile = profile(&servers.iter().collect::<Vec<_>>());
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    let mounts = |c: &Container| -> Vec<(String, String, bool)> {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.clone(), m.mount_path.clone(), m.read_only == Some(true)))
+            .collect()
+    };
+    let uids: Vec<Option<i64>> = ["mcp-fs", "mcp-git", "mcp-kube"]
+        .iter()
+        .map(|n| find(out, n).security_context.as_ref().and_then(|s| s.run_as_user))
+        .collect();
+    assert_eq!(uids, [Some(sidecar_uid(0)), Some(sidecar_uid(1)), Some(sidecar_uid(2))]);
+    assert!(uids.iter().all(|u| *u != Some(INJECTED_UID)));
+
+    let fs = mounts(find(out, "mcp-fs"));
+    assert!(fs.contains(&("mcp-sock-fs".into(), "/spear/run/fs".into(), false)), "{fs:?}");
+    assert!(!fs.iter().any(|(name, _, _)| name == "mcp-sock-git"), "no sidecar sees another's socket: {fs:?}");
+    assert!(fs.contains(&(VOLUME_NO_TOKEN.into(), SERVICE_ACCOUNT_DIR.into(), true)), "token masked: {fs:?}");
+    let kube = mounts(find(out, "mcp-kube"));
+    assert!(!kube.iter().any(|(_, path, _)| path == SERVICE_ACCOUNT_DIR), "asked for the token: {kube:?}");
+
+    let agent = mounts(find(out, AGENT_CONTAINER));
+    for server in ["fs", "git", "kube"] {
+        assert!(agent.contains(&(format!("mcp-sock-{server}"), format!("/spear/run/{server}"), true)), "{agent:?}");
+    }
+    let sidecar_env = find(out, AGENT_CONTAINER).env.iter().flatten().find(|e| e.name == ENV_SIDECAR_SERVERS).cloned();
+    assert_eq!(sidecar_env.and_then(|e| e.value).as_deref(), Some("fs=65600,git=65601,kube=65602"));
+}
+
+#[test]
+fn a_pod_sharing_its_process_namespace_is_denied() {
+    let (profile, servers) = mixed();
+    let mut p = with_profile();
+    spec_mut(&mut p).share_process_namespace = Some(true);
+    assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("shareProcessNamespace"));
 }

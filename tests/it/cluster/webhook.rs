@@ -28,7 +28,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use spear::api::keys::{
     AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_MCP_URL,
-    INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
+    ENV_SIDECAR_SERVERS, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
 };
 use spear::api::secret_grant::{ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, SecretGrants};
 use spear::api::{McpProfile, McpServer};
@@ -604,22 +604,38 @@ impl LocalPod {
                 (None, None) if value_from.is_none() => String::new(),
                 _ => panic!("{}: env {name} needs a Secret, which this test does not provide", container.name),
             };
+            // The sidecars' uids (`<server>=<uid>`) are this test's own: it runs every container.
+            let value = if name == ENV_SIDECAR_SERVERS {
+                let me = rustix::process::getuid().as_raw();
+                value
+                    .split(',')
+                    .map(|e| format!("{}={me}", e.split('=').next().unwrap_or(e)))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            } else {
+                value
+            };
             env.push((name.clone(), self.path(&value)));
         }
         env.push(("KUBECONFIG".into(), self.kubeconfig.display().to_string()));
         env
     }
 
-    /// The container's command and args as the kubelet runs them, paths rewritten.
+    /// The container's command and args as the kubelet runs them, paths rewritten, and the
+    /// peer uid the bridge expects rewritten to this test's own (every local process runs as it).
     fn argv(&self, container: &Container) -> Vec<String> {
         let env = self.env(container);
-        container
+        let mut argv: Vec<String> = container
             .command
             .iter()
             .flatten()
             .chain(container.args.iter().flatten())
             .map(|a| self.path(&expand(a, &env)))
-            .collect()
+            .collect();
+        if let Some(i) = argv.iter().position(|a| a == "--peer-uid") {
+            argv[i + 1] = rustix::process::getuid().as_raw().to_string();
+        }
+        argv
     }
 
     fn spawn(&self, container: &Container) -> tokio::process::Child {
@@ -688,14 +704,15 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
         name: pod.metadata.name.clone().expect("the API server named the pod"),
         kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
     };
-    for d in [&local.bin, &local.run, &local.tmp] {
+    // The run dir holds one volume per server (what the kubelet mounts at /spear/run/<server>).
+    for d in [&local.bin, &local.run, &local.tmp, &local.run.join("fixture")] {
         std::fs::create_dir(d).expect("creating a volume dir");
     }
     // What the spear-init container does: put the static spearlet into the bin volume.
     std::fs::copy(env!("CARGO_BIN_EXE_spearlet"), local.bin.join("spearlet")).expect("copying spearlet");
 
     let _bridge = local.spawn(find(&format!("{SIDECAR_PREFIX}fixture")));
-    wait_for("the bridge socket", || async { local.run.join("fixture.sock").exists() }).await;
+    wait_for("the bridge socket", || async { local.run.join("fixture").join("mcp.sock").exists() }).await;
     let _agent = local.spawn(find(AGENT_CONTAINER));
     assert!(mcp_servers::wait_for_http(ports.http, READY_TIMEOUT).await, "the agent listens on its HTTP port");
 
