@@ -275,3 +275,69 @@ fn explain_connect_lists_tools_and_gives_tool_level_reasons() {
     assert!(reasons.contains(&"sleep: denied_by:server".to_string()), "{reasons:?}");
     assert!(reasons.contains(&"pid: not_allowed_by:server".to_string()), "{reasons:?}");
 }
+
+/// `spear-operator inject` (offline) prints exactly the pod `inject::mutate`, the webhook's own
+/// function, computes for the same inputs (the cluster tests show the webhook stores what
+/// `mutate` computes), so the isolation of the injected sidecars can be read without a cluster.
+#[test]
+fn operator_inject_prints_the_pod_the_webhook_would_admit() {
+    use k8s_openapi::api::core::v1::Pod;
+    use spear::api::secret_grant::SecretGrants;
+    use spear::operator::inject::{self, Decision, InjectConfig};
+
+    let pod_yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\n  namespace: team-a\n  annotations:\n    \
+                    mcp.spear.dev/profile: developer\nspec:\n  containers:\n    - name: app\n      image: busybox\n";
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    file.write_all(pod_yaml.as_bytes()).expect("write pod");
+    let image = "registry.example/spearlet:1";
+    let out = Command::new(env!("CARGO_BIN_EXE_spear-operator"))
+        .args(["inject", "--json", "--agent-image", image, "--spearlet-image", image, "-f"])
+        .arg(file.path())
+        .arg("--registry-dir")
+        .arg(repo().join("examples/registry"))
+        .output()
+        .expect("spear-operator runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed: Pod = serde_json::from_slice(&out.stdout).expect("a pod on stdout");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("openai"), "the Secrets that must grant are named: {stderr}");
+
+    let snapshot = spear::registry::dir::DirSource::load(&repo().join("examples/registry")).expect("registry");
+    let profile = snapshot.profile("developer").map(|v| (*v.object).clone()).expect("profile");
+    let servers: Vec<_> =
+        snapshot.servers().values().map(|v| (*v.object).clone()).filter(|s| profile.selects(s)).collect();
+    let mut pod: Pod = serde_yaml::from_str(pod_yaml).expect("pod");
+    pod.metadata.namespace = Some("team-a".into());
+    let labels = [("mcp.spear.dev/injection".to_string(), "enabled".to_string())].into();
+    let grants = SecretGrants::allow_all(["openai"]);
+    let Decision::Patch { pod: expected, .. } =
+        inject::mutate(&pod, &labels, Some(&profile), &servers, &grants, &InjectConfig::new(image, image))
+            .expect("mutate")
+    else {
+        panic!("the example profile injects")
+    };
+    assert_eq!(printed, *expected);
+    let spec = printed.spec.expect("spec");
+    let sidecar_uids: Vec<Option<i64>> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.name.starts_with("mcp-"))
+        .map(|c| c.security_context.as_ref().and_then(|s| s.run_as_user))
+        .collect();
+    assert!(sidecar_uids.len() >= 2 && sidecar_uids.windows(2).all(|w| w[0] != w[1]), "{sidecar_uids:?}");
+
+    // A pod the webhook would deny: exit 1 and the reason.
+    let shared = pod_yaml.replace("spec:\n", "spec:\n  shareProcessNamespace: true\n");
+    file.as_file().set_len(0).expect("truncate");
+    std::fs::write(file.path(), shared).expect("rewrite");
+    let out = Command::new(env!("CARGO_BIN_EXE_spear-operator"))
+        .args(["inject", "-f"])
+        .arg(file.path())
+        .arg("--registry-dir")
+        .arg(repo().join("examples/registry"))
+        .output()
+        .expect("spear-operator runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shareProcessNamespace"));
+}

@@ -1,7 +1,9 @@
-//! `spear-operator`: `crds` prints the CRDs; `run` runs the controllers, the webhook and the
-//! admin server. One file per subcommand.
+//! `spear-operator`: `crds` prints the CRDs; `inject` prints the pod the webhook would admit
+//! (offline); `run` runs the controllers, the webhook and the admin server. One file per
+//! subcommand.
 
 mod crds;
+mod inject;
 mod run;
 
 use std::process::ExitCode;
@@ -26,6 +28,7 @@ pub struct Args {
 #[derive(Subcommand, Debug)]
 enum Command {
     Crds(crds::CrdsArgs),
+    Inject(inject::InjectArgs),
     Run(Box<RunArgs>),
 }
 
@@ -35,6 +38,7 @@ impl Args {
         let Self { log, command } = self;
         exit(log.init().map_err(usage).and_then(|()| match command {
             Command::Crds(args) => args.run(),
+            Command::Inject(args) => args.run(),
             Command::Run(args) => args.run(),
         }))
     }
