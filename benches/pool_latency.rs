@@ -109,8 +109,11 @@ async fn run(calls_per_round: usize) {
     let local = Pool::new(PoolOptions { idle_timeout: None, ..PoolOptions::default() });
     let snapshot = |s: McpServer| Snapshot::build([Entry::local("bench.yaml", 1, Object::Server(s))], Vec::new());
     assert!(local.apply(&snapshot(echo_server("echo", &exe))).await.is_empty());
-    let _bridge_pool = start_bridge(&dir.path().join("echo.sock"), &exe);
-    wait_for(&dir.path().join("echo.sock")).await;
+    // The agent's layout in a pod: one directory per server.
+    let echo_socket = dir.path().join("echo").join("mcp.sock");
+    std::fs::create_dir(dir.path().join("echo")).expect("socket dir");
+    let _bridge_pool = start_bridge(&echo_socket, &exe);
+    wait_for(&echo_socket).await;
     let sidecar = Pool::new(PoolOptions {
         mode: Mode::Sidecar {
             socket_dir: dir.path().to_path_buf(),

@@ -34,6 +34,7 @@ use tracing::Instrument;
 
 use super::config::Endpoint;
 use super::error::{ErrorCode, McpError};
+use super::limits::{ListCut, ListLimits};
 use crate::api::ServerInfo;
 
 /// Longest stderr line forwarded to the log; the rest is cut (a server dumping a huge line
@@ -354,14 +355,46 @@ pub(crate) async fn connect(
     let info = service
         .peer_info()
         .map(|peer| ServerInfo {
-            name: peer.server_info.as_ref().map(|i| i.name.clone()),
-            version: peer.server_info.as_ref().map(|i| i.version.clone()),
-            instructions: peer.instructions.clone(),
+            name: peer.server_info.as_ref().map(|i| cut(&i.name, MAX_INFO_NAME_BYTES)),
+            version: peer.server_info.as_ref().map(|i| cut(&i.version, MAX_INFO_NAME_BYTES)),
+            instructions: peer.instructions.as_deref().map(|i| cut(i, MAX_INSTRUCTIONS_BYTES)),
         })
         .unwrap_or_default();
     subscribe_to_list_changes(server_id, &service, &handler_list_changed);
     let pid = child.as_ref().and_then(Child::id);
     Ok(Connection { service, info, oversized, garbage_lines: garbage, child: parking_lot::Mutex::new(child), pid })
+}
+
+/// Bytes kept of a server's name and version: the server chooses them, and they reach status,
+/// logs and `/debug/effective`.
+const MAX_INFO_NAME_BYTES: usize = 256;
+/// Bytes kept of a server's `instructions` (they reach the model's system prompt).
+const MAX_INSTRUCTIONS_BYTES: usize = 8192;
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn cut(s: &str, max: usize) -> String {
+    s[..s.floor_char_boundary(max)].to_string()
+}
+
+impl Connection {
+    /// `tools/list`, page by page, within `limits` (see `limits`): the tools kept and what was cut.
+    pub(crate) async fn list_tools_capped(
+        &self,
+        limits: &ListLimits,
+    ) -> Result<(Vec<rmcp::model::Tool>, ListCut), rmcp::ServiceError> {
+        let (mut tools, mut cursor) = (Vec::new(), None);
+        for _ in 0..limits.max_pages {
+            let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
+            let page = self.service.peer().list_tools(Some(params)).await?;
+            tools.extend(page.tools);
+            cursor = page.next_cursor;
+            // Past the tool cap nothing more is kept, so nothing more is fetched.
+            if cursor.is_none() || tools.len() > limits.max_tools {
+                break;
+            }
+        }
+        Ok(super::limits::admit(tools, cursor.is_some(), limits))
+    }
 }
 
 /// Protocol versions from this one on deliver list_changed only to a `subscriptions/listen`

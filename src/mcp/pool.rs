@@ -617,23 +617,8 @@ impl Slot {
             .await
             .map_err(|_| McpError::new(ErrorCode::McpTimeout, "no session to list tools"))??;
         let limits = inner.options.list_limits;
-        let pages = async {
-            let (mut tools, mut cursor) = (Vec::new(), None);
-            for _ in 0..limits.max_pages {
-                let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
-                let page = live.conn.service.peer().list_tools(Some(params)).await?;
-                tools.extend(page.tools);
-                cursor = page.next_cursor;
-                // Past the tool cap nothing more is kept, so nothing more is fetched.
-                if cursor.is_none() || tools.len() > limits.max_tools {
-                    break;
-                }
-            }
-            Ok::<_, ServiceError>((tools, cursor.is_some()))
-        };
-        match tokio::time::timeout(inner.options.connect_timeout, pages).await {
-            Ok(Ok((tools, more))) => {
-                let (tools, cut) = limits::admit(tools, more, &limits);
+        match tokio::time::timeout(inner.options.connect_timeout, live.conn.list_tools_capped(&limits)).await {
+            Ok(Ok((tools, cut))) => {
                 if !cut.is_empty() {
                     tracing::warn!(server_id = %self.config.id, cut = %cut, "the tool list was cut to the agent's caps");
                 }

@@ -33,6 +33,7 @@ use crate::api::env_ref;
 use crate::api::{McpServer, McpServerStatus, Transport};
 use crate::mcp::config::Endpoint;
 use crate::mcp::connect::{self, ListChanged};
+use crate::mcp::limits::{self, ListLimits};
 
 /// Largest single message accepted from a probed server (rmcp's own line limit, 16 MiB): a
 /// tools/list of a big server fits, a runaway stream does not.
@@ -71,6 +72,8 @@ pub(crate) struct ProbeTarget {
     pub(crate) headers: Vec<(String, String)>,
     /// Names of headers not sent: from a Secret, or referencing the agent's environment.
     pub(crate) withheld: Vec<String>,
+    /// Largest reply accepted: the agent's limit for this server (`mcp::limits::frame_limit`).
+    pub(crate) frame_limit: usize,
 }
 
 impl std::fmt::Debug for ProbeTarget {
@@ -90,7 +93,8 @@ pub(crate) fn target(server: &McpServer) -> Option<ProbeTarget> {
         return None;
     }
     let http = server.spec.http.as_ref()?;
-    let mut target = ProbeTarget { url: http.url.clone(), headers: Vec::new(), withheld: Vec::new() };
+    let frame_limit = limits::frame_limit(server.spec.budgets().max_tool_output_bytes(), FRAME_LIMIT);
+    let mut target = ProbeTarget { url: http.url.clone(), headers: Vec::new(), withheld: Vec::new(), frame_limit };
     for header in &http.headers {
         let literal = header
             .value
@@ -159,8 +163,13 @@ fn elapsed(to: &Time, from: &Time) -> Duration {
 pub(crate) async fn probe(server_id: &str, target: &ProbeTarget, timeout: Duration, now: Time) -> ProbeOutcome {
     crate::install_crypto_provider();
     let result = match tokio::time::timeout(timeout, list(server_id, target, timeout)).await {
-        Ok(Ok((tools, server_info))) => ProbeResult::Succeeded { tools, server_info: Some(server_info) },
-        Ok(Err(error)) => ProbeResult::Failed { error: explain(error, target) },
+        Ok(Ok((tools, server_info, cut))) => ProbeResult::Succeeded { tools, server_info: Some(server_info), cut },
+        Ok(Err(error)) => {
+            // The raw error may quote the server's answer (rmcp puts an HTTP error's body in
+            // it): logged at debug for the operator's owner, never written to the status.
+            tracing::debug!(server_id, %error, "probe failed");
+            ProbeResult::Failed { error: explain(failure_message(&error), target) }
+        }
         Err(_) => ProbeResult::Failed {
             error: explain(format!("no answer to initialize and tools/list within {} ms", timeout.as_millis()), target),
         },
@@ -172,18 +181,63 @@ async fn list(
     server_id: &str,
     target: &ProbeTarget,
     timeout: Duration,
-) -> Result<(Vec<String>, crate::api::ServerInfo), String> {
+) -> Result<(Vec<String>, crate::api::ServerInfo, Option<String>), String> {
     let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone() };
     let id: Arc<str> = Arc::from(server_id);
-    let conn = connect::connect(&id, &endpoint, Arc::new(ListChanged::default()), FRAME_LIMIT, timeout)
+    let conn = connect::connect(&id, &endpoint, Arc::new(ListChanged::default()), target.frame_limit, timeout)
         .await
         .map_err(|e| e.message)?;
-    let listed = conn.service.peer().list_all_tools().await;
+    let listed = conn.list_tools_capped(&ListLimits::default()).await;
     // Close before looking at the answer: the session is not reused, and a server keeps
     // per-session state until told.
     conn.close().await;
-    let tools = listed.map_err(|e| format!("tools/list failed: {e}"))?;
-    Ok((tools.into_iter().map(|t| t.name.to_string()).collect(), conn.info.clone()))
+    let (tools, cut) = listed.map_err(|e| format!("tools/list failed: {e}"))?;
+    let cut = (!cut.is_empty()).then(|| cut.to_string());
+    Ok((tools.into_iter().map(|t| t.name.to_string()).collect(), conn.info.clone(), cut))
+}
+
+/// What a failed probe writes to the status: a fixed message per kind of failure, with the HTTP
+/// status code when there is one, never the text of the server's answer. The status is read by
+/// everyone who may read the McpServer, and the answer is the server's (or whatever the URL
+/// points at) to choose: echoing it would make the operator a window onto any URL it can reach.
+pub(crate) fn failure_message(raw: &str) -> String {
+    let stage = if raw.starts_with("tools/list") { "tools/list" } else { "initialize" };
+    if let Some(code) = http_status(raw) {
+        return format!("{stage} failed: the server answered HTTP {code}");
+    }
+    let lower = raw.to_ascii_lowercase();
+    let kind = if lower.contains("frame limit")
+        || lower.contains("exceeded the maximum size")
+        || lower.contains("too large")
+    {
+        "the server's answer exceeded the size limit"
+    } else if lower.contains("connection refused")
+        || lower.contains("error sending request")
+        || lower.contains("dns")
+        || lower.contains("connect")
+    {
+        "the server could not be reached"
+    } else if lower.contains("content type")
+        || lower.contains("deserialize")
+        || lower.contains("parse")
+        || lower.contains("expected")
+    {
+        "the answer is not MCP (Streamable HTTP JSON-RPC)"
+    } else if lower.contains("timed out") || lower.contains("timeout") {
+        "the server did not answer in time"
+    } else {
+        "the MCP exchange failed"
+    };
+    format!("{stage} failed: {kind}")
+}
+
+/// The HTTP status code an rmcp error names (`HTTP 401`, `HTTP 503: ...`), if any.
+fn http_status(raw: &str) -> Option<u16> {
+    raw.match_indices("HTTP ").find_map(|(at, _)| {
+        let digits = raw.get(at + 5..at + 8)?;
+        let code: u16 = digits.parse().ok()?;
+        (100..600).contains(&code).then_some(code)
+    })
 }
 
 /// The error, plus which headers were withheld when some were (the likely cause).
@@ -316,9 +370,31 @@ mod tests {
         assert_eq!(next(1000, 100), 60);
     }
 
+    /// Issue 13 finding 6: whatever the probed URL answers never reaches the status, only a
+    /// fixed message and the status code.
+    #[test]
+    fn a_failure_message_carries_the_status_code_never_the_answer() {
+        let body = "HTTP 403: {\"secret\": \"internal metadata s3cr3t\"}";
+        assert_eq!(
+            failure_message(&format!("initialize failed: {body}")),
+            "initialize failed: the server answered HTTP 403"
+        );
+        for raw in [
+            "initialize failed: Transport [rmcp::transport::worker] error: Client error: error sending request for url (http://10.0.0.1/mcp): s3cr3t",
+            "initialize failed: Unexpected content type: Some(\"text/html; s3cr3t\")",
+            "tools/list failed: Deserialize error: expected value at line 1 column 1 s3cr3t",
+            "anything at all: s3cr3t",
+        ] {
+            let message = failure_message(raw);
+            assert!(!message.contains("s3cr3t") && !message.contains("10.0.0.1"), "{raw} -> {message}");
+        }
+        assert!(failure_message("tools/list failed: oops").starts_with("tools/list failed"));
+    }
+
     #[test]
     fn a_failure_names_the_withheld_headers() {
-        let target = ProbeTarget { url: String::new(), headers: vec![], withheld: vec!["Authorization".into()] };
+        let target =
+            ProbeTarget { url: String::new(), headers: vec![], withheld: vec!["Authorization".into()], frame_limit: 1 };
         let message = explain("HTTP 401".into(), &target);
         assert!(message.starts_with("HTTP 401 (probed without header Authorization:"), "{message}");
         let none = ProbeTarget { withheld: vec![], ..target };

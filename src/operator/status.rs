@@ -61,6 +61,8 @@ pub(crate) enum ProbeResult {
         tools: Vec<String>,
         /// What `initialize` said.
         server_info: Option<ServerInfo>,
+        /// What the list caps cut (`mcp::limits`), if anything.
+        cut: Option<String>,
     },
     Failed {
         /// Why. The prober must have removed secret values (header values, URL credentials);
@@ -93,7 +95,7 @@ pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, no
             "stdio servers run as a sidecar in each pod that uses them; the operator does not probe them".into(),
         )),
         Transport::StreamableHttp => match probe {
-            Some(ProbeOutcome { time, result: ProbeResult::Succeeded { tools, server_info } }) => {
+            Some(ProbeOutcome { time, result: ProbeResult::Succeeded { tools, server_info, cut } }) => {
                 let mut names: Vec<String> = tools.iter().collect::<BTreeSet<_>>().into_iter().cloned().collect();
                 let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
                 names.truncate(MAX_STATUS_TOOLS);
@@ -101,7 +103,10 @@ pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, no
                     types::READY,
                     TRUE,
                     reasons::PROBE_SUCCEEDED,
-                    format!("initialize and tools/list succeeded; the server lists {count} tools"),
+                    match cut {
+                        None => format!("initialize and tools/list succeeded; the server lists {count} tools"),
+                        Some(cut) => format!("initialize and tools/list succeeded; {count} tools kept ({cut})"),
+                    },
                 ));
                 status.tools = names;
                 status.tool_count = Some(count);
