@@ -435,6 +435,7 @@ fn invalid_values_are_refused_with_the_value_named() {
         ("webhook.certs.mode=vault", "/webhook/certs/mode"),
         ("webhook.failurePolicy=Maybe", "/webhook/failurePolicy"),
         ("operator.leaderElection=false", "operator.leaderElection=true"),
+        ("webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiServerCIDRs"),
     ] {
         let output = Command::new(helm())
             .args(["template", RELEASE, CHART, "--namespace", NAMESPACE, "--set", set])
@@ -445,4 +446,25 @@ fn invalid_values_are_refused_with_the_value_named() {
         assert!(!output.status.success(), "--set {set} must be refused");
         assert!(stderr.contains(needle), "--set {set}: the error must name {needle}: {stderr}");
     }
+}
+
+/// Issue 13 finding 8 (part): the optional NetworkPolicy admits the webhook port only from the
+/// API server's addresses and nothing else unless asked; off by default.
+#[test]
+fn the_network_policy_admits_only_the_api_server_to_the_webhook() {
+    let kinds =
+        |yaml: &str| objects(yaml).iter().filter_map(|o| o["kind"].as_str().map(str::to_string)).collect::<Vec<_>>();
+    assert!(!kinds(&render(&[])).contains(&"NetworkPolicy".to_string()), "off by default");
+    let yaml = render(&[
+        "--set",
+        "webhook.networkPolicy.enabled=true",
+        "--set",
+        "webhook.networkPolicy.apiServerCIDRs={10.0.0.10/32}",
+    ]);
+    let policy = objects(&yaml).into_iter().find(|o| o["kind"] == "NetworkPolicy").expect("a NetworkPolicy");
+    let ingress = policy["spec"]["ingress"].as_array().expect("ingress rules");
+    assert_eq!(ingress.len(), 1, "only the webhook rule: {policy:?}");
+    assert_eq!(ingress[0]["ports"][0]["port"], "webhook");
+    assert_eq!(ingress[0]["from"][0]["ipBlock"]["cidr"], "10.0.0.10/32");
+    assert_eq!(policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], "operator");
 }
