@@ -163,7 +163,9 @@ fn check_http_url(p: &mut Problems, field: &str, raw: &str) {
     match url::Url::parse(raw) {
         Err(e) => p.push(
             field,
-            format!("'{raw}' is not a valid URL: {e}"),
+            // The URL itself is not repeated: problems reach status and events, readable by more
+            // people than the manifest, and a malformed URL may still carry a credential.
+            format!("not a valid URL: {e}"),
             "use an absolute URL such as https://mcp.example.com/mcp",
         ),
         Ok(u) if !matches!(u.scheme(), "http" | "https") => {

@@ -35,6 +35,28 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 pub(crate) struct UsageError(pub String);
 
 /// A usage error with `message`.
+/// `text` safe to print on a terminal: control characters other than newline and tab (ESC and
+/// the rest of C0, DEL, C1) and bidirectional overrides are shown as `\u{..}` escapes. Tool
+/// names, descriptions and outputs come from MCP servers, which must not be able to rewrite
+/// the user's screen, hide text or fake a prompt.
+pub(crate) fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t') || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 pub(crate) fn usage(message: impl std::fmt::Display) -> anyhow::Error {
     UsageError(message.to_string()).into()
 }
@@ -101,5 +123,20 @@ async fn shutdown_signal() {
         Err(_) => {
             let _ = interrupt.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    use super::terminal_safe;
+
+    /// Issue 13 finding 12: a server's tool name or output cannot drive the user's terminal.
+    #[test]
+    fn escape_sequences_and_bidi_overrides_are_shown_not_obeyed() {
+        let hostile = "read_file\u{1b}]0;pwned\u{7}\u{1b}[2J\rok\u{202e}txt.exe\u{9b}";
+        let safe = terminal_safe(hostile);
+        assert!(!safe.chars().any(|c| c.is_control() || c == '\u{202e}'), "{safe:?}");
+        assert_eq!(safe, "read_file\\u{1b}]0;pwned\\u{7}\\u{1b}[2J\\u{d}ok\\u{202e}txt.exe\\u{9b}");
+        assert_eq!(terminal_safe("two\nlines\tand a tab"), "two\nlines\tand a tab");
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::api::keys;
-use crate::cli::{block_on, usage};
+use crate::cli::{block_on, terminal_safe, usage};
 use crate::mcp::{Pool, PoolOptions};
 use crate::policy::explain::{explain_json, explain_table};
 use crate::policy::{CompiledProfile, RequestScope, ServerTools};
@@ -66,7 +66,7 @@ impl ExplainArgs {
         let set = compiled.effective(lookup, scope.as_ref(), &[]).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))?;
         match self.output {
             OutputFormat::Json => println!("{}", explain_json(&snapshot, &set, self.connect)),
-            OutputFormat::Table => print!("{}", explain_table(&snapshot, &set, self.connect)),
+            OutputFormat::Table => print!("{}", terminal_safe(&explain_table(&snapshot, &set, self.connect))),
         }
         Ok(ExitCode::SUCCESS)
     }

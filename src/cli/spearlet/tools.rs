@@ -21,7 +21,7 @@ use crate::agent::grpc::pb;
 use crate::agent::grpc::pb::mcp_registry_client::McpRegistryClient;
 use crate::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
 use crate::api::keys::{ENV_GRPC_ADDR, ENV_TOOLS_ARGS, ENV_TOOLS_SERVER, PORT_GRPC};
-use crate::cli::{EXIT_INVALID, block_on, usage};
+use crate::cli::{EXIT_INVALID, block_on, terminal_safe, usage};
 use crate::telemetry::error_chain;
 
 /// How long to wait for the agent to accept the connection: it is on loopback, so a slow
@@ -209,7 +209,7 @@ async fn list(grpc: &GrpcArgs, only: Option<&str>) -> Result<ExitCode, Failure> 
             rows.push([tool.name, server.id.clone(), tool.server_tool, first_line(&tool.description)]);
         }
     }
-    print!("{}", table(&rows));
+    print!("{}", terminal_safe(&table(&rows)));
     if rows.len() == 1 {
         eprintln!("no tools are available to this workload (registry revision {})", listed.registry_revision);
     }
@@ -318,10 +318,10 @@ async fn call(grpc: &GrpcArgs, name: &str, args: &str) -> Result<ExitCode, Failu
 /// Prints a call's outcome and returns its exit status.
 fn print_reply(reply: &pb::CallToolReply) -> ExitCode {
     if let Some(error) = &reply.error {
-        eprintln!("error: {}: {}", error.code, error.message);
+        eprintln!("error: {}: {}", error.code, terminal_safe(&error.message));
         return ExitCode::from(EXIT_INVALID);
     }
-    println!("{}", reply.text);
+    println!("{}", terminal_safe(&reply.text));
     if reply.truncated {
         eprintln!("warning: the output was truncated to the output budget (mcp_output_too_large)");
     }
