@@ -14,6 +14,7 @@
 //! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
 //! - [`telemetry`]: logging, metrics and the admin router shared by both binaries
 //! - `testing` (feature `testing`, and unit tests): the test control plane and fixtures
+//! - `fuzzing` (feature `fuzzing`): thin wrappers the cargo-fuzz targets in `fuzz/` call
 
 pub mod agent;
 pub mod api;
@@ -33,6 +34,11 @@ pub mod testing;
 
 #[cfg(test)]
 mod layering_tests;
+
+/// Wrappers for the cargo-fuzz targets in `fuzz/` (feature `fuzzing`, off by default).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 
 /// Installs the process-wide rustls crypto provider (ring, as kube uses) if none is installed.
 /// Idempotent; the binaries call it first, and the HTTP client pool calls it before building

@@ -56,7 +56,7 @@ fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
 }
 
 /// Why a request is refused, if it is.
-fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
+pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
     let host = request
         .headers()
         .get(header::HOST)

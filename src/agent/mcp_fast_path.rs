@@ -95,7 +95,7 @@ async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
 /// must not bypass) and an `MCP-Protocol-Version` rmcp knows, or none (rmcp then assumes
 /// 2025-03-26). `None` sends the request to rmcp, which answers or refuses it itself (400 for an
 /// unknown protocol version), so the fast path never accepts what rmcp would refuse.
-fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
+pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
     let json_body = text(header::CONTENT_TYPE.as_str())?.starts_with("application/json");
     let json_reply = text(header::ACCEPT.as_str())?.contains("application/json");
@@ -111,17 +111,17 @@ fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Op
 /// A JSON-RPC `tools/call` the fast path may answer, read with rmcp's own id and params types
 /// so it accepts exactly what rmcp's handler would.
 #[derive(Debug, Deserialize, PartialEq)]
-struct ToolCallRequest {
+pub(crate) struct ToolCallRequest {
     jsonrpc: String,
-    id: RequestId,
+    pub(crate) id: RequestId,
     method: String,
-    params: CallToolRequestParams,
+    pub(crate) params: CallToolRequestParams,
 }
 
 impl ToolCallRequest {
     /// The call in `body`, or `None` when rmcp should handle it: not a single `tools/call`
     /// request, or params rmcp would refuse (arguments that are not an object, for one).
-    fn parse(body: &Bytes) -> Option<Self> {
+    pub(crate) fn parse(body: &Bytes) -> Option<Self> {
         let request: ToolCallRequest = serde_json::from_slice(body).ok()?;
         (request.jsonrpc == "2.0" && request.method == "tools/call").then_some(request)
     }

@@ -747,13 +747,13 @@ fn bridge_container(
 
 /// `s` with every `$` doubled: the kubelet turns `$$` into `$` and expands nothing else, so the
 /// process sees `s` exactly.
-fn escape_dollars(s: &str) -> String {
+pub(crate) fn escape_dollars(s: &str) -> String {
     s.replace('$', "$$")
 }
 
 /// An `${ENV:...}` template rewritten for the kubelet's `$(VAR)` expansion (see the module
 /// header). `defined` are the variables set before this one on the same container.
-fn kubelet_value(
+pub(crate) fn kubelet_value(
     server: &str,
     field: &str,
     value: &str,
