@@ -15,6 +15,7 @@
 //! - [`telemetry`]: logging, metrics and the admin router shared by both binaries
 //! - [`http_server`]: the HTTP server loop of both binaries (header timeout, connection cap)
 //! - `testing` (feature `testing`, and unit tests): the test control plane and fixtures
+//! - `fuzzing` (feature `fuzzing`): thin wrappers the cargo-fuzz targets in `fuzz/` call
 
 pub mod agent;
 pub mod api;
@@ -35,6 +36,11 @@ pub mod testing;
 
 #[cfg(test)]
 mod layering_tests;
+
+/// Wrappers for the cargo-fuzz targets in `fuzz/` (feature `fuzzing`, off by default).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 
 /// Installs the process-wide rustls crypto provider (ring, as kube uses) if none is installed.
 /// Idempotent; the binaries call it first, and the HTTP client pool calls it before building

@@ -43,7 +43,8 @@ pub(crate) fn host_allowed(host: &str, allowed: &[String]) -> bool {
         Some(rest) => rest.split(']').next().unwrap_or_default().to_string(),
         None => host.rsplit_once(':').map_or(host.as_str(), |(name, _)| name).to_string(),
     };
-    allowed.iter().any(|entry| {
+    // An empty entry (`--allowed-host localhost,`) names no host: as in rmcp, it matches nothing.
+    allowed.iter().filter(|entry| !entry.trim().is_empty()).any(|entry| {
         let entry = entry.to_ascii_lowercase();
         let entry = entry.trim_start_matches('[').replace(']', "");
         entry == name || entry == host.replace(['[', ']'], "")
@@ -56,7 +57,7 @@ fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
 }
 
 /// Why a request is refused, if it is.
-fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
+pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
     let host = request
         .headers()
         .get(header::HOST)
@@ -128,6 +129,18 @@ mod tests {
         assert!(!host_allowed("api.example:9090", &allowed));
         assert!(!host_allowed("localhost.evil:4040", &allowed));
         assert!(host_allowed("anything", &[]));
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/mcp_fast_path.rs`): an empty entry, as a trailing
+    /// comma in `SPEAR_ALLOWED_HOSTS` leaves, allowed a Host with an empty name (`:4040`), which
+    /// rmcp refuses.
+    #[test]
+    fn an_empty_entry_allows_no_host() {
+        let allowed = ["localhost".to_string(), String::new()];
+        for host in [":", ":4040", "", "[]:4040"] {
+            assert!(!host_allowed(host, &allowed), "{host:?}");
+        }
+        assert!(host_allowed("localhost:4040", &allowed));
     }
 
     #[test]

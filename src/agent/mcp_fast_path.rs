@@ -95,11 +95,13 @@ async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
 /// must not bypass) and an `MCP-Protocol-Version` rmcp knows, or none (rmcp then assumes
 /// 2025-03-26). `None` sends the request to rmcp, which answers or refuses it itself (400 for an
 /// unknown protocol version), so the fast path never accepts what rmcp would refuse.
-fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
+pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
     let json_body = text(header::CONTENT_TYPE.as_str())?.starts_with("application/json");
     let json_reply = text(header::ACCEPT.as_str())?.contains("application/json");
-    let host = text(header::HOST.as_str())?;
+    // rmcp refuses (400) a Host that is not a URI authority (`127.0.0.1:4040/x`), even one whose
+    // name part `host_allowed` accepts: such a request goes to rmcp.
+    let host = text(header::HOST.as_str()).filter(|h| h.parse::<axum::http::uri::Authority>().is_ok())?;
     let known_version = match headers.get(PROTOCOL_VERSION_HEADER) {
         None => true,
         Some(value) => value.to_str().is_ok_and(|v| ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == v)),
@@ -111,19 +113,36 @@ fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Op
 /// A JSON-RPC `tools/call` the fast path may answer, read with rmcp's own id and params types
 /// so it accepts exactly what rmcp's handler would.
 #[derive(Debug, Deserialize, PartialEq)]
-struct ToolCallRequest {
+pub(crate) struct ToolCallRequest {
     jsonrpc: String,
-    id: RequestId,
+    pub(crate) id: RequestId,
     method: String,
-    params: CallToolRequestParams,
+    pub(crate) params: CallToolRequestParams,
+    /// A `result` or `error` member next to `method` (even `null`) makes the message neither a
+    /// request nor a response, which rmcp refuses: the fast path must not answer it either.
+    #[serde(default)]
+    result: Present,
+    #[serde(default)]
+    error: Present,
+}
+
+/// Whether a member is there, whatever its value (`null` too).
+#[derive(Debug, Default, PartialEq)]
+struct Present(bool);
+
+impl<'de> Deserialize<'de> for Present {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
+    }
 }
 
 impl ToolCallRequest {
     /// The call in `body`, or `None` when rmcp should handle it: not a single `tools/call`
     /// request, or params rmcp would refuse (arguments that are not an object, for one).
-    fn parse(body: &Bytes) -> Option<Self> {
+    pub(crate) fn parse(body: &Bytes) -> Option<Self> {
         let request: ToolCallRequest = serde_json::from_slice(body).ok()?;
-        (request.jsonrpc == "2.0" && request.method == "tools/call").then_some(request)
+        let single = !request.result.0 && !request.error.0;
+        (request.jsonrpc == "2.0" && request.method == "tools/call" && single).then_some(request)
     }
 }
 
@@ -167,6 +186,19 @@ mod tests {
         }
     }
 
+    /// Found by fuzzing (`fuzz/fuzz_targets/mcp_fast_path.rs`): rmcp refuses a message with a
+    /// `result` or `error` member next to `method`, and the fast path answered it as a call.
+    #[test]
+    fn a_call_with_a_result_or_error_member_goes_to_rmcp() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","arguments":{}},"error":null}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t"},"result":{}}"#,
+        ] {
+            assert!(serde_json::from_str::<rmcp::model::ClientJsonRpcMessage>(body).is_err(), "rmcp takes {body}");
+            assert_eq!(parse(body), None, "{body}");
+        }
+    }
+
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         pairs.iter().map(|(k, v)| (header::HeaderName::from_static(k), HeaderValue::from_static(v))).collect()
     }
@@ -197,6 +229,24 @@ mod tests {
                 pairs.push((drop, value));
             }
             assert_eq!(fast_path_session(&headers(&pairs), &allowed), None, "{drop} = {replace:?}");
+        }
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/mcp_fast_path.rs`): a Host whose name part is allowed
+    /// but that is no URI authority took the fast path, where rmcp answers 400.
+    #[test]
+    fn a_host_that_is_no_authority_goes_to_rmcp() {
+        let allowed = vec!["127.0.0.1".to_string()];
+        for list in [allowed, Vec::new()] {
+            for host in ["127.0.0.1:4040/x", "127.0.0.1:40 40", "127.0.0.1:4040:1"] {
+                let mut map = headers(&[
+                    ("content-type", "application/json"),
+                    ("accept", "application/json"),
+                    ("mcp-session-id", "abc"),
+                ]);
+                map.insert(header::HOST, HeaderValue::from_str(host).expect("a header value"));
+                assert_eq!(fast_path_session(&map, &list), None, "{host} with {list:?}");
+            }
         }
     }
 }

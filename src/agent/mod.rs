@@ -16,7 +16,7 @@ pub mod audit;
 pub mod chat;
 pub mod core;
 pub mod grpc;
-mod http_guard;
+pub(crate) mod http_guard;
 pub mod mcp_endpoint;
 pub mod mcp_fast_path;
 pub mod run;

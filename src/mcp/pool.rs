@@ -440,7 +440,11 @@ impl Pool {
     }
 }
 
-fn cap_result(result: CallToolResult, max_output_bytes: usize, latency: Duration) -> Result<ToolOutput, McpError> {
+pub(crate) fn cap_result(
+    result: CallToolResult,
+    max_output_bytes: usize,
+    latency: Duration,
+) -> Result<ToolOutput, McpError> {
     // The common case (text only, well under the cap) is decided without serializing anything.
     let text_only: Option<usize> = result
         .content

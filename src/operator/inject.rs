@@ -875,13 +875,13 @@ fn warn_unread_template(server: &str, header: &str, value: Option<&str>, warning
 
 /// `s` with every `$` doubled: the kubelet turns `$$` into `$` and expands nothing else, so the
 /// process sees `s` exactly.
-fn escape_dollars(s: &str) -> String {
+pub(crate) fn escape_dollars(s: &str) -> String {
     s.replace('$', "$$")
 }
 
 /// An `${ENV:...}` template rewritten for the kubelet's `$(VAR)` expansion (see the module
 /// header). `defined` are the variables set before this one on the same container.
-fn kubelet_value(
+pub(crate) fn kubelet_value(
     server: &str,
     field: &str,
     value: &str,

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Builds the cargo-fuzz targets in fuzz/ and runs each for SECONDS (default 20) on a copy of its
+# committed seed corpus; fails if any target crashes, and prints each target's executions per
+# second. CI runs `hack/fuzz.sh 20`; a longer hunt is `hack/fuzz.sh 600` (10 minutes a target).
+#
+#   hack/fuzz.sh [SECONDS] [TARGET...]     (no TARGET: every target in fuzz/fuzz_targets/)
+#
+# cargo-fuzz is installed once under $HOME/.cache/spear-mcp/cargo-fuzz, the targets are built
+# with nightly (AddressSanitizer and debug assertions) into $HOME/.cache/spear-mcp/fuzz-target.
+# The committed corpus is only read: libFuzzer writes what it finds into a temporary directory,
+# and a crash's input into fuzz/artifacts/<target>/ (fuzz/README.md: from a crash to a test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_TARGET="${1:-20}"
+shift || true
+CACHE="$HOME/.cache/spear-mcp"
+CARGO_FUZZ_VERSION="0.13.2"
+CARGO_FUZZ_ROOT="$CACHE/cargo-fuzz"
+# Its own target dir: nightly and sanitizer builds never disturb the stable one CI uses.
+export CARGO_TARGET_DIR="${SPEAR_FUZZ_TARGET_DIR:-$CACHE/fuzz-target}"
+export PATH="$CARGO_FUZZ_ROOT/bin:$PATH"
+
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  echo "fuzz: installing the nightly toolchain (cargo fuzz needs it)" >&2
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+  echo "fuzz: installing cargo-fuzz $CARGO_FUZZ_VERSION into $CARGO_FUZZ_ROOT" >&2
+  cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked --root "$CARGO_FUZZ_ROOT"
+fi
+
+if [ "$#" -gt 0 ]; then
+  targets=("$@")
+else
+  targets=()
+  for f in fuzz/fuzz_targets/*.rs; do targets+=("$(basename "$f" .rs)"); done
+fi
+
+echo "fuzz: building ${#targets[@]} targets (nightly, release, debug assertions, AddressSanitizer)" >&2
+build_started=$(date +%s)
+if [ "$#" -gt 0 ]; then
+  # `cargo fuzz build` takes one target, or none for all of them.
+  for target in "${targets[@]}"; do cargo +nightly fuzz build --debug-assertions "$target" >&2; done
+else
+  cargo +nightly fuzz build --debug-assertions >&2
+fi
+echo "fuzz: built in $(( $(date +%s) - build_started )) s" >&2
+
+triple="$(rustc +nightly -vV | sed -n 's/^host: //p')"
+bin_dir="$CARGO_TARGET_DIR/$triple/release"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+failed=()
+summary=()
+for target in "${targets[@]}"; do
+  seeds="fuzz/corpus/$target"
+  corpus="$work/corpus-$target"
+  mkdir -p "$corpus" "fuzz/artifacts/$target"
+  log="$work/$target.log"
+  echo "fuzz: $target for ${SECONDS_PER_TARGET} s" >&2
+  # The temporary corpus comes first: libFuzzer writes new inputs only into the first directory.
+  set +e
+  "$bin_dir/$target" "$corpus" "$seeds" \
+    -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="fuzz/artifacts/$target/" >"$log" 2>&1
+  rc=$?
+  set -e
+  execs="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
+  runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
+  if [ "$rc" -ne 0 ]; then
+    failed+=("$target")
+    tail -n 60 "$log" >&2
+    summary+=("$(printf '%-16s FAILED (exit %s): see fuzz/artifacts/%s/' "$target" "$rc" "$target")")
+  else
+    summary+=("$(printf '%-16s %8s exec/s  %10s runs in %s s' "$target" "${execs:-?}" "${runs:-?}" "$SECONDS_PER_TARGET")")
+  fi
+done
+
+echo "fuzz: results"
+printf '  %s\n' "${summary[@]}"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz: FAILED: ${failed[*]} (crash inputs in fuzz/artifacts/; fuzz/README.md says how to reproduce)" >&2
+  exit 1
+fi
