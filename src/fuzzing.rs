@@ -386,7 +386,12 @@ impl Lookup for Fixed {
     async fn fetch(&self, _namespace: &str, profile: Option<&str>) -> Result<Inputs, LookupError> {
         let found = self.0.profile.clone().filter(|p| profile.is_some() && p.metadata.name.as_deref() == profile);
         let servers = if found.is_some() { self.0.servers.clone() } else { Vec::new() };
-        Ok(Inputs { namespace_labels: self.0.namespace_labels.clone(), profile: found, servers, secrets: Default::default() })
+        Ok(Inputs {
+            namespace_labels: self.0.namespace_labels.clone(),
+            profile: found,
+            servers,
+            secrets: Default::default(),
+        })
     }
 }
 
