@@ -140,7 +140,10 @@ impl ToolCallRequest {
     /// The call in `body`, or `None` when rmcp should handle it: not a single `tools/call`
     /// request, or params rmcp would refuse (arguments that are not an object, for one).
     pub(crate) fn parse(body: &Bytes) -> Option<Self> {
-        let request: ToolCallRequest = serde_json::from_slice(body).ok()?;
+        // serde_json skips unknown members without checking their bytes are UTF-8; rmcp reads the
+        // whole message and refuses invalid UTF-8 anywhere in it, so the fast path checks first.
+        let text = std::str::from_utf8(body).ok()?;
+        let request: ToolCallRequest = serde_json::from_str(text).ok()?;
         let single = !request.result.0 && !request.error.0;
         (request.jsonrpc == "2.0" && request.method == "tools/call" && single).then_some(request)
     }
@@ -188,6 +191,18 @@ mod tests {
 
     /// Found by fuzzing (`fuzz/fuzz_targets/mcp_fast_path.rs`): rmcp refuses a message with a
     /// `result` or `error` member next to `method`, and the fast path answered it as a call.
+    #[test]
+    fn invalid_utf8_in_an_unknown_member_goes_to_rmcp() {
+        // Found by fuzz target mcp_fast_path: a byte that is not UTF-8 inside a member the fast
+        // path ignores (rmcp refuses the whole message).
+        let mut body = br#"{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"_m%ta": {"prog"#.to_vec();
+        body.push(0xe3);
+        body.extend_from_slice(br#"ressToken": 0}, "name": "t"}}"#);
+        assert_eq!(ToolCallRequest::parse(&Bytes::from(body)), None);
+        let valid = br#"{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "t"}}"#;
+        assert!(ToolCallRequest::parse(&Bytes::from_static(valid)).is_some());
+    }
+
     #[test]
     fn a_call_with_a_result_or_error_member_goes_to_rmcp() {
         for body in [
