@@ -58,12 +58,16 @@ fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
 
 /// Why a request is refused, if it is.
 pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| request.uri().authority().map(|a| a.to_string()));
+    // A Host header that is not text is refused, not replaced by the URI's authority: rmcp
+    // checks the header, and the guard must never be looser (found by fuzz target mcp_fast_path).
+    let host = match request.headers().get(header::HOST) {
+        Some(value) => match value.to_str() {
+            Ok(text) => Some(text.to_string()),
+            Err(_) if allowed.hosts.is_empty() => None,
+            Err(_) => return Some("the Host header is not text".to_string()),
+        },
+        None => request.uri().authority().map(|a| a.to_string()),
+    };
     match host {
         Some(host) if host_allowed(&host, &allowed.hosts) => {}
         Some(host) => {
