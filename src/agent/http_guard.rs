@@ -63,7 +63,6 @@ pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
     let host = match request.headers().get(header::HOST) {
         Some(value) => match value.to_str() {
             Ok(text) => Some(text.to_string()),
-            Err(_) if allowed.hosts.is_empty() => None,
             Err(_) => return Some("the Host header is not text".to_string()),
         },
         None => request.uri().authority().map(|a| a.to_string()),
