@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::http::uri::Authority;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -33,21 +34,23 @@ impl Allowed {
 }
 
 /// `host` (`name` or `name:port`, IPv6 in brackets) matches an entry given as a name or as
-/// `name:port`; an empty list allows any host, as rmcp does.
+/// `name:port`; an empty list allows any host, as rmcp does. The rule is rmcp's own (its
+/// DNS-rebinding check on `/mcp`), so the two doors agree: the Host must be a URI authority, it
+/// matches an entry by name (brackets trimmed at the ends, case-insensitive), and by port when
+/// the entry names one. An empty entry (`--allowed-host localhost,`) names no host.
 pub(crate) fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let Ok(authority) = host.parse::<Authority>() else { return false };
     if allowed.is_empty() {
         return true;
     }
-    let host = host.to_ascii_lowercase();
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or_default().to_string(),
-        None => host.rsplit_once(':').map_or(host.as_str(), |(name, _)| name).to_string(),
-    };
-    // An empty entry (`--allowed-host localhost,`) names no host: as in rmcp, it matches nothing.
-    allowed.iter().filter(|entry| !entry.trim().is_empty()).any(|entry| {
-        let entry = entry.to_ascii_lowercase();
-        let entry = entry.trim_start_matches('[').replace(']', "");
-        entry == name || entry == host.replace(['[', ']'], "")
+    let normalize = |h: &str| h.trim_matches('[').trim_matches(']').to_ascii_lowercase();
+    let (name, port) = (normalize(authority.host()), authority.port_u16());
+    allowed.iter().map(|entry| entry.trim()).filter(|entry| !entry.is_empty()).any(|entry| {
+        let (entry_name, entry_port) = match entry.parse::<Authority>() {
+            Ok(a) => (normalize(a.host()), a.port_u16()),
+            Err(_) => (normalize(entry), None),
+        };
+        entry_name == name && entry_port.is_none_or(|p| port == Some(p))
     })
 }
 

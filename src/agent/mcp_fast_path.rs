@@ -21,11 +21,13 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use rmcp::model::{CallToolRequestParams, ProtocolVersion, RequestId};
+use rmcp::model::{
+    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, JsonRpcRequest, ProtocolVersion,
+    RequestId,
+};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
-use serde::Deserialize;
 use tower::ServiceExt;
 
 use super::http_guard::host_allowed;
@@ -99,9 +101,9 @@ pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[Str
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
     let json_body = text(header::CONTENT_TYPE.as_str())?.starts_with("application/json");
     let json_reply = text(header::ACCEPT.as_str())?.contains("application/json");
-    // rmcp refuses (400) a Host that is not a URI authority (`127.0.0.1:4040/x`), even one whose
-    // name part `host_allowed` accepts: such a request goes to rmcp.
-    let host = text(header::HOST.as_str()).filter(|h| h.parse::<axum::http::uri::Authority>().is_ok())?;
+    // `host_allowed` is rmcp's rule, so a Host rmcp refuses (one that is not a URI authority,
+    // `127.0.0.1:4040/x`) goes to rmcp.
+    let host = text(header::HOST.as_str())?;
     let known_version = match headers.get(PROTOCOL_VERSION_HEADER) {
         None => true,
         Some(value) => value.to_str().is_ok_and(|v| ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == v)),
@@ -110,42 +112,26 @@ pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[Str
     text(SESSION_HEADER).filter(|s| !s.is_empty())
 }
 
-/// A JSON-RPC `tools/call` the fast path may answer, read with rmcp's own id and params types
-/// so it accepts exactly what rmcp's handler would.
-#[derive(Debug, Deserialize, PartialEq)]
+/// A JSON-RPC `tools/call` the fast path may answer, read as rmcp's own message type so it
+/// accepts exactly what rmcp's handler would. (A struct of rmcp's id and params types was not
+/// enough: serde skips unknown members without checking them, so bodies rmcp refuses, with a
+/// `result` member, a string that is not UTF-8 or a lone surrogate escape, took the fast path.)
+#[derive(Debug, PartialEq)]
 pub(crate) struct ToolCallRequest {
-    jsonrpc: String,
     pub(crate) id: RequestId,
-    method: String,
     pub(crate) params: CallToolRequestParams,
-    /// A `result` or `error` member next to `method` (even `null`) makes the message neither a
-    /// request nor a response, which rmcp refuses: the fast path must not answer it either.
-    #[serde(default)]
-    result: Present,
-    #[serde(default)]
-    error: Present,
-}
-
-/// Whether a member is there, whatever its value (`null` too).
-#[derive(Debug, Default, PartialEq)]
-struct Present(bool);
-
-impl<'de> Deserialize<'de> for Present {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
-    }
 }
 
 impl ToolCallRequest {
     /// The call in `body`, or `None` when rmcp should handle it: not a single `tools/call`
-    /// request, or params rmcp would refuse (arguments that are not an object, for one).
+    /// request, or one rmcp would refuse (arguments that are not an object, for one).
     pub(crate) fn parse(body: &Bytes) -> Option<Self> {
-        // serde_json skips unknown members without checking their bytes are UTF-8; rmcp reads the
-        // whole message and refuses invalid UTF-8 anywhere in it, so the fast path checks first.
-        let text = std::str::from_utf8(body).ok()?;
-        let request: ToolCallRequest = serde_json::from_str(text).ok()?;
-        let single = !request.result.0 && !request.error.0;
-        (request.jsonrpc == "2.0" && request.method == "tools/call" && single).then_some(request)
+        match serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()? {
+            JsonRpcMessage::Request(JsonRpcRequest { id, request: ClientRequest::CallToolRequest(call), .. }) => {
+                Some(ToolCallRequest { id, params: call.params })
+            }
+            _ => None,
+        }
     }
 }
 
@@ -190,7 +176,8 @@ mod tests {
     }
 
     /// Found by fuzzing (`fuzz/fuzz_targets/mcp_fast_path.rs`): rmcp refuses a message with a
-    /// `result` or `error` member next to `method`, and the fast path answered it as a call.
+    /// `result` or `error` member next to `method`, or one with a string that is not UTF-8 or
+    /// holds a lone surrogate escape, and the fast path answered it as a call.
     #[test]
     fn invalid_utf8_in_an_unknown_member_goes_to_rmcp() {
         // Found by fuzz target mcp_fast_path: a byte that is not UTF-8 inside a member the fast
@@ -208,10 +195,15 @@ mod tests {
         for body in [
             r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","arguments":{}},"error":null}"#,
             r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t"},"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t"},"x":"\ud800"}"#,
         ] {
-            assert!(serde_json::from_str::<rmcp::model::ClientJsonRpcMessage>(body).is_err(), "rmcp takes {body}");
+            assert!(serde_json::from_str::<ClientJsonRpcMessage>(body).is_err(), "rmcp takes {body}");
             assert_eq!(parse(body), None, "{body}");
         }
+        // A body that is not UTF-8 in a member the call does not use.
+        let body = b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"tools/call\",\"params\":{\"_x\":{\"a\xae\":0},\"name\":\"t\"}}";
+        assert!(serde_json::from_slice::<ClientJsonRpcMessage>(body).is_err(), "rmcp takes it");
+        assert_eq!(ToolCallRequest::parse(&Bytes::from_static(body)), None);
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
