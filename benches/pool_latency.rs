@@ -115,12 +115,7 @@ async fn run(calls_per_round: usize) {
     let _bridge_pool = start_bridge(&echo_socket, &exe);
     wait_for(&echo_socket).await;
     let sidecar = Pool::new(PoolOptions {
-        mode: Mode::Sidecar {
-            socket_dir: dir.path().to_path_buf(),
-            sidecars: None,
-            secret_refs: None,
-            peer_uids: Default::default(),
-        },
+        mode: Mode::sidecar(dir.path().to_path_buf()),
         idle_timeout: None,
         ..PoolOptions::default()
     });

@@ -31,6 +31,16 @@ use crate::operator::webhook::{self, Inputs, Lookup, LookupError};
 use crate::policy::{CompiledProfile, EffectiveSet, RequestScope, ServerTools, ToolInfo, ToolList, name};
 use crate::registry::{Entry, Snapshot};
 
+/// The example registry (`examples/registry/`) as one multi-document text: the registry the
+/// chat and webhook targets decide against, so their inputs meet real servers and profiles.
+pub const EXAMPLE_REGISTRY: &str = concat!(
+    include_str!("../examples/registry/everything.yaml"),
+    "\n---\n",
+    include_str!("../examples/registry/filesystem.yaml"),
+    "\n---\n",
+    include_str!("../examples/registry/profiles.yaml"),
+);
+
 // === manifest ===
 
 /// What [`manifest::parse`] made of a text: each valid object as JSON (with its `apiVersion`

@@ -25,13 +25,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use spear::fuzzing::ChatLoop;
 
-const REGISTRY: &str = concat!(
-    include_str!("../../examples/registry/everything.yaml"),
-    "\n---\n",
-    include_str!("../../examples/registry/filesystem.yaml"),
-    "\n---\n",
-    include_str!("../../examples/registry/profiles.yaml"),
-);
+const REGISTRY: &str = spear::fuzzing::EXAMPLE_REGISTRY;
 const SERVERS: &[&str] = &["everything", "everything-http", "filesystem"];
 const TOOLS: &[&str] = &["echo", "get-sum", "read_file", "write_file", "move_file", "list_directory", "delete_all"];
 

@@ -24,13 +24,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use spear::fuzzing::{Review, parse_manifest, webhook_review};
 
-const REGISTRY: &str = concat!(
-    include_str!("../../examples/registry/everything.yaml"),
-    "\n---\n",
-    include_str!("../../examples/registry/filesystem.yaml"),
-    "\n---\n",
-    include_str!("../../examples/registry/profiles.yaml"),
-);
+const REGISTRY: &str = spear::fuzzing::EXAMPLE_REGISTRY;
 const NAMES: &[&str] = &["filesystem", "everything", "everything-http"];
 
 #[derive(Arbitrary, Debug)]

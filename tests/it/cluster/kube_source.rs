@@ -299,12 +299,7 @@ async fn an_api_server_outage_keeps_the_last_snapshot_serving_and_resyncs_after(
     options.registry_metrics = RegistryMetrics::register(&mut metrics);
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let pool = Pool::new(PoolOptions {
-        mode: Mode::Sidecar {
-            socket_dir: socket_dir.path().to_path_buf(),
-            sidecars: None,
-            secret_refs: None,
-            peer_uids: Default::default(),
-        },
+        mode: Mode::sidecar(socket_dir.path().to_path_buf()),
         idle_timeout: None,
         ..PoolOptions::default()
     });
