@@ -23,6 +23,8 @@ pub mod reasons {
     pub(crate) const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
     /// The probe failed; `lastError` says why.
     pub(crate) const PROBE_FAILED: &str = "ProbeFailed";
+    /// The operator does not probe this server (`--probe-namespaces`); the message says why.
+    pub(crate) const PROBE_SKIPPED: &str = "ProbeSkipped";
     /// All referenced servers exist.
     pub(crate) const RESOLVED: &str = "Resolved";
     /// Some referenced servers are missing; `missingServers` lists them.

@@ -264,6 +264,19 @@ pub(crate) async fn connect(
     frame_limit: usize,
     timeout: Duration,
 ) -> Result<Connection, McpError> {
+    connect_with(server_id, endpoint, list_changed, frame_limit, timeout, None).await
+}
+
+/// [`connect`], with `http_client` for a Streamable HTTP endpoint instead of rmcp's default one
+/// (same-origin redirects, system proxy); the operator's prober brings its own.
+pub(crate) async fn connect_with(
+    server_id: &Arc<str>,
+    endpoint: &Endpoint,
+    list_changed: Arc<ListChanged>,
+    frame_limit: usize,
+    timeout: Duration,
+    http_client: Option<reqwest::Client>,
+) -> Result<Connection, McpError> {
     let handler_list_changed = list_changed.clone();
     let handler = PoolHandler { server_id: server_id.clone(), list_changed };
     let oversized = Arc::new(AtomicBool::new(false));
@@ -342,7 +355,10 @@ pub(crate) async fn connect(
                 config.custom_headers = custom;
                 config.max_sse_event_size = frame_limit;
                 config.reinit_on_expired_session = true;
-                let transport = StreamableHttpClientTransport::from_config(config);
+                let transport = match http_client {
+                    Some(client) => StreamableHttpClientTransport::with_client(client, config),
+                    None => StreamableHttpClientTransport::from_config(config),
+                };
                 let service =
                     handler.serve(transport).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
                 Ok((service, None))

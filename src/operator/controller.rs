@@ -291,6 +291,7 @@ impl ControllerMetrics {
         let result = match outcome.result {
             ProbeResult::Succeeded { .. } => "succeeded",
             ProbeResult::Failed { .. } => "failed",
+            ProbeResult::Skipped { .. } => "skipped",
         };
         self.probes.get_or_create(&ProbeLabels { result: result.to_string() }).inc();
     }
@@ -368,11 +369,19 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
     let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: Some(config.instance.clone()) };
     let (servers, server_writer) = reflector::store::<McpServer>();
     let (bindings, binding_writer) = reflector::store::<RoleBinding>();
+    let (namespaces, namespace_writer) = reflector::store::<Namespace>();
+    let (servers_ready, server_cache_ready) = CacheReady::new();
+    let (bindings_ready, binding_cache_ready) = CacheReady::new();
+    let (namespaces_ready, namespace_cache_ready) = CacheReady::new();
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         servers,
+        servers_ready,
         bindings,
+        bindings_ready,
+        namespaces,
+        namespaces_ready,
         probe: config.probe.clone(),
         metrics: config.metrics.clone(),
         cluster_role_applied: AtomicBool::new(false),
@@ -385,9 +394,27 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         }
     };
 
-    // McpServer status.
+    // McpServer status, re-reconciled from the namespace cache: a namespace that turns
+    // injection-enabled gets its servers probed now, not at their next requeue
+    // (`--probe-namespaces=injection-enabled`).
     let server_api: Api<McpServer> = config.scope.api(client.clone());
-    let server_controller = Controller::new(server_api.clone(), watcher::Config::default())
+    let server_controller = Controller::new(server_api.clone(), watcher::Config::default());
+    let (server_tx, server_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let namespace_cache = {
+        let servers = server_controller.store();
+        cache(
+            namespace_writer,
+            Api::<Namespace>::all(client.clone()),
+            config.scope.namespaces(),
+            namespace_cache_ready,
+            stop(),
+            move |event| servers_to_trigger(event, &servers.state()),
+            server_tx,
+        )
+        .instrument(tracing::info_span!("reflector", kind = KIND_NAMESPACE))
+    };
+    let server_controller = server_controller
+        .reconcile_on(ReceiverStream::new(server_rx))
         .with_config(run_config.clone())
         .graceful_shutdown_on(stop())
         .run(reconcile_server, error_policy, ctx.clone())
@@ -404,6 +431,7 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         server_writer,
         server_api,
         watcher::Config::default(),
+        server_cache_ready,
         stop(),
         move |event| profiles_to_trigger(event, &profiles.state()),
         profile_tx,
@@ -429,6 +457,7 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         binding_writer,
         config.scope.api(client),
         managed,
+        binding_cache_ready,
         stop(),
         move |event| namespaces_to_trigger(event, &namespaces.state()),
         namespace_tx,
@@ -441,7 +470,14 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         .for_each(log_outcome)
         .instrument(tracing::info_span!("controller", kind = KIND_NAMESPACE));
 
-    tokio::join!(server_controller, server_cache, profile_controller, binding_cache, namespace_controller);
+    tokio::join!(
+        server_controller,
+        server_cache,
+        namespace_cache,
+        profile_controller,
+        binding_cache,
+        namespace_controller
+    );
 }
 
 /// Runs a reflector into `writer` until `stop`, sending `trigger(event)`'s references after
@@ -450,6 +486,7 @@ async fn cache<K, R, F>(
     writer: reflector::store::Writer<K>,
     api: Api<K>,
     config: watcher::Config,
+    ready: tokio::sync::watch::Sender<bool>,
     stop: impl std::future::Future<Output = ()>,
     trigger: F,
     tx: mpsc::Sender<ObjectRef<R>>,
@@ -463,6 +500,9 @@ async fn cache<K, R, F>(
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
+                if matches!(event, watcher::Event::InitDone) {
+                    ready.send_replace(true);
+                }
                 for obj_ref in trigger(&event) {
                     if tx.send(obj_ref).await.is_err() {
                         // The controller is gone: the term is ending.
@@ -498,6 +538,39 @@ fn affected_profiles(server: &McpServer, profiles: &[Arc<McpProfile>]) -> Vec<Ob
         .collect()
 }
 
+/// The McpServers to re-reconcile after a namespace cache event: those of the namespace (its
+/// labels may have changed), none after a re-list (each server's own watch covers its start).
+fn servers_to_trigger(event: &watcher::Event<Namespace>, servers: &[Arc<McpServer>]) -> Vec<ObjectRef<McpServer>> {
+    match event {
+        watcher::Event::Apply(namespace) => servers
+            .iter()
+            .filter(|s| s.metadata.namespace.is_some() && s.metadata.namespace == namespace.metadata.name)
+            .map(|s| ObjectRef::from_obj(&**s))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether a cache has finished its first list. kube's `Store::wait_until_ready` wakes only one
+/// of several tasks waiting at once (a oneshot receiver keeps one waker), so reconciles that run
+/// side by side, and the controller holding its runner, would leave the others asleep for good;
+/// a watch channel wakes every waiter.
+#[derive(Clone)]
+struct CacheReady(tokio::sync::watch::Receiver<bool>);
+
+impl CacheReady {
+    /// The readiness handle and the sender [`cache`] sets after the first `InitDone`.
+    fn new() -> (CacheReady, tokio::sync::watch::Sender<bool>) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (CacheReady(rx), tx)
+    }
+
+    async fn wait(&self, kind: &'static str) -> Result<(), Error> {
+        let mut ready = self.0.clone();
+        ready.wait_for(|ready| *ready).await.map(|_| ()).map_err(|_| Error::CacheStopped { kind })
+    }
+}
+
 /// The namespaces to re-reconcile after a RoleBinding cache event: the binding's, and all
 /// after a re-list (a deletion may have been missed).
 fn namespaces_to_trigger(
@@ -521,8 +594,13 @@ struct Context {
     recorder: Recorder,
     /// Every McpServer in scope (for profiles).
     servers: Store<McpServer>,
+    servers_ready: CacheReady,
     /// The agent RoleBindings we manage, in scope.
     bindings: Store<RoleBinding>,
+    bindings_ready: CacheReady,
+    /// Namespaces in scope (which are injection-enabled, for `--probe-namespaces`).
+    namespaces: Store<Namespace>,
+    namespaces_ready: CacheReady,
     probe: ProbeConfig,
     metrics: ControllerMetrics,
     /// Set once the agent ClusterRole was applied in this term.
@@ -592,10 +670,14 @@ async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<A
     let now = now();
     let valid = server.validate().is_empty();
     let mut outcome = None;
-    if probe::schedule(&server, server.status.as_ref(), valid, &now, &ctx.probe) == Schedule::Now
+    let in_scope = ctx.probes_namespace(&namespace).await?;
+    if !in_scope && probe::target(&server).is_some() && valid {
+        let message = probe::skipped_message(&namespace, ctx.probe.namespaces);
+        outcome = Some(ProbeOutcome { time: now.clone(), result: ProbeResult::Skipped { message } });
+    } else if probe::schedule(&server, server.status.as_ref(), valid, &now, &ctx.probe) == Schedule::Now
         && let Some(target) = probe::target(&server)
     {
-        let probed = probe::probe(&name, &target, ctx.probe.timeout, now.clone()).await;
+        let probed = probe::probe(&name, &target, &ctx.probe.deny, ctx.probe.timeout, now.clone()).await;
         tracing::debug!(%namespace, server_id = %name, result = ?probed.result, "probed");
         ctx.metrics.probed(&probed);
         outcome = Some(probed);
@@ -622,6 +704,10 @@ async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<A
     // Secrets are not watched (that would take list/watch on every Secret): a grant added or
     // withdrawn shows on the status within SECRET_RECHECK.
     let recheck = (!references.is_empty()).then_some(SECRET_RECHECK);
+    if !in_scope {
+        // A namespace label change triggers this reconcile (the namespace watch above).
+        return Ok(recheck.map_or_else(Action::await_change, Action::requeue));
+    }
     Ok(match (probe::schedule(&server, Some(&status), valid, &now, &ctx.probe), recheck) {
         (Schedule::After(delay), recheck) => Action::requeue(recheck.map_or(delay, |r| r.min(delay))),
         // Only when the write above did not take (the object went away meanwhile).
@@ -635,7 +721,7 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
     ControllerMetrics::count(&ctx.metrics.reconciles, KIND_PROFILE);
     let (namespace, name) = identity(&*profile)?;
     // Before the first list, "missing" would be a lie written to the status.
-    ctx.servers.wait_until_ready().await.map_err(|_| Error::CacheStopped { kind: KIND_SERVER })?;
+    ctx.servers_ready.wait(KIND_SERVER).await?;
     let servers: Vec<McpServer> = ctx
         .servers
         .state()
@@ -666,7 +752,7 @@ async fn reconcile_namespace(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Re
         // Terminating: its bindings go with it, and nothing new may be created there.
         return Ok(Action::await_change());
     }
-    ctx.bindings.wait_until_ready().await.map_err(|_| Error::CacheStopped { kind: "RoleBinding" })?;
+    ctx.bindings_ready.wait("RoleBinding").await?;
     let current = ctx.bindings.get(&ObjectRef::new(AGENT_ROLE).within(&name));
     let api: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &name);
     if injection_enabled(namespace.metadata.labels.as_ref()) {
@@ -769,6 +855,20 @@ fn new_rejection<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str>
 }
 
 impl Context {
+    /// Whether McpServers of `namespace` are probed (`--probe-namespaces`); waits for the
+    /// namespace cache only when the answer depends on it.
+    async fn probes_namespace(&self, namespace: &str) -> Result<bool, Error> {
+        if self.probe.namespaces != probe::ProbeNamespaces::InjectionEnabled {
+            return Ok(probe::probes_namespace(self.probe.namespaces, false));
+        }
+        self.namespaces_ready.wait(KIND_NAMESPACE).await?;
+        let enabled = self
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .is_some_and(|ns| injection_enabled(ns.metadata.labels.as_ref()));
+        Ok(probe::probes_namespace(self.probe.namespaces, enabled))
+    }
+
     /// The annotations of the named Secrets of `namespace` (metadata GETs; never the data).
     async fn secret_grants(&self, namespace: &str, names: impl Iterator<Item = &str>) -> Result<SecretGrants, Error> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
@@ -906,5 +1006,25 @@ mod tests {
     fn event_notes_are_cut_on_a_character_boundary() {
         assert_eq!(cut("héllo", 2), "h");
         assert_eq!(cut("hello", 10), "hello");
+    }
+
+    #[tokio::test]
+    async fn every_reconcile_waiting_for_a_cache_wakes_when_it_is_ready() {
+        // kube's Store::wait_until_ready would leave all but one of these asleep.
+        let (ready, tx) = CacheReady::new();
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let ready = ready.clone();
+                tokio::spawn(async move { ready.wait("McpServer").await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        tx.send_replace(true);
+        for waiter in waiters {
+            let woke = tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await;
+            assert!(matches!(woke, Ok(Ok(Ok(())))), "a waiter stayed asleep: {woke:?}");
+        }
+        drop(tx);
+        assert!(ready.wait("McpServer").await.is_ok(), "ready stays ready after the cache stops");
     }
 }

@@ -16,14 +16,31 @@
 //! withheld and why, so `Ready=False` is read as "the operator could not check", not as "the
 //! server is down". The probe is still made: it shows the URL is reachable and speaks MCP.
 //!
+//! **Reach.** The operator runs where registry authors' pods may not (its own namespace, often
+//! with a route to node-local and cloud-metadata addresses), and anyone who may write an
+//! McpServer chooses the URL. Two limits keep the prober from being their proxy:
+//! - *Namespaces* (`--probe-namespaces`, default `injection-enabled`): only McpServers in a
+//!   namespace labelled `mcp.spear.dev/injection=enabled` are probed, the ones pods there can
+//!   use; elsewhere `Ready` is `Unknown/ProbeSkipped`. `all` probes everywhere, `none` nowhere.
+//! - *Addresses* (`--probe-deny-cidrs`, default loopback, link-local, "this host"): checked on
+//!   the addresses actually dialled, in the HTTP client's resolver, so a name that resolves (or
+//!   re-resolves) into a denied range is refused as well as a literal IP; redirects are not
+//!   followed (one could point anywhere) and no proxy is used while the list is non-empty (a
+//!   proxy would resolve the name itself). The status says only that the address is denied.
+//!
 //! **Schedule.** A probe runs when the generation changed since the last one, then every
 //! `interval` while it succeeds. While it fails, the next attempt comes after as long as the
 //! failure has lasted so far (at least `min_retry`, at most `interval`): retries double, and
 //! the delay derives from the status alone (`Ready`'s `lastTransitionTime`), so a new leader
 //! continues the same backoff.
 
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use ipnet::IpNet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -39,7 +56,7 @@ use crate::mcp::limits::{self, ListLimits};
 /// tools/list of a big server fits, a runaway stream does not.
 const FRAME_LIMIT: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;
 
-/// When and how long probes run.
+/// When, where and how long probes run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeConfig {
     /// Between two successful probes (`--probe-interval-seconds`).
@@ -48,6 +65,10 @@ pub struct ProbeConfig {
     pub min_retry: Duration,
     /// One probe (connect, `initialize`, `tools/list`) must finish within this.
     pub timeout: Duration,
+    /// Which namespaces' McpServers are probed (`--probe-namespaces`).
+    pub namespaces: ProbeNamespaces,
+    /// Addresses never dialled (`--probe-deny-cidrs`).
+    pub deny: AddressDenyList,
 }
 
 impl Default for ProbeConfig {
@@ -59,8 +80,163 @@ impl Default for ProbeConfig {
             interval: Duration::from_secs(60),
             min_retry: Duration::from_secs(5),
             timeout: Duration::from_secs(10),
+            namespaces: ProbeNamespaces::InjectionEnabled,
+            deny: AddressDenyList::default(),
         }
     }
+}
+
+/// Which namespaces' McpServers the operator probes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeNamespaces {
+    /// Namespaces labelled `mcp.spear.dev/injection=enabled`: where pods can use the servers.
+    #[default]
+    InjectionEnabled,
+    /// Every namespace in scope.
+    All,
+    /// None: http servers' `Ready` stays `Unknown`.
+    None,
+}
+
+/// Address ranges a probe never connects to. The default is [`AddressDenyList::DEFAULT`]:
+/// loopback (the operator's own pod, and node-local services with host networking), link-local
+/// (cloud metadata endpoints such as 169.254.169.254) and "this host" (0.0.0.0 dials loopback).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddressDenyList(Vec<IpNet>);
+
+impl AddressDenyList {
+    /// The default ranges, in the flag's syntax.
+    pub const DEFAULT: &str = "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,0.0.0.0/8,::/128";
+
+    /// No range: every address may be probed.
+    pub fn none() -> Self {
+        AddressDenyList(Vec::new())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `ip` is in a denied range. An IPv4 address written as IPv6 (`::ffff:127.0.0.1`)
+    /// is checked as the IPv4 address it dials.
+    pub fn denies(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|range| range.contains(&ip))
+    }
+}
+
+impl Default for AddressDenyList {
+    fn default() -> Self {
+        AddressDenyList::from_str(Self::DEFAULT).unwrap_or_else(|_| AddressDenyList::none())
+    }
+}
+
+/// A `--probe-deny-cidrs` entry that is not an address range.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "--probe-deny-cidrs: '{entry}' is not an address range; write CIDRs separated by commas \
+     (for example {default}), or an empty value to probe every address",
+    default = AddressDenyList::DEFAULT
+)]
+pub struct DenyListError {
+    entry: String,
+}
+
+impl FromStr for AddressDenyList {
+    type Err = DenyListError;
+
+    /// Comma-separated CIDRs (`10.0.0.0/8`) or single addresses; empty entries are skipped, so
+    /// an empty text is the empty list.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+            .map(|entry| {
+                entry
+                    .parse::<IpNet>()
+                    .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
+                    .map(|net| net.trunc())
+                    .map_err(|_| DenyListError { entry: entry.to_string() })
+            })
+            .collect::<Result<_, _>>()
+            .map(AddressDenyList)
+    }
+}
+
+/// The IP address a URL's host is written as, if it is one (`http://[::1]/`, `http://10.0.0.1/`):
+/// such a URL is dialled without a lookup, so it is checked before connecting.
+fn literal_ip(url: &str) -> Option<IpAddr> {
+    match url::Url::parse(url).ok()?.host()? {
+        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
+        url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
+        url::Host::Domain(_) => None,
+    }
+}
+
+/// The probe's name resolver: the system's (`getaddrinfo`), with denied addresses removed.
+/// When every address of a name is denied the lookup fails and `denied` is set, so the probe can
+/// say why without parsing the HTTP client's error text.
+struct DenyingResolver {
+    deny: AddressDenyList,
+    denied: Arc<AtomicBool>,
+}
+
+impl reqwest::dns::Resolve for DenyingResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let deny = self.deny.clone();
+        let denied = self.denied.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed: Vec<SocketAddr> = found.iter().copied().filter(|a| !deny.denies(a.ip())).collect();
+            if allowed.is_empty() && !found.is_empty() {
+                denied.store(true, Ordering::Release);
+                return Err(DENIED_MESSAGE.into());
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(allowed.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// Status message of a probe refused by the deny list. It names neither the address nor the
+/// range: the status is read by the URL's author, and which names resolve where is not theirs
+/// to learn through the operator.
+const DENIED_MESSAGE: &str = "initialize failed: the server's address is in a range the operator does not probe \
+     (--probe-deny-cidrs: loopback and link-local by default); probe it from a pod, or ask the \
+     operator's owner to allow the range";
+
+/// Status message of an McpServer outside the probed namespaces.
+pub(crate) fn skipped_message(namespace: &str, scope: ProbeNamespaces) -> String {
+    match scope {
+        ProbeNamespaces::None => "not probed: the operator runs with --probe-namespaces=none".to_string(),
+        _ => format!(
+            "not probed: namespace {namespace} is not labelled mcp.spear.dev/injection=enabled, and the operator \
+             probes only servers that pods can use (--probe-namespaces=injection-enabled)"
+        ),
+    }
+}
+
+/// Whether McpServers of a namespace with `injection_enabled` are probed under `scope`.
+pub(crate) fn probes_namespace(scope: ProbeNamespaces, injection_enabled: bool) -> bool {
+    match scope {
+        ProbeNamespaces::InjectionEnabled => injection_enabled,
+        ProbeNamespaces::All => true,
+        ProbeNamespaces::None => false,
+    }
+}
+
+/// The probe's HTTP client: the deny list in the resolver, no redirects, no proxy while the
+/// list is non-empty, no idle connections kept (a probe is one exchange per minute).
+fn http_client(deny: &AddressDenyList, denied: Arc<AtomicBool>) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .dns_resolver(Arc::new(DenyingResolver { deny: deny.clone(), denied }));
+    if !deny.is_empty() {
+        builder = builder.no_proxy();
+    }
+    builder.build().map_err(|e| format!("initialize failed: the HTTP client could not be built: {e}"))
 }
 
 /// What a probe connects to. `Debug` shows header names only.
@@ -159,11 +335,28 @@ fn elapsed(to: &Time, from: &Time) -> Duration {
 }
 
 /// Probes `target`: connect and `initialize`, then `tools/list` (all pages), then close, all
-/// within `timeout`. `now` is recorded as the probe time. Errors never contain header values.
-pub(crate) async fn probe(server_id: &str, target: &ProbeTarget, timeout: Duration, now: Time) -> ProbeOutcome {
+/// within `timeout`, never dialling an address `deny` refuses. `now` is recorded as the probe
+/// time. Errors never contain header values.
+pub(crate) async fn probe(
+    server_id: &str,
+    target: &ProbeTarget,
+    deny: &AddressDenyList,
+    timeout: Duration,
+    now: Time,
+) -> ProbeOutcome {
     crate::install_crypto_provider();
-    let result = match tokio::time::timeout(timeout, list(server_id, target, timeout)).await {
+    let failed = |error: String| ProbeOutcome { time: now.clone(), result: ProbeResult::Failed { error } };
+    if literal_ip(&target.url).is_some_and(|ip| deny.denies(ip)) {
+        return failed(DENIED_MESSAGE.to_string());
+    }
+    let denied = Arc::new(AtomicBool::new(false));
+    let client = match http_client(deny, denied.clone()) {
+        Ok(client) => client,
+        Err(error) => return failed(error),
+    };
+    let result = match tokio::time::timeout(timeout, list(server_id, target, client, timeout)).await {
         Ok(Ok((tools, server_info, cut))) => ProbeResult::Succeeded { tools, server_info: Some(server_info), cut },
+        Ok(Err(_)) if denied.load(Ordering::Acquire) => ProbeResult::Failed { error: DENIED_MESSAGE.to_string() },
         Ok(Err(error)) => {
             // The raw error may quote the server's answer (rmcp puts an HTTP error's body in
             // it): logged at debug for the operator's owner, never written to the status.
@@ -180,13 +373,21 @@ pub(crate) async fn probe(server_id: &str, target: &ProbeTarget, timeout: Durati
 async fn list(
     server_id: &str,
     target: &ProbeTarget,
+    client: reqwest::Client,
     timeout: Duration,
 ) -> Result<(Vec<String>, crate::api::ServerInfo, Option<String>), String> {
     let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone() };
     let id: Arc<str> = Arc::from(server_id);
-    let conn = connect::connect(&id, &endpoint, Arc::new(ListChanged::default()), target.frame_limit, timeout)
-        .await
-        .map_err(|e| e.message)?;
+    let conn = connect::connect_with(
+        &id,
+        &endpoint,
+        Arc::new(ListChanged::default()),
+        target.frame_limit,
+        timeout,
+        Some(client),
+    )
+    .await
+    .map_err(|e| e.message)?;
     let listed = conn.list_tools_capped(&ListLimits::default()).await;
     // Close before looking at the answer: the session is not reused, and a server keeps
     // per-session state until told.
@@ -297,8 +498,13 @@ mod tests {
         }
     }
 
-    const CONFIG: ProbeConfig =
-        ProbeConfig { interval: Duration::from_secs(60), min_retry: Duration::from_secs(5), timeout: Duration::ZERO };
+    const CONFIG: ProbeConfig = ProbeConfig {
+        interval: Duration::from_secs(60),
+        min_retry: Duration::from_secs(5),
+        timeout: Duration::ZERO,
+        namespaces: ProbeNamespaces::All,
+        deny: AddressDenyList(Vec::new()),
+    };
 
     #[test]
     fn only_literal_headers_are_sent_and_the_rest_are_named() {
@@ -399,5 +605,130 @@ mod tests {
         assert!(message.starts_with("HTTP 401 (probed without header Authorization:"), "{message}");
         let none = ProbeTarget { withheld: vec![], ..target };
         assert_eq!(explain("HTTP 401".into(), &none), "HTTP 401");
+    }
+
+    #[test]
+    fn the_default_deny_list_covers_loopback_link_local_and_this_host_in_every_spelling() {
+        let deny = AddressDenyList::default();
+        for denied in
+            ["127.0.0.1", "127.255.0.9", "::1", "169.254.169.254", "fe80::1", "0.0.0.0", "::", "::ffff:127.0.0.1"]
+        {
+            assert!(deny.denies(denied.parse().expect("an address")), "{denied} must be denied");
+        }
+        for allowed in ["10.0.0.1", "192.168.1.10", "8.8.8.8", "2001:db8::1", "::ffff:10.0.0.1", "169.255.0.1"] {
+            assert!(!deny.denies(allowed.parse().expect("an address")), "{allowed} must be allowed");
+        }
+    }
+
+    #[test]
+    fn the_deny_list_flag_takes_cidrs_or_addresses_and_empty_allows_all() {
+        let list: AddressDenyList = " 10.0.0.0/8 , 192.168.1.5,, fd00::/8 ".parse().expect("valid");
+        assert!(list.denies("10.1.2.3".parse().expect("an address")));
+        assert!(list.denies("192.168.1.5".parse().expect("an address")));
+        assert!(!list.denies("192.168.1.6".parse().expect("an address")));
+        assert!(list.denies("fd12::1".parse().expect("an address")));
+        // A host part in a CIDR is forgiven (the range it names is meant).
+        let list: AddressDenyList = "10.1.2.3/8".parse().expect("valid");
+        assert!(list.denies("10.200.0.1".parse().expect("an address")));
+        assert!("".parse::<AddressDenyList>().expect("empty").is_empty());
+        let error = "10.0.0.0/8,metadata.internal".parse::<AddressDenyList>().expect_err("a name is not a range");
+        let message = error.to_string();
+        assert!(message.contains("--probe-deny-cidrs: 'metadata.internal' is not an address range"), "{message}");
+        assert!(message.contains("empty value"), "{message}");
+    }
+
+    #[test]
+    fn literal_addresses_are_found_in_urls_and_names_are_left_to_the_resolver() {
+        assert_eq!(literal_ip("http://127.0.0.1:80/mcp"), Some("127.0.0.1".parse().expect("an address")));
+        assert_eq!(literal_ip("http://[::ffff:169.254.169.254]/mcp"), Some("::ffff:a9fe:a9fe".parse().expect("v6")));
+        // The URL parser normalises the forms libc would accept as IPv4.
+        assert_eq!(literal_ip("http://2130706433/mcp"), Some("127.0.0.1".parse().expect("an address")));
+        assert_eq!(literal_ip("http://0x7f.1/mcp"), Some("127.0.0.1".parse().expect("an address")));
+        assert_eq!(literal_ip("http://localhost:8080/mcp"), None);
+    }
+
+    #[test]
+    fn only_the_configured_namespaces_are_probed() {
+        assert!(probes_namespace(ProbeNamespaces::InjectionEnabled, true));
+        assert!(!probes_namespace(ProbeNamespaces::InjectionEnabled, false));
+        assert!(probes_namespace(ProbeNamespaces::All, false));
+        assert!(!probes_namespace(ProbeNamespaces::None, true));
+        let message = skipped_message("team-a", ProbeNamespaces::InjectionEnabled);
+        assert!(message.contains("namespace team-a is not labelled mcp.spear.dev/injection=enabled"), "{message}");
+    }
+
+    /// A listener that counts the connections it accepts (and answers none).
+    async fn counting_listener(addr: &str) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+        let local = listener.local_addr().expect("address");
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((_stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        (local, accepted)
+    }
+
+    fn plain(url: String) -> ProbeTarget {
+        ProbeTarget { url, headers: vec![], withheld: vec![], frame_limit: 1 << 20 }
+    }
+
+    #[tokio::test]
+    async fn a_probe_never_dials_a_denied_address_by_literal_name_or_mapped_spelling() {
+        let (addr, accepted) = counting_listener("127.0.0.1:0").await;
+        let port = addr.port();
+        let deny = AddressDenyList::default();
+        for url in [
+            format!("http://127.0.0.1:{port}/mcp"),
+            format!("http://localhost:{port}/mcp"),
+            format!("http://[::ffff:127.0.0.1]:{port}/mcp"),
+            format!("http://2130706433:{port}/mcp"),
+        ] {
+            let outcome = probe("web", &plain(url.clone()), &deny, Duration::from_secs(5), at(1)).await;
+            let ProbeResult::Failed { error } = outcome.result else { panic!("{url}: {outcome:?}") };
+            assert_eq!(error, DENIED_MESSAGE, "{url}");
+            assert!(!error.contains(&port.to_string()), "{url}: the message must not echo the address");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection may reach a denied address");
+        // The same listener is dialled once the range is allowed: the refusal above was the list's.
+        let outcome = probe(
+            "web",
+            &plain(format!("http://127.0.0.1:{port}/mcp")),
+            &AddressDenyList::none(),
+            Duration::from_millis(500),
+            at(1),
+        )
+        .await;
+        assert!(matches!(outcome.result, ProbeResult::Failed { .. }), "{outcome:?}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_probe_does_not_follow_a_redirect_into_a_denied_range() {
+        // An allowed address (the list denies another range) answering 307 to the metadata address.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let redirects = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = redirects.clone();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://169.254.169.254/mcp\r\ncontent-length: 0\r\n\r\n",
+                    )
+                    .await;
+            }
+        });
+        let deny: AddressDenyList = "169.254.0.0/16".parse().expect("valid");
+        let outcome = probe("web", &plain(format!("http://{addr}/mcp")), &deny, Duration::from_secs(5), at(1)).await;
+        let ProbeResult::Failed { error } = outcome.result else { panic!("{outcome:?}") };
+        assert!(error.contains("HTTP 307"), "a redirect is an answer, not a hop: {error}");
+        assert_eq!(redirects.load(Ordering::SeqCst), 1, "one request: the redirect was not followed");
     }
 }

@@ -51,7 +51,8 @@ pub(crate) struct OperatorConfig {
     pub(crate) metrics_addr: SocketAddr,
     pub(crate) leader_election: bool,
     pub(crate) lease_name: String,
-    pub(crate) probe_interval: Duration,
+    /// When, where and how http McpServers are probed.
+    pub(crate) probe: ProbeConfig,
     pub(crate) webhook_addr: SocketAddr,
     /// The webhook's Service; the certificate is issued for `<service>.<namespace>.svc`.
     pub(crate) webhook_service_name: String,
@@ -75,7 +76,7 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     let identity = leader::default_identity();
     let controller_config = ControllerConfig {
         scope: config.watch_namespace.map_or(Scope::Cluster, Scope::Namespace),
-        probe: ProbeConfig { interval: config.probe_interval, ..ProbeConfig::default() },
+        probe: config.probe,
         leader: config
             .leader_election
             .then(|| LeaderConfig::new(config.lease_name, namespace.as_str(), identity.as_str())),

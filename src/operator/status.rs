@@ -69,6 +69,12 @@ pub(crate) enum ProbeResult {
         /// this is written to the status as given.
         error: String,
     },
+    /// Not probed, by the operator's configuration (`--probe-namespaces`): the earlier results
+    /// are dropped, since they may be from before the namespace left the probed ones.
+    Skipped {
+        /// Why, as written to `Ready`'s message.
+        message: String,
+    },
 }
 
 /// The status of `server`: `Accepted` from validation and, for an http server, `Ready` and the
@@ -118,6 +124,9 @@ pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, no
                 status.conditions.push(cond(types::READY, FALSE, reasons::PROBE_FAILED, error.clone()));
                 status.last_probe_time = Some(whole_seconds(time));
                 status.last_error = Some(error);
+            }
+            Some(ProbeOutcome { result: ProbeResult::Skipped { message }, .. }) => {
+                status.conditions.push(cond(types::READY, UNKNOWN, reasons::PROBE_SKIPPED, message.clone()));
             }
             // The controller never probes an invalid spec (its URL may not even be one).
             None if !problems.is_empty() => status.conditions.push(cond(

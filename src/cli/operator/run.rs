@@ -10,6 +10,7 @@ use clap::{ArgAction, ValueEnum};
 
 use crate::api::keys;
 use crate::cli::{run_until_signal, usage};
+use crate::operator::probe::{AddressDenyList, ProbeConfig, ProbeNamespaces};
 use crate::operator::run::{CertMode, OperatorConfig};
 use crate::operator::webhook::NativeSidecars;
 
@@ -43,6 +44,17 @@ pub(crate) struct RunArgs {
     #[arg(long, env = keys::ENV_PROBE_INTERVAL_SECONDS, default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..))]
     probe_interval_seconds: u64,
+
+    /// Which namespaces' Streamable HTTP McpServers the operator probes: `injection-enabled`
+    /// (labelled mcp.spear.dev/injection=enabled, where pods can use them), `all` or `none`.
+    #[arg(long, env = keys::ENV_PROBE_NAMESPACES, value_enum, default_value_t = ProbeNamespaces::InjectionEnabled)]
+    probe_namespaces: ProbeNamespaces,
+
+    /// Address ranges probes never connect to, comma-separated CIDRs; an empty value allows
+    /// every address. Checked on the resolved addresses, so names that resolve there are
+    /// refused too.
+    #[arg(long, env = keys::ENV_PROBE_DENY_CIDRS, default_value = AddressDenyList::DEFAULT)]
+    probe_deny_cidrs: AddressDenyList,
 
     #[command(flatten)]
     webhook: WebhookArgs,
@@ -103,6 +115,8 @@ impl RunArgs {
             leader_election,
             lease_name,
             probe_interval_seconds,
+            probe_namespaces,
+            probe_deny_cidrs,
             webhook,
         } = self;
         let (Some(agent_image), Some(spearlet_image)) = (webhook.agent_image, webhook.spearlet_image) else {
@@ -126,7 +140,12 @@ impl RunArgs {
             metrics_addr,
             leader_election,
             lease_name,
-            probe_interval: Duration::from_secs(probe_interval_seconds),
+            probe: ProbeConfig {
+                interval: Duration::from_secs(probe_interval_seconds),
+                namespaces: probe_namespaces,
+                deny: probe_deny_cidrs,
+                ..ProbeConfig::default()
+            },
             webhook_addr: webhook.webhook_addr,
             webhook_service_name: webhook.webhook_service_name,
             cert,

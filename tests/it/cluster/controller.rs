@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -22,7 +23,7 @@ use kube::{Client, Resource, ResourceExt};
 use spear::api::{McpProfile, McpServer};
 use spear::operator::controller::{self, ControllerConfig, ControllerMetrics, Scope};
 use spear::operator::leader::LeaderConfig;
-use spear::operator::probe::ProbeConfig;
+use spear::operator::probe::{AddressDenyList, ProbeConfig, ProbeNamespaces};
 use spear::testing::control_plane::{ControlPlane, TestNamespace};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -68,13 +69,17 @@ impl Drop for Running {
     }
 }
 
-/// A config scoped to `ns`, probing quickly so failures retry within a test.
+/// A config scoped to `ns`, probing quickly so failures retry within a test. The test servers
+/// listen on loopback in unlabelled namespaces, so this probes every namespace and address; the
+/// defaults (injection-enabled namespaces, loopback and link-local denied) have their own tests.
 fn config(ns: &TestNamespace) -> ControllerConfig {
     let mut config = ControllerConfig::new(Scope::Namespace(ns.name.clone()));
     config.probe = ProbeConfig {
         interval: Duration::from_secs(60),
         min_retry: Duration::from_secs(1),
         timeout: Duration::from_secs(5),
+        namespaces: ProbeNamespaces::All,
+        deny: AddressDenyList::none(),
     };
     config
 }
@@ -276,6 +281,55 @@ async fn an_unreachable_http_server_is_not_ready_with_the_error_and_is_retried()
         s.status.as_ref().and_then(|st| st.last_probe_time.as_ref()).is_some_and(|t| t.0 > first.0)
     })
     .await;
+}
+
+/// The probe as an SSRF vector: whoever may write an McpServer in any namespace points it at an
+/// address only the operator can reach. By default neither happens: an McpServer outside the
+/// injection-enabled namespaces is not probed (and says why), and once its namespace is enabled
+/// a loopback URL is refused without a connection; the status never names the address.
+#[tokio::test]
+async fn the_operator_probes_only_injection_enabled_namespaces_and_never_a_denied_address() {
+    let ns = ControlPlane::shared().namespace("ctl-ssrf").await;
+    let echo = EchoServer::start().await;
+    let probes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // A second server counting connections, at `localhost` (the resolver's path).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let counter = probes.clone();
+    let accept = tokio::spawn(async move {
+        while let Ok(_conn) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let api = ns.api::<McpServer>();
+    create(&api, &McpServer::test("inside").http(format!("http://localhost:{port}/mcp")).allowing(["*"])).await;
+    create(&api, &McpServer::test("echo").http(&echo.url).allowing(["*"])).await;
+    let mut secure = config(&ns);
+    secure.probe.namespaces = ProbeNamespaces::InjectionEnabled;
+    secure.probe.deny = AddressDenyList::default();
+    let controller = Running::start(ns.client.clone(), secure);
+
+    let skipped = |s: &McpServer| server_condition(s, "Ready").is_some_and(|c| c.reason == "ProbeSkipped");
+    let server = wait_for(&api, "inside", "Ready=Unknown/ProbeSkipped", skipped).await;
+    let ready = server_condition(&server, "Ready").expect("Ready is set");
+    assert_eq!(ready.status, "Unknown");
+    assert!(ready.message.contains("is not labelled mcp.spear.dev/injection=enabled"), "{}", ready.message);
+    wait_for(&api, "echo", "Ready=Unknown/ProbeSkipped", skipped).await;
+    assert_eq!(controller.metrics.probes("succeeded") + controller.metrics.probes("failed"), 0);
+
+    // The namespace opts in: both are reconciled at once (not at a requeue), and both loopback
+    // URLs are refused by the default deny list without a connection.
+    let namespaces: Api<Namespace> = Api::all(ns.client.clone());
+    let label = serde_json::json!({"metadata": {"labels": {"mcp.spear.dev/injection": "enabled"}}});
+    namespaces.patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label)).await.expect("labelling the namespace");
+    for name in ["inside", "echo"] {
+        let server = wait_for(&api, name, "Ready=False", |s| server_has(s, "Ready", "False")).await;
+        let error = server.status.and_then(|s| s.last_error).expect("a refused probe sets lastError");
+        assert!(error.contains("in a range the operator does not probe"), "{name}: {error}");
+        assert!(!error.contains("127.0.0.1") && !error.contains("localhost"), "{name}: {error}");
+    }
+    assert_eq!(probes.load(std::sync::atomic::Ordering::SeqCst), 0, "no connection reached the loopback listener");
+    accept.abort();
 }
 
 // === McpProfile ===
