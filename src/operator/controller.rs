@@ -63,7 +63,7 @@ use tracing::Instrument;
 
 use super::leader::{Elector, LeaderConfig, LeaderError};
 use super::probe::{self, ProbeConfig, Schedule};
-use super::rbac::{agent_cluster_role, agent_role_binding, binding_is_current};
+use super::rbac::{agent_role_binding, binding_is_current};
 use super::status::{ProbeOutcome, ProbeResult, fold_secret_refusals, known_tools, profile_status, server_status};
 use crate::api::conditions::{reasons, types};
 use crate::api::keys::{AGENT_ROLE, LABEL_MANAGED_BY};
@@ -170,14 +170,6 @@ pub enum Error {
         kind: &'static str,
         namespace: String,
         name: String,
-        /// The API error (boxed: it is large, and errors are the rare path).
-        #[source]
-        source: Box<kube::Error>,
-    },
-    /// Applying the agent's ClusterRole failed (RBAC: get, create, patch on it).
-    #[error("applying ClusterRole {name} failed")]
-    ApplyClusterRole {
-        name: &'static str,
         /// The API error (boxed: it is large, and errors are the rare path).
         #[source]
         source: Box<kube::Error>,
@@ -384,7 +376,7 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         namespaces_ready,
         probe: config.probe.clone(),
         metrics: config.metrics.clone(),
-        cluster_role_applied: AtomicBool::new(false),
+        agent_role_checked: AtomicBool::new(false),
     });
     let stop = {
         let token = token.clone();
@@ -603,8 +595,8 @@ struct Context {
     namespaces_ready: CacheReady,
     probe: ProbeConfig,
     metrics: ControllerMetrics,
-    /// Set once the agent ClusterRole was applied in this term.
-    cluster_role_applied: AtomicBool,
+    /// Set once the agent ClusterRole was checked in this term.
+    agent_role_checked: AtomicBool,
 }
 
 /// Kinds the controllers reconcile, for logs, metrics and the shared error policy.
@@ -756,7 +748,7 @@ async fn reconcile_namespace(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Re
     let current = ctx.bindings.get(&ObjectRef::new(AGENT_ROLE).within(&name));
     let api: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &name);
     if injection_enabled(namespace.metadata.labels.as_ref()) {
-        ctx.ensure_cluster_role().await?;
+        ctx.check_agent_role().await;
         let desired = agent_role_binding(&name);
         match current {
             Some(current) if binding_is_current(&current, &desired) => {}
@@ -906,17 +898,25 @@ impl Context {
     }
 
     /// Applies the agent ClusterRole once per term (the RoleBindings refer to it).
-    async fn ensure_cluster_role(&self) -> Result<(), Error> {
-        if self.cluster_role_applied.load(Ordering::Acquire) {
-            return Ok(());
+    /// Checks once per term that the agent's ClusterRole exists (the chart installs it; the
+    /// operator has no right to create it). A missing one is logged, not fatal: the binding may
+    /// name it before it exists, and agents read the registry as soon as it does.
+    async fn check_agent_role(&self) {
+        if self.agent_role_checked.swap(true, Ordering::AcqRel) {
+            return;
         }
-        Api::<ClusterRole>::all(self.client.clone())
-            .patch(AGENT_ROLE, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&agent_cluster_role()))
-            .await
-            .map_err(|source| Error::ApplyClusterRole { name: AGENT_ROLE, source: Box::new(source) })?;
-        ControllerMetrics::count(&self.metrics.rbac_writes, "ClusterRole");
-        self.cluster_role_applied.store(true, Ordering::Release);
-        Ok(())
+        match Api::<ClusterRole>::all(self.client.clone()).get_opt(AGENT_ROLE).await {
+            Ok(Some(_)) => {}
+            Ok(None) => tracing::warn!(
+                cluster_role = AGENT_ROLE,
+                "the agents' ClusterRole is missing, so injected agents cannot read McpServers or McpProfiles; \
+                 install it with the chart (templates/agent-rbac.yaml) or manifests/install.yaml"
+            ),
+            Err(error) => {
+                tracing::warn!(cluster_role = AGENT_ROLE, error = %error_chain(&error), "cannot check the agents' ClusterRole");
+                self.agent_role_checked.store(false, Ordering::Release);
+            }
+        }
     }
 }
 

@@ -10,7 +10,9 @@
 //!
 //! ClusterRole spear-operator: read both kinds, write their status, events, watch namespaces,
 //!     get Secrets (metadata: the grant annotations of referenced Secrets),
-//!     manage RoleBindings and `bind` only spear-mcp-agent, its own webhook configuration
+//!     create RoleBindings, read and write only those named spear-mcp-agent, `bind` and `get`
+//!     only the ClusterRole spear-mcp-agent (the chart installs it; no ClusterRole is ever
+//!     created or changed by the operator), its own webhook configuration
 //! Role spear-operator (its namespace): its leader Lease and its webhook certificate Secret
 //! ```
 //!
@@ -110,15 +112,22 @@ pub fn operator_cluster_role() -> ClusterRole {
             // GETs by name (api::secret_grant). `get` cannot be limited to metadata; the
             // operator never reads or logs the data. No list or watch.
             rule(CORE, &["secrets"], &["get"]),
-            rule(RBAC_GROUP, &["rolebindings"], &["get", "list", "watch", "create", "update", "patch", "delete"]),
+            // The agent RoleBindings, all named spear-mcp-agent: reads and writes by that name
+            // (list and watch too: the reflector selects `metadata.name`, which the API server
+            // authorizes as the name). `create` cannot be limited by name (the object has none
+            // yet when it is checked), and `bind` below limits what a created binding may grant.
+            rule(RBAC_GROUP, &["rolebindings"], &["create"]),
+            named(
+                rule(RBAC_GROUP, &["rolebindings"], &["get", "list", "watch", "update", "patch", "delete"]),
+                &[AGENT_ROLE],
+            ),
             // Granting a ClusterRole needs `bind` on it (or holding all its permissions); limited
             // to the agent's, so the operator cannot hand out any other role.
             named(rule(RBAC_GROUP, &["clusterroles"], &["bind"]), &[AGENT_ROLE]),
-            // The controller keeps the agent's ClusterRole present (server-side apply). `create`
-            // cannot be limited by name, but escalation prevention lets the operator create only
-            // roles within its own permissions.
-            named(rule(RBAC_GROUP, &["clusterroles"], &["get", "patch"]), &[AGENT_ROLE]),
-            rule(RBAC_GROUP, &["clusterroles"], &["create"]),
+            // The agent's ClusterRole comes with the chart; the operator only checks that it is
+            // there (a missing one is logged). It never creates or changes a ClusterRole: `create`
+            // cannot be limited by name, and would let it mint roles up to its own permissions.
+            named(rule(RBAC_GROUP, &["clusterroles"], &["get"]), &[AGENT_ROLE]),
             // The webhook's caBundle, on its own configuration only.
             named(
                 rule("admissionregistration.k8s.io", &["mutatingwebhookconfigurations"], &["get", "update", "patch"]),
@@ -280,6 +289,20 @@ mod tests {
         let mut unlabelled = current;
         unlabelled.metadata.labels = None;
         assert!(!binding_is_current(&unlabelled, &desired));
+    }
+
+    #[test]
+    fn the_operator_never_creates_or_changes_a_cluster_role_and_touches_bindings_by_name() {
+        let rules = operator_cluster_role().rules.unwrap_or_default();
+        for r in rules.iter().filter(|r| r.resources.iter().flatten().any(|s| s == "clusterroles")) {
+            assert!(r.verbs.iter().all(|v| v == "get" || v == "bind"), "{r:?}");
+            assert_eq!(r.resource_names.as_deref(), Some(&[AGENT_ROLE.to_string()][..]), "{r:?}");
+        }
+        for r in rules.iter().filter(|r| r.resources.iter().flatten().any(|s| s == "rolebindings")) {
+            if r.verbs != ["create"] {
+                assert_eq!(r.resource_names.as_deref(), Some(&[AGENT_ROLE.to_string()][..]), "{r:?}");
+            }
+        }
     }
 
     #[test]

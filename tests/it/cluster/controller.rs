@@ -484,8 +484,7 @@ async fn an_injection_enabled_namespace_keeps_the_agent_binding_until_the_label_
     let subjects = binding.subjects.unwrap_or_default();
     assert_eq!(subjects.len(), 1);
     assert_eq!(subjects[0].name, format!("system:serviceaccounts:{}", ns.name));
-    let role = Api::<ClusterRole>::all(ns.client.clone()).get("spear-mcp-agent").await;
-    assert!(role.is_ok(), "the agent ClusterRole is present: {role:?}");
+    // The ClusterRole it names is the chart's; the operator never creates one (see the RBAC test).
 
     // Deleted by someone: put back.
     let uid = binding.metadata.uid.clone();
@@ -501,6 +500,115 @@ async fn an_injection_enabled_namespace_keeps_the_agent_binding_until_the_label_
         }
     })
     .await;
+}
+
+/// The operator's RBAC from `src/operator/rbac.rs` (what the chart installs) is enough for the
+/// controllers, and no more: run as a service account holding exactly those roles, they write
+/// status and the agent RoleBinding; the same account cannot create or change a ClusterRole, bind
+/// another role, or touch a RoleBinding of another name.
+#[tokio::test]
+async fn the_controllers_run_on_the_operators_rbac_which_grants_no_cluster_role_or_foreign_binding() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleRef, Subject};
+    use spear::operator::rbac;
+
+    let ns = ControlPlane::shared().namespace("ctl-least").await;
+    let admin = ns.client.clone();
+    let account = "spear-operator";
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": account}})).expect("a ServiceAccount");
+    create(&ns.api::<ServiceAccount>(), &sa).await;
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: account.into(),
+        namespace: Some(ns.name.clone()),
+        api_group: None,
+    };
+    // Cluster-scoped objects get the namespace's unique name; the agent role is shared by all
+    // tests (what the chart installs), applied idempotently.
+    let apply = PatchParams::apply("spear-test").force();
+    let cluster_roles = Api::<ClusterRole>::all(admin.clone());
+    let agent_role = rbac::agent_cluster_role();
+    cluster_roles.patch("spear-mcp-agent", &apply, &Patch::Apply(&agent_role)).await.expect("the agent role");
+    let mut operator_role = rbac::operator_cluster_role();
+    operator_role.metadata.name = Some(format!("spear-test-operator-{}", ns.name));
+    create(&cluster_roles, &operator_role).await;
+    let cluster_binding = ClusterRoleBinding {
+        metadata: kube::core::ObjectMeta { name: operator_role.metadata.name.clone(), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: operator_role.metadata.name.clone().expect("named"),
+        },
+        subjects: Some(vec![subject.clone()]),
+    };
+    create(&Api::<ClusterRoleBinding>::all(admin.clone()), &cluster_binding).await;
+    let own: Role = rbac::operator_role(&ns.name);
+    create(&ns.api::<Role>(), &own).await;
+    let own_binding = RoleBinding {
+        metadata: kube::core::ObjectMeta { name: Some("spear-operator".into()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: own.metadata.name.clone().expect("named"),
+        },
+        subjects: Some(vec![subject]),
+    };
+    create(&ns.api::<RoleBinding>(), &own_binding).await;
+
+    let mut kubeconfig = ControlPlane::shared().config();
+    kubeconfig.auth_info.impersonate = Some(format!("system:serviceaccount:{}:{account}", ns.name));
+    let operator = Client::try_from(kubeconfig).expect("an impersonating client");
+
+    // What the controllers need: status of both kinds and the agent RoleBinding.
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let label = serde_json::json!({"metadata": {"labels": {"mcp.spear.dev/injection": "enabled"}}});
+    namespaces.patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label)).await.expect("labelling the namespace");
+    create(&ns.api::<McpServer>(), &stdio("fs")).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fs"])).await;
+    let _controller = Running::start(operator.clone(), config(&ns));
+    wait_for(&ns.api::<McpServer>(), "fs", "Accepted=True", |s| server_has(s, "Accepted", "True")).await;
+    wait_for(&ns.api::<McpProfile>(), "dev", "ResolvedRefs=True", |p| {
+        profile_condition(p, "ResolvedRefs").is_some_and(|c| c.status == "True")
+    })
+    .await;
+    wait_for(&ns.api::<RoleBinding>(), "spear-mcp-agent", "the agent RoleBinding", |_| true).await;
+
+    // What it must not do, each refused by the API server's authorizer.
+    let forbidden = |result: Result<(), kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    };
+    let mut minted = rbac::agent_cluster_role();
+    minted.metadata.name = Some(format!("spear-test-minted-{}", ns.name));
+    let as_operator = Api::<ClusterRole>::all(operator.clone());
+    forbidden(as_operator.create(&PostParams::default(), &minted).await.map(drop), "creating a ClusterRole");
+    let mut widened = agent_role.clone();
+    widened.rules.get_or_insert_default()[0].resources = Some(vec!["mcpservers".into(), "secrets".into()]);
+    forbidden(
+        as_operator
+            .patch("spear-mcp-agent", &PatchParams::apply("spear-operator").force(), &Patch::Apply(&widened))
+            .await
+            .map(drop),
+        "changing the agents' ClusterRole",
+    );
+    let mut admin_binding = rbac::agent_role_binding(&ns.name);
+    admin_binding.metadata.name = Some("spear-mcp-agent".into());
+    admin_binding.role_ref.name = "cluster-admin".into();
+    let bindings = Api::<RoleBinding>::namespaced(operator.clone(), &ns.name);
+    let mut other = admin_binding.clone();
+    other.metadata.name = Some("escalate".into());
+    forbidden(bindings.create(&PostParams::default(), &other).await.map(drop), "binding cluster-admin");
+    let mut foreign = rbac::agent_role_binding(&ns.name);
+    foreign.metadata.name = Some("someone-elses".into());
+    create(&ns.api::<RoleBinding>(), &foreign).await;
+    forbidden(bindings.delete("someone-elses", &DeleteParams::default()).await.map(drop), "deleting another binding");
+    forbidden(bindings.get("someone-elses").await.map(drop), "reading another binding");
+
+    for name in [operator_role.metadata.name.clone(), cluster_binding.metadata.name.clone()].into_iter().flatten() {
+        let _ = Api::<ClusterRoleBinding>::all(admin.clone()).delete(&name, &DeleteParams::default()).await;
+        let _ = cluster_roles.delete(&name, &DeleteParams::default()).await;
+    }
 }
 
 // === leader election ===
