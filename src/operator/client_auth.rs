@@ -58,7 +58,7 @@ use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, RootCer
 use thiserror::Error;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, info, info_span};
 
 /// Default pause between two reads of the CA file.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(10);
@@ -250,36 +250,10 @@ pub async fn start(
     Ok((verifier, task))
 }
 
-async fn keep_current(
-    config: ClientAuth,
-    verifier: Arc<ClientVerifier>,
-    mut last: Vec<u8>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(config.poll_interval) => {}
-        }
-        let current = match read(&config).await {
-            Ok(current) => current,
-            Err(error) => {
-                warn!(%error, "reading the client CA bundle failed; keeping the loaded one");
-                continue;
-            }
-        };
-        if current == last {
-            continue;
-        }
-        match load(&config, &current) {
-            Ok(inner) => {
-                verifier.set(inner);
-                info!("trusting the changed client CA bundle from the next handshake on");
-                last = current;
-            }
-            Err(error) => warn!(%error, "the changed client CA bundle does not load; keeping the loaded one"),
-        }
-    }
+async fn keep_current(config: ClientAuth, verifier: Arc<ClientVerifier>, last: Vec<u8>, shutdown: CancellationToken) {
+    let read = || read(&config);
+    let apply = |current: &Vec<u8>| load(&config, current).map(|inner| verifier.set(inner));
+    super::certs::poll_changes("client CA bundle", config.poll_interval, last, read, apply, shutdown).await;
 }
 
 #[cfg(test)]

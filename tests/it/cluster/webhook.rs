@@ -855,6 +855,20 @@ async fn post_review(
     }
 }
 
+/// A webhook requiring the test API server's webhook client certificate, by CA and name; its
+/// port and metrics.
+async fn start_with_client_auth(ns: &TestNamespace) -> (Webhook, u16, WebhookMetrics) {
+    let control_plane = ControlPlane::shared();
+    let auth = ClientAuth::new(control_plane.webhook_client_ca_path(), vec![WEBHOOK_CLIENT_NAME.to_string()]);
+    let metrics = WebhookMetrics::default();
+    let (webhook, port) = Webhook::start_with(ns, inject_config(), |config| {
+        config.client_auth = Some(auth);
+        config.metrics = metrics.clone();
+    })
+    .await;
+    (webhook, port, metrics)
+}
+
 /// Issue 13, finding 8 (client certificates), the legitimate path: with
 /// `--webhook-client-ca-file` and `--webhook-client-names`, the real API server presents its
 /// webhook client certificate (from its admission configuration) and pods are injected.
@@ -862,13 +876,7 @@ async fn post_review(
 async fn with_client_auth_on_the_api_server_presents_its_certificate_and_pods_are_injected() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("webhook-mtls").await;
-    let auth = ClientAuth::new(control_plane.webhook_client_ca_path(), vec![WEBHOOK_CLIENT_NAME.to_string()]);
-    let metrics = WebhookMetrics::default();
-    let (webhook, _) = Webhook::start_with(&ns, inject_config(), |config| {
-        config.client_auth = Some(auth);
-        config.metrics = metrics.clone();
-    })
-    .await;
+    let (webhook, _, metrics) = start_with_client_auth(&ns).await;
     create(&ns.api::<McpServer>(), &McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]))
         .await;
     create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["remote"])).await;
@@ -893,13 +901,7 @@ async fn with_client_auth_on_the_api_server_presents_its_certificate_and_pods_ar
 async fn a_caller_without_the_api_servers_certificate_gets_no_review_and_no_server_spec() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("webhook-mtls-attack").await;
-    let auth = ClientAuth::new(control_plane.webhook_client_ca_path(), vec![WEBHOOK_CLIENT_NAME.to_string()]);
-    let metrics = WebhookMetrics::default();
-    let (webhook, port) = Webhook::start_with(&ns, inject_config(), |config| {
-        config.client_auth = Some(auth);
-        config.metrics = metrics.clone();
-    })
-    .await;
+    let (webhook, port, metrics) = start_with_client_auth(&ns).await;
     let secret_server = McpServer::test("payroll")
         .stdio("python", ["payroll_server.py", LEAK_MARKER])
         .image("registry.corp.internal/payroll-mcp:3")
