@@ -862,38 +862,57 @@ async fn read_files(files: &Files) -> Result<(Vec<u8>, Vec<u8>), CertError> {
     Ok((read(SECRET_TLS_CERT).await?, read(SECRET_TLS_KEY).await?))
 }
 
-async fn keep_files(
-    files: Files,
-    resolver: Arc<CertResolver>,
-    mut last: (Vec<u8>, Vec<u8>),
+async fn keep_files(files: Files, resolver: Arc<CertResolver>, last: (Vec<u8>, Vec<u8>), shutdown: CancellationToken) {
+    let what = "the webhook certificate files";
+    let read = || read_files(&files);
+    // A half-written pair (cert updated, key not yet) fails to load: the old one is kept and the
+    // files read again at the next poll, by which time the writer has finished.
+    let apply = |current: &(Vec<u8>, Vec<u8>)| {
+        certified_key(&current.0, &current.1, &files.dir.display().to_string()).map(|key| resolver.set(key))
+    };
+    poll_changes(what, files.poll_interval, last, read, apply, shutdown).await;
+}
+
+/// Re-reads something every `interval` until `shutdown` and applies it when it changed and
+/// loads; a read or load failure is logged and what was loaded stays (files mode here, and the
+/// webhook's client CA bundle). Polling, not a file watch: Secret and ConfigMap volumes update by
+/// an atomic symlink swap that watches handle poorly, and a read of a small file is cheap.
+pub(crate) async fn poll_changes<T, E, R, Fut, A, LE>(
+    what: &str,
+    interval: Duration,
+    mut last: T,
+    read: R,
+    mut apply: A,
     shutdown: CancellationToken,
-) {
+) where
+    T: PartialEq,
+    E: std::fmt::Display,
+    R: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    A: FnMut(&T) -> Result<(), LE>,
+    LE: std::fmt::Display,
+{
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(files.poll_interval) => {}
+            () = tokio::time::sleep(interval) => {}
         }
-        let current = match read_files(&files).await {
+        let current = match read().await {
             Ok(current) => current,
             Err(error) => {
-                warn!(%error, "reading the webhook certificate files failed; keeping the loaded certificate");
+                warn!(%error, "reading {what} failed; keeping the loaded one");
                 continue;
             }
         };
         if current == last {
             continue;
         }
-        // A half-written pair (cert updated, key not yet) fails to load: keep the old one and
-        // read again at the next poll, by which time the writer has finished.
-        match certified_key(&current.0, &current.1, &files.dir.display().to_string()) {
-            Ok(key) => {
-                resolver.set(key);
-                info!("serving the changed webhook certificate files");
+        match apply(&current) {
+            Ok(()) => {
+                info!("loaded the changed {what}");
                 last = current;
             }
-            Err(error) => {
-                warn!(%error, "the changed webhook certificate files do not load; keeping the old certificate")
-            }
+            Err(error) => warn!(%error, "{what} changed but failed to load; keeping the loaded one"),
         }
     }
 }

@@ -14,16 +14,20 @@
 //! - [`rbac`]: the agent's and the operator's least-privilege roles and the agent binding.
 //! - [`webhook`]: the HTTPS admission server around [`inject::mutate`] (thin I/O).
 //! - [`certs`]: the webhook's CA and serving certificate: issue, store, rotate, hot-reload.
+//! - [`client_auth`]: the API server's client certificate, required at the webhook's handshake.
+//! - [`rate_limit`]: the webhook's per-source token buckets (429 before any parsing).
 //! - [`controller`]: the controllers that write status and keep the agent RoleBindings (thin I/O).
 //! - [`probe`]: when and how an http McpServer is probed (`initialize` + `tools/list`).
 //! - [`leader`]: leader election on a Lease; only the holder runs the controllers.
 //! - [`run`]: `spear-operator run` as one call: controllers, webhook and admin server together.
 
 pub mod certs;
+pub mod client_auth;
 pub mod controller;
 pub mod inject;
 pub mod leader;
 pub mod probe;
+pub mod rate_limit;
 pub mod rbac;
 pub mod run;
 pub mod status;

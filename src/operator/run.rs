@@ -21,10 +21,12 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use super::certs::{CertSource, Files, SelfSigned};
+use super::client_auth::ClientAuth;
 use super::controller::{self, ControllerConfig, ControllerMetrics, Scope};
 use super::inject::InjectConfig;
 use super::leader::{self, LeaderConfig};
 use super::probe::ProbeConfig;
+use super::rate_limit::RateLimit;
 use super::webhook::{self, NativeSidecars, WebhookConfig, WebhookMetrics};
 
 /// Time the controllers get to finish running reconciles and release the Lease after SIGTERM
@@ -60,6 +62,10 @@ pub(crate) struct OperatorConfig {
     pub(crate) agent_image: String,
     pub(crate) spearlet_image: String,
     pub(crate) native_sidecars: NativeSidecars,
+    /// `--webhook-client-ca-file` and `--webhook-client-names`.
+    pub(crate) webhook_client_auth: Option<ClientAuth>,
+    /// `--webhook-rate-limit-per-second` and `--webhook-rate-limit-burst`.
+    pub(crate) webhook_rate_limit: RateLimit,
 }
 
 /// Runs the operator until `shutdown`; an error when a part stops on its own.
@@ -113,6 +119,8 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
         cert,
     );
     webhook_config.metrics = webhook_metrics;
+    webhook_config.client_auth = config.webhook_client_auth;
+    webhook_config.rate_limit = config.webhook_rate_limit;
     let mut webhook_task = tokio::spawn(webhook::serve(client.clone(), webhook_config, shutdown.clone()));
 
     let mut controllers = tokio::spawn(controller::run(client, controller_config, shutdown.clone()));

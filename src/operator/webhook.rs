@@ -12,6 +12,11 @@
 //!   a lookup or injection failure ──▶ HTTP 500, so the webhook's failurePolicy decides
 //! ```
 //!
+//! In front of the review, two gates (issue 13, finding 8): with `--webhook-client-ca-file` the
+//! TLS handshake requires the API server's client certificate ([`super::client_auth`]), and every
+//! request passes a per-source token bucket ([`super::rate_limit`]) that answers 429 before the
+//! body is read.
+//!
 //! Decisions, and why:
 //! - **Direct reads, not reflector caches.** The API server gives the webhook 10 s; the reads
 //!   (namespace ∥ profile, then the profile's servers) are each bounded by
@@ -32,7 +37,9 @@
 //!   plane upgraded under a running operator gets native sidecars after the operator restarts.
 //! - **TLS handshakes off the accept loop.** Each connection's handshake runs in its own task
 //!   with a timeout, so a slow or idle client (a port scanner, a half-open connection) never
-//!   holds up the API server's next call.
+//!   holds up the API server's next call. Failed handshakes are logged at debug only (anyone can
+//!   cause them) and counted by reason in `tls_handshake_failures_total`, where a refused client
+//!   certificate shows up as `client_certificate`: a misconfigured API server, or an attempt.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
@@ -67,7 +74,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::certs::{self, CertError, CertResolver, CertSource};
+use super::client_auth::{self, ClientAuth, ClientAuthError};
 use super::inject::{self, Decision, InjectConfig, InjectError};
+use super::rate_limit::{self, Limiting, RateLimit, SourceLimiter};
 use crate::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE};
 use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
 use crate::api::{McpProfile, McpServer};
@@ -156,6 +165,11 @@ pub struct WebhookConfig {
     pub(crate) lookup_timeout: Duration,
     /// Time in-flight reviews get after shutdown.
     pub(crate) shutdown_grace: Duration,
+    /// Require the API server's client certificate (`--webhook-client-ca-file`); `None`: any
+    /// client that reaches the port is served.
+    pub client_auth: Option<ClientAuth>,
+    /// Per-source rate limit of requests.
+    pub rate_limit: RateLimit,
     /// Admission counters and latency.
     pub metrics: WebhookMetrics,
 }
@@ -170,6 +184,8 @@ impl WebhookConfig {
             cert,
             lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            client_auth: None,
+            rate_limit: RateLimit::default(),
             metrics: WebhookMetrics::default(),
         }
     }
@@ -195,6 +211,9 @@ pub enum WebhookError {
     /// No serving certificate.
     #[error("the webhook has no serving certificate")]
     Certs(#[from] CertError),
+    /// Client authentication was asked for and cannot be set up.
+    #[error("the webhook cannot authenticate its callers")]
+    ClientAuth(#[from] ClientAuthError),
     /// The certificate task ended before shutdown (it only ends by panicking).
     #[error("the webhook certificate task ended unexpectedly")]
     CertTask(#[source] tokio::task::JoinError),
@@ -260,17 +279,32 @@ struct AdmissionLabels {
     reason: &'static str,
 }
 
-/// Admission metrics: `admission_total{decision,reason}` and `admission_latency_ms`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandshakeLabels {
+    /// `client_certificate` (missing or refused), `timeout` or `other`.
+    reason: &'static str,
+}
+
+/// Admission metrics: `admission_total{decision,reason}`, `admission_latency_ms`,
+/// `rate_limited_total` (requests answered 429 before any parsing) and
+/// `tls_handshake_failures_total{reason}`.
 #[derive(Clone, Debug)]
 pub struct WebhookMetrics {
     admissions: Family<AdmissionLabels, Counter>,
     latency_ms: Histogram,
+    rate_limited: Counter,
+    handshake_failures: Family<HandshakeLabels, Counter>,
 }
 
 impl Default for WebhookMetrics {
     fn default() -> Self {
         // 1 ms to ~4 s: a review is a few API reads; past 4 s the API server's timeout is near.
-        WebhookMetrics { admissions: Family::default(), latency_ms: Histogram::new(exponential_buckets(1.0, 2.0, 13)) }
+        WebhookMetrics {
+            admissions: Family::default(),
+            latency_ms: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+            rate_limited: Counter::default(),
+            handshake_failures: Family::default(),
+        }
     }
 }
 
@@ -280,7 +314,36 @@ impl WebhookMetrics {
         let metrics = WebhookMetrics::default();
         registry.register("admission", "Pod admission reviews by decision", metrics.admissions.clone());
         registry.register("admission_latency_ms", "Time to answer one review", metrics.latency_ms.clone());
+        registry.register(
+            "rate_limited",
+            "Requests answered 429 by the per-source rate limit, before any parsing",
+            metrics.rate_limited.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed, by reason (client_certificate: missing or refused)",
+            metrics.handshake_failures.clone(),
+        );
         metrics
+    }
+
+    /// One request refused by the rate limit.
+    pub(crate) fn rate_limited(&self) {
+        self.rate_limited.inc();
+    }
+
+    /// Requests refused by the rate limit so far.
+    pub fn rate_limited_count(&self) -> u64 {
+        self.rate_limited.get()
+    }
+
+    /// TLS handshakes that failed for `reason` so far (`client_certificate`, `timeout`, `other`).
+    pub fn handshake_failures(&self, reason: &'static str) -> u64 {
+        self.handshake_failures.get_or_create(&HandshakeLabels { reason }).get()
+    }
+
+    fn handshake_failed(&self, reason: &'static str) {
+        self.handshake_failures.get_or_create(&HandshakeLabels { reason }).inc();
     }
 
     fn record(&self, decision: &'static str, reason: &'static str, elapsed: Duration) {
@@ -570,7 +633,12 @@ struct TlsListener {
 }
 
 impl TlsListener {
-    fn spawn(listener: TcpListener, acceptor: TlsAcceptor, shutdown: CancellationToken) -> io::Result<Self> {
+    fn spawn(
+        listener: TcpListener,
+        acceptor: TlsAcceptor,
+        metrics: WebhookMetrics,
+        shutdown: CancellationToken,
+    ) -> io::Result<Self> {
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
         let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
@@ -598,20 +666,36 @@ impl TlsListener {
                     debug!(%peer, "too many TLS handshakes in progress; connection closed");
                     continue;
                 };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                let (acceptor, tx, metrics) = (acceptor.clone(), tx.clone(), metrics.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         // A closed channel means the server is shutting down: drop the connection.
                         Ok(Ok(tls)) => drop(tx.send((tls, peer)).await),
-                        Ok(Err(error)) => debug!(%error, %peer, "TLS handshake failed"),
-                        Err(_) => debug!(%peer, "TLS handshake timed out"),
+                        Ok(Err(error)) => {
+                            let reason = handshake_failure_reason(&error);
+                            metrics.handshake_failed(reason);
+                            debug!(%error, %peer, reason, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            metrics.handshake_failed("timeout");
+                            debug!(%peer, "TLS handshake timed out");
+                        }
                     }
                 });
             }
         };
         tokio::spawn(accept.instrument(info_span!("webhook_accept", %local)));
         Ok(TlsListener { connections: rx, local })
+    }
+}
+
+/// The metric label of a failed handshake: `client_certificate` when the client sent no
+/// certificate or one the verifier refused, else `other`.
+fn handshake_failure_reason(error: &io::Error) -> &'static str {
+    match error.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::NoCertificatesPresented | rustls::Error::InvalidCertificate(_)) => "client_certificate",
+        _ => "other",
     }
 }
 
@@ -639,21 +723,56 @@ impl axum::serve::Listener for TlsListener {
 /// `config.addr`. In-flight reviews get `config.shutdown_grace` to finish.
 pub async fn serve(client: Client, config: WebhookConfig, shutdown: CancellationToken) -> Result<(), WebhookError> {
     crate::install_crypto_provider();
-    let WebhookConfig { addr, mut inject, native_sidecars, cert, lookup_timeout, shutdown_grace, metrics } = config;
+    let WebhookConfig {
+        addr,
+        mut inject,
+        native_sidecars,
+        cert,
+        lookup_timeout,
+        shutdown_grace,
+        client_auth,
+        rate_limit,
+        metrics,
+    } = config;
     inject.native_sidecars = native_sidecars.resolve(&client).await?;
 
+    // Child tokens: the background tasks stop when serve returns, however it returns.
+    let stop_background = shutdown.child_token();
+    let stop_guard = stop_background.clone().drop_guard();
+    // Before the certificate: a CA file that does not load is a configuration error to report
+    // at once, not after the certificate's retries.
+    let authenticated = client_auth.is_some();
+    let verifier = match client_auth {
+        Some(auth) => Some(client_auth::start(auth, stop_background.clone()).await?.0),
+        None => None,
+    };
     let resolver = Arc::new(CertResolver::default());
-    let stop_certs = shutdown.child_token();
-    let mut cert_task = certs::start(client.clone(), cert, resolver.clone(), stop_certs.clone()).await?;
+    let mut cert_task = certs::start(client.clone(), cert, resolver.clone(), stop_background.clone()).await?;
+    let limiter = Arc::new(SourceLimiter::new(rate_limit));
+    tokio::spawn(rate_limit::sweep(limiter.clone(), stop_background.clone()));
     let result = async {
-        let mut tls = rustls::ServerConfig::builder().with_no_client_auth().with_cert_resolver(resolver);
+        let builder = rustls::ServerConfig::builder();
+        let mut tls = match verifier {
+            Some(verifier) => builder.with_client_cert_verifier(verifier).with_cert_resolver(resolver),
+            None => builder.with_no_client_auth().with_cert_resolver(resolver),
+        };
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let listener = TcpListener::bind(addr).await.map_err(|source| WebhookError::Bind { addr, source })?;
-        let listener = TlsListener::spawn(listener, TlsAcceptor::from(Arc::new(tls)), shutdown.clone())
-            .map_err(|source| WebhookError::Bind { addr, source })?;
-        info!(addr = %listener.local, native_sidecars = inject.native_sidecars, "serving the pod webhook");
+        let listener =
+            TlsListener::spawn(listener, TlsAcceptor::from(Arc::new(tls)), metrics.clone(), shutdown.clone())
+                .map_err(|source| WebhookError::Bind { addr, source })?;
+        info!(
+            addr = %listener.local,
+            native_sidecars = inject.native_sidecars,
+            client_auth = authenticated,
+            rate_limit_per_second = rate_limit.per_second,
+            rate_limit_burst = rate_limit.burst,
+            "serving the pod webhook"
+        );
 
-        let app = router(KubeLookup::new(client, lookup_timeout), inject, metrics);
+        let limiting = Limiting { limiter, metrics: metrics.clone() };
+        let app = router(KubeLookup::new(client, lookup_timeout), inject, metrics)
+            .layer(axum::middleware::from_fn_with_state(limiting, rate_limit::limit_sources));
         // The API server keeps a few connections; the cap and header timeout stop anyone else
         // who reaches the port from holding it.
         let server = crate::http_server::serve(listener, app, ConnectionLimits::default(), shutdown.clone());
@@ -675,7 +794,7 @@ pub async fn serve(client: Client, config: WebhookConfig, shutdown: Cancellation
         }
     }
     .await;
-    stop_certs.cancel();
+    drop(stop_guard);
     result
 }
 

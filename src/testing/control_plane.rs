@@ -23,6 +23,13 @@
 //!   runtime of its own; [`ControlPlane::client`] builds a fresh client for whoever calls it.
 //! - **CRDs from the Rust types.** `spear::api::crd::definitions()` is the source of truth; a
 //!   separate test keeps `crds/` in sync with it.
+//! - **The API server authenticates to webhooks.** It starts with an admission configuration
+//!   whose webhook kubeconfig gives every webhook it calls (user `*`) a client certificate
+//!   ([`WEBHOOK_CLIENT_NAME`], issued by a CA of its own, [`ControlPlane::webhook_client_ca_pem`]),
+//!   as a cluster set up for `spear-operator run --webhook-client-ca-file` does. `*` rather than
+//!   `<service>.<namespace>.svc`: the tests' webhooks are URLs on loopback with a port picked per
+//!   test, which no fixed user name can match. A webhook that asks for no certificate gets none
+//!   (TLS sends one only when asked), so the other webhook tests see no difference.
 //! - **Panics, not errors.** This is test infrastructure: a failure panics with what to run or
 //!   which log to read (and its tail). A failed start is remembered, so every test reports the same
 //!   message at once instead of retrying a start that takes seconds.
@@ -65,6 +72,8 @@ pub const ENV_BIN: &str = "SPEAR_CONTROL_PLANE_BIN";
 pub const FIELD_MANAGER: &str = "spear-test";
 /// Service CIDR of the control plane; its first address is the `kubernetes` service IP.
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// Common name of the client certificate the API server presents to webhooks.
+pub const WEBHOOK_CLIENT_NAME: &str = "kube-apiserver-webhook-client";
 
 /// Whole-start attempts: a port picked free can be taken before a process binds it.
 const START_ATTEMPTS: usize = 3;
@@ -85,6 +94,7 @@ const LOG_TAIL_LINES: usize = 40;
 pub struct ControlPlane {
     config: kube::Config,
     kubeconfig: PathBuf,
+    pki_dir: PathBuf,
     etcd: Process,
     apiserver: Process,
     startup: Duration,
@@ -175,6 +185,32 @@ impl ControlPlane {
     /// Process id of kube-apiserver.
     pub fn apiserver_pid(&self) -> u32 {
         self.apiserver.child.id()
+    }
+
+    /// The PEM file of the CA that issued the API server's webhook client certificate (what
+    /// `--webhook-client-ca-file` names).
+    pub fn webhook_client_ca_path(&self) -> PathBuf {
+        self.pki_dir.join("webhook-client-ca.crt")
+    }
+
+    /// The CA of [`Self::webhook_client_ca_path`], PEM.
+    pub fn webhook_client_ca_pem(&self) -> String {
+        read_pki(&self.webhook_client_ca_path())
+    }
+
+    /// The API server's webhook client certificate and key, PEM (to stand in for the API server).
+    pub fn webhook_client_identity(&self) -> (String, String) {
+        (read_pki(&self.pki_dir.join("webhook-client.crt")), read_pki(&self.pki_dir.join("webhook-client.key")))
+    }
+
+    /// A client certificate and key (PEM) for `common_name`, issued by the webhook client CA:
+    /// trusted by the CA, so only a name check can refuse it.
+    pub fn issue_webhook_client_cert(&self, common_name: &str) -> (String, String) {
+        let ca_key = KeyPair::from_pem(&read_pki(&self.pki_dir.join("webhook-client-ca.key")))
+            .expect("the webhook client CA key parses");
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&self.webhook_client_ca_pem(), ca_key)
+            .expect("the webhook client CA certificate parses");
+        client_cert(common_name, &issuer)
     }
 
     fn start() -> Result<ControlPlane, String> {
@@ -303,6 +339,8 @@ fn launch_in(bin: &Path, apiserver_dir: &Path, etcd_dir: &Path) -> Result<Contro
             // The `kubernetes` Endpoints would point at the loopback advertise address, which
             // validation rejects (an error logged every 10 s); nothing runs in-cluster to use them.
             "--endpoint-reconciler-type=none".into(),
+            // The client certificate it presents to webhooks (module docs).
+            format!("--admission-control-config-file={}", pem("admission.yaml")),
         ],
         apiserver_dir,
     )?;
@@ -322,7 +360,7 @@ fn launch_in(bin: &Path, apiserver_dir: &Path, etcd_dir: &Path) -> Result<Contro
             .map_err(|message| StartError::Fatal(format!("{message}\n{}", apiserver_ref.log_tail())))
     })?;
 
-    Ok(ControlPlane { config, kubeconfig, etcd, apiserver, startup: Duration::ZERO })
+    Ok(ControlPlane { config, kubeconfig, pki_dir: pki.dir.clone(), etcd, apiserver, startup: Duration::ZERO })
 }
 
 /// Polls `/readyz` with the admin client until it answers `ok`, failing fast if a process died.
@@ -557,6 +595,46 @@ impl Pki {
         put("service-account.pub", &service_account.public_key_pem());
         put("service-account.key", &service_account.serialize_pem());
 
+        // The API server's identity towards webhooks, from a CA of its own (as a cluster would
+        // use for it), and the admission configuration that hands it to every webhook call.
+        let mut client_ca_params = CertificateParams::new(Vec::<String>::new()).expect(INVARIANT);
+        client_ca_params.distinguished_name.push(DnType::CommonName, "spear-test-webhook-client-ca");
+        client_ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        client_ca_params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let client_ca_key = KeyPair::generate().expect(INVARIANT);
+        put("webhook-client-ca.key", &client_ca_key.serialize_pem());
+        let client_ca = CertifiedIssuer::self_signed(client_ca_params, client_ca_key).expect(INVARIANT);
+        put("webhook-client-ca.crt", &client_ca.pem());
+        let (client_cert_pem, client_key_pem) = client_cert(WEBHOOK_CLIENT_NAME, &client_ca);
+        put("webhook-client.crt", &client_cert_pem);
+        put("webhook-client.key", &client_key_pem);
+        let webhook_kubeconfig = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "users": [{
+                "name": "*",
+                "user": {
+                    "client-certificate": dir.join("webhook-client.crt"),
+                    "client-key": dir.join("webhook-client.key"),
+                },
+            }],
+        });
+        put("webhook-kubeconfig.yaml", &serde_yaml::to_string(&webhook_kubeconfig).expect(INVARIANT));
+        let admission = serde_json::json!({
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [{
+                "name": "MutatingAdmissionWebhook",
+                "configuration": {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "WebhookAdmissionConfiguration",
+                    "kubeConfigFile": dir.join("webhook-kubeconfig.yaml"),
+                },
+            }],
+        });
+        put("admission.yaml", &serde_yaml::to_string(&admission).expect(INVARIANT));
+
         Pki { dir: dir.to_path_buf(), ca_der: ca.der().to_vec() }
     }
 
@@ -564,6 +642,21 @@ impl Pki {
     fn path(&self, name: &str) -> String {
         self.dir.join(name).to_str().expect("temp dir paths must be UTF-8").to_string()
     }
+}
+
+/// A client certificate (clientAuth) for `common_name` signed by `issuer`, and its key, as PEM.
+fn client_cert(common_name: &str, issuer: &rcgen::Issuer<'_, KeyPair>) -> (String, String) {
+    const INVARIANT: &str = "rcgen must build certificates from fixed, valid parameters";
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect(INVARIANT);
+    params.distinguished_name.push(DnType::CommonName, common_name);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().expect(INVARIANT);
+    (params.signed_by(&key, issuer).expect(INVARIANT).pem(), key.serialize_pem())
+}
+
+fn read_pki(path: &Path) -> String {
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {} must succeed while the control plane runs: {e}", path.display()))
 }
 
 /// The admin's client configuration: our CA as the only root, the admin cert as identity.

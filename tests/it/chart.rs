@@ -296,6 +296,12 @@ fn operator_deployment_is_hardened_and_wired_to_the_webhook() {
     assert_eq!(flag("lease-name"), keys::OPERATOR_LEASE);
     assert_eq!(flag("native-sidecars"), "auto");
     assert_eq!(flag("probe-interval-seconds"), "60");
+    assert_eq!(flag("webhook-rate-limit-per-second"), "500");
+    assert_eq!(flag("webhook-rate-limit-burst"), "1000");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--webhook-client-")),
+        "no client authentication unless asked for: {args:?}"
+    );
     assert_eq!(flag("spearlet-image"), "ghcr.io/spear-dev/spearlet:0.1.0");
     assert_eq!(flag("agent-image"), flag("spearlet-image"), "the agent image defaults to the spearlet image");
 
@@ -322,8 +328,19 @@ fn operator_deployment_is_hardened_and_wired_to_the_webhook() {
 
 #[test]
 fn operator_args_are_accepted_by_the_operator_cli() {
-    for extra in [&[][..], &["--set", "webhook.certs.mode=cert-manager", "--set", "injection.nativeSidecars=false"][..]]
-    {
+    let client_auth = [
+        "--set",
+        "webhook.clientAuth.enabled=true",
+        "--set",
+        "webhook.clientAuth.caConfigMap=apiserver-webhook-client-ca",
+        "--set",
+        "webhook.clientAuth.allowedNames={kube-apiserver-webhook-client,apiserver-2}",
+    ];
+    for extra in [
+        &[][..],
+        &["--set", "webhook.certs.mode=cert-manager", "--set", "injection.nativeSidecars=false"][..],
+        &client_auth[..],
+    ] {
         let objects = objects(&render(extra));
         let deployment: Deployment = object(&objects, "Deployment", "spear-operator");
         let pod = deployment.spec.and_then(|s| s.template.spec).expect("a pod template");
@@ -436,6 +453,8 @@ fn invalid_values_are_refused_with_the_value_named() {
         ("webhook.failurePolicy=Maybe", "/webhook/failurePolicy"),
         ("operator.leaderElection=false", "operator.leaderElection=true"),
         ("webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiServerCIDRs"),
+        ("webhook.clientAuth.enabled=true", "webhook.clientAuth.caConfigMap"),
+        ("webhook.rateLimit.burst=0", "/webhook/rateLimit/burst"),
     ] {
         let output = Command::new(helm())
             .args(["template", RELEASE, CHART, "--namespace", NAMESPACE, "--set", set])
@@ -467,4 +486,45 @@ fn the_network_policy_admits_only_the_api_server_to_the_webhook() {
     assert_eq!(ingress[0]["ports"][0]["port"], "webhook");
     assert_eq!(ingress[0]["from"][0]["ipBlock"]["cidr"], "10.0.0.10/32");
     assert_eq!(policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], "operator");
+}
+
+/// Issue 13, finding 8 (client certificates): `webhook.clientAuth` mounts the CA bundle's
+/// ConfigMap (or Secret) as a directory (so the kubelet updates the file on rotation) and points
+/// `--webhook-client-ca-file` and `--webhook-client-names` at it.
+#[test]
+fn client_auth_mounts_the_ca_bundle_and_sets_the_flags() {
+    for (source, set) in [
+        ("configMap", "webhook.clientAuth.caConfigMap=apiserver-ca"),
+        ("secret", "webhook.clientAuth.caSecret=apiserver-ca"),
+    ] {
+        let objects = objects(&render(&[
+            "--set",
+            "webhook.clientAuth.enabled=true",
+            "--set",
+            set,
+            "--set",
+            "webhook.clientAuth.caKey=bundle.pem",
+            "--set",
+            "webhook.clientAuth.allowedNames={kube-apiserver-webhook-client}",
+        ]));
+        let deployment: Deployment = object(&objects, "Deployment", "spear-operator");
+        let pod = deployment.spec.and_then(|s| s.template.spec).expect("a pod template");
+        let container = &pod.containers[0];
+        let args = container.args.clone().unwrap_or_default();
+        assert!(args.contains(&"--webhook-client-ca-file=/client-ca/ca.crt".to_string()), "{args:?}");
+        assert!(args.contains(&"--webhook-client-names=kube-apiserver-webhook-client".to_string()), "{args:?}");
+        let mount =
+            container.volume_mounts.iter().flatten().find(|m| m.name == "client-ca").expect("a client-ca mount");
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only, mount.sub_path.as_deref()),
+            ("/client-ca", Some(true), None)
+        );
+        let volume = serde_json::to_value(
+            pod.volumes.iter().flatten().find(|v| v.name == "client-ca").expect("a client-ca volume"),
+        )
+        .expect("a volume serializes");
+        let name_key = if source == "configMap" { "name" } else { "secretName" };
+        assert_eq!(volume[source][name_key], "apiserver-ca", "{volume}");
+        assert_eq!(volume[source]["items"], serde_json::json!([{"key": "bundle.pem", "path": "ca.crt"}]), "{volume}");
+    }
 }

@@ -95,4 +95,12 @@ A digest wins over a tag; an empty tag falls back to the second element.
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection) -}}
 {{- fail "operator.replicas > 1 needs operator.leaderElection=true: only one replica may write status and RoleBindings" -}}
 {{- end -}}
+{{- with .Values.webhook.clientAuth -}}
+{{- if and .enabled (not (or .caConfigMap .caSecret)) -}}
+{{- fail "webhook.clientAuth.enabled=true needs webhook.clientAuth.caConfigMap or webhook.clientAuth.caSecret: the object holding the CA bundle of the API server's webhook client certificate" -}}
+{{- end -}}
+{{- if and .caConfigMap .caSecret -}}
+{{- fail "set one of webhook.clientAuth.caConfigMap and webhook.clientAuth.caSecret, not both" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

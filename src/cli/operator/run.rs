@@ -10,7 +10,9 @@ use clap::{ArgAction, ValueEnum};
 
 use crate::api::keys;
 use crate::cli::{run_until_signal, usage};
+use crate::operator::client_auth::ClientAuth;
 use crate::operator::probe::{AddressDenyList, ProbeConfig, ProbeNamespaces};
+use crate::operator::rate_limit::{self, RateLimit};
 use crate::operator::run::{CertMode, OperatorConfig};
 use crate::operator::webhook::NativeSidecars;
 
@@ -104,6 +106,29 @@ struct WebhookArgs {
     /// Inject stdio sidecars as native sidecars: `auto` asks the API server's version.
     #[arg(long, env = keys::ENV_NATIVE_SIDECARS, value_enum, default_value_t = NativeSidecars::Auto)]
     native_sidecars: NativeSidecars,
+
+    /// PEM bundle of the CA(s) that issued the API server's webhook client certificate. Set: the
+    /// webhook completes a TLS handshake only with a client presenting a certificate that chains
+    /// to it (the file is re-read every 10 s, so a rotated bundle applies without a restart).
+    /// Unset: no client certificate is asked for, and anyone who reaches the port gets reviews.
+    #[arg(long, env = keys::ENV_WEBHOOK_CLIENT_CA_FILE)]
+    webhook_client_ca_file: Option<PathBuf>,
+
+    /// With --webhook-client-ca-file: accept only client certificates whose subject common name
+    /// or a DNS subject alternative name is one of these (comma-separated; exact,
+    /// case-insensitive). Needed when the CA also issues other certificates (a cluster CA).
+    #[arg(long, env = keys::ENV_WEBHOOK_CLIENT_NAMES, value_delimiter = ',', requires = "webhook_client_ca_file")]
+    webhook_client_names: Vec<String>,
+
+    /// Sustained webhook requests per second from one source address (IPv6: per /64); over it,
+    /// 429 with Retry-After before the request is read. 0 turns the limit off.
+    #[arg(long, env = keys::ENV_WEBHOOK_RATE_LIMIT_PER_SECOND, default_value_t = rate_limit::DEFAULT_PER_SECOND)]
+    webhook_rate_limit_per_second: u32,
+
+    /// Webhook requests one source may send at once before the per-second rate applies.
+    #[arg(long, env = keys::ENV_WEBHOOK_RATE_LIMIT_BURST, default_value_t = rate_limit::DEFAULT_BURST,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    webhook_rate_limit_burst: u32,
 }
 
 impl RunArgs {
@@ -133,6 +158,14 @@ impl RunArgs {
                 dir: webhook.cert_dir.ok_or_else(|| usage("--cert-dir is required with --cert-mode files"))?,
             },
         };
+        let names: Vec<String> =
+            webhook.webhook_client_names.iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+        if !webhook.webhook_client_names.is_empty() && names.is_empty() {
+            return Err(usage(
+                "--webhook-client-names names no name: give the client certificate's common name or DNS name, or leave the flag out",
+            ));
+        }
+        let client_auth = webhook.webhook_client_ca_file.map(|file| ClientAuth::new(file, names));
         let namespace = namespace.or_else(|| std::env::var(keys::ENV_POD_NAMESPACE).ok()).filter(|ns| !ns.is_empty());
         Ok(OperatorConfig {
             namespace,
@@ -152,6 +185,11 @@ impl RunArgs {
             agent_image,
             spearlet_image,
             native_sidecars: webhook.native_sidecars,
+            webhook_client_auth: client_auth,
+            webhook_rate_limit: RateLimit {
+                per_second: webhook.webhook_rate_limit_per_second,
+                burst: webhook.webhook_rate_limit_burst,
+            },
         })
     }
 
@@ -163,5 +201,56 @@ impl RunArgs {
             crate::operator::run::run(config, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn config(extra: &[&str]) -> Result<OperatorConfig, String> {
+        let base = ["spear-operator", "--agent-image=a:1", "--spearlet-image=s:1"];
+        let cli = Cli::try_parse_from(base.iter().chain(extra)).map_err(|e| e.to_string())?;
+        cli.run.config().map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn without_a_client_ca_no_client_certificate_is_asked_for_and_the_limit_has_its_defaults() {
+        let config = config(&[]).expect("the defaults parse");
+        assert_eq!(config.webhook_client_auth, None);
+        assert_eq!(config.webhook_rate_limit, RateLimit::default());
+    }
+
+    #[test]
+    fn client_ca_and_names_become_the_client_auth() {
+        let config = config(&[
+            "--webhook-client-ca-file=/client-ca/ca.crt",
+            "--webhook-client-names=kube-apiserver-webhook-client, other",
+            "--webhook-rate-limit-per-second=0",
+            "--webhook-rate-limit-burst=7",
+        ])
+        .expect("the flags parse");
+        let auth = config.webhook_client_auth.expect("client auth is on");
+        assert_eq!(auth.ca_file, PathBuf::from("/client-ca/ca.crt"));
+        assert_eq!(auth.names, ["kube-apiserver-webhook-client", "other"]);
+        assert_eq!(config.webhook_rate_limit, RateLimit { per_second: 0, burst: 7 });
+    }
+
+    #[test]
+    fn names_without_a_ca_or_a_zero_burst_are_refused_naming_the_flag() {
+        let error = config(&["--webhook-client-names=x"]).expect_err("names need a CA");
+        assert!(error.contains("--webhook-client-ca-file"), "{error}");
+        let error = config(&["--webhook-rate-limit-burst=0"]).expect_err("a burst of 0 admits nothing");
+        assert!(error.contains("--webhook-rate-limit-burst"), "{error}");
+        let error = config(&["--webhook-client-ca-file=/ca.crt", "--webhook-client-names=,"]).expect_err("no name");
+        assert!(error.contains("--webhook-client-names"), "{error}");
     }
 }

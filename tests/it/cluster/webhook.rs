@@ -33,9 +33,11 @@ use spear::api::keys::{
 use spear::api::secret_grant::{ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, SecretGrants};
 use spear::api::{McpProfile, McpServer};
 use spear::operator::certs::{self, CertResolver, CertSource, SECRET_CA_CERT, SECRET_TLS_CERT, SelfSigned};
+use spear::operator::client_auth::ClientAuth;
 use spear::operator::inject::{self, Decision, InjectConfig, Ports, SIDECAR_TMP};
-use spear::operator::webhook::{self, MUTATE_PATH, NativeSidecars, WebhookConfig};
-use spear::testing::control_plane::{ControlPlane, TestNamespace};
+use spear::operator::rate_limit::RateLimit;
+use spear::operator::webhook::{self, MUTATE_PATH, NativeSidecars, WebhookConfig, WebhookMetrics};
+use spear::testing::control_plane::{ControlPlane, TestNamespace, WEBHOOK_CLIENT_NAME};
 use spear::testing::mcp_servers::{self, free_port};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -73,6 +75,15 @@ impl Webhook {
     /// Labels `ns` for injection, registers a configuration for it (without a caBundle), starts
     /// the webhook in self-signed mode and waits until the API server calls it.
     async fn start(ns: &TestNamespace, inject: InjectConfig) -> Webhook {
+        Webhook::start_with(ns, inject, |_| {}).await.0
+    }
+
+    /// [`Webhook::start`] with the config changed by `configure` first; also returns the port.
+    async fn start_with(
+        ns: &TestNamespace,
+        inject: InjectConfig,
+        configure: impl FnOnce(&mut WebhookConfig),
+    ) -> (Webhook, u16) {
         let configuration = format!("spear-test-{}", ns.name);
         let port = free_port();
         let namespaces: Api<Namespace> = Api::all(ns.client.clone());
@@ -93,12 +104,13 @@ impl Webhook {
         certs.webhook_config_name = Some(configuration.clone());
         certs.extra_sans = vec!["127.0.0.1".into(), "localhost".into()];
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let config = WebhookConfig::new(addr, inject, NativeSidecars::Auto, CertSource::SelfSigned(certs));
+        let mut config = WebhookConfig::new(addr, inject, NativeSidecars::Auto, CertSource::SelfSigned(certs));
+        configure(&mut config);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(webhook::serve(ns.client.clone(), config, shutdown.clone()));
         let webhook = Webhook { configuration, shutdown, task: Some(task), client: ns.client.clone() };
         webhook.wait_until_called(ns).await;
-        webhook
+        (webhook, port)
     }
 
     /// Dry-run creates of a pod naming a missing profile until the webhook's own denial comes
@@ -747,4 +759,260 @@ fn kubelet_expansion_matches_the_kubelet() {
     assert_eq!(expand("$$(A)", &env), "$(A)");
     assert_eq!(expand("$(B)", &env), "$(B)");
     assert_eq!(expand("a$b", &env), "a$b");
+}
+
+// === issue 13, finding 8: who may call the webhook, and how often ===
+
+/// A stdio server whose command line is the secret a review would leak: a sidecar's args are in
+/// the patch, so whoever gets the review of a pod naming its profile reads them.
+const LEAK_MARKER: &str = "--internal-endpoint=https://payroll.corp.internal:8443/mcp";
+
+/// The serving CA of the webhook started by [`Webhook::start`] in `ns` (its Secret's `ca.crt`).
+async fn serving_ca(ns: &TestNamespace) -> Vec<u8> {
+    let name = SelfSigned::new(&ns.name, SERVICE).secret_name;
+    let secret = ns.api::<Secret>().get(&name).await.expect("the webhook's certificate Secret exists");
+    secret.data.unwrap_or_default().get(SECRET_CA_CERT).expect("the Secret holds ca.crt").0.clone()
+}
+
+/// The AdmissionReview an attacker would post: a pod of namespace `namespace` naming `profile`.
+fn admission_review(namespace: &str, profile: &str) -> Vec<u8> {
+    let pod = app_pod("stolen", &[(ANNOTATION_PROFILE, profile)]);
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0d1e2f30-0000-4000-8000-000000000001",
+            "kind": { "group": "", "version": "v1", "kind": "Pod" },
+            "resource": { "group": "", "version": "v1", "resource": "pods" },
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": { "username": "attacker" },
+            "object": pod,
+        },
+    }))
+    .expect("a review serializes")
+}
+
+/// A client identity: certificate chain and key, PEM.
+type Identity = (String, String);
+
+/// Posts `body` to the webhook at `127.0.0.1:port` over TLS (trusting `ca`), from `source` (a
+/// loopback address), presenting `identity` if given. `Ok` with whatever the server sent back
+/// (empty if it closed without answering), `Err` with the first failure of the exchange.
+async fn post_review(
+    port: u16,
+    ca: &[u8],
+    source: Ipv4Addr,
+    identity: Option<&Identity>,
+    body: &[u8],
+) -> Result<Vec<u8>, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    spear::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.expect("ca.crt is PEM")).expect("ca.crt holds CA certificates");
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    let config = match identity {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<Vec<_>, _>>().expect("PEM");
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("a PEM key");
+            builder.with_client_auth_cert(chain, key).expect("a usable client certificate")
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind(SocketAddr::from((source, 0))).expect("binding a loopback source address");
+    let tcp = socket.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("127.0.0.1").expect("an IP address is a server name");
+    let exchange = async {
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+        // One write, so head and body travel together: a server that answers without reading
+        // the body (429) then closes with nothing unread, which would otherwise be a reset.
+        let mut request = format!(
+            "POST {MUTATE_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        tls.write_all(&request).await?;
+        tls.flush().await?;
+        let mut answer = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match tls.read(&mut chunk).await {
+                Ok(0) => return Ok(answer),
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+                // A close without close_notify after a whole answer is still that answer.
+                Err(_) if !answer.is_empty() => return Ok(answer),
+                Err(error) => return Err(error),
+            }
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("no answer within 10 s".to_string()),
+    }
+}
+
+/// A webhook requiring the test API server's webhook client certificate, by CA and name; its
+/// port and metrics.
+async fn start_with_client_auth(ns: &TestNamespace) -> (Webhook, u16, WebhookMetrics) {
+    let control_plane = ControlPlane::shared();
+    let auth = ClientAuth::new(control_plane.webhook_client_ca_path(), vec![WEBHOOK_CLIENT_NAME.to_string()]);
+    let metrics = WebhookMetrics::default();
+    let (webhook, port) = Webhook::start_with(ns, inject_config(), |config| {
+        config.client_auth = Some(auth);
+        config.metrics = metrics.clone();
+    })
+    .await;
+    (webhook, port, metrics)
+}
+
+/// Issue 13, finding 8 (client certificates), the legitimate path: with
+/// `--webhook-client-ca-file` and `--webhook-client-names`, the real API server presents its
+/// webhook client certificate (from its admission configuration) and pods are injected.
+#[tokio::test]
+async fn with_client_auth_on_the_api_server_presents_its_certificate_and_pods_are_injected() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-mtls").await;
+    let (webhook, _, metrics) = start_with_client_auth(&ns).await;
+    create(&ns.api::<McpServer>(), &McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]))
+        .await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["remote"])).await;
+
+    let admitted = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+
+    let annotations = admitted.metadata.annotations.clone().unwrap_or_default();
+    assert!(annotations.contains_key(ANNOTATION_INJECTED), "the pod was injected: {annotations:?}");
+    let spec = admitted.spec.expect("a stored pod has a spec");
+    assert!(spec.init_containers.iter().flatten().any(|c| c.name == AGENT_CONTAINER), "the agent is injected");
+    assert_eq!(metrics.handshake_failures("client_certificate"), 0, "the API server's certificate was accepted");
+    drop(webhook);
+}
+
+/// Issue 13, finding 8 (client certificates), the attack: anyone who reaches the webhook's port
+/// posts an AdmissionReview naming another namespace's profile, to read the patch (sidecar
+/// images, commands, Secret names). Without a certificate, with one from another CA, or with
+/// one from the right CA but not the API server's name, the TLS handshake is refused: no HTTP
+/// answer, nothing of the server's spec. The same request with the API server's identity gets
+/// the review (so the refusals are what keeps the spec in).
+#[tokio::test]
+async fn a_caller_without_the_api_servers_certificate_gets_no_review_and_no_server_spec() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-mtls-attack").await;
+    let (webhook, port, metrics) = start_with_client_auth(&ns).await;
+    let secret_server = McpServer::test("payroll")
+        .stdio("python", ["payroll_server.py", LEAK_MARKER])
+        .image("registry.corp.internal/payroll-mcp:3")
+        .allowing(["*"]);
+    create(&ns.api::<McpServer>(), &secret_server).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["payroll"])).await;
+    let ca = serving_ca(&ns).await;
+    let review = admission_review(&ns.name, "dev");
+    let attacker = Ipv4Addr::new(127, 0, 0, 3);
+
+    // Control: the API server's own identity gets the review, and the review carries the spec.
+    let api_server = control_plane.webhook_client_identity();
+    let answer = post_review(port, &ca, Ipv4Addr::LOCALHOST, Some(&api_server), &review)
+        .await
+        .expect("the API server's identity is served");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let body = answer.split_once("\r\n\r\n").map(|(_, body)| body).unwrap_or_default();
+    let reviewed: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("a JSON review: {e}: {answer}"));
+    // kube serializes the patch bytes as a JSON array of numbers (which Go decodes into []byte).
+    let patch: Vec<u8> = serde_json::from_value(reviewed["response"]["patch"].clone()).expect("a patch");
+    assert!(String::from_utf8_lossy(&patch).contains(LEAK_MARKER), "the control review carries the spec");
+
+    let other_ca = TestCa::new();
+    let foreign = {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, WEBHOOK_CLIENT_NAME);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().expect("a key");
+        (params.signed_by(&key, &other_ca.issuer).expect("a certificate").pem(), key.serialize_pem())
+    };
+    let kubelet = control_plane.issue_webhook_client_cert("system:node:worker-1");
+    let attempts: [(&str, Option<&Identity>); 3] = [
+        ("no certificate", None),
+        ("a certificate of another CA, with the API server's name", Some(&foreign)),
+        ("a certificate of the trusted CA with another name", Some(&kubelet)),
+    ];
+    for (what, identity) in attempts {
+        let result = post_review(port, &ca, attacker, identity, &review).await;
+        let answer = match &result {
+            Ok(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            Err(error) => error.clone(),
+        };
+        assert!(result.is_err() || answer.is_empty(), "{what}: the handshake must be refused, got an answer: {answer}");
+        assert!(!answer.contains("HTTP/"), "{what}: no HTTP exchange: {answer}");
+        assert!(!answer.contains(LEAK_MARKER) && !answer.contains("payroll"), "{what}: nothing of the spec: {answer}");
+    }
+    assert_eq!(metrics.handshake_failures("client_certificate"), 3, "each refusal is counted");
+    drop(webhook);
+}
+
+/// Issue 13, finding 8 (rate limit): one source flooding the webhook (here 127.0.0.2; the API
+/// server calls from 127.0.0.1) gets 429 with Retry-After once its burst is spent, answered
+/// before the body is read (the flood's bodies are not JSON: served ones get 400 from the
+/// parser, limited ones never reach it); meanwhile pods created through the API server are
+/// still injected.
+#[tokio::test]
+async fn a_flooding_source_gets_429s_while_the_api_server_is_still_served() {
+    const FLOOD: usize = 40;
+    const BURST: u32 = 10;
+    const PER_SECOND: u32 = 2;
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-flood").await;
+    let metrics = WebhookMetrics::default();
+    let (webhook, port) = Webhook::start_with(&ns, inject_config(), |config| {
+        config.rate_limit = RateLimit { per_second: PER_SECOND, burst: BURST };
+        config.metrics = metrics.clone();
+    })
+    .await;
+    create(&ns.api::<McpServer>(), &McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]))
+        .await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["remote"])).await;
+    let ca = serving_ca(&ns).await;
+
+    let flooder = Ipv4Addr::new(127, 0, 0, 2);
+    let started = Instant::now();
+    let (mut parsed, mut limited) = (0usize, 0usize);
+    for _ in 0..FLOOD {
+        let answer = post_review(port, &ca, flooder, None, b"not an admission review")
+            .await
+            .expect("the webhook answers the flood (no client auth here)");
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let head = answer.split("\r\n\r\n").next().unwrap_or_default().to_ascii_lowercase();
+        if head.starts_with("http/1.1 429") {
+            let retry_after = head
+                .lines()
+                .find_map(|l| l.strip_prefix("retry-after: "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("a 429 carries Retry-After in seconds: {answer}"));
+            assert!(retry_after >= 1, "{answer}");
+            assert!(!answer.contains("AdmissionReview"), "a limited request is never parsed: {answer}");
+            limited += 1;
+        } else {
+            assert!(head.starts_with("http/1.1 400"), "a served flood request is parsed and refused: {answer}");
+            parsed += 1;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // The burst, plus what the sustained rate refilled while the flood ran.
+    let allowed = usize::try_from(BURST).expect("small") + (f64::from(PER_SECOND) * elapsed).ceil() as usize;
+    assert!(parsed <= allowed, "{parsed} flood requests served in {elapsed:.2} s; at most {allowed} allowed");
+    assert!(limited >= FLOOD - allowed, "{limited} of {FLOOD} limited in {elapsed:.2} s");
+    assert_eq!(metrics.rate_limited_count(), limited as u64, "every 429 is counted");
+
+    // The API server (another source) is not throttled by the flood.
+    for _ in 0..3 {
+        let admitted = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+        let annotations = admitted.metadata.annotations.unwrap_or_default();
+        assert!(annotations.contains_key(ANNOTATION_INJECTED), "injected despite the flood: {annotations:?}");
+    }
+    println!("flood: {parsed} served, {limited} answered 429 in {elapsed:.2} s");
+    drop(webhook);
 }
