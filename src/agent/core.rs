@@ -31,6 +31,11 @@ use crate::registry::snapshot::Snapshot;
 use crate::registry::view::RegistryView;
 use crate::telemetry::{PoolMetrics, RegistryMetrics};
 
+/// Shortest time between two re-lists caused by `notifications/tools/list_changed`: a storm
+/// of them costs at most one tools/list per server per second, and a real change shows within
+/// a second.
+const LIST_CHANGED_MIN_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Tuning of the agent core.
 #[derive(Debug)]
 pub struct AgentOptions {
@@ -478,6 +483,7 @@ impl Agent {
         let mut first_lists_done = false;
         let mut retry = inner.options.retry_interval;
         let mut restart_required: BTreeSet<String> = BTreeSet::new();
+        let mut relisted_for_change: Option<Instant> = None;
         loop {
             let snapshot = registry_rx.borrow_and_update().clone();
             if applied.as_ref() != Some(snapshot.revision()) {
@@ -581,7 +587,20 @@ impl Agent {
                         break;
                     }
                 }
-                () = any_change => {}
+                () = any_change => {
+                    // A server may send list_changed in a storm (a bug, or on purpose): each
+                    // would cost a tools/list and a list_changed to every /mcp client. At most
+                    // one re-list per LIST_CHANGED_MIN_INTERVAL; notifications arriving meanwhile
+                    // fold into it (the pool compares their count, so none is lost).
+                    if let Some(at) = relisted_for_change {
+                        let quiet = LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed());
+                        tokio::select! {
+                            () = cancel.cancelled() => break,
+                            () = tokio::time::sleep(quiet) => {}
+                        }
+                    }
+                    relisted_for_change = Some(Instant::now());
+                }
                 () = tokio::time::sleep(wait) => {}
             }
         }

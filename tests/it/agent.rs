@@ -102,3 +102,51 @@ async fn a_call_whose_server_is_still_starting_after_its_budget_is_unavailable_a
     let why = t.agent.readiness().expect_err("not ready while its server lists for the first time");
     assert!(why.contains("listing"), "{why}");
 }
+
+/// A server that sends `notifications/tools/list_changed` in a storm (about 300 in 3 s, nothing
+/// changed) is re-listed at most once a second, not once per notification; a real change right
+/// after the storm still shows within that second.
+#[tokio::test]
+async fn a_list_changed_storm_costs_one_relist_a_second_and_a_real_change_still_shows() {
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let budgets = spear::api::ServerBudgets { tool_timeout_ms: Some(20_000), ..Default::default() };
+    let t = start_agent(
+        vec![
+            Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"]).budgets(budgets)),
+            Object::Profile(McpProfile::test("p").servers(["fx"])),
+        ],
+        "p",
+    )
+    .await;
+    let set = t.agent.effective(None, &[]).expect("effective set");
+    let lists = || async {
+        let call = t.agent.call_tool(&set, "mcp__fx__lists", Ok(None), ctx()).await;
+        assert_eq!(call.status(), "ok", "{:?}", call.result);
+        call.model_text().trim().parse::<u32>().expect("a count")
+    };
+    let before = lists().await;
+    let storm = t
+        .agent
+        .call_tool(&set, "mcp__fx__storm", Ok(json!({"ms": 3000, "every": 10}).as_object().cloned()), ctx())
+        .await;
+    assert_eq!(storm.status(), "ok", "{:?}", storm.result);
+    let sent: u32 = storm.model_text().trim().trim_start_matches("sent ").parse().expect("a count");
+    assert!(sent >= 100, "the storm sent {sent} notifications");
+    // Let the last re-list of the storm run.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let relists = lists().await - before;
+    assert!(relists <= 6, "{sent} notifications over 3 s caused {relists} tools/list requests");
+
+    let added =
+        t.agent.call_tool(&set, "mcp__fx__add_tool", Ok(json!({"name": "late"}).as_object().cloned()), ctx()).await;
+    assert_eq!(added.status(), "ok", "{:?}", added.result);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        let now = t.agent.effective(None, &[]).expect("effective set");
+        if now.route("mcp__fx__late").is_some() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the tool added after the storm never showed");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -8,7 +8,7 @@ runtime tool registration with `notifications/tools/list_changed`, large outputs
     python fixture_server.py --transport http --port 8931 [--host 127.0.0.1] [--hang] [--stderr-chatter]
 
 Streamable HTTP is served at `/mcp` with stateful sessions (`Mcp-Session-Id`). Tools: `echo`,
-`sleep`, `big`, `probe`, `add_tool`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
+`sleep`, `big`, `probe`, `add_tool`, `storm`, `lists`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
 the stdio transport's wire.
 """
 
@@ -41,6 +41,8 @@ CHATTER = False
 # In-process state of `probe`: calls running now, and the most ever seen at once.
 in_flight = 0
 max_in_flight = 0
+# tools/list requests answered (all sessions of this process).
+lists_served = 0
 
 
 async def echo(ctx, text: str) -> str:
@@ -76,6 +78,22 @@ async def add_tool(ctx, name: str) -> str:
     return f"added {name}"
 
 
+async def storm(ctx, ms: int, every: int) -> str:
+    # A misbehaving server: notifications/tools/list_changed every `every` ms for `ms` ms, with
+    # no change behind them.
+    sent = 0
+    deadline = anyio.current_time() + ms / 1000
+    while anyio.current_time() < deadline:
+        await ctx.session.send_tool_list_changed()
+        sent += 1
+        await anyio.sleep(every / 1000)
+    return f"sent {sent}"
+
+
+async def lists(ctx) -> int:
+    return lists_served
+
+
 async def env(ctx, name: str) -> str:
     return os.environ.get(name, "<unset>")
 
@@ -99,6 +117,12 @@ TOOLS = {
         schema(name="string"),
         add_tool,
     ),
+    "storm": (
+        "Sends notifications/tools/list_changed every `every` ms for `ms` ms; returns how many.",
+        schema(ms="integer", every="integer"),
+        storm,
+    ),
+    "lists": ("Returns how many tools/list requests this server has answered.", schema(), lists),
     "env": ("Returns an environment variable of the server process, or '<unset>'.", schema(name="string"), env),
     "pid": ("Returns the server's process id.", schema(), pid),
 }
@@ -108,6 +132,8 @@ TOOLS = {
 
 
 async def list_tools(ctx, params) -> types.ListToolsResult:
+    global lists_served
+    lists_served += 1
     return types.ListToolsResult(
         tools=[
             types.Tool(name=name, description=description, input_schema=input_schema)
