@@ -5,7 +5,8 @@
 #
 #   hack/fuzz.sh [SECONDS] [TARGET...]     (no TARGET: every target in fuzz/fuzz_targets/)
 #
-# cargo-fuzz is installed once under $HOME/.cache/spear-mcp/cargo-fuzz, the targets are built
+# cargo-fuzz is installed once under $HOME/.cache/spear-mcp/cargo-fuzz ($SPEAR_CACHE_DIR overrides
+# $HOME/.cache/spear-mcp, as for every hack/ script), the targets are built
 # with nightly (AddressSanitizer and debug assertions) into $HOME/.cache/spear-mcp/fuzz-target.
 # The committed corpus is only read: libFuzzer writes what it finds into a temporary directory,
 # and a crash's input into fuzz/artifacts/<target>/ (fuzz/README.md: from a crash to a test).
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET="${1:-20}"
 shift || true
-CACHE="$HOME/.cache/spear-mcp"
+CACHE="${SPEAR_CACHE_DIR:-$HOME/.cache/spear-mcp}"
 CARGO_FUZZ_VERSION="0.13.2"
 CARGO_FUZZ_ROOT="$CACHE/cargo-fuzz"
 # Its own target dir: nightly and sanitizer builds never disturb the stable one CI uses.
