@@ -22,12 +22,14 @@ FROM scratch AS bin
 COPY target/x86_64-unknown-linux-gnu/release/spearlet target/x86_64-unknown-linux-gnu/release/spear-operator /
 
 # --- spearlet: the injected init container's image, and the default agent image -------------
-# The image contract (src/operator/inject.rs): the static binary at /spearlet, and a `cp` on
-# PATH, since the init container runs `cp /spearlet /spear/bin/spearlet` into an emptyDir that
-# the agent and every server sidecar then run. distroless `debug` adds busybox (/busybox is on
-# its PATH) to the static base, which also brings CA certificates and tzdata for the agent's
-# HTTPS upstreams.
-FROM gcr.io/distroless/static-debian12:debug-nonroot AS spearlet
+# The image contract (src/operator/inject.rs): the static binary at /spearlet, nothing else.
+# The init container runs `/spearlet install --to /spear/bin/spearlet`: the spearlet copies
+# itself into an emptyDir that the agent and every server sidecar then run, so the image needs
+# no `cp` and holds no shell or busybox (a process that gets into the container finds nothing
+# to run but the spearlet). distroless `static` brings CA certificates and tzdata for the
+# agent's HTTPS upstreams. The operator injects `install`, which older spearlets lack: build
+# and deploy both images from the same version (the chart pins both to its appVersion).
+FROM gcr.io/distroless/static-debian12:nonroot AS spearlet
 COPY --from=bin --chown=0:0 --chmod=0755 /spearlet /spearlet
 USER 65532:65532
 ENTRYPOINT ["/spearlet"]

@@ -9,6 +9,7 @@
 //! - [`agent`]: the per-pod agent: its core, its three doors and admin port, and how it runs
 //! - [`bridge`]: the stdio sidecar (a child process served on a Unix socket)
 //! - `child`: process groups and bounded stderr for MCP server children (bridge and pool)
+//! - `install`: the running executable copied into a pod's volume (the init container's job)
 //! - [`operator`]: status, pod injection, RBAC, and the controllers and webhook around them
 //! - [`convert`]: migration from the file-based registry format (pure)
 //! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
@@ -25,6 +26,7 @@ mod child;
 pub mod cli;
 pub mod convert;
 pub mod http_server;
+mod install;
 pub mod mcp;
 pub mod operator;
 pub mod policy;

@@ -62,8 +62,9 @@ pub const BIN_DIR: &str = "/spear/bin";
 pub const RUN_DIR: &str = "/spear/run";
 /// The spearlet every injected container runs.
 pub(crate) const SPEARLET: &str = "/spear/bin/spearlet";
-/// Where the spearlet image holds the static binary the init container copies.
-pub(crate) const IMAGE_SPEARLET: &str = "/spearlet";
+/// Where the spearlet image holds the static binary; the init container runs it to install
+/// itself at [`SPEARLET`] (the image holds nothing else to run: no shell, no `cp`).
+pub const IMAGE_SPEARLET: &str = "/spearlet";
 
 // RBAC and the operator's own objects.
 /// The agent's ClusterRole, and the RoleBinding to it in each injection-enabled namespace.
@@ -131,6 +132,7 @@ pub(crate) const ENV_CONVERT_NAMESPACE: &str = "SPEAR_CONVERT_NAMESPACE";
 pub(crate) const ENV_BRIDGE_SOCKET: &str = "SPEAR_BRIDGE_SOCKET";
 pub(crate) const ENV_SERVER_ID: &str = "SPEAR_SERVER_ID";
 pub(crate) const ENV_BRIDGE_PEER_UID: &str = "SPEAR_BRIDGE_PEER_UID";
+pub(crate) const ENV_INSTALL_TO: &str = "SPEAR_INSTALL_TO";
 // spear-operator's (the chart sets them).
 /// The operator pod's name (downward API): its leader-election identity.
 pub(crate) const ENV_POD_NAME: &str = "POD_NAME";

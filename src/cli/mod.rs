@@ -9,8 +9,8 @@
 //! The subcommands, one file each:
 //!
 //! - [`spearlet`]: `serve` and `run` (the agent, over `agent_args.rs`, the flags of its doors),
-//!   `bridge`, `tools`, `registry`, `explain`, `validate`, `convert`; `tests.rs` parses the
-//!   webhook's injected containers with these flags.
+//!   `bridge`, `install` (the init container's copy), `tools`, `registry`, `explain`, `validate`,
+//!   `convert`; `tests.rs` parses the webhook's injected containers with these flags.
 //! - [`operator`]: `run` (controllers, webhook, admin server) and `crds`.
 //!
 //! `src/bin/spearlet.rs` and `src/bin/spear-operator.rs` only parse [`spearlet::Args`] and

@@ -22,7 +22,7 @@
 //!                 mcp-sock-<server> (emptyDir: /spear/run/<server>, the bridge's socket)
 //!                 mcp-tmp-<server> (emptyDir: /tmp and HOME of one stdio server)
 //!                 spear-no-token (emptyDir, read-only over the service-account token path)
-//! initContainers: spear-init (cp /spearlet → /spear/bin/spearlet)
+//! initContainers: spear-init (/spearlet install --to /spear/bin/spearlet)
 //!                 [native] mcp-<server>… (bridge sidecars)  spearlet (agent)  ← restartPolicy: Always
 //!                 the pod's own init containers
 //! containers:     the pod's own containers (+ SPEAR_MCP_URL, SPEAR_CHAT_URL, SPEAR_GRPC_ADDR)
@@ -71,8 +71,13 @@
 //!   (`api::secret_grant`); a refused one is left out with an admission warning, so the server
 //!   is unavailable (`env_missing`) rather than the pod refused: a registry author cannot stop
 //!   a workload from starting, nor read a Secret not granted to them.
-//! - **Copy command.** `cp /spearlet /spear/bin/spearlet`: the spearlet image must hold the static
-//!   binary at `/spearlet` and a `cp` (for example a busybox- or distroless-`debug`-based image).
+//! - **Copy command.** `/spearlet install --to /spear/bin/spearlet`: the spearlet copies itself
+//!   (atomically, so a rerun after a sandbox restart replaces the earlier copy whole). The
+//!   spearlet image's contract is only the static binary at `/spearlet`: no `cp`, no shell, so
+//!   it can be distroless `static` (the Dockerfile's `spearlet` target), and a hostile process
+//!   that gets into the agent or init container finds no shell there. The image's spearlet must
+//!   be at least as new as the operator (an older one lacks `install`): the chart pins both to
+//!   its version.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -149,7 +154,8 @@ impl Default for Ports {
 pub struct InjectConfig {
     /// Image of the agent container (it runs the copied `/spear/bin/spearlet`).
     pub agent_image: String,
-    /// Image of the init container; holds the static spearlet at `/spearlet`, and `cp`.
+    /// Image of the init container; holds the static spearlet at `/spearlet` (and needs nothing
+    /// else: the spearlet copies itself).
     pub spearlet_image: String,
     /// The API server supports native sidecars (`initContainers` with `restartPolicy: Always`,
     /// Kubernetes 1.29 and later).
@@ -198,7 +204,7 @@ pub(crate) fn default_sidecar_resources() -> ResourceRequirements {
     resources("50m", "128Mi", "512Mi")
 }
 
-/// The copy init container's resources: `cp` of one file.
+/// The copy init container's resources: one file copied (`spearlet install`).
 fn init_resources() -> ResourceRequirements {
     resources("10m", "16Mi", "64Mi")
 }
@@ -689,7 +695,10 @@ fn init_container(config: &InjectConfig) -> Container {
     Container {
         name: INIT_CONTAINER.to_string(),
         image: Some(config.spearlet_image.clone()),
-        command: Some(vec!["cp".to_string(), IMAGE_SPEARLET.to_string(), SPEARLET.to_string()]),
+        // The binary copies itself: the image needs no `cp` and no shell.
+        command: Some(
+            [IMAGE_SPEARLET, "install", "--to", SPEARLET].into_iter().map(str::to_string).collect::<Vec<_>>(),
+        ),
         resources: Some(init_resources()),
         security_context: Some(security_context()),
         volume_mounts: Some(vec![mount(VOLUME_BIN, BIN_DIR, false)]),

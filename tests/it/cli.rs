@@ -341,3 +341,38 @@ fn operator_inject_prints_the_pod_the_webhook_would_admit() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("shareProcessNamespace"));
 }
+
+/// What the injected init container runs (`/spearlet install --to /spear/bin/spearlet`), with a
+/// temp dir as the bin volume: the copy is an executable spearlet, and a second run (a pod
+/// restart) replaces it.
+#[test]
+fn install_copies_the_spearlet_into_a_directory_and_the_copy_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dest = dir.path().join("spearlet");
+    let to = dest.to_str().expect("utf-8 path");
+    for run in ["first", "again over the copy"] {
+        let out = spearlet(&["install", "--to", to], None);
+        assert_eq!(out.status.code(), Some(0), "{run}: {out:?}");
+    }
+    let names: Vec<_> = std::fs::read_dir(dir.path()).expect("list").map(|e| e.expect("entry").file_name()).collect();
+    assert_eq!(names, ["spearlet"], "no temporary file is left behind");
+
+    let copy = Command::new(&dest).arg("--version").output().expect("the copy must start");
+    assert_eq!(copy.status.code(), Some(0), "{copy:?}");
+    assert_eq!(stdout(&copy), format!("spearlet {}\n", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn install_refuses_a_directory_and_a_missing_directory_with_exit_2_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let as_dir = dir.path().to_str().expect("utf-8 path");
+    let missing = dir.path().join("bin/spearlet");
+    let missing = missing.to_str().expect("utf-8 path");
+    for (to, fix) in [(as_dir, "give the path of the file to write"), (missing, "create it, or mount a volume there")] {
+        let out = spearlet(&["install", "--to", to], None);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with(&format!("error: --to {to}: ")) && err.contains(fix), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0, "nothing was written");
+}

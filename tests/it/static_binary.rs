@@ -1,7 +1,8 @@
 //! The `spearlet` that the init container copies into every pod must run in any image: no ELF
 //! interpreter, no shared-library dependency. `hack/build-static.sh` builds it and `hack/test.sh`
 //! exports its path as `SPEAR_STATIC_SPEARLET`; without that variable these checks are skipped
-//! locally and fail under CI.
+//! locally and fail under CI. The Dockerfile's `spearlet` stage, which packages it with nothing
+//! else to run, is checked as text.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -121,4 +122,39 @@ fn static_spearlet_bridges_a_child() {
     let Some(path) = static_spearlet() else { return };
     let bridge = crate::bridge::Bridge::start_with(Path::new(&path), &[], &["cat".to_string()]);
     crate::bridge::assert_relays_byte_exact(&bridge, 1024 * 1024);
+}
+
+/// The shipped binary does the init container's job (`/spearlet install --to ...`), and its copy
+/// runs.
+#[test]
+fn static_spearlet_installs_itself() {
+    let Some(path) = static_spearlet() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dest = dir.path().join("spearlet");
+    let (code, out) = run(path.to_str().expect("utf-8 path"), &["install".as_ref(), "--to".as_ref(), dest.as_os_str()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(std::fs::read(&dest).expect("installed"), std::fs::read(&path).expect("the original"));
+    let (code, version) = run(dest.to_str().expect("utf-8 path"), &["--version".as_ref()]);
+    assert_eq!(code, Some(0), "{version}");
+}
+
+/// The spearlet image holds the static binary and nothing to run besides it: no shell, no
+/// busybox, no `cp` (the init container runs `/spearlet install`). The Dockerfile cannot be
+/// built here (no Docker engine), so its `spearlet` stage is checked as text.
+#[test]
+fn the_spearlet_image_is_distroless_static_without_a_shell() {
+    let dockerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile")).expect("Dockerfile");
+    let stage: Vec<&str> = dockerfile
+        .lines()
+        .skip_while(|l| !(l.starts_with("FROM ") && l.ends_with(" AS spearlet")))
+        .take_while(|l| !l.starts_with("# ---"))
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    let from = stage.first().expect("a `spearlet` stage");
+    assert_eq!(*from, "FROM gcr.io/distroless/static-debian12:nonroot AS spearlet", "no `debug` (busybox) base");
+    let image_spearlet = spear::api::keys::IMAGE_SPEARLET;
+    assert!(stage.iter().any(|l| l.starts_with("COPY ") && l.ends_with(&format!(" {image_spearlet}"))), "{stage:?}");
+    assert!(stage.contains(&format!("ENTRYPOINT [\"{image_spearlet}\"]").as_str()), "{stage:?}");
+    assert!(!stage.iter().any(|l| l.starts_with("RUN ")), "a RUN step needs a shell in the image: {stage:?}");
 }

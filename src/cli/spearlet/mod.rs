@@ -4,6 +4,7 @@ mod agent_args;
 mod bridge;
 mod convert;
 mod explain;
+mod install;
 mod registry;
 mod run;
 mod serve;
@@ -49,6 +50,7 @@ enum Command {
     Validate(validate::ValidateArgs),
     Convert(convert::ConvertArgs),
     Bridge(bridge::BridgeArgs),
+    Install(install::InstallArgs),
 }
 
 impl Args {
@@ -64,6 +66,7 @@ impl Args {
             Command::Validate(args) => args.run(),
             Command::Convert(args) => args.run(),
             Command::Bridge(args) => args.run(),
+            Command::Install(args) => args.run(),
         }))
     }
 }

@@ -129,6 +129,30 @@ fn the_injected_bridge_sidecar_is_a_valid_spearlet_bridge() {
     assert_eq!(bridge.command.first().map(String::as_str), Some("npx"));
 }
 
+/// The init container runs the image's own binary and nothing else (the spearlet image has no
+/// `cp` and no shell), and installs it where every other injected container runs it.
+#[test]
+fn the_injected_init_container_is_a_valid_spearlet_install() {
+    let pod = injected_pod();
+    let init = container(&pod, keys::INIT_CONTAINER);
+    let argv: Vec<String> = init.command.iter().flatten().chain(init.args.iter().flatten()).cloned().collect();
+    assert_eq!(argv.first().map(String::as_str), Some(keys::IMAGE_SPEARLET), "the image's only executable");
+    let parsed = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?} does not parse: {e}"));
+    let super::Command::Install(install) = parsed.command else { panic!("{argv:?} is not `spearlet install`") };
+    assert_eq!(install.to, std::path::Path::new(keys::SPEARLET));
+    assert!(init.env.iter().flatten().all(|v| flags_by_env("install").contains_key(&v.name)), "{:?}", init.env);
+
+    // The file lands in the bin volume, mounted writable here, and the others run that file.
+    let bin = std::path::Path::new(keys::BIN_DIR);
+    assert_eq!(install.to.parent(), Some(bin));
+    let mount = init.volume_mounts.iter().flatten().find(|m| m.mount_path == keys::BIN_DIR).expect("the bin volume");
+    assert_ne!(mount.read_only, Some(true));
+    for name in [keys::AGENT_CONTAINER, &format!("{}fs", keys::SIDECAR_PREFIX)] {
+        let runs = container(&pod, name).command.as_ref().and_then(|c| c.first()).cloned();
+        assert_eq!(runs.as_deref().map(std::path::Path::new), Some(install.to.as_path()), "{name}");
+    }
+}
+
 #[test]
 fn local_mode_keeps_the_admin_port_on_loopback_and_a_pod_opens_it() {
     #[derive(Parser)]

@@ -28,7 +28,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use spear::api::keys::{
     AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_MCP_URL,
-    ENV_SIDECAR_SERVERS, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
+    ENV_SIDECAR_SERVERS, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
 };
 use spear::api::secret_grant::{ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, SecretGrants};
 use spear::api::{McpProfile, McpServer};
@@ -588,6 +588,10 @@ impl LocalPod {
     /// rewritten as a whole value (HOME, TMPDIR): paths below it may be the checkout's own (a
     /// clone under /tmp), which the server command needs as they are.
     fn path(&self, value: &str) -> String {
+        // The spearlet image's binary is this build's.
+        if value == IMAGE_SPEARLET {
+            return env!("CARGO_BIN_EXE_spearlet").to_string();
+        }
         if value == SIDECAR_TMP {
             return self.tmp.display().to_string();
         }
@@ -720,8 +724,10 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     for d in [&local.bin, &local.run, &local.tmp, &local.run.join("fixture")] {
         std::fs::create_dir(d).expect("creating a volume dir");
     }
-    // What the spear-init container does: put the static spearlet into the bin volume.
-    std::fs::copy(env!("CARGO_BIN_EXE_spearlet"), local.bin.join("spearlet")).expect("copying spearlet");
+    // The kubelet runs the spear-init container first: the spearlet installs itself into the
+    // bin volume (the image has no `cp`), where the containers below run it.
+    let init = local.spawn(find(INIT_CONTAINER)).wait().await.expect("spear-init runs");
+    assert!(init.success(), "spear-init failed: {init}");
 
     let _bridge = local.spawn(find(&format!("{SIDECAR_PREFIX}fixture")));
     wait_for("the bridge socket", || async { local.run.join("fixture").join("mcp.sock").exists() }).await;
