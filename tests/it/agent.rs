@@ -127,7 +127,12 @@ async fn a_list_changed_storm_costs_one_relist_a_second_and_a_real_change_still_
     let before = lists().await;
     let storm = t
         .agent
-        .call_tool(&set, "mcp__fx__storm", Ok(json!({"ms": 3000, "every": 10}).as_object().cloned()), ctx())
+        .call_tool(
+            &set,
+            "mcp__fx__flood_list_changed",
+            Ok(json!({"ms": 3000, "every": 10}).as_object().cloned()),
+            ctx(),
+        )
         .await;
     assert_eq!(storm.status(), "ok", "{:?}", storm.result);
     let sent: u32 = storm.model_text().trim().trim_start_matches("sent ").parse().expect("a count");

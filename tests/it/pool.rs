@@ -89,7 +89,7 @@ async fn lists_and_calls_tools_over_stdio() {
     let pool = pool_with(vec![fixture("fx", &[])], options()).await;
     let tools = pool.list_tools("fx").await.expect("tools/list");
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    for expected in ["echo", "sleep", "big", "probe", "add_tool", "storm", "lists", "env", "pid"] {
+    for expected in ["echo", "sleep", "big", "probe", "add_tool", "flood_list_changed", "lists", "env", "pid"] {
         assert!(names.contains(&expected), "{expected} missing from {names:?}");
     }
     assert_eq!(call(&pool, "fx", "echo", json!({"text": "hi"}), 10 * SECOND).await.expect("echo"), "hi");

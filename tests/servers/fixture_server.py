@@ -8,7 +8,7 @@ runtime tool registration with `notifications/tools/list_changed`, large outputs
     python fixture_server.py --transport http --port 8931 [--host 127.0.0.1] [--hang] [--stderr-chatter]
 
 Streamable HTTP is served at `/mcp` with stateful sessions (`Mcp-Session-Id`). Tools: `echo`,
-`sleep`, `big`, `probe`, `add_tool`, `storm`, `lists`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
+`sleep`, `big`, `probe`, `add_tool`, `flood_list_changed`, `lists`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
 the stdio transport's wire.
 """
 
@@ -78,7 +78,7 @@ async def add_tool(ctx, name: str) -> str:
     return f"added {name}"
 
 
-async def storm(ctx, ms: int, every: int) -> str:
+async def flood_list_changed(ctx, ms: int, every: int) -> str:
     # A misbehaving server: notifications/tools/list_changed every `every` ms for `ms` ms, with
     # no change behind them.
     sent = 0
@@ -117,10 +117,10 @@ TOOLS = {
         schema(name="string"),
         add_tool,
     ),
-    "storm": (
+    "flood_list_changed": (
         "Sends notifications/tools/list_changed every `every` ms for `ms` ms; returns how many.",
         schema(ms="integer", every="integer"),
-        storm,
+        flood_list_changed,
     ),
     "lists": ("Returns how many tools/list requests this server has answered.", schema(), lists),
     "env": ("Returns an environment variable of the server process, or '<unset>'.", schema(name="string"), env),
