@@ -4,10 +4,55 @@
 //! the server writes (lines are bounded, invalid UTF-8 is replaced, never an end of reading:
 //! closing the pipe would kill a server that logs on with SIGPIPE).
 
+use std::time::Duration;
+
+use rustix::process::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
+/// How long a stopped server's process group gets between SIGTERM and SIGKILL. Package runners
+/// (`npx`, `uvx`) clean up on SIGTERM; killed mid-download, npm leaves a broken cache behind
+/// (`Cannot find module ...` on every later start).
+pub(crate) const TERM_GRACE: Duration = Duration::from_secs(3);
+/// Poll period while waiting for the rest of a group after its leader exited.
+const GROUP_POLL: Duration = Duration::from_millis(50);
+/// Bound on reaping after SIGKILL: a process that survives it is the kernel's problem.
+const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
+
+/// Stops the process group `child` leads: SIGTERM to the group, then up to `grace` for the
+/// group to be gone (the leader reaped, and whatever it started exited), then SIGKILL to what
+/// is left. The leader is reaped; no zombie remains.
+pub(crate) async fn terminate_group(child: &mut tokio::process::Child, grace: Duration) {
+    let Some(pid) = child.id() else { return };
+    if let Err(error) = signal_group(pid, Signal::TERM) {
+        tracing::warn!(pid, %error, "cannot send SIGTERM to the MCP server's process group");
+    }
+    // A stopped (frozen) process acts on SIGTERM only once continued.
+    let _ = signal_group(pid, Signal::CONT);
+    let deadline = tokio::time::Instant::now() + grace;
+    let leader_exited = tokio::time::timeout_at(deadline, child.wait()).await.is_ok();
+    // The group id stays taken while any member lives, so it cannot name someone else's group.
+    while leader_exited && group_alive(pid) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(GROUP_POLL).await;
+    }
+    if leader_exited && !group_alive(pid) {
+        return;
+    }
+    tracing::warn!(pid, ?grace, "MCP server still running after SIGTERM; sending SIGKILL");
+    if let Err(error) = signal_group(pid, Signal::KILL) {
+        tracing::warn!(pid, %error, "cannot kill the MCP server's process group");
+    }
+    let _ = child.start_kill();
+    let _ = tokio::time::timeout(REAP_AFTER_KILL, child.wait()).await;
+}
+
+/// Whether any process of the group `pid` is left (a zombie leader counts until reaped).
+fn group_alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else { return false };
+    rustix::process::test_kill_process_group(pid).is_ok()
+}
+
 /// Sends `signal` to the process group `pid` leads. ESRCH (already gone) is success.
-pub(crate) fn signal_group(pid: u32, signal: rustix::process::Signal) -> Result<(), rustix::io::Errno> {
+pub(crate) fn signal_group(pid: u32, signal: Signal) -> Result<(), rustix::io::Errno> {
     let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
         return Ok(());
     };

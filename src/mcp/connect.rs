@@ -211,15 +211,14 @@ impl Connection {
         self.service.is_closed()
     }
 
-    /// Ends the session: stops the service, kills the child and reaps it (no zombie). Calls in
-    /// flight on it fail with a closed transport.
+    /// Ends the session: stops the service (its stdin closes), then stops the child's process
+    /// group, SIGTERM first and SIGKILL after [`crate::child::TERM_GRACE`], and reaps it. Calls
+    /// in flight on it fail with a closed transport.
     pub(crate) async fn close(&self) {
         self.service.cancellation_token().cancel();
         let child = self.child.lock().take();
         if let Some(mut child) = child {
-            kill_group(&mut child);
-            // Bounded: a child that ignores SIGKILL is the kernel's problem, not ours to hang on.
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            crate::child::terminate_group(&mut child, crate::child::TERM_GRACE).await;
         }
     }
 }
@@ -229,12 +228,14 @@ impl Drop for Connection {
         self.service.cancellation_token().cancel();
         let child = self.child.get_mut().take();
         if let Some(mut child) = child {
-            kill_group(&mut child);
-            // Reap in the background so no zombie is left (tokio also reaps orphans, later).
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    let _ = child.wait().await;
-                });
+            // The same graceful stop, in the background; without a runtime, at once.
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    handle.spawn(async move {
+                        crate::child::terminate_group(&mut child, crate::child::TERM_GRACE).await;
+                    });
+                }
+                Err(_) => kill_group(&mut child),
             }
         }
     }

@@ -225,6 +225,65 @@ async fn a_config_change_restarts_only_the_changed_server() {
     pool.shutdown().await;
 }
 
+// === stopping ===
+
+/// Whether any process of the group `pgid` is alive.
+fn group_alive(pgid: u32) -> bool {
+    std::process::Command::new("kill")
+        .args(["-0", "--", &format!("-{pgid}")])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The fixture behind `sh -c SCRIPT`, where SCRIPT runs the server as `"$0" "$@"`.
+fn wrapped(script: &str) -> Command {
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let mut args = vec!["-c".to_string(), script.to_string(), fixture.program.to_string_lossy().into_owned()];
+    args.extend(fixture.args.iter().cloned());
+    Command { program: "/bin/sh".into(), args, env: fixture.env.clone() }
+}
+
+/// A stopped server's process group gets SIGTERM and a grace period before SIGKILL, so a package
+/// runner can clean up (npx killed mid-download leaves a broken npm cache). The stand-in for npx
+/// runs the server, then goes on cleaning up (a sleep); only SIGTERM runs its trap. A server
+/// that ignores SIGTERM is killed once the grace is over. Nothing of either group is left.
+#[tokio::test]
+async fn a_stopped_server_gets_sigterm_and_a_grace_period_before_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("cleaned-up");
+    let gentle = wrapped(&format!("trap 'echo cleaned > {}; exit 0' TERM; \"$0\" \"$@\"; sleep 30", marker.display()));
+    let stubborn = wrapped("trap '' TERM; \"$0\" \"$@\"; sleep 30");
+    let pool = pool_with(
+        vec![
+            McpServer::test("gentle").running(&gentle).allowing(["*"]),
+            McpServer::test("stubborn").running(&stubborn).allowing(["*"]),
+        ],
+        options(),
+    )
+    .await;
+    for server in ["gentle", "stubborn"] {
+        call(&pool, server, "echo", json!({"text": "up"}), 10 * SECOND).await.expect("started");
+    }
+    let groups: Vec<u32> =
+        ["gentle", "stubborn"].iter().map(|s| pool.status(s).and_then(|st| st.pid).expect("pid")).collect();
+
+    let started = Instant::now();
+    pool.shutdown().await;
+    let took = started.elapsed();
+    assert_eq!(std::fs::read_to_string(&marker).ok().as_deref(), Some("cleaned\n"), "SIGTERM reached the wrapper");
+    for pgid in groups {
+        // SIGKILLed members are reaped by init a moment later.
+        let deadline = Instant::now() + 3 * SECOND;
+        while group_alive(pgid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!group_alive(pgid), "process group {pgid} outlived the stop");
+    }
+    // The stubborn one was given its grace (3 s), then killed rather than waited for (30 s).
+    assert!(took >= Duration::from_millis(2900) && took < 10 * SECOND, "the stop took {took:?}");
+}
+
 // === faults ===
 
 #[tokio::test]
