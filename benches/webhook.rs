@@ -130,20 +130,7 @@ async fn in_process(size: &Size) {
 
     let inputs = Inputs { namespace_labels: enabled(), profile: Some(profile), servers, secrets: Default::default() };
     let router = webhook::router(Fixed(inputs), config, WebhookMetrics::default());
-    let review = serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "bench",
-            "kind": { "group": "", "version": "v1", "kind": "Pod" },
-            "resource": { "group": "", "version": "v1", "resource": "pods" },
-            "namespace": "bench",
-            "operation": "CREATE",
-            "userInfo": { "username": "bench" },
-            "object": pod,
-        }
-    }))
-    .expect("a review serializes");
+    let review = spear::testing::fixtures::pod_create_review("bench", "bench", "bench", &pod);
     let mut handler = Vec::with_capacity(size.in_process);
     for _ in 0..size.in_process {
         let request = Request::post(MUTATE_PATH)

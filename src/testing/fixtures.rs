@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, Pod, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{
@@ -245,6 +245,25 @@ impl McpProfile {
         self.spec.chat.get_or_insert_with(ChatSpec::default).upstream.model = Some(model.to_string());
         self
     }
+}
+
+/// The `admission.k8s.io/v1` AdmissionReview the API server sends for creating `pod` in
+/// `namespace` as `username`, as JSON bytes (what a webhook reads from the wire).
+pub fn pod_create_review(uid: &str, namespace: &str, username: &str, pod: &Pod) -> Vec<u8> {
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": { "group": "", "version": "v1", "kind": "Pod" },
+            "resource": { "group": "", "version": "v1", "resource": "pods" },
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": { "username": username },
+            "object": pod,
+        },
+    });
+    serde_json::to_vec(&review).expect("a JSON value serializes")
 }
 
 #[cfg(test)]

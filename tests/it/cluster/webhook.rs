@@ -783,20 +783,7 @@ async fn serving_ca(ns: &TestNamespace) -> Vec<u8> {
 /// The AdmissionReview an attacker would post: a pod of namespace `namespace` naming `profile`.
 fn admission_review(namespace: &str, profile: &str) -> Vec<u8> {
     let pod = app_pod("stolen", &[(ANNOTATION_PROFILE, profile)]);
-    serde_json::to_vec(&serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "0d1e2f30-0000-4000-8000-000000000001",
-            "kind": { "group": "", "version": "v1", "kind": "Pod" },
-            "resource": { "group": "", "version": "v1", "resource": "pods" },
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": { "username": "attacker" },
-            "object": pod,
-        },
-    }))
-    .expect("a review serializes")
+    spear::testing::fixtures::pod_create_review("0d1e2f30-0000-4000-8000-000000000001", namespace, "attacker", &pod)
 }
 
 /// A client identity: certificate chain and key, PEM.
