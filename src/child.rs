@@ -45,6 +45,53 @@ pub(crate) async fn terminate_group(child: &mut tokio::process::Child, grace: Du
     let _ = tokio::time::timeout(REAP_AFTER_KILL, child.wait()).await;
 }
 
+/// A child leading its own process group, stopped with its group when dropped: a start
+/// abandoned midway (its budget ran out, or the server was removed) must not leave `npx`'s
+/// grandchildren behind, which `kill_on_drop` alone would (it kills only the leader). The stop
+/// is [`terminate_group`] in the background; without a runtime, SIGKILL at once.
+pub(crate) struct GroupGuard(Option<tokio::process::Child>);
+
+impl GroupGuard {
+    pub(crate) fn new(child: tokio::process::Child) -> Self {
+        GroupGuard(Some(child))
+    }
+
+    /// The leader's pid, while it has not been reaped.
+    pub(crate) fn id(&self) -> Option<u32> {
+        self.0.as_ref().and_then(tokio::process::Child::id)
+    }
+
+    pub(crate) fn child_mut(&mut self) -> Option<&mut tokio::process::Child> {
+        self.0.as_mut()
+    }
+
+    /// Stops the group now and waits for it ([`terminate_group`] with [`TERM_GRACE`]).
+    pub(crate) async fn terminate(mut self) {
+        if let Some(mut child) = self.0.take() {
+            terminate_group(&mut child, TERM_GRACE).await;
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move { terminate_group(&mut child, TERM_GRACE).await });
+            }
+            Err(_) => {
+                if let Some(pid) = child.id()
+                    && let Err(error) = signal_group(pid, Signal::KILL)
+                {
+                    tracing::warn!(pid, %error, "cannot kill the MCP server's process group");
+                }
+                let _ = child.start_kill();
+            }
+        }
+    }
+}
+
 /// Whether any process of the group `pid` is left (a zombie leader counts until reaped).
 fn group_alive(pid: u32) -> bool {
     let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else { return false };

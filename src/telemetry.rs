@@ -65,11 +65,11 @@ impl LogArgs {
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The admin routes of both binaries: `/healthz` (the process answers), `/readyz` (`ready`
-/// says `Ok`, or why not) and `/metrics` (the Prometheus text of `metrics`). Callers merge their
+/// says `Ok` with details to print after `ready`, or why not) and `/metrics` (the Prometheus text of `metrics`). Callers merge their
 /// own routes into it.
 pub(crate) fn admin_router<R>(ready: R, metrics: Arc<Registry>) -> axum::Router
 where
-    R: Fn() -> Result<(), String> + Clone + Send + Sync + 'static,
+    R: Fn() -> Result<String, String> + Clone + Send + Sync + 'static,
 {
     axum::Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -77,7 +77,7 @@ where
             "/readyz",
             get(move || async move {
                 match ready() {
-                    Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+                    Ok(detail) => (StatusCode::OK, format!("ready\n{detail}")),
                     Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
                 }
             }),

@@ -212,8 +212,9 @@ impl Agent {
         self.readiness().is_ok()
     }
 
-    /// `Ok` when ready, else why not (for `/readyz`'s body).
-    pub fn readiness(&self) -> Result<(), String> {
+    /// `Ok` when ready, else why not; either way with one line per server of the profile
+    /// saying where its tools stand (for `/readyz`'s body).
+    pub fn readiness(&self) -> Result<String, String> {
         let state = self.state();
         if state.generation == 0 {
             return Err("starting: the registry is being read".to_string());
@@ -221,10 +222,17 @@ impl Agent {
         if let Some(error) = &state.profile_error {
             return Err(format!("{error}; the agent serves no tools until it exists and is valid"));
         }
+        let now = std::time::SystemTime::now();
+        let servers: String = state
+            .catalog
+            .iter()
+            .flat_map(|catalog| catalog.listings())
+            .map(|(id, listing, tools)| format!("{id}: {}\n", listing.describe(tools, now)))
+            .collect();
         if !state.first_lists_done {
-            return Err("listing the profile's servers' tools for the first time".to_string());
+            return Err(format!("listing the profile's servers' tools for the first time\n{servers}"));
         }
-        Ok(())
+        Ok(servers)
     }
 
     /// Waits until the agent is past starting: ready, or its profile found missing or invalid

@@ -46,7 +46,7 @@ use tracing::Instrument;
 use super::audit::Door;
 use super::core::{Agent, AgentState, CallContext, ToolCall};
 use crate::mcp::arguments::arguments_from_json;
-use crate::policy::effective::Reason;
+use crate::policy::effective::{Listing, Reason};
 use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope};
 
 /// Generated protobuf types, clients and servers of `spear.v1`.
@@ -512,6 +512,10 @@ fn view_of(state: &AgentState, profile: &str) -> View {
     let scope = RequestScope { servers: Some(ids.clone()), ..Default::default() };
     let set = state.catalog.as_ref().and_then(|catalog| catalog.effective(Some(&scope), &[]).ok());
     let mut tools: HashMap<&str, Vec<String>> = HashMap::new();
+    let mut listings: HashMap<&str, &Listing> = HashMap::new();
+    for (id, listing, _) in state.catalog.iter().flat_map(|c| c.listings()) {
+        listings.insert(id, listing);
+    }
     if let Some(set) = &set {
         for (server, tool) in set.tools() {
             tools.entry(&server.id).or_default().push(tool.name.to_string());
@@ -527,10 +531,32 @@ fn view_of(state: &AgentState, profile: &str) -> View {
             resource_version: server.resource_version.clone(),
             tool_namespace: spec.tool_namespace.clone().unwrap_or_default(),
             tools: tools.remove(id.as_str()).unwrap_or_default(),
+            ..listing_fields(listings.get(id.as_str()).copied())
         };
         view.servers.insert(id, entry);
     }
     view
+}
+
+/// The `state` fields of a server whose tool list stands at `listing` (`None`: no catalog yet).
+fn listing_fields(listing: Option<&Listing>) -> pb::Server {
+    let Some(listing) = listing else {
+        return pb::Server { state: "not_listed".to_string(), ..Default::default() };
+    };
+    let mut fields = pb::Server { state: listing.name().to_string(), ..Default::default() };
+    match listing {
+        Listing::Failed(detail) | Listing::EnvMissing(detail) => fields.state_detail = detail.clone(),
+        Listing::Starting(starting) => {
+            fields.state_detail = starting.what.clone();
+            fields.starting_since_unix_ms = starting
+                .since
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            fields.startup_budget_ms = u32::try_from(starting.budget.as_millis()).unwrap_or(u32::MAX);
+        }
+        Listing::Listed | Listing::NotYet | Listing::DenyAll => {}
+    }
+    fields
 }
 
 /// What changed from `old` to `new`: servers added or different, and ids removed.

@@ -16,6 +16,10 @@ use super::schema;
 
 /// Default per-call timeout when `budgets.toolTimeoutMs` is not set.
 pub const DEFAULT_TOOL_TIMEOUT_MS: u32 = 30_000;
+/// Default startup budget when `budgets.startupTimeoutMs` is not set: spawn, `initialize` and
+/// the first `tools/list` together. 120 s because a stdio server started with `npx -y` or `uvx`
+/// downloads its package first, which takes tens of seconds on a cold cache or a busy machine.
+pub const DEFAULT_STARTUP_TIMEOUT_MS: u32 = 120_000;
 /// Default number of concurrent calls to one server.
 pub const DEFAULT_MAX_CONCURRENCY: u32 = 8;
 /// Default cap on one tool result, in bytes.
@@ -275,6 +279,15 @@ pub struct ServerBudgets {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16_777_216))]
     pub max_tool_output_bytes: Option<u32>,
+
+    /// Time allowed for the server to start, in milliseconds: spawning it (a stdio command such
+    /// as `npx -y`, which may download its package first) or connecting, `initialize`, and the
+    /// first `tools/list`, together (default 120000, 1000 to 900000). Past it the server's
+    /// process group is stopped (SIGTERM, then SIGKILL) and the start is retried later. Calls
+    /// keep `toolTimeoutMs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1000, max = 900_000))]
+    pub startup_timeout_ms: Option<u32>,
 }
 
 impl ServerBudgets {
@@ -289,6 +302,10 @@ impl ServerBudgets {
     /// The output cap in force, with the default applied.
     pub fn max_tool_output_bytes(&self) -> u32 {
         self.max_tool_output_bytes.unwrap_or(DEFAULT_MAX_TOOL_OUTPUT_BYTES)
+    }
+    /// The startup budget in force, with the default applied.
+    pub fn startup_timeout_ms(&self) -> u32 {
+        self.startup_timeout_ms.unwrap_or(DEFAULT_STARTUP_TIMEOUT_MS)
     }
 }
 
@@ -351,6 +368,7 @@ impl McpServerSpec {
             tool_timeout_ms: Some(b.tool_timeout_ms()),
             max_concurrency: Some(b.max_concurrency()),
             max_tool_output_bytes: Some(b.max_tool_output_bytes()),
+            startup_timeout_ms: Some(b.startup_timeout_ms()),
         }
     }
 }

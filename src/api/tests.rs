@@ -84,6 +84,7 @@ fn full_server() -> McpServer {
                 tool_timeout_ms: Some(1000),
                 max_concurrency: Some(2),
                 max_tool_output_bytes: Some(4096),
+                startup_timeout_ms: Some(60_000),
             }),
         },
     );

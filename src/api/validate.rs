@@ -66,6 +66,9 @@ mod bounds {
     pub(crate) const TOOL_TIMEOUT_MS: (u32, u32) = (1, 3_600_000);
     pub(crate) const MAX_CONCURRENCY: (u32, u32) = (1, 1024);
     pub(crate) const MAX_TOOL_OUTPUT_BYTES: (u32, u32) = (1, 16_777_216);
+    // At least 1 s: less cannot even spawn a process on a busy node. At most 15 min: longer
+    // hides a server that never starts.
+    pub(crate) const STARTUP_TIMEOUT_MS: (u32, u32) = (1000, 900_000);
     pub(crate) const MAX_ITERATIONS: (u32, u32) = (1, 100);
     pub(crate) const MAX_TOTAL_TOOL_CALLS: (u32, u32) = (1, 1000);
     pub(crate) const TOOL_PATTERNS: usize = 128;
@@ -266,6 +269,8 @@ impl Validate for McpServer {
             p.range("spec.budgets.maxConcurrency", b.max_concurrency, lo, hi);
             let (lo, hi) = bounds::MAX_TOOL_OUTPUT_BYTES;
             p.range("spec.budgets.maxToolOutputBytes", b.max_tool_output_bytes, lo, hi);
+            let (lo, hi) = bounds::STARTUP_TIMEOUT_MS;
+            p.range("spec.budgets.startupTimeoutMs", b.startup_timeout_ms, lo, hi);
         }
         p.0
     }
@@ -540,6 +545,17 @@ mod tests {
         let errors = s.validate();
         assert_eq!(fields(&errors), ["metadata.name", "spec.allowedTools[1]", "spec.budgets.maxConcurrency"]);
         assert!(errors.iter().all(|e| !e.fix.is_empty()));
+    }
+
+    #[test]
+    fn a_startup_budget_under_a_second_or_over_fifteen_minutes_is_refused() {
+        for (ms, valid) in [(999, false), (1000, true), (120_000, true), (900_000, true), (900_001, false)] {
+            let mut s = stdio_server("fs");
+            s.spec.budgets = Some(ServerBudgets { startup_timeout_ms: Some(ms), ..Default::default() });
+            let errors = s.validate();
+            let expected: &[&str] = if valid { &[] } else { &["spec.budgets.startupTimeoutMs"] };
+            assert_eq!(fields(&errors), expected, "{ms} ms");
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! exports them by hand.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::api::env_ref::{self, MissingEnv, Template};
@@ -183,6 +183,21 @@ pub(crate) enum Endpoint {
         /// Headers, expanded.
         headers: Vec<(String, String)>,
     },
+}
+
+impl Endpoint {
+    /// What runs or is reached, for status lines ("starting (npx)"): the stdio command's file
+    /// name, `sidecar`, or `http`. Never a value that may hold a secret (no args, no URL).
+    pub(crate) fn kind(&self) -> String {
+        match self {
+            Endpoint::Stdio { command, .. } => {
+                Path::new(command).file_name().map_or_else(|| command.clone(), |n| n.to_string_lossy().into_owned())
+            }
+            Endpoint::Socket { .. } => "sidecar".to_string(),
+            Endpoint::MissingSidecar => "no sidecar".to_string(),
+            Endpoint::Http { .. } => "http".to_string(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Endpoint {

@@ -28,7 +28,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
@@ -36,6 +36,7 @@ use super::config::Endpoint;
 use super::error::{ErrorCode, McpError};
 use super::limits::{ListCut, ListLimits};
 use crate::api::ServerInfo;
+use crate::child::GroupGuard;
 
 /// Longest stderr line forwarded to the log; the rest is cut (a server dumping a huge line
 /// must not flood the log pipeline).
@@ -154,7 +155,7 @@ impl ListChanged {
         }
     }
 
-    fn bump(&self) {
+    pub(crate) fn bump(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.notify.notify_waiters();
     }
@@ -190,7 +191,8 @@ pub(crate) struct Connection {
     pub(crate) oversized: Arc<AtomicBool>,
     /// Lines on the server's stdout that were not JSON-RPC (skipped, logged as warnings).
     pub(crate) garbage_lines: Arc<AtomicU64>,
-    child: parking_lot::Mutex<Option<Child>>,
+    /// The child's process group (stdio in local mode); dropping the connection stops it.
+    child: parking_lot::Mutex<Option<GroupGuard>>,
     pid: Option<u32>,
 }
 
@@ -217,39 +219,17 @@ impl Connection {
     pub(crate) async fn close(&self) {
         self.service.cancellation_token().cancel();
         let child = self.child.lock().take();
-        if let Some(mut child) = child {
-            crate::child::terminate_group(&mut child, crate::child::TERM_GRACE).await;
+        if let Some(child) = child {
+            child.terminate().await;
         }
     }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        // The child's guard stops its group in the background.
         self.service.cancellation_token().cancel();
-        let child = self.child.get_mut().take();
-        if let Some(mut child) = child {
-            // The same graceful stop, in the background; without a runtime, at once.
-            match tokio::runtime::Handle::try_current() {
-                Ok(handle) => {
-                    handle.spawn(async move {
-                        crate::child::terminate_group(&mut child, crate::child::TERM_GRACE).await;
-                    });
-                }
-                Err(_) => kill_group(&mut child),
-            }
-        }
     }
-}
-
-/// Kills the child and everything it started (its process group: `npx`/`uvx` run the real
-/// server as a grandchild, which killing the child alone would leave running).
-fn kill_group(child: &mut Child) {
-    if let Some(pid) = child.id()
-        && let Err(error) = crate::child::signal_group(pid, rustix::process::Signal::KILL)
-    {
-        tracing::warn!(pid, %error, "cannot kill the MCP server's process group");
-    }
-    let _ = child.start_kill();
 }
 
 fn unavailable(message: impl Into<String>) -> McpError {
@@ -298,11 +278,15 @@ pub(crate) async fn connect_with(
                 if let Some(dir) = working_dir {
                     cmd.current_dir(dir);
                 }
-                let mut child = cmd.spawn().map_err(|e| unavailable(format!("cannot start '{command}': {e}")))?;
-                let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+                let child = cmd.spawn().map_err(|e| unavailable(format!("cannot start '{command}': {e}")))?;
+                // From here on, giving up (an error, the budget running out, the start being
+                // cancelled) stops the whole group.
+                let mut child = GroupGuard::new(child);
+                let pipes = child.child_mut().map(|c| (c.stdin.take(), c.stdout.take(), c.stderr.take()));
+                let Some((Some(stdin), Some(stdout), stderr)) = pipes else {
                     return Err(unavailable("the child's stdio pipes are missing"));
                 };
-                if let Some(stderr) = child.stderr.take() {
+                if let Some(stderr) = stderr {
                     forward_stderr(server_id.clone(), stderr);
                 }
                 let reader = FrameGuard::new(stdout, frame_limit, oversized.clone())
@@ -378,7 +362,7 @@ pub(crate) async fn connect_with(
         })
         .unwrap_or_default();
     subscribe_to_list_changes(server_id, &service, &handler_list_changed);
-    let pid = child.as_ref().and_then(Child::id);
+    let pid = child.as_ref().and_then(GroupGuard::id);
     Ok(Connection { service, info, oversized, garbage_lines: garbage, child: parking_lot::Mutex::new(child), pid })
 }
 

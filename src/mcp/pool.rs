@@ -4,11 +4,16 @@
 //! ```text
 //! call_tool(server, tool, args, budgets)
 //!   ├─ global call permit ─ server permit (maxConcurrency: the N+1st call waits)
-//!   ├─ session(): lock per server ─ reuse live session | resolve env ─ connect (one at a time)
+//!   ├─ session(): reuse the live session | join the start in progress | begin one: a task of
+//!   │    its own (spawn/connect, initialize, first tools/list within startupTimeoutMs), so no
+//!   │    caller's timeout or disconnect cuts a start short (killing `npx` mid-install breaks
+//!   │    its cache); removing the server aborts it and stops the child's process group
 //!   ├─ timeout(toolTimeoutMs) ─ rmcp tools/call
 //!   └─ outcome ─▶ health (Connected / Degraded / Down) ─▶ restart session on crash, frame
 //!                 overflow or N timeouts in a row ─▶ cap output (maxToolOutputBytes) ─▶ result
-//! list_tools(server): per-server cache (TTL, short failure TTL, list_changed, single flight)
+//! list_tools(server): per-server cache (TTL, short failure TTL, list_changed, single flight);
+//!   a listing waits at most `startup_wait` for a start, then reports the server as starting;
+//!   the start's end (either way) counts as a list change, so the agent lists again
 //! apply(snapshot): unchanged servers keep their sessions; changed ones restart; removed close
 //! ```
 
@@ -18,6 +23,8 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode as RpcCode, Tool};
 use rmcp::service::ServiceError;
 use serde_json::{Map, Value};
@@ -32,7 +39,7 @@ use super::health::{Action, Health};
 use super::limits::{self, ListCut, ListLimits};
 use super::output::{self, Truncation};
 use crate::api::ServerInfo;
-use crate::policy::{ServerTools, ToolInfo, ToolList};
+use crate::policy::{ServerTools, Starting, ToolInfo, ToolList};
 use crate::registry::snapshot::Snapshot;
 use crate::telemetry::PoolMetrics;
 
@@ -41,8 +48,9 @@ use crate::telemetry::PoolMetrics;
 pub struct PoolOptions {
     /// Where stdio servers run.
     pub mode: Mode,
-    /// Spawn/connect plus `initialize` must finish within this.
-    pub connect_timeout: Duration,
+    /// How long a tools/list waits for a server's start before reporting it as starting (the
+    /// start goes on, within the server's `budgets.startupTimeoutMs`).
+    pub startup_wait: Duration,
     /// Ceiling of the message size accepted from a server (rmcp's own default line limit,
     /// 16 MiB); each server's own limit follows its output budget (`limits::frame_limit`).
     pub frame_limit: usize,
@@ -71,8 +79,10 @@ impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
             mode: Mode::Local,
-            // 10 s: `npx -y` may fetch a package on first start.
-            connect_timeout: Duration::from_secs(10),
+            // 10 s: long enough for a server whose package is cached to start and list, so the
+            // agent's first round (and readiness) usually sees every list; short enough that a
+            // download does not hold the others back.
+            startup_wait: Duration::from_secs(10),
             frame_limit: rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH,
             // 3: one slow call is not a frozen server; three in a row is.
             timeouts_before_restart: 3,
@@ -117,6 +127,8 @@ pub struct ServerStatus {
     pub garbage_lines: u64,
     /// What the caps cut from the last tool list (`None`: nothing, or not listed yet).
     pub list_cut: Option<ListCut>,
+    /// The start in progress, if any.
+    pub starting: Option<Starting>,
 }
 
 /// A live session and what it holds.
@@ -125,6 +137,22 @@ struct Live {
     /// A slot under the child-process cap, released with the session.
     _child_permit: Option<OwnedSemaphorePermit>,
     last_used: Mutex<Instant>,
+    /// The list fetched as part of the start, for the first listing to take.
+    first_list: Mutex<Option<Listed>>,
+}
+
+/// One tools/list as fetched: the tools kept and what the caps cut, or why it failed.
+type Listed = Result<(Vec<Tool>, ListCut), ServiceError>;
+
+/// What a start yields to everyone waiting on it.
+type StartResult = Result<Arc<Live>, McpError>;
+
+/// A start in progress. Its task runs whoever waits; `done` is how callers wait.
+#[derive(Clone)]
+struct Startup {
+    facts: Starting,
+    done: Shared<BoxFuture<'static, StartResult>>,
+    task: tokio::task::AbortHandle,
 }
 
 /// A tools/list answer (or failure) as cached.
@@ -139,8 +167,19 @@ struct ToolsCache {
 struct Slot {
     config: ServerConfig,
     concurrency: Arc<Semaphore>,
-    session: tokio::sync::Mutex<Option<Arc<Live>>>,
-    health: Mutex<Health>,
+    // The session, the start in progress and health are shared with the slot that replaces
+    // this one when only budgets change (`with_session_of`), so a start in progress records
+    // into both.
+    session: Arc<tokio::sync::Mutex<Option<Arc<Live>>>>,
+    /// The start in progress (set and cleared under the `session` lock).
+    startup: Arc<Mutex<Option<Startup>>>,
+    /// Why the last start failed, until a listing reports it (that listing is cached for the
+    /// failure TTL, so a server that cannot start is not restarted in a tight loop).
+    start_failure: Arc<Mutex<Option<McpError>>>,
+    /// Counts the starts that ended, either way (not a tool list change: the cache keys on
+    /// `list_changed` alone).
+    start_ended: Arc<ListChanged>,
+    health: Arc<Mutex<Health>>,
     env_missing: Mutex<Option<String>>,
     list_cut: Mutex<Option<ListCut>>,
     list_changed: Arc<ListChanged>,
@@ -277,7 +316,7 @@ impl Pool {
     /// health and retried on the next call.
     pub async fn connect_all(&self) {
         let slots: Vec<Arc<Slot>> = self.inner.slots.read().values().cloned().collect();
-        let connects = slots.iter().map(|slot| slot.session(&self.inner));
+        let connects = slots.iter().map(|slot| Slot::session(slot, &self.inner));
         for result in futures::future::join_all(connects).await {
             if let Err(e) = result {
                 tracing::warn!(error = %e, "eager connect failed");
@@ -318,7 +357,7 @@ impl Pool {
                 .acquire()
                 .await
                 .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
-            let live = slot.session(&self.inner).await?;
+            let live = Slot::session(&slot, &self.inner).await?;
             *reached.lock() = Some(live.clone());
             let mut params = CallToolRequestParams::new(tool.to_string());
             params.arguments = arguments;
@@ -328,6 +367,15 @@ impl Pool {
         let latency = started.elapsed();
         let live = reached.lock().take();
         let result = match (outcome, live) {
+            // The budget ran out waiting for the server's start, which goes on: say so.
+            (Err(_), None) if let Some(starting) = slot.starting() => Err(McpError::new(
+                ErrorCode::McpTimeout,
+                format!(
+                    "'{tool}' on '{server}' did not run within {} ms: the server is {}; retry shortly",
+                    timeout.as_millis(),
+                    starting.describe(std::time::SystemTime::now())
+                ),
+            )),
             (Err(_), live) => {
                 let error = McpError::new(
                     ErrorCode::McpTimeout,
@@ -377,8 +425,12 @@ impl Pool {
                 return result.clone();
             }
         }
-        let result = slot.fetch_tools(&self.inner).await;
-        cache.entry = Some((Instant::now(), generation, result.clone()));
+        let result = Slot::fetch_tools(&slot, &self.inner).await;
+        // A server still starting is asked again when its start ends (a list change), not
+        // after the failure TTL.
+        if slot.starting().is_none() {
+            cache.entry = Some((Instant::now(), generation, result.clone()));
+        }
         result
     }
 
@@ -396,19 +448,26 @@ impl Pool {
                     .collect();
                 ServerTools::Listed(Arc::new(ToolList::new(server_part, infos)))
             }
-            Err(e) => match self.status(server).and_then(|s| s.env_missing) {
-                Some(variable) => ServerTools::EnvMissing { variable },
-                None => ServerTools::ListFailed { message: e.message },
+            Err(e) => match self.status(server) {
+                Some(ServerStatus { env_missing: Some(variable), .. }) => ServerTools::EnvMissing { variable },
+                Some(ServerStatus { starting: Some(starting), .. }) => ServerTools::Starting(starting),
+                _ => ServerTools::ListFailed { message: e.message },
             },
         }
     }
 
-    /// A future that resolves when `server` sends `notifications/tools/list_changed` after this
-    /// call (a notification arriving before the future is first polled still counts).
+    /// A future that resolves when `server` sends `notifications/tools/list_changed` or a start
+    /// of it ends (listed or failed) after this call (one arriving before the future is first
+    /// polled still counts).
     pub fn list_changed(&self, server: &str) -> Result<impl Future<Output = ()> + Send + 'static, McpError> {
         let slot = self.slot(server)?;
-        let since = slot.list_changed.generation();
-        Ok(async move { slot.list_changed.changed_since(since).await })
+        let (since, starts) = (slot.list_changed.generation(), slot.start_ended.generation());
+        Ok(async move {
+            tokio::select! {
+                () = slot.list_changed.changed_since(since) => {}
+                () = slot.start_ended.changed_since(starts) => {}
+            }
+        })
     }
 
     /// Whether `server` is a stdio server this pod has no sidecar for (it joined the profile
@@ -428,6 +487,7 @@ impl Pool {
             env_missing: slot.env_missing.lock().clone(),
             garbage_lines: live.as_ref().map_or(0, |l| l.conn.garbage_lines.load(std::sync::atomic::Ordering::Relaxed)),
             list_cut: slot.list_cut.lock().clone(),
+            starting: slot.starting(),
         })
     }
 
@@ -491,47 +551,70 @@ impl Slot {
         Slot {
             concurrency: Arc::new(Semaphore::new(permits)),
             config,
-            session: tokio::sync::Mutex::new(None),
-            health: Mutex::new(Health::default()),
+            session: Arc::new(tokio::sync::Mutex::new(None)),
+            health: Arc::new(Mutex::new(Health::default())),
             env_missing: Mutex::new(None),
             list_cut: Mutex::new(None),
             list_changed: Arc::new(ListChanged::default()),
             tools: tokio::sync::Mutex::new(ToolsCache::default()),
+            startup: Arc::new(Mutex::new(None)),
+            start_failure: Arc::new(Mutex::new(None)),
+            start_ended: Arc::new(ListChanged::default()),
         }
     }
 
-    /// Same connection, new budgets: the session, health and caches carry over.
+    /// Same connection, new budgets: the session, a start in progress, health and list
+    /// notifications carry over (shared).
     fn with_session_of(config: ServerConfig, old: &Slot) -> Self {
-        let session = old.session.try_lock().ok().and_then(|s| s.clone());
         let mut slot = Slot::new(config);
-        slot.session = tokio::sync::Mutex::new(session);
-        slot.health = Mutex::new(old.health.lock().clone());
+        slot.session = old.session.clone();
+        slot.startup = old.startup.clone();
+        slot.start_failure = old.start_failure.clone();
+        slot.health = old.health.clone();
         slot.list_changed = old.list_changed.clone();
+        slot.start_ended = old.start_ended.clone();
         slot
     }
 
-    /// The live session, established if there is none (one establishment at a time: racing
-    /// callers wait on the lock and then share the result).
-    async fn session(&self, inner: &Inner) -> Result<Arc<Live>, McpError> {
-        let mut current = self.session.lock().await;
-        if let Some(live) = current.as_ref() {
-            if !live.conn.is_closed() {
-                return Ok(live.clone());
+    /// The live session; else the start in progress, joined; else a new start. Waiting is
+    /// bounded by the caller (its own timeout); the start goes on without it.
+    async fn session(slot: &Arc<Slot>, inner: &Arc<Inner>) -> Result<Arc<Live>, McpError> {
+        let done = {
+            let mut current = slot.session.lock().await;
+            if let Some(live) = current.as_ref() {
+                if !live.conn.is_closed() {
+                    return Ok(live.clone());
+                }
+                slot.health.lock().down("the session ended (server exited or closed the connection)");
+                if let Some(old) = current.take() {
+                    old.conn.close().await;
+                }
             }
-            self.health.lock().down("the session ended (server exited or closed the connection)");
-            if let Some(old) = current.take() {
-                old.conn.close().await;
+            let running = slot.startup.lock().as_ref().map(|s| s.done.clone());
+            match running {
+                Some(done) => done,
+                None => Slot::begin_startup(slot, inner)?,
             }
-        }
-        let endpoint = match self.config.resolve(|name| (inner.env)(name)) {
+        };
+        done.await
+    }
+
+    /// Starts the server in a task of its own (call with the `session` lock held and no start
+    /// in progress): resolve its environment, take a child slot, then spawn or connect,
+    /// `initialize` and list within `budgets.startupTimeoutMs`.
+    fn begin_startup(
+        slot: &Arc<Slot>,
+        inner: &Arc<Inner>,
+    ) -> Result<Shared<BoxFuture<'static, StartResult>>, McpError> {
+        let endpoint = match slot.config.resolve(|name| (inner.env)(name)) {
             Ok(endpoint) => {
-                *self.env_missing.lock() = None;
+                *slot.env_missing.lock() = None;
                 endpoint
             }
             Err(missing) => {
                 let message = missing.to_string();
-                *self.env_missing.lock() = Some(missing.name);
-                self.health.lock().down(&message);
+                *slot.env_missing.lock() = Some(missing.name);
+                slot.health.lock().down(&message);
                 return Err(McpError { code: ErrorCode::McpUnavailable, message, retryable: false });
             }
         };
@@ -546,29 +629,76 @@ impl Slot {
             }
             _ => None,
         };
-        let connected = connect::connect(
-            &self.config.id,
-            &endpoint,
-            self.list_changed.clone(),
-            limits::frame_limit(self.config.budgets.max_tool_output_bytes(), inner.options.frame_limit),
-            inner.options.connect_timeout,
-        )
-        .await;
-        match connected {
-            Ok(conn) => {
-                tracing::info!(server_id = %self.config.id, pid = ?conn.pid(), server = ?conn.info.name, "session established");
+        let budget = Duration::from_millis(u64::from(slot.config.budgets.startup_timeout_ms()));
+        let facts = Starting { what: endpoint.kind(), since: std::time::SystemTime::now(), budget };
+        let frame_limit = limits::frame_limit(slot.config.budgets.max_tool_output_bytes(), inner.options.frame_limit);
+        let (owner, pool) = (slot.clone(), inner.clone());
+        let task = tokio::spawn(
+            async move {
+                let started = Instant::now();
+                let list_limits = pool.options.list_limits;
+                let start = async {
+                    let conn =
+                        connect::connect(&owner.config.id, &endpoint, owner.list_changed.clone(), frame_limit, budget)
+                            .await?;
+                    let left = budget.saturating_sub(started.elapsed());
+                    let first =
+                        tokio::time::timeout(left, conn.list_tools_capped(&list_limits)).await.map_err(|_| {
+                            McpError::new(
+                                ErrorCode::McpTimeout,
+                                format!("no tool list within the startup budget of {} ms", budget.as_millis()),
+                            )
+                        })?;
+                    Ok(Arc::new(Live {
+                        conn,
+                        _child_permit: child_permit,
+                        last_used: Mutex::new(Instant::now()),
+                        first_list: Mutex::new(Some(first)),
+                    }))
+                };
+                let result: StartResult = start.await;
+                owner.finish_startup(&pool, result).await
+            }
+            .instrument(tracing::info_span!("mcp_startup", server_id = %slot.config.id)),
+        );
+        let abort = task.abort_handle();
+        let done = async move {
+            task.await
+                .unwrap_or_else(|_| Err(McpError::new(ErrorCode::McpUnavailable, "the server's start was cancelled")))
+        }
+        .boxed()
+        .shared();
+        *slot.startup.lock() = Some(Startup { facts, done: done.clone(), task: abort });
+        slot.start_failure.lock().take();
+        Ok(done)
+    }
+
+    /// Records how a start ended, and tells listeners: the agent lists a server again when its
+    /// start ends, either way.
+    async fn finish_startup(&self, inner: &Inner, result: StartResult) -> StartResult {
+        let mut current = self.session.lock().await;
+        self.startup.lock().take();
+        match &result {
+            Ok(live) => {
+                tracing::info!(server_id = %self.config.id, pid = ?live.conn.pid(), server = ?live.conn.info.name, "session established");
                 self.health.lock().connected();
                 inner.options.metrics.connected(&self.config.id);
-                let live = Arc::new(Live { conn, _child_permit: child_permit, last_used: Mutex::new(Instant::now()) });
                 *current = Some(live.clone());
-                Ok(live)
             }
             Err(e) => {
                 tracing::warn!(server_id = %self.config.id, error = %e, "session failed");
                 self.health.lock().down(&e.message);
-                Err(e)
+                *self.start_failure.lock() = Some(e.clone());
             }
         }
+        drop(current);
+        self.start_ended.bump();
+        result
+    }
+
+    /// The start in progress, if any.
+    fn starting(&self) -> Option<Starting> {
+        self.startup.lock().as_ref().map(|s| s.facts.clone())
     }
 
     /// Closes `live` if it is still the current session.
@@ -616,25 +746,52 @@ impl Slot {
         }
     }
 
-    async fn fetch_tools(&self, inner: &Inner) -> Result<Arc<Vec<Tool>>, McpError> {
-        let live = tokio::time::timeout(inner.options.connect_timeout, self.session(inner))
-            .await
-            .map_err(|_| McpError::new(ErrorCode::McpTimeout, "no session to list tools"))??;
-        let limits = inner.options.list_limits;
-        match tokio::time::timeout(inner.options.connect_timeout, live.conn.list_tools_capped(&limits)).await {
+    /// One tools/list: the start's own list when this is the first after it, else a fresh one
+    /// within the server's `toolTimeoutMs`. Waits at most `startup_wait` for a start.
+    async fn fetch_tools(slot: &Arc<Slot>, inner: &Arc<Inner>) -> Result<Arc<Vec<Tool>>, McpError> {
+        if let Some(failure) = slot.start_failure.lock().take() {
+            return Err(failure);
+        }
+        let live = match tokio::time::timeout(inner.options.startup_wait, Slot::session(slot, inner)).await {
+            Ok(live) => {
+                // This listing reports the start's outcome itself.
+                slot.start_failure.lock().take();
+                live?
+            }
+            Err(_) => {
+                let state = slot
+                    .starting()
+                    .map_or_else(|| "starting".to_string(), |s| s.describe(std::time::SystemTime::now()));
+                return Err(McpError { code: ErrorCode::McpUnavailable, message: state, retryable: true });
+            }
+        };
+        let first = live.first_list.lock().take();
+        let listed = match first {
+            Some(listed) => Ok(listed),
+            None => {
+                let timeout = Duration::from_millis(u64::from(slot.config.budgets.tool_timeout_ms()));
+                tokio::time::timeout(timeout, live.conn.list_tools_capped(&inner.options.list_limits)).await
+            }
+        };
+        match listed {
             Ok(Ok((tools, cut))) => {
                 if !cut.is_empty() {
-                    tracing::warn!(server_id = %self.config.id, cut = %cut, "the tool list was cut to the agent's caps");
+                    tracing::warn!(server_id = %slot.config.id, cut = %cut, "the tool list was cut to the agent's caps");
                 }
-                *self.list_cut.lock() = (!cut.is_empty()).then_some(cut);
+                *slot.list_cut.lock() = (!cut.is_empty()).then_some(cut);
                 Ok(Arc::new(tools))
             }
-            Ok(Err(e)) => Err(self.failed(&live, e).await),
+            Ok(Err(e)) => Err(slot.failed(&live, e).await),
             Err(_) => Err(McpError::new(ErrorCode::McpTimeout, "tools/list did not answer in time")),
         }
     }
 
     async fn close(&self) {
+        let startup = self.startup.lock().take();
+        if let Some(startup) = startup {
+            // Dropping the start stops the child's process group (connect's guard).
+            startup.task.abort();
+        }
         let live = self.session.lock().await.take();
         if let Some(live) = live {
             live.conn.close().await;

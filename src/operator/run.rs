@@ -98,7 +98,7 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     let admin_stop = shutdown.clone();
     let ready = metrics.clone();
     let admin_router = crate::telemetry::admin_router(
-        move || if ready.is_ready() { Ok(()) } else { Err("leader election has not started".to_string()) },
+        move || if ready.is_ready() { Ok(String::new()) } else { Err("leader election has not started".to_string()) },
         Arc::new(registry),
     );
     let limits = crate::http_server::ConnectionLimits::default();

@@ -83,8 +83,12 @@ mod tests {
 
     #[test]
     fn layers_only_tighten() {
-        let server =
-            ServerBudgets { tool_timeout_ms: Some(10_000), max_concurrency: Some(2), max_tool_output_bytes: None };
+        let server = ServerBudgets {
+            tool_timeout_ms: Some(10_000),
+            max_concurrency: Some(2),
+            max_tool_output_bytes: None,
+            startup_timeout_ms: None,
+        };
         let profile =
             ProfileBudgets { tool_timeout_ms: Some(60_000), max_tool_output_bytes: Some(1024), ..Default::default() };
         let request =

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -94,6 +95,53 @@ pub enum ServerTools {
         /// Why (no secret values).
         message: String,
     },
+    /// Being started (spawned or connected, initialized, listed), within its startup budget.
+    Starting(Starting),
+}
+
+/// A server's start in progress: what runs, since when, within which budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Starting {
+    /// What runs or is reached: the stdio command's file name (`npx`), `sidecar` or `http`.
+    pub what: String,
+    /// When the start began.
+    pub since: SystemTime,
+    /// The server's `budgets.startupTimeoutMs`.
+    pub budget: Duration,
+}
+
+impl Listing {
+    /// One line for people: "listed, 12 tools", "starting (npx), 14 s of 120 s", the failure.
+    pub(crate) fn describe(&self, tools: Option<usize>, now: SystemTime) -> String {
+        match self {
+            Listing::Listed => format!("listed, {} tools", tools.unwrap_or(0)),
+            Listing::NotYet => "not listed yet".to_string(),
+            Listing::Failed(message) => format!("tools/list failed: {message}"),
+            Listing::EnvMissing(variable) => format!("needs the variable {variable}, which is not set"),
+            Listing::DenyAll => "allowedTools is empty: nothing is exposed".to_string(),
+            Listing::Starting(starting) => starting.describe(now),
+        }
+    }
+
+    /// The state's name, as `spearlet tools list` and the gRPC `Server.state` give it.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Listing::Listed => "listed",
+            Listing::NotYet => "not_listed",
+            Listing::Failed(_) => "list_failed",
+            Listing::EnvMissing(_) => "env_missing",
+            Listing::DenyAll => "deny_all",
+            Listing::Starting(_) => "starting",
+        }
+    }
+}
+
+impl Starting {
+    /// "starting (npx), 14 s of 120 s" as of `now`.
+    pub fn describe(&self, now: SystemTime) -> String {
+        let elapsed = now.duration_since(self.since).unwrap_or_default();
+        format!("starting ({}), {} s of {} s", self.what, elapsed.as_secs(), self.budget.as_secs())
+    }
 }
 
 /// Where a server's tool list stands: what a call naming one of its tools before the list is
@@ -106,6 +154,8 @@ pub(crate) enum Listing {
     NotYet,
     /// The last `tools/list` failed; the agent retries with backoff.
     Failed(String),
+    /// Being started; its tools are listed when the start ends.
+    Starting(Starting),
     /// A variable the server's configuration needs is not set: only a configuration change helps.
     EnvMissing(String),
     /// Its allowedTools is empty: nothing of it is ever exposed.
@@ -185,6 +235,8 @@ pub enum Reason {
     EnvMissing,
     /// Listing the server's tools failed.
     ListFailed,
+    /// The server is still starting (its package may be downloading).
+    Starting,
 }
 
 impl fmt::Display for Reason {
@@ -197,6 +249,7 @@ impl fmt::Display for Reason {
             Reason::DeniedBy(layer) => write!(f, "denied_by:{layer}"),
             Reason::EnvMissing => f.write_str("env_missing"),
             Reason::ListFailed => f.write_str("list_failed"),
+            Reason::Starting => f.write_str("starting"),
         }
     }
 }
@@ -463,6 +516,18 @@ impl CompiledProfile {
                         entry.usable = false;
                         entry.listing = Listing::EnvMissing(variable);
                     }
+                    ServerTools::Starting(starting) => {
+                        // The detail stays the same while the start lasts (it is published
+                        // once); readers compute the elapsed time from `since`.
+                        let since = jiff::Timestamp::try_from(starting.since)
+                            .and_then(|t| t.round(jiff::Unit::Second))
+                            .map_or_else(|_| "?".to_string(), |t| t.to_string());
+                        let detail =
+                            format!("{}, since {since}, startup budget {} s", starting.what, starting.budget.as_secs());
+                        decisions.push(decision(id, None, Reason::Starting, Some(detail)));
+                        entry.usable = false;
+                        entry.listing = Listing::Starting(starting);
+                    }
                     ServerTools::ListFailed { message } => {
                         decisions.push(decision(id, None, Reason::ListFailed, Some(message.clone())));
                         entry.usable = false;
@@ -588,6 +653,12 @@ pub struct ProfileCatalog {
 }
 
 impl ProfileCatalog {
+    /// Each of the profile's servers with where its tool list stands and how many tools it
+    /// exposes (`None` while not listed), for readiness and status views.
+    pub(crate) fn listings(&self) -> impl Iterator<Item = (&str, &Listing, Option<usize>)> {
+        self.servers.iter().map(|s| (&*s.id, &s.listing, s.tools.as_ref().map(|t| t.len())))
+    }
+
     /// The effective set for one request. Without request patterns or colliding caller tools it
     /// shares the catalog's tool lists and routes (no per-tool work); otherwise it filters and
     /// renames what it must.

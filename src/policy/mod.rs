@@ -22,5 +22,5 @@ pub mod pattern;
 
 pub use effective::{
     CompiledProfile, Decision, EffectiveServer, EffectiveSet, EffectiveTool, Layer, PolicyError, Reason, RequestScope,
-    ServerTools, ToolInfo, ToolList,
+    ServerTools, Starting, ToolInfo, ToolList,
 };

@@ -284,6 +284,84 @@ async fn a_stopped_server_gets_sigterm_and_a_grace_period_before_sigkill() {
     assert!(took >= Duration::from_millis(2900) && took < 10 * SECOND, "the stop took {took:?}");
 }
 
+/// A server that takes long to start (a stand-in for `npx` downloading its package) is not cut
+/// short by callers' budgets: it starts once, in the background, within its own startup budget;
+/// meanwhile listings say it is starting and calls time out saying so; its end counts as a list
+/// change, after which its tools are listed.
+#[tokio::test]
+async fn a_slow_start_outlives_callers_budgets_and_lists_within_its_startup_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let starts = dir.path().join("starts");
+    let slow = wrapped(&format!("echo start >> {}; sleep 3; exec \"$0\" \"$@\"", starts.display()));
+    let pool = pool_with(
+        vec![McpServer::test("slow").running(&slow).allowing(["*"])],
+        PoolOptions { startup_wait: Duration::from_millis(500), ..options() },
+    )
+    .await;
+    let ended = pool.list_changed("slow").expect("known server");
+    let listing = pool.list_tools("slow").await.expect_err("still starting after 500 ms");
+    assert!(listing.retryable && listing.message.starts_with("starting (sh), "), "{listing:?}");
+    match pool.server_tools("slow", "slow").await {
+        ServerTools::Starting(starting) => {
+            assert_eq!((starting.what.as_str(), starting.budget), ("sh", Duration::from_secs(120)));
+        }
+        other => panic!("expected Starting, got {other:?}"),
+    }
+    let call = call(&pool, "slow", "echo", json!({"text": "?"}), Duration::from_millis(300)).await;
+    let err = call.expect_err("the server is not up yet");
+    assert_eq!(err.code, ErrorCode::McpTimeout);
+    assert!(err.message.contains("the server is starting (sh)"), "{err:?}");
+    tokio::time::timeout(20 * SECOND, ended).await.expect("the start's end is announced");
+    let tools = pool.list_tools("slow").await.expect("listed once started");
+    assert!(tools.iter().any(|t| t.name == "echo"), "{tools:?}");
+    assert!(pool.status("slow").expect("status").starting.is_none());
+    assert_eq!(std::fs::read_to_string(&starts).expect("starts").lines().count(), 1, "started once, never restarted");
+    pool.shutdown().await;
+}
+
+/// A start that runs past its budget, and one whose server is removed from the registry while
+/// it starts, leave nothing behind: the stand-in for `npx` starts a grandchild (as npx starts
+/// the real server) and never answers; its whole process group is stopped, not only the leader.
+#[tokio::test]
+async fn a_start_past_its_budget_or_removed_midway_leaves_no_process_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hanging = |name: &str| {
+        let pidfile = dir.path().join(name);
+        let script = format!("echo $$ > {}; sleep 300 & wait", pidfile.display());
+        (wrapped(&script), pidfile)
+    };
+    let (over, over_pid) = hanging("over");
+    let (removed, removed_pid) = hanging("removed");
+    let mut over = McpServer::test("over").running(&over).allowing(["*"]);
+    over.spec.budgets = Some(ServerBudgets { startup_timeout_ms: Some(1000), ..Default::default() });
+    let removed = McpServer::test("removed").running(&removed).allowing(["*"]);
+    let pool =
+        pool_with(vec![over.clone(), removed], PoolOptions { startup_wait: Duration::from_millis(300), ..options() })
+            .await;
+    let ended = pool.list_changed("over").expect("known server");
+    assert!(pool.list_tools("over").await.is_err());
+    assert!(pool.list_tools("removed").await.is_err());
+    let read_pid =
+        |path: &std::path::Path| std::fs::read_to_string(path).ok().and_then(|p| p.trim().parse::<u32>().ok());
+    let (over_group, removed_group) =
+        (read_pid(&over_pid).expect("over started"), read_pid(&removed_pid).expect("removed started"));
+    assert!(group_alive(removed_group));
+
+    tokio::time::timeout(10 * SECOND, ended).await.expect("the start ended on its budget");
+    let failed = pool.list_tools("over").await.expect_err("no session within the budget");
+    assert!(failed.message.contains("1000 ms"), "{failed:?}");
+    assert!(pool.apply(&snapshot(vec![over])).await.is_empty());
+    for (name, pgid) in [("over", over_group), ("removed", removed_group)] {
+        // SIGTERM, then up to the grace (3 s); the members are reaped a moment later.
+        let deadline = Instant::now() + 6 * SECOND;
+        while group_alive(pgid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!group_alive(pgid), "the process group of '{name}' ({pgid}) outlived its start");
+    }
+    pool.shutdown().await;
+}
+
 // === faults ===
 
 #[tokio::test]

@@ -255,6 +255,100 @@ fn spearlet_tools_lists_and_calls_over_the_grpc_door_of_a_running_agent() {
     assert!(said.contains("mcp_policy_denied"), "{said}");
 }
 
+/// A stdio server that takes 20 s to start (a stand-in for `npx` downloading its package on a
+/// cold cache) gets its tools listed with default settings: the agent becomes ready without
+/// waiting for it, `/readyz` and `spearlet tools list` say it is starting and for how long, and
+/// once it is up its tools are listed, without a restart.
+#[test]
+fn a_server_slow_to_start_is_reported_as_starting_then_listed_within_its_startup_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let mut args = vec!["-c".to_string(), "sleep 20; exec \"$0\" \"$@\"".to_string()];
+    args.push(fixture.program.to_string_lossy().into_owned());
+    args.extend(fixture.args.iter().cloned());
+    let slow = mcp_servers::Command { program: "/bin/sh".into(), args, env: fixture.env.clone() };
+    fixture_registry_of(dir.path(), &slow);
+    let spawned = Instant::now();
+    let served = serve(dir, &["--audit-log", "off"]);
+    let (status, ready) = http_get(served.admin, "/readyz").expect("readyz");
+    assert_eq!(status, 200, "ready without waiting for the slow server: {ready}");
+    assert!(ready.contains("fx: starting (sh), ") && ready.contains(" s of 120 s"), "{ready}");
+
+    let addr = format!("127.0.0.1:{}", served.grpc);
+    let list = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["tools", "list", "--grpc-addr", &addr])
+            .output()
+            .expect("spearlet tools list");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (_, said) = list();
+    assert!(
+        said.contains("fx: starting (sh), ") && said.contains(" s of 120 s"),
+        "says why there are no tools: {said}"
+    );
+    let deadline = spawned + Duration::from_secs(90);
+    loop {
+        let (listed, said) = list();
+        if listed.contains("mcp__fx__echo") {
+            assert!(!said.contains("starting"), "{said}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not listed within 90 s: {listed}{said}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(spawned.elapsed() >= Duration::from_secs(20), "listed only once the server was up");
+    let (_, ready) = http_get(served.admin, "/readyz").expect("readyz");
+    assert!(ready.contains("fx: listed, "), "{ready}");
+}
+
+/// The README's first command, as a new user runs it on a machine that never ran `npx` before
+/// (an empty npm cache): both example stdio servers download their packages and start within
+/// their default startup budget, and `spearlet tools list` lists their tools. The test reaches
+/// the npm registry, as the README's command does.
+#[test]
+fn the_readmes_first_command_lists_the_example_servers_tools_on_an_empty_npm_cache() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // A new user's home: npm's cache is `$HOME/.npm` (stdio children inherit HOME, and no
+    // `npm_config_*` variable, which may carry a registry token).
+    let home = tempfile::tempdir().expect("tempdir");
+    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    let started = Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+        .args(["serve", "--registry-dir", "examples/registry", "--profile", "developer", "--audit-log", "off"])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .current_dir(repo)
+        .env("HOME", home.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn spearlet serve");
+    let served = Served { child, http, grpc, admin, dir: tempfile::tempdir().expect("tempdir") };
+    let addr = format!("127.0.0.1:{}", served.grpc);
+    // Generous: two package downloads on a busy CI machine; each server's own budget is 120 s.
+    let deadline = started + Duration::from_secs(240);
+    let (mut listed, mut said) = (String::new(), String::new());
+    while Instant::now() < deadline {
+        let out = Command::new(env!("CARGO_BIN_EXE_spearlet")).args(["tools", "list", "--grpc-addr", &addr]).output();
+        if let Ok(out) = out {
+            listed = String::from_utf8_lossy(&out.stdout).into_owned();
+            said = String::from_utf8_lossy(&out.stderr).into_owned();
+            if listed.contains("mcp__everything__echo") && listed.contains("mcp__filesystem__read_") {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        listed.contains("mcp__everything__echo") && listed.contains("mcp__filesystem__read_"),
+        "the example servers' tools were not listed within 240 s on an empty npm cache:\n{listed}{said}"
+    );
+    eprintln!("first run on an empty npm cache: both example servers listed after {:?}", started.elapsed());
+    assert!(home.path().join(".npm/_npx").is_dir(), "npx used the empty cache in the new home");
+}
+
 /// One JSON-RPC POST to `/mcp` as a Streamable HTTP client sends it: (status, content type,
 /// session id header, body).
 async fn mcp_post(

@@ -194,6 +194,7 @@ async fn list(grpc: &GrpcArgs, only: Option<&str>) -> Result<ExitCode, Failure> 
     }
     let mut rows = vec![["NAME".to_string(), "SERVER".to_string(), "TOOL".to_string(), "DESCRIPTION".to_string()]];
     let mut failed = false;
+    let mut why_empty = Vec::new();
     for server in servers {
         let tools = match server_tools(&mut clients, &server.id).await {
             Ok(tools) => tools,
@@ -205,11 +206,17 @@ async fn list(grpc: &GrpcArgs, only: Option<&str>) -> Result<ExitCode, Failure> 
             }
             Err(failure) => return Err(failure),
         };
+        if tools.is_empty() {
+            why_empty.extend(no_tools_reason(server, std::time::SystemTime::now()));
+        }
         for tool in tools {
             rows.push([tool.name, server.id.clone(), tool.server_tool, first_line(&tool.description)]);
         }
     }
     print!("{}", terminal_safe(&table(&rows)));
+    for line in &why_empty {
+        eprintln!("{}", terminal_safe(line));
+    }
     if rows.len() == 1 {
         eprintln!("no tools are available to this workload (registry revision {})", listed.registry_revision);
     }
@@ -222,6 +229,29 @@ async fn server_tools(clients: &mut Clients, server_id: &str) -> Result<Vec<pb::
     clients.close(session_id).await;
     let listed = listed.map_err(|s| Failure::from_status(&format!("listing the tools of '{server_id}'"), &s))?;
     Ok(listed.into_inner().tools)
+}
+
+/// Why `server` shows no tools, from the state the agent reports: "filesystem: starting (npx),
+/// 14 s of 120 s". `None` for an agent too old to report a state.
+fn no_tools_reason(server: &pb::Server, now: std::time::SystemTime) -> Option<String> {
+    let (id, detail) = (&server.id, &server.state_detail);
+    let why = match server.state.as_str() {
+        "starting" => {
+            let since = std::time::UNIX_EPOCH
+                + Duration::from_millis(u64::try_from(server.starting_since_unix_ms).unwrap_or(0));
+            let elapsed = now.duration_since(since).unwrap_or_default().as_secs();
+            format!("starting ({detail}), {elapsed} s of {} s", server.startup_budget_ms / 1000)
+        }
+        "list_failed" => format!("tools/list failed: {detail}"),
+        "env_missing" => format!("needs the variable {detail}, which is not set in the agent's environment"),
+        "deny_all" => "its allowedTools is empty, so none of its tools is exposed".to_string(),
+        "not_listed" => "its tools are not listed yet".to_string(),
+        "listed" => {
+            "no tool of it passes the server's and the profile's patterns (`spearlet explain` says why)".to_string()
+        }
+        _ => return None,
+    };
+    Some(format!("{id}: {why}"))
 }
 
 /// The description's first line, cut to [`DESCRIPTION_WIDTH`] characters.
@@ -331,6 +361,30 @@ fn print_reply(reply: &pb::CallToolReply) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_without_tools_says_why() {
+        let since = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let starting = pb::Server {
+            id: "filesystem".into(),
+            state: "starting".into(),
+            state_detail: "npx".into(),
+            starting_since_unix_ms: 1_000_000_000,
+            startup_budget_ms: 120_000,
+            ..Default::default()
+        };
+        let now = since + Duration::from_millis(14_500);
+        assert_eq!(no_tools_reason(&starting, now).as_deref(), Some("filesystem: starting (npx), 14 s of 120 s"));
+        let failed = pb::Server {
+            id: "web".into(),
+            state: "list_failed".into(),
+            state_detail: "no answer within 30000 ms".into(),
+            ..Default::default()
+        };
+        assert_eq!(no_tools_reason(&failed, now).as_deref(), Some("web: tools/list failed: no answer within 30000 ms"));
+        let old_agent = pb::Server { id: "web".into(), ..Default::default() };
+        assert_eq!(no_tools_reason(&old_agent, now), None);
+    }
 
     #[test]
     fn names_point_at_a_server_or_need_a_lookup() {
