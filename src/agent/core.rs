@@ -577,7 +577,9 @@ impl Agent {
                 wait
             } else {
                 retry = inner.options.retry_interval;
-                inner.options.refresh_interval
+                // A server's own ttlMs may be shorter than the refresh interval.
+                let stale = inner.pool.next_list_expiry().map(|d| d.max(LIST_CHANGED_MIN_INTERVAL));
+                stale.map_or(inner.options.refresh_interval, |d| d.min(inner.options.refresh_interval))
             };
             let any_change = async {
                 if changes.is_empty() {

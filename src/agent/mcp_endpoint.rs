@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, InitializeResult,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, SubscriptionFilter, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities, SubscriptionFilter,
+    Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -26,6 +27,13 @@ use tokio_util::sync::CancellationToken;
 use super::audit::Door;
 use super::core::{Agent, CallContext};
 use super::mcp_fast_path::McpRoute;
+
+/// `ttlMs` of a tools/list answer, with `cacheScope: private`. Private: the set is this pod's
+/// profile's, never another caller's. 2 s: a re-list costs the agent microseconds (it is served
+/// from memory over loopback), while a client that caches without listening for changes would
+/// see a registry edit only after the TTL; 2 s is the edit-to-pod propagation the project holds
+/// itself to. Clients that listen (`list_changed`, `subscriptions/listen`) see edits at once.
+const LIST_TTL: Duration = Duration::from_secs(2);
 
 /// How often a legacy session's notifier checks that its client is still there, so a task does
 /// not outlive its session for long when the tool set never changes.
@@ -166,7 +174,11 @@ impl ServerHandler for McpEndpoint {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools()?))
+        let mut result = ListToolsResult::with_all_items(self.tools()?);
+        // Caching hints (required from 2026-07-28 on, harmless before): see LIST_TTL.
+        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
+        result.cache_scope = Some(CacheScope::Private);
+        Ok(result)
     }
 
     async fn call_tool(
@@ -176,7 +188,11 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<CallToolResponse, ErrorData> {
         let request_id = context.id.to_string();
         let session = session_id(&context.extensions);
-        Ok(self.call(&request.name, request.arguments, &request_id, session.as_deref()).await.into())
+        let mut result = self.call(&request.name, request.arguments, &request_id, session.as_deref()).await;
+        // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28 requires;
+        // rmcp strips `complete` again for a legacy peer.
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        Ok(result.into())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

@@ -22,11 +22,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ServerNotification, SubscriptionFilter};
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, Implementation, ProtocolVersion, ServerNotification, SubscriptionFilter,
+};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::process::Command;
 use tokio::sync::Notify;
@@ -185,8 +187,10 @@ impl ClientHandler for PoolHandler {
 pub(crate) struct Connection {
     /// The rmcp client.
     pub(crate) service: RunningService<RoleClient, PoolHandler>,
-    /// What the server said in `initialize`.
+    /// What the server said in `initialize` (or `server/discover`).
     pub(crate) info: ServerInfo,
+    /// The protocol revision the session speaks.
+    pub(crate) protocol: ProtocolVersion,
     /// Set when the server sent a message over the frame limit (the session is then over).
     pub(crate) oversized: Arc<AtomicBool>,
     /// Lines on the server's stdout that were not JSON-RPC (skipped, logged as warnings).
@@ -237,15 +241,24 @@ fn unavailable(message: impl Into<String>) -> McpError {
 }
 
 /// Establishes a session with the server at `endpoint`, within `timeout` (spawn, connect and
-/// `initialize` together).
+/// the lifecycle's handshake together: `server/discover` for 2026-07-28 and later, `initialize`
+/// before, or a discover probe falling back to `initialize`).
 pub(crate) async fn connect(
     server_id: &Arc<str>,
     endpoint: &Endpoint,
     list_changed: Arc<ListChanged>,
     frame_limit: usize,
     timeout: Duration,
+    lifecycle: ClientLifecycleMode,
 ) -> Result<Connection, McpError> {
-    connect_with(server_id, endpoint, list_changed, frame_limit, timeout, None).await
+    connect_with(server_id, endpoint, list_changed, frame_limit, timeout, lifecycle, None).await
+}
+
+/// The lifecycle that speaks whichever revision a server speaks: a `server/discover` probe at
+/// 2026-07-28, falling back to the `initialize` handshake of the server's revision when it
+/// answers as a legacy server (or not at all within rmcp's 10 s).
+pub(crate) fn probe_lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto { preferred_versions: vec![ProtocolVersion::V_2026_07_28], legacy_version: None }
 }
 
 /// [`connect`], with `http_client` for a Streamable HTTP endpoint instead of rmcp's default one
@@ -256,13 +269,24 @@ pub(crate) async fn connect_with(
     list_changed: Arc<ListChanged>,
     frame_limit: usize,
     timeout: Duration,
+    lifecycle: ClientLifecycleMode,
     http_client: Option<reqwest::Client>,
 ) -> Result<Connection, McpError> {
     let handler_list_changed = list_changed.clone();
     let handler = PoolHandler { server_id: server_id.clone(), list_changed };
     let oversized = Arc::new(AtomicBool::new(false));
     let garbage = Arc::new(AtomicU64::new(0));
-    let attempt = async {
+    // Set when rmcp's probe gave up on `server/discover` and the answer came after all (a server
+    // slow to start, such as `npx` downloading): the server speaks 2026-07-28.
+    let late_discover = AtomicBool::new(false);
+    let init_failed = |e: rmcp::service::ClientInitializeError| {
+        if matches!(e, rmcp::service::ClientInitializeError::ConflictInitResponseId(..)) {
+            late_discover.store(true, Ordering::Relaxed);
+        }
+        unavailable(format!("initialize failed: {e}"))
+    };
+    let attempt = async |lifecycle: ClientLifecycleMode| {
+        let handler = handler.clone();
         match endpoint {
             Endpoint::Stdio { command, args, env, working_dir } => {
                 let mut cmd = Command::new(command);
@@ -292,7 +316,7 @@ pub(crate) async fn connect_with(
                 let reader = FrameGuard::new(stdout, frame_limit, oversized.clone())
                     .reporting(server_id.clone(), garbage.clone());
                 let service =
-                    handler.serve((reader, stdin)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
+                    handler.serve_with_lifecycle((reader, stdin), lifecycle.clone()).await.map_err(init_failed)?;
                 Ok((service, Some(child)))
             }
             Endpoint::Socket { path, peer_uid } => {
@@ -315,7 +339,7 @@ pub(crate) async fn connect_with(
                 let reader =
                     FrameGuard::new(read, frame_limit, oversized.clone()).reporting(server_id.clone(), garbage.clone());
                 let service =
-                    handler.serve((reader, write)).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
+                    handler.serve_with_lifecycle((reader, write), lifecycle.clone()).await.map_err(init_failed)?;
                 Ok((service, None))
             }
             Endpoint::MissingSidecar => Err(McpError {
@@ -327,6 +351,7 @@ pub(crate) async fn connect_with(
                 retryable: false,
             }),
             Endpoint::Http { url, headers } => {
+                let http_client = http_client.clone();
                 let mut custom = std::collections::HashMap::new();
                 for (name, value) in headers {
                     let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
@@ -344,15 +369,24 @@ pub(crate) async fn connect_with(
                     Some(client) => StreamableHttpClientTransport::with_client(client, config),
                     None => StreamableHttpClientTransport::from_config(config),
                 };
-                let service =
-                    handler.serve(transport).await.map_err(|e| unavailable(format!("initialize failed: {e}")))?;
+                let service = handler.serve_with_lifecycle(transport, lifecycle.clone()).await.map_err(init_failed)?;
                 Ok((service, None))
             }
         }
     };
-    let (service, child) = tokio::time::timeout(timeout, attempt)
-        .await
-        .map_err(|_| unavailable(format!("no session within {} ms", timeout.as_millis())))??;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let no_session = || unavailable(format!("no session within {} ms", timeout.as_millis()));
+    let probing = matches!(lifecycle, ClientLifecycleMode::Auto { .. });
+    let mut established = tokio::time::timeout_at(deadline, attempt(lifecycle)).await.map_err(|_| no_session())?;
+    if established.is_err() && probing && late_discover.load(Ordering::Relaxed) {
+        // rmcp's probe waits 10 s for `server/discover`, then sends `initialize` on the same
+        // stream; a server that answers the probe late has chosen 2026-07-28 and the start
+        // fails. Start it again speaking that revision (the first child's group is stopped).
+        tracing::info!(server_id = %server_id, "the server answered server/discover late: starting it again as 2026-07-28");
+        let modern = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+        established = tokio::time::timeout_at(deadline, attempt(modern)).await.map_err(|_| no_session())?;
+    }
+    let (service, child) = established?;
     let info = service
         .peer_info()
         .map(|peer| ServerInfo {
@@ -363,7 +397,16 @@ pub(crate) async fn connect_with(
         .unwrap_or_default();
     subscribe_to_list_changes(server_id, &service, &handler_list_changed);
     let pid = child.as_ref().and_then(GroupGuard::id);
-    Ok(Connection { service, info, oversized, garbage_lines: garbage, child: parking_lot::Mutex::new(child), pid })
+    let protocol = service.peer_info().map(|p| p.protocol_version.clone()).unwrap_or_default();
+    Ok(Connection {
+        service,
+        info,
+        protocol,
+        oversized,
+        garbage_lines: garbage,
+        child: parking_lot::Mutex::new(child),
+        pid,
+    })
 }
 
 /// Bytes kept of a server's name and version: the server chooses them, and they reach status,
@@ -378,15 +421,19 @@ fn cut(s: &str, max: usize) -> String {
 }
 
 impl Connection {
-    /// `tools/list`, page by page, within `limits` (see `limits`): the tools kept and what was cut.
+    /// `tools/list`, page by page, within `limits` (see `limits`): the tools kept, what was cut,
+    /// and the shortest `ttlMs` a page gave (2026-07-28 servers give one).
     pub(crate) async fn list_tools_capped(
         &self,
         limits: &ListLimits,
-    ) -> Result<(Vec<rmcp::model::Tool>, ListCut), rmcp::ServiceError> {
-        let (mut tools, mut cursor) = (Vec::new(), None);
+    ) -> Result<(Vec<rmcp::model::Tool>, ListCut, Option<u64>), rmcp::ServiceError> {
+        let (mut tools, mut cursor, mut ttl_ms) = (Vec::new(), None, None::<u64>);
         for _ in 0..limits.max_pages {
             let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
             let page = self.service.peer().list_tools(Some(params)).await?;
+            if let Some(ttl) = page.ttl_ms {
+                ttl_ms = Some(ttl_ms.map_or(ttl, |t| t.min(ttl)));
+            }
             tools.extend(page.tools);
             cursor = page.next_cursor;
             // Past the tool cap nothing more is kept, so nothing more is fetched.
@@ -394,7 +441,8 @@ impl Connection {
                 break;
             }
         }
-        Ok(super::limits::admit(tools, cursor.is_some(), limits))
+        let (tools, cut) = super::limits::admit(tools, cursor.is_some(), limits);
+        Ok((tools, cut, ttl_ms))
     }
 }
 

@@ -129,6 +129,8 @@ pub struct ServerStatus {
     pub list_cut: Option<ListCut>,
     /// The start in progress, if any.
     pub starting: Option<Starting>,
+    /// The protocol revision of the current session (`2025-11-25`, `2026-07-28`, ...).
+    pub protocol_version: Option<String>,
 }
 
 /// A live session and what it holds.
@@ -141,8 +143,9 @@ struct Live {
     first_list: Mutex<Option<Listed>>,
 }
 
-/// One tools/list as fetched: the tools kept and what the caps cut, or why it failed.
-type Listed = Result<(Vec<Tool>, ListCut), ServiceError>;
+/// One tools/list as fetched: the tools kept, what the caps cut and the server's `ttlMs`, or
+/// why it failed.
+type Listed = Result<(Vec<Tool>, ListCut, Option<u64>), ServiceError>;
 
 /// What a start yields to everyone waiting on it.
 type StartResult = Result<Arc<Live>, McpError>;
@@ -158,10 +161,25 @@ struct Startup {
 /// A tools/list answer (or failure) as cached.
 type ListResult = Result<Arc<Vec<Tool>>, McpError>;
 
-/// The last tools/list: when, at which list_changed generation, and what came back.
+/// The last tools/list: when, at which list_changed generation, what came back, and for how
+/// long it is fresh.
 #[derive(Default)]
 struct ToolsCache {
-    entry: Option<(Instant, u64, ListResult)>,
+    entry: Option<(Instant, u64, ListResult, Duration)>,
+}
+
+/// Bounds on a server's own `ttlMs`. At least 2 s: rmcp fills `ttlMs: 0` into every 2026-07-28
+/// list a server does not give hints for, and honouring 0 would re-list it on every round; a
+/// change still arrives at once by list_changed. At most an hour: a server's word does not keep
+/// a list forever.
+const MIN_SERVER_LIST_TTL: Duration = Duration::from_secs(2);
+const MAX_SERVER_LIST_TTL: Duration = Duration::from_secs(3600);
+
+/// How long a list is fresh: the server's `ttlMs` within bounds, else the pool's TTL. The scope
+/// (`cacheScope`) needs no case: the agent is its pod's only client, so `private` and `public`
+/// both allow it to cache; what it serves on `/mcp` it marks `private` itself.
+fn list_ttl(server_ttl_ms: Option<u64>, default: Duration) -> Duration {
+    server_ttl_ms.map_or(default, |ms| Duration::from_millis(ms).clamp(MIN_SERVER_LIST_TTL, MAX_SERVER_LIST_TTL))
 }
 
 struct Slot {
@@ -176,6 +194,9 @@ struct Slot {
     /// Why the last start failed, until a listing reports it (that listing is cached for the
     /// failure TTL, so a server that cannot start is not restarted in a tight loop).
     start_failure: Arc<Mutex<Option<McpError>>>,
+    /// The revision the server spoke at its last start, and when: the next start speaks it
+    /// directly instead of probing, until [`REVISION_TTL`] passes or a start fails.
+    revision: Arc<Mutex<Option<(Instant, rmcp::model::ProtocolVersion)>>>,
     /// Counts the starts that ended, either way (not a tool list change: the cache keys on
     /// `list_changed` alone).
     start_ended: Arc<ListChanged>,
@@ -419,19 +440,37 @@ impl Pool {
         let options = &self.inner.options;
         let mut cache = slot.tools.lock().await;
         let generation = slot.list_changed.generation();
-        if let Some((at, seen, result)) = &cache.entry {
-            let ttl = if result.is_ok() { options.tools_ttl } else { options.failure_ttl };
-            if *seen == generation && at.elapsed() < ttl {
-                return result.clone();
-            }
+        if let Some((at, seen, result, ttl)) = &cache.entry
+            && *seen == generation
+            && at.elapsed() < *ttl
+        {
+            return result.clone();
         }
-        let result = Slot::fetch_tools(&slot, &self.inner).await;
+        let fetched = Slot::fetch_tools(&slot, &self.inner).await;
+        let (result, ttl) = match fetched {
+            Ok((tools, server_ttl)) => (Ok(tools), list_ttl(server_ttl, options.tools_ttl)),
+            Err(e) => (Err(e), options.failure_ttl),
+        };
         // A server still starting is asked again when its start ends (a list change), not
         // after the failure TTL.
         if slot.starting().is_none() {
-            cache.entry = Some((Instant::now(), generation, result.clone()));
+            cache.entry = Some((Instant::now(), generation, result.clone(), ttl));
         }
         result
+    }
+
+    /// How long until the first listed server's list goes stale (its TTL: the server's `ttlMs`
+    /// or the pool's), so the agent lists again then; `None` when nothing is listed.
+    pub(crate) fn next_list_expiry(&self) -> Option<Duration> {
+        let slots: Vec<Arc<Slot>> = self.inner.slots.read().values().cloned().collect();
+        slots
+            .iter()
+            .filter_map(|slot| {
+                let cache = slot.tools.try_lock().ok()?;
+                let (at, _, result, ttl) = cache.entry.as_ref()?;
+                result.is_ok().then(|| ttl.saturating_sub(at.elapsed()))
+            })
+            .min()
     }
 
     /// The server's tools for the policy: named with `server_part`, or why they are unknown.
@@ -488,6 +527,7 @@ impl Pool {
             garbage_lines: live.as_ref().map_or(0, |l| l.conn.garbage_lines.load(std::sync::atomic::Ordering::Relaxed)),
             list_cut: slot.list_cut.lock().clone(),
             starting: slot.starting(),
+            protocol_version: live.as_ref().map(|l| l.conn.protocol.to_string()),
         })
     }
 
@@ -543,6 +583,22 @@ async fn reap_idle(inner: &Inner, idle: Duration) {
     }
 }
 
+/// How long a server's detected protocol revision is trusted: a server redeployed with another
+/// revision is re-detected at its next start after this (or at once if a start fails).
+const REVISION_TTL: Duration = Duration::from_secs(600);
+
+/// The lifecycle of a start: speak the revision last seen directly, else probe (`server/discover`,
+/// falling back to `initialize`).
+fn lifecycle_for(known: Option<&(Instant, rmcp::model::ProtocolVersion)>) -> rmcp::ClientLifecycleMode {
+    match known {
+        Some((_, version)) if version.as_str() >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str() => {
+            rmcp::ClientLifecycleMode::Discover { preferred_versions: vec![version.clone()] }
+        }
+        Some(_) => rmcp::ClientLifecycleMode::Initialize,
+        None => connect::probe_lifecycle(),
+    }
+}
+
 // === impl Slot ===
 
 impl Slot {
@@ -559,6 +615,7 @@ impl Slot {
             tools: tokio::sync::Mutex::new(ToolsCache::default()),
             startup: Arc::new(Mutex::new(None)),
             start_failure: Arc::new(Mutex::new(None)),
+            revision: Arc::new(Mutex::new(None)),
             start_ended: Arc::new(ListChanged::default()),
         }
     }
@@ -570,6 +627,7 @@ impl Slot {
         slot.session = old.session.clone();
         slot.startup = old.startup.clone();
         slot.start_failure = old.start_failure.clone();
+        slot.revision = old.revision.clone();
         slot.health = old.health.clone();
         slot.list_changed = old.list_changed.clone();
         slot.start_ended = old.start_ended.clone();
@@ -632,15 +690,22 @@ impl Slot {
         let budget = Duration::from_millis(u64::from(slot.config.budgets.startup_timeout_ms()));
         let facts = Starting { what: endpoint.kind(), since: std::time::SystemTime::now(), budget };
         let frame_limit = limits::frame_limit(slot.config.budgets.max_tool_output_bytes(), inner.options.frame_limit);
+        let lifecycle = lifecycle_for(slot.revision.lock().as_ref().filter(|(at, _)| at.elapsed() < REVISION_TTL));
         let (owner, pool) = (slot.clone(), inner.clone());
         let task = tokio::spawn(
             async move {
                 let started = Instant::now();
                 let list_limits = pool.options.list_limits;
                 let start = async {
-                    let conn =
-                        connect::connect(&owner.config.id, &endpoint, owner.list_changed.clone(), frame_limit, budget)
-                            .await?;
+                    let conn = connect::connect(
+                        &owner.config.id,
+                        &endpoint,
+                        owner.list_changed.clone(),
+                        frame_limit,
+                        budget,
+                        lifecycle,
+                    )
+                    .await?;
                     let left = budget.saturating_sub(started.elapsed());
                     let first =
                         tokio::time::timeout(left, conn.list_tools_capped(&list_limits)).await.map_err(|_| {
@@ -680,7 +745,8 @@ impl Slot {
         self.startup.lock().take();
         match &result {
             Ok(live) => {
-                tracing::info!(server_id = %self.config.id, pid = ?live.conn.pid(), server = ?live.conn.info.name, "session established");
+                tracing::info!(server_id = %self.config.id, pid = ?live.conn.pid(), server = ?live.conn.info.name, protocol = %live.conn.protocol, "session established");
+                *self.revision.lock() = Some((Instant::now(), live.conn.protocol.clone()));
                 self.health.lock().connected();
                 inner.options.metrics.connected(&self.config.id);
                 *current = Some(live.clone());
@@ -689,6 +755,8 @@ impl Slot {
                 tracing::warn!(server_id = %self.config.id, error = %e, "session failed");
                 self.health.lock().down(&e.message);
                 *self.start_failure.lock() = Some(e.clone());
+                // Perhaps the server was redeployed speaking another revision: probe next time.
+                self.revision.lock().take();
             }
         }
         drop(current);
@@ -748,7 +816,7 @@ impl Slot {
 
     /// One tools/list: the start's own list when this is the first after it, else a fresh one
     /// within the server's `toolTimeoutMs`. Waits at most `startup_wait` for a start.
-    async fn fetch_tools(slot: &Arc<Slot>, inner: &Arc<Inner>) -> Result<Arc<Vec<Tool>>, McpError> {
+    async fn fetch_tools(slot: &Arc<Slot>, inner: &Arc<Inner>) -> Result<(Arc<Vec<Tool>>, Option<u64>), McpError> {
         if let Some(failure) = slot.start_failure.lock().take() {
             return Err(failure);
         }
@@ -774,12 +842,12 @@ impl Slot {
             }
         };
         match listed {
-            Ok(Ok((tools, cut))) => {
+            Ok(Ok((tools, cut, ttl_ms))) => {
                 if !cut.is_empty() {
                     tracing::warn!(server_id = %slot.config.id, cut = %cut, "the tool list was cut to the agent's caps");
                 }
                 *slot.list_cut.lock() = (!cut.is_empty()).then_some(cut);
-                Ok(Arc::new(tools))
+                Ok((Arc::new(tools), ttl_ms))
             }
             Ok(Err(e)) => Err(slot.failed(&live, e).await),
             Err(_) => Err(McpError::new(ErrorCode::McpTimeout, "tools/list did not answer in time")),
@@ -797,5 +865,33 @@ impl Slot {
             live.conn.close().await;
         }
         self.concurrency.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::ClientLifecycleMode;
+    use rmcp::model::ProtocolVersion;
+
+    use super::*;
+
+    #[test]
+    fn a_start_speaks_the_revision_last_seen_and_probes_when_it_does_not_know() {
+        let now = Instant::now();
+        assert!(matches!(lifecycle_for(None), ClientLifecycleMode::Auto { .. }));
+        assert_eq!(lifecycle_for(Some(&(now, ProtocolVersion::V_2025_11_25))), ClientLifecycleMode::Initialize);
+        assert_eq!(
+            lifecycle_for(Some(&(now, ProtocolVersion::V_2026_07_28))),
+            ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] }
+        );
+    }
+
+    #[test]
+    fn a_servers_list_ttl_is_honoured_within_bounds() {
+        let default = Duration::from_secs(60);
+        assert_eq!(list_ttl(None, default), default, "no ttlMs (a 2025-era server): the pool's TTL");
+        assert_eq!(list_ttl(Some(30_000), default), Duration::from_secs(30));
+        assert_eq!(list_ttl(Some(0), default), MIN_SERVER_LIST_TTL, "0 is not a re-list on every round");
+        assert_eq!(list_ttl(Some(u64::MAX), default), MAX_SERVER_LIST_TTL);
     }
 }

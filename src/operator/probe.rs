@@ -384,6 +384,7 @@ async fn list(
         Arc::new(ListChanged::default()),
         target.frame_limit,
         timeout,
+        connect::probe_lifecycle(),
         Some(client),
     )
     .await
@@ -392,7 +393,7 @@ async fn list(
     // Close before looking at the answer: the session is not reused, and a server keeps
     // per-session state until told.
     conn.close().await;
-    let (tools, cut) = listed.map_err(|e| format!("tools/list failed: {e}"))?;
+    let (tools, cut, _) = listed.map_err(|e| format!("tools/list failed: {e}"))?;
     let cut = (!cut.is_empty()).then(|| cut.to_string());
     Ok((tools.into_iter().map(|t| t.name.to_string()).collect(), conn.info.clone(), cut))
 }

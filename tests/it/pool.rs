@@ -131,6 +131,43 @@ async fn lists_and_calls_over_streamable_http() {
     pool.shutdown().await;
 }
 
+/// The pool speaks whichever revision each real server speaks: the PyPI `mcp` 2.x fixture over
+/// stdio and Streamable HTTP and an rmcp 3.x server answer `server/discover` and are spoken to
+/// statelessly (2026-07-28); the npm reference server only knows the `initialize` handshake and
+/// gets it. Calls and lists work the same on both.
+#[tokio::test]
+async fn the_pool_speaks_the_revision_each_real_server_speaks() {
+    let py_port = mcp_servers::free_port();
+    let _py_http = start_http_fixture(py_port).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let rmcp_port = listener.local_addr().expect("addr").port();
+    let rmcp_server = tokio::spawn(spear::testing::echo::serve_http(listener));
+    let pool = pool_with(
+        vec![
+            fixture("py-stdio", &[]),
+            McpServer::test("py-http").http_at(py_port).allowing(["*"]),
+            McpServer::test("rmcp-http").http_at(rmcp_port).allowing(["*"]),
+            McpServer::test("npm").running(&mcp_servers::everything_stdio()).allowing(["*"]),
+        ],
+        options(),
+    )
+    .await;
+    for (server, text_arg, revision) in [
+        ("py-stdio", "text", "2026-07-28"),
+        ("py-http", "text", "2026-07-28"),
+        ("rmcp-http", "text", "2026-07-28"),
+        ("npm", "message", "2025-11-25"),
+    ] {
+        let out = call(&pool, server, "echo", json!({ text_arg: "both" }), 20 * SECOND).await;
+        assert!(out.as_deref().is_ok_and(|o| o.contains("both")), "{server}: {out:?}");
+        assert!(pool.list_tools(server).await.is_ok_and(|t| t.iter().any(|t| t.name == "echo")), "{server}");
+        let spoken = pool.status(server).and_then(|s| s.protocol_version);
+        assert_eq!(spoken.as_deref(), Some(revision), "{server}");
+    }
+    pool.shutdown().await;
+    rmcp_server.abort();
+}
+
 // === budgets ===
 
 #[tokio::test]

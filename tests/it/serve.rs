@@ -123,9 +123,19 @@ fn next_event(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> Valu
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON event: {line}: {e}"))
 }
 
-fn start_client(served: &Served, calls: &[&str], wait: bool) -> (Child, std::io::Lines<BufReader<ChildStdout>>) {
+/// The 2025-11-25 session revision, and the 2026-07-28 stateless one, as `mcp_client.py --mode`.
+const LEGACY: &str = "legacy";
+const STATELESS: &str = "2026-07-28";
+
+fn start_client(
+    mode: &str,
+    served: &Served,
+    calls: &[&str],
+    wait: bool,
+) -> (Child, std::io::Lines<BufReader<ChildStdout>>) {
     let mut command = Command::new(mcp_servers::python());
     command.arg(script("mcp_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
+    command.args(["--mode", mode]);
     for call in calls {
         command.args(["--call", call]);
     }
@@ -139,10 +149,23 @@ fn start_client(served: &Served, calls: &[&str], wait: bool) -> (Child, std::io:
 
 #[test]
 fn the_python_mcp_client_lists_calls_and_hears_list_changed_after_a_registry_edit() {
+    python_client_lists_calls_and_hears_a_registry_edit(LEGACY, "2025-11-25");
+}
+
+/// The same as a 2026-07-28 client sees it: no session, `server/discover`, per-request `_meta`,
+/// results with `resultType`, list results with the agent's caching hints, and the change
+/// delivered on a `subscriptions/listen` stream.
+#[test]
+fn a_stateless_2026_07_28_client_lists_calls_and_hears_a_registry_edit_on_its_listen_stream() {
+    python_client_lists_calls_and_hears_a_registry_edit(STATELESS, "2026-07-28");
+}
+
+fn python_client_lists_calls_and_hears_a_registry_edit(mode: &str, version: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     fixture_registry(dir.path());
     let served = serve(dir, &["--audit-log", "off"]);
     let (mut client, mut lines) = start_client(
+        mode,
         &served,
         &[
             r#"mcp__fx__echo={"text": "hello through the agent"}"#,
@@ -153,10 +176,14 @@ fn the_python_mcp_client_lists_calls_and_hears_list_changed_after_a_registry_edi
     );
 
     let init = next_event(&mut lines);
-    assert_eq!(init["event"], "initialized");
+    assert_eq!((&init["event"], &init["version"]), (&Value::from("initialized"), &Value::from(version)), "{init}");
     let tools = next_event(&mut lines);
     let names: Vec<&str> = tools["names"].as_array().expect("names").iter().filter_map(Value::as_str).collect();
     assert!(names.contains(&"mcp__fx__echo"), "{names:?}");
+    if mode == STATELESS {
+        // The set is this pod's profile's: private; see mcp_endpoint::LIST_TTL for the 2 s.
+        assert_eq!((&tools["ttl_ms"], &tools["cache_scope"]), (&Value::from(2000), &Value::from("private")), "{tools}");
+    }
     // Outside the profile (denied by the profile, and by the server): not listed ...
     assert!(!names.contains(&"mcp__fx__pid") && !names.contains(&"mcp__fx__big"), "{names:?}");
 

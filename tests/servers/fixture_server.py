@@ -1,7 +1,8 @@
 """A small, real MCP server for spear-mcp's integration tests.
 
 It is written with the PyPI `mcp` SDK (2.x, low-level `Server`) so the tests talk to an MCP
-implementation that is not ours, and it has the knobs the agent's tests need: a concurrency probe,
+implementation that is not ours; it speaks both revisions the SDK does (2025-11-25 sessions and
+2026-07-28 stateless requests with `subscriptions/listen`), and it has the knobs the agent's tests need: a concurrency probe,
 runtime tool registration with `notifications/tools/list_changed`, large outputs, and fault modes.
 
     python fixture_server.py --transport stdio [--garbage-stdout] [--hang] [--stderr-chatter]
@@ -23,6 +24,8 @@ import mcp.types as types
 import uvicorn
 from mcp.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.subscriptions import ToolsListChanged
 from mcp.shared.exceptions import MCPError
 
 def schema(**properties: str) -> dict:
@@ -70,11 +73,27 @@ async def probe(ctx, ms: int) -> int:
     return max_in_flight
 
 
+# 2026-07-28 clients hear of changes on their `subscriptions/listen` streams, fed by this bus;
+# 2025-era sessions by a notification on the session.
+BUS = InMemorySubscriptionBus()
+
+
+async def tools_changed(ctx) -> None:
+    await BUS.publish(ToolsListChanged())
+    if not is_modern(ctx):
+        await ctx.session.send_tool_list_changed()
+
+
+def is_modern(ctx) -> bool:
+    version = getattr(ctx.session, "protocol_version", None)
+    return version is not None and str(version) >= "2026-07-28"
+
+
 async def add_tool(ctx, name: str) -> str:
     if name in TOOLS:
         raise ValueError(f"tool {name!r} already exists")
     TOOLS[name] = ("Echoes its text (added at runtime by add_tool).", schema(text="string"), echo)
-    await ctx.session.send_tool_list_changed()
+    await tools_changed(ctx)
     return f"added {name}"
 
 
@@ -84,7 +103,7 @@ async def flood_list_changed(ctx, ms: int, every: int) -> str:
     sent = 0
     deadline = anyio.current_time() + ms / 1000
     while anyio.current_time() < deadline:
-        await ctx.session.send_tool_list_changed()
+        await tools_changed(ctx)
         sent += 1
         await anyio.sleep(every / 1000)
     return f"sent {sent}"
@@ -164,7 +183,13 @@ class FixtureServer(Server):
         return super().create_initialization_options(options, *args, **kwargs)
 
 
-server = FixtureServer("spear-fixture", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+server = FixtureServer(
+    "spear-fixture",
+    version="1.0.0",
+    on_list_tools=list_tools,
+    on_call_tool=call_tool,
+    on_subscriptions_listen=ListenHandler(BUS),
+)
 
 
 async def serve_stdio() -> None:

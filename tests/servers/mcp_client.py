@@ -1,13 +1,18 @@
 """A real MCP client (the PyPI `mcp` SDK) driven by tests/it/serve.rs against spearlet's /mcp.
 
 Prints one JSON object per line on stdout so the test can follow along:
-  {"event": "initialized", "instructions": ...}
+  {"event": "initialized", "instructions": ..., "version": ...}
   {"event": "tools", "names": [...]}
   {"event": "call", "name": ..., "is_error": ..., "text": ...}      (one per --call)
   {"event": "waiting"}                                              (then the test edits the registry)
   {"event": "list_changed"}
   {"event": "tools", "names": [...]}
 Exits non-zero with a message on stderr if list_changed does not arrive within --timeout.
+
+--mode legacy (the default) drives the 2025-11-25 session protocol with the low-level
+ClientSession (initialize, then notifications/tools/list_changed on the session's stream);
+--mode 2026-07-28 drives the stateless revision with the SDK's high-level Client
+(server/discover, per-request _meta, and subscriptions/listen for the change).
 """
 
 import argparse
@@ -16,7 +21,7 @@ import sys
 
 import anyio
 import mcp.types as types
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 
@@ -24,7 +29,35 @@ def emit(**event):
     print(json.dumps(event), flush=True)
 
 
+async def call_all(client, calls):
+    for call in calls:
+        name, _, raw = call.partition("=")
+        result = await client.call_tool(name, json.loads(raw or "{}"))
+        text = "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+        emit(event="call", name=name, is_error=bool(result.is_error), text=text)
+
+
+async def modern(args):
+    async with Client(args.url, mode=args.mode) as client:
+        emit(event="initialized", instructions=None, version=client.session.protocol_version)
+        tools = await client.list_tools()
+        emit(event="tools", names=sorted(t.name for t in tools.tools), ttl_ms=tools.ttl_ms, cache_scope=tools.cache_scope)
+        await call_all(client, args.call)
+        if not args.wait_list_changed:
+            return
+        async with client.listen(tools_list_changed=True) as subscription:
+            emit(event="waiting")
+            with anyio.fail_after(args.timeout):
+                async for _ in subscription:
+                    break
+        emit(event="list_changed")
+        tools = await client.list_tools(cache_mode="bypass")
+        emit(event="tools", names=sorted(t.name for t in tools.tools))
+
+
 async def main(args):
+    if args.mode != "legacy":
+        return await modern(args)
     changed = anyio.Event()
 
     async def on_message(message):
@@ -37,14 +70,10 @@ async def main(args):
         read, write = streams[0], streams[1]
         async with ClientSession(read, write, message_handler=on_message) as session:
             init = await session.initialize()
-            emit(event="initialized", instructions=init.instructions)
+            emit(event="initialized", instructions=init.instructions, version=init.protocol_version)
             tools = await session.list_tools()
             emit(event="tools", names=sorted(t.name for t in tools.tools))
-            for call in args.call:
-                name, _, raw = call.partition("=")
-                result = await session.call_tool(name, json.loads(raw or "{}"))
-                text = "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
-                emit(event="call", name=name, is_error=bool(result.is_error), text=text)
+            await call_all(session, args.call)
             if not args.wait_list_changed:
                 return
             emit(event="waiting")
@@ -61,6 +90,7 @@ if __name__ == "__main__":
     parser.add_argument("--call", action="append", default=[], help="NAME=JSON_ARGS")
     parser.add_argument("--wait-list-changed", action="store_true")
     parser.add_argument("--timeout", type=float, default=20.0)
+    parser.add_argument("--mode", default="legacy", help="legacy | 2026-07-28")
     try:
         anyio.run(main, parser.parse_args())
     except TimeoutError:
