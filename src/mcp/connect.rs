@@ -6,8 +6,14 @@
 //! Endpoint::Socket ── UnixStream (the bridge sidecar) ── read half ─FrameGuard, write half ─┤
 //! Endpoint::Http   ── rmcp Streamable HTTP client (reqwest), headers, session re-init ──────┤
 //!                                                                                          ▼
-//!                                          rmcp client service (initialize) ──▶ Connection
+//!                     rmcp client service (lifecycle: server/discover probe, initialize
+//!                     fallback; or the revision the pool remembers) ──▶ Connection
 //! ```
+//!
+//! Revisions: rmcp's probe waits 10 s for `server/discover` and then sends `initialize` on the
+//! same stream. A server still starting (`npx` downloading) answers the probe late and the start
+//! fails with a response-id conflict; that server speaks 2026-07-28, so it is started again
+//! speaking it (`late_discover`).
 //!
 //! The frame guard exists because rmcp drops an over-long line and keeps waiting, which would
 //! leave the call pending until its timeout and report the wrong error. The guard ends the

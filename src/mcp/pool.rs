@@ -25,7 +25,10 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode as RpcCode, Tool};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode as RpcCode, InputRequest, InputRequiredResult,
+    Tool,
+};
 use rmcp::service::ServiceError;
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -382,7 +385,9 @@ impl Pool {
             *reached.lock() = Some(live.clone());
             let mut params = CallToolRequestParams::new(tool.to_string());
             params.arguments = arguments;
-            Ok(live.conn.service.peer().call_tool(params).await)
+            // One round: the agent fulfils no `input_required` round itself (it has no human and
+            // no model of the server's choosing to offer), see `input_required`.
+            Ok(live.conn.service.peer().call_tool_once(params).await)
         };
         let outcome = tokio::time::timeout(timeout, work).await;
         let latency = started.elapsed();
@@ -418,10 +423,23 @@ impl Pool {
             }
             (Ok(Err(error)), _) => Err(error),
             (Ok(Ok(Err(e))), Some(live)) => Err(slot.failed(&live, e).await),
-            (Ok(Ok(Ok(result))), Some(live)) => {
+            (Ok(Ok(Ok(CallToolResponse::InputRequired(asked)))), Some(live)) => {
+                slot.health.lock().call_ok(latency);
+                *live.last_used.lock() = Instant::now();
+                Err(input_required(server, tool, &asked))
+            }
+            (Ok(Ok(Ok(CallToolResponse::Complete(result)))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
                 *live.last_used.lock() = Instant::now();
                 cap_result(result, max_output_bytes, latency)
+            }
+            (Ok(Ok(Ok(CallToolResponse::Task(_) | _))), Some(live)) => {
+                slot.health.lock().call_ok(latency);
+                *live.last_used.lock() = Instant::now();
+                Err(McpError::new(
+                    ErrorCode::McpUnavailable,
+                    format!("'{tool}' on '{server}' answered with a task handle; the agent does not poll tasks"),
+                ))
             }
             (Ok(Ok(_)), None) => Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session")),
         };
@@ -564,6 +582,43 @@ pub(crate) fn cap_result(
     let result = serde_json::from_value(json)
         .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
     Ok(ToolOutput { result, truncated: Some(truncated), bytes, latency })
+}
+
+/// Longest piece of a server's elicitation message quoted in an error (it is the server's text,
+/// reaching a model as tool output: bounded, and marked as the server's).
+const MAX_ASKED_QUOTE: usize = 200;
+
+/// The error of a call whose server asked for input (2026-07-28 `InputRequiredResult`): the agent
+/// has no human to ask and offers no sampling, so the call ends here, naming what was asked,
+/// instead of hanging or retrying.
+fn input_required(server: &str, tool: &str, asked: &InputRequiredResult) -> McpError {
+    let mut what: Vec<String> = Vec::new();
+    for request in asked.input_requests.iter().flat_map(|requests| requests.values()) {
+        what.push(match request {
+            InputRequest::Elicitation(elicit) => {
+                let message = serde_json::to_value(&elicit.params)
+                    .ok()
+                    .and_then(|p| p.get("message").and_then(Value::as_str).map(str::to_string))
+                    .unwrap_or_default();
+                let quoted: String = message.chars().take(MAX_ASKED_QUOTE).collect();
+                format!("user input (elicitation; the server says: {quoted:?})")
+            }
+            InputRequest::CreateMessage(_) => "a model completion (sampling)".to_string(),
+            InputRequest::ListRoots(_) => "the client's roots".to_string(),
+            _ => "input of a kind this agent does not know".to_string(),
+        });
+    }
+    if what.is_empty() {
+        what.push("another round with its request state".to_string());
+    }
+    McpError::new(
+        ErrorCode::McpApprovalRequired,
+        format!(
+            "'{tool}' on '{server}' asks for {}, which this agent cannot provide without a person; \
+             the call was not completed",
+            what.join(", ")
+        ),
+    )
 }
 
 async fn reap_idle(inner: &Inner, idle: Duration) {

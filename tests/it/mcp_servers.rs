@@ -17,8 +17,8 @@ const PROTOCOL_VERSION: &str = "2025-06-18";
 /// One answer: covers a cold node or python start (the SDK import) on a loaded 2-core CI box.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The fixture server's tools, as `tests/servers/fixture_server.py` defines them.
-const FIXTURE_TOOLS: [&str; 9] =
-    ["add_tool", "big", "echo", "env", "flood_list_changed", "lists", "pid", "probe", "sleep"];
+const FIXTURE_TOOLS: [&str; 10] =
+    ["add_tool", "ask", "big", "echo", "env", "flood_list_changed", "lists", "pid", "probe", "sleep"];
 
 /// The result of a JSON-RPC response, panicking on an error response.
 fn result_of(response: Value) -> Value {

@@ -168,6 +168,22 @@ async fn the_pool_speaks_the_revision_each_real_server_speaks() {
     rmcp_server.abort();
 }
 
+/// A 2026-07-28 server that answers a call with `InputRequiredResult` (it wants a person to
+/// confirm) gets no answer from the agent, which has no person to ask: the call ends at once
+/// with `mcp_approval_required` naming what was asked, never a hang or a retry loop.
+#[tokio::test]
+async fn a_server_asking_for_input_ends_the_call_with_a_structured_error_naming_what_was_asked() {
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
+    let started = Instant::now();
+    let err = call(&pool, "fx", "ask", json!({"what": "the transfer"}), 10 * SECOND).await.expect_err("input asked");
+    assert_eq!(err.code, ErrorCode::McpApprovalRequired, "{err:?}");
+    assert!(!err.retryable);
+    assert!(err.message.contains("Please confirm: the transfer") && err.message.contains("elicitation"), "{err:?}");
+    assert!(started.elapsed() < 5 * SECOND, "answered at once");
+    assert_eq!(pool.status("fx").expect("status").health.state, HealthState::Connected, "the server is fine");
+    pool.shutdown().await;
+}
+
 // === budgets ===
 
 #[tokio::test]

@@ -70,8 +70,21 @@ fn fixture_registry_of(dir: &Path, fixture: &mcp_servers::Command) {
     .expect("write profile.yaml");
 }
 
-/// Starts `spearlet serve` over `dir` (already filled) with `extra` flags; waits for /readyz.
+/// Starts `spearlet serve` over `dir` (already filled) with `extra` flags; waits for /readyz and
+/// for every server's start to end (ready does not wait for a start past 10 s, which a loaded
+/// machine sees; the tests want the tools).
 pub fn serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
+    let served = serve_ready(dir, extra);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(served.admin, "/readyz").is_some_and(|(_, body)| body.contains(": starting (")) {
+        assert!(Instant::now() < deadline, "a server still starting after 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    served
+}
+
+/// Starts `spearlet serve` over `dir` (already filled) with `extra` flags; waits for /readyz.
+pub fn serve_ready(dir: tempfile::TempDir, extra: &[&str]) -> Served {
     let served = spawn_serve(dir, extra);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -296,7 +309,7 @@ fn a_server_slow_to_start_is_reported_as_starting_then_listed_within_its_startup
     let slow = mcp_servers::Command { program: "/bin/sh".into(), args, env: fixture.env.clone() };
     fixture_registry_of(dir.path(), &slow);
     let spawned = Instant::now();
-    let served = serve(dir, &["--audit-log", "off"]);
+    let served = serve_ready(dir, &["--audit-log", "off"]);
     let (status, ready) = http_get(served.admin, "/readyz").expect("readyz");
     assert_eq!(status, 200, "ready without waiting for the slow server: {ready}");
     assert!(ready.contains("fx: starting (sh), ") && ready.contains(" s of 120 s"), "{ready}");

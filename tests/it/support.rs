@@ -36,6 +36,13 @@ impl Drop for TestAgent {
 pub async fn start_agent(objects: Vec<Object>, profile: &str) -> TestAgent {
     let t = spawn_agent(objects, profile);
     tokio::time::timeout(std::time::Duration::from_secs(30), t.agent.settled()).await.expect("agent settled in 30 s");
+    // Ready does not wait for a server still starting after 10 s (a loaded machine); the tests
+    // here want its tools, so wait for its start to end too (`/readyz` lists each server).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while t.agent.readiness().is_ok_and(|servers| servers.contains(": starting (")) {
+        assert!(std::time::Instant::now() < deadline, "a server still starting after 60 s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     t
 }
 

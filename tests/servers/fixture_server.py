@@ -9,7 +9,7 @@ runtime tool registration with `notifications/tools/list_changed`, large outputs
     python fixture_server.py --transport http --port 8931 [--host 127.0.0.1] [--hang] [--stderr-chatter]
 
 Streamable HTTP is served at `/mcp` with stateful sessions (`Mcp-Session-Id`). Tools: `echo`,
-`sleep`, `big`, `probe`, `add_tool`, `flood_list_changed`, `lists`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
+`sleep`, `big`, `probe`, `add_tool`, `flood_list_changed`, `lists`, `ask`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
 the stdio transport's wire.
 """
 
@@ -89,6 +89,18 @@ def is_modern(ctx) -> bool:
     return version is not None and str(version) >= "2026-07-28"
 
 
+async def ask(ctx, what: str):
+    # A tool that needs a person: under 2026-07-28 it asks for input (InputRequiredResult with an
+    # elicitation) instead of answering; 2025-era sessions get a plain answer.
+    if not is_modern(ctx):
+        return f"no input asked over a 2025-era session ({what})"
+    form = types.ElicitRequestFormParams(
+        message=f"Please confirm: {what}",
+        requested_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}},
+    )
+    return types.InputRequiredResult(input_requests={"confirm": types.ElicitRequest(params=form)})
+
+
 async def add_tool(ctx, name: str) -> str:
     if name in TOOLS:
         raise ValueError(f"tool {name!r} already exists")
@@ -142,6 +154,7 @@ TOOLS = {
         flood_list_changed,
     ),
     "lists": ("Returns how many tools/list requests this server has answered.", schema(), lists),
+    "ask": ("Asks the client for a confirmation (2026-07-28 input_required).", schema(what="string"), ask),
     "env": ("Returns an environment variable of the server process, or '<unset>'.", schema(name="string"), env),
     "pid": ("Returns the server's process id.", schema(), pid),
 }
@@ -172,6 +185,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
     except (TypeError, ValueError) as error:
         # Bad arguments are a tool error the caller (a model) can read, not a protocol error.
         return types.CallToolResult(content=[types.TextContent(text=str(error))], is_error=True)
+    if isinstance(result, types.InputRequiredResult):
+        return result
     return types.CallToolResult(content=[types.TextContent(text=str(result))])
 
 
