@@ -52,12 +52,12 @@ enum TouchError {
     Session(#[from] SessionError),
 }
 
-/// Calls of one session since its keeper's last touch.
+/// The fast calls of one session, as its keeper sees them.
 #[derive(Debug, Default)]
 struct Activity {
     /// Fast calls running now.
     in_flight: AtomicUsize,
-    /// A fast call started or ended since the keeper last looked.
+    /// A fast call ended since the keeper last looked.
     called: AtomicBool,
 }
 
