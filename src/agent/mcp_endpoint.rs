@@ -9,6 +9,9 @@
 //! AgentState watch ──fingerprint changed──▶ notifications/tools/list_changed
 //!     (legacy sessions: to the session's peer; 2026-07-28: to each subscriptions/listen sink)
 //! ```
+//!
+//! Legacy sessions are rmcp's (`LocalSessionManager`): it closes one after
+//! `--mcp-session-idle-seconds` unused, and answers 404 to its id afterwards.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::audit::Door;
 use super::core::{Agent, CallContext};
 use super::mcp_fast_path::McpRoute;
+use super::mcp_keep_alive::SessionKeeper;
 
 /// `ttlMs` of a tools/list answer, with `cacheScope: private`. Private: the set is this pod's
 /// profile's, never another caller's. 2 s: a re-list costs the agent microseconds (it is served
@@ -54,12 +58,22 @@ impl McpEndpoint {
 
     /// The router to mount at `/mcp`: rmcp's Streamable HTTP service behind the `tools/call`
     /// fast path ([`super::mcp_fast_path`]). `allowed_hosts` are the `Host` values accepted
-    /// (DNS-rebinding protection; loopback by default).
-    pub(crate) fn router(agent: Agent, shutdown: CancellationToken, allowed_hosts: Vec<String>) -> axum::Router {
+    /// (DNS-rebinding protection; loopback by default); a session is closed after
+    /// `session_idle` unused (`--mcp-session-idle-seconds`; fast calls count, see
+    /// [`super::mcp_keep_alive`]).
+    pub(crate) fn router(
+        agent: Agent,
+        shutdown: CancellationToken,
+        allowed_hosts: Vec<String>,
+        session_idle: Duration,
+    ) -> axum::Router {
         let handler = McpEndpoint::new(agent, shutdown.clone());
-        let sessions = Arc::new(LocalSessionManager::default());
+        let mut sessions = LocalSessionManager::default();
+        sessions.session_config.keep_alive = Some(session_idle);
+        let sessions = Arc::new(sessions);
+        let keeper = SessionKeeper::new(sessions.clone(), session_idle, shutdown.clone());
         let service = Self::service_with(handler.clone(), shutdown, allowed_hosts.clone(), sessions.clone());
-        let route = McpRoute::new(handler, sessions, service, allowed_hosts);
+        let route = McpRoute::new(handler, sessions, keeper, service, allowed_hosts);
         axum::Router::new().fallback(super::mcp_fast_path::handle).with_state(route)
     }
 

@@ -14,6 +14,11 @@
 //! protocol allows for any request. A `progressToken` does not change that: the agent sends no
 //! progress notifications for its calls on either path (rmcp clients attach a token to every
 //! request).
+//!
+//! rmcp still owns the session: a fast call counts as activity through
+//! [`super::mcp_keep_alive`], which keeps rmcp's idle timer from closing a session that only
+//! calls tools. A session rmcp no longer knows (expired, deleted) never takes the fast path, so
+//! rmcp answers its requests, with 404.
 
 use std::sync::Arc;
 
@@ -32,6 +37,7 @@ use tower::ServiceExt;
 
 use super::http_guard::host_allowed;
 use super::mcp_endpoint::McpEndpoint;
+use super::mcp_keep_alive::SessionKeeper;
 
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -43,19 +49,22 @@ const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 pub(crate) struct McpRoute {
     endpoint: McpEndpoint,
     sessions: Arc<LocalSessionManager>,
+    keeper: Arc<SessionKeeper>,
     service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
     allowed_hosts: Arc<[String]>,
 }
 
 impl McpRoute {
-    /// `/mcp` over `service`, whose sessions live in `sessions`; `allowed_hosts` as given to it.
+    /// `/mcp` over `service`, whose sessions live in `sessions` and are kept alive by `keeper`
+    /// while fast calls use them; `allowed_hosts` as given to it.
     pub(crate) fn new(
         endpoint: McpEndpoint,
         sessions: Arc<LocalSessionManager>,
+        keeper: Arc<SessionKeeper>,
         service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
         allowed_hosts: Vec<String>,
     ) -> Self {
-        McpRoute { endpoint, sessions, service, allowed_hosts: allowed_hosts.into() }
+        McpRoute { endpoint, sessions, keeper, service, allowed_hosts: allowed_hosts.into() }
     }
 }
 
@@ -76,8 +85,13 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
     if let Some(call) = ToolCallRequest::parse(&bytes)
         && route.sessions.has_session(&session.as_str().into()).await.unwrap_or(false)
     {
+        let _in_flight = route.keeper.call_started(&session);
         let params = call.params;
-        let result = route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), Some(&session)).await;
+        let mut result =
+            route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), Some(&session)).await;
+        // A session speaks a 2025-era revision, whose results have no `resultType` (rmcp's path
+        // strips it the same way).
+        result.result_type.take_if(|t| t.is_complete());
         let reply = serde_json::json!({ "jsonrpc": "2.0", "id": call.id, "result": result });
         return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
             .into_response();

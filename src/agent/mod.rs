@@ -4,7 +4,8 @@
 //! - [`core`]: registry + pool + profile catalog in step; the one tool-call path (policy,
 //!   approval, budgets, audit) every door uses.
 //! - [`chat`]: `POST /v1/chat/completions`, the tool-call loop over the `crate::chat` library.
-//! - [`mcp_endpoint`] and [`mcp_fast_path`]: `/mcp`, the aggregated Streamable HTTP MCP server.
+//! - [`mcp_endpoint`] and [`mcp_fast_path`]: `/mcp`, the aggregated Streamable HTTP MCP server;
+//!   [`mcp_keep_alive`] keeps its sessions alive while fast calls use them.
 //! - [`grpc`]: the gRPC door (tool sessions, registry List/Watch, reflection).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/effective` (loopback).
 //! - [`audit`]: one JSON line per tool call.
@@ -19,6 +20,7 @@ pub mod grpc;
 pub(crate) mod http_guard;
 pub mod mcp_endpoint;
 pub mod mcp_fast_path;
+pub(crate) mod mcp_keep_alive;
 pub mod run;
 pub mod serve;
 

@@ -79,6 +79,8 @@ pub struct AgentConfig {
     pub audit_arguments: bool,
     /// Header-read timeout and connection cap of the HTTP door and the admin port, each.
     pub connection_limits: ConnectionLimits,
+    /// How long a `/mcp` session may go unused before it is closed (its id then gets 404).
+    pub mcp_session_idle: Duration,
 }
 
 /// The three bound listeners (bound first, so a taken port fails fast and names its flag).
@@ -137,7 +139,7 @@ pub(crate) fn http_router(
     shutdown: CancellationToken,
     config: &AgentConfig,
 ) -> Router {
-    let mcp = McpEndpoint::router(agent.clone(), shutdown, config.allowed_hosts.clone());
+    let mcp = McpEndpoint::router(agent.clone(), shutdown, config.allowed_hosts.clone(), config.mcp_session_idle);
     let allowed = Allowed::new(config.allowed_hosts.clone(), config.allowed_origins.clone());
     super::chat::router(chat)
         .nest_service("/mcp", mcp)

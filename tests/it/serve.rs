@@ -141,14 +141,14 @@ const LEGACY: &str = "legacy";
 const STATELESS: &str = "2026-07-28";
 
 fn start_client(
-    mode: &str,
     served: &Served,
     calls: &[&str],
     wait: bool,
+    extra: &[&str],
 ) -> (Child, std::io::Lines<BufReader<ChildStdout>>) {
     let mut command = Command::new(mcp_servers::python());
     command.arg(script("mcp_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
-    command.args(["--mode", mode]);
+    command.args(extra);
     for call in calls {
         command.args(["--call", call]);
     }
@@ -178,7 +178,6 @@ fn python_client_lists_calls_and_hears_a_registry_edit(mode: &str, version: &str
     fixture_registry(dir.path());
     let served = serve(dir, &["--audit-log", "off"]);
     let (mut client, mut lines) = start_client(
-        mode,
         &served,
         &[
             r#"mcp__fx__echo={"text": "hello through the agent"}"#,
@@ -186,6 +185,7 @@ fn python_client_lists_calls_and_hears_a_registry_edit(mode: &str, version: &str
             r#"mcp__fx__big={"bytes": 10}"#,
         ],
         true,
+        &["--mode", mode],
     );
 
     let init = next_event(&mut lines);
@@ -225,6 +225,106 @@ fn python_client_lists_calls_and_hears_a_registry_edit(mode: &str, version: &str
     assert!(!after.contains(&"mcp__fx__add_tool") && after.contains(&"mcp__fx__echo"), "{after:?}");
     assert!(names.contains(&"mcp__fx__add_tool"), "add_tool was listed before the edit: {names:?}");
     assert!(client.wait().expect("client exit").success());
+}
+
+/// Issue 15: `/mcp` answers `tools/call` on its fast path, which rmcp's session worker (and so
+/// its idle timer) never sees. A client (PyPI `mcp`) that initializes, lists once and then only
+/// calls tools, every 0.5 s for 10 s with a 3 s idle time, is never told its session is gone (a
+/// 404 surfaces as "Session terminated"), and still hears `tools/list_changed` on its GET stream
+/// after a registry edit at the end.
+#[test]
+fn mcp_calls_alone_keep_a_session_alive_and_hearing_list_changed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off", "--mcp-session-idle-seconds", "3"]);
+    let (mut client, mut lines) = start_client(
+        &served,
+        &[r#"mcp__fx__echo={"text": "busy"}"#],
+        true,
+        &["--call-every", "0.5", "--call-for", "10"],
+    );
+    assert_eq!(next_event(&mut lines)["event"], "initialized");
+    let names = next_event(&mut lines);
+    assert!(!names.to_string().contains("mcp__fx__big"), "big is denied at first: {names}");
+
+    let calls = next_event(&mut lines);
+    assert_eq!(calls["event"], "calls", "{calls}");
+    assert_eq!(calls["errors"], serde_json::json!([]), "every call answered in one session: {calls}");
+    assert!(calls["count"].as_u64().is_some_and(|n| n >= 15), "calls for 10 s: {calls}");
+
+    assert_eq!(next_event(&mut lines)["event"], "waiting");
+    // The platform team allows `big` now.
+    let path = served.dir.path().join("fx.yaml");
+    let yaml = std::fs::read_to_string(&path).expect("read fx.yaml").replace("deniedTools: [big]", "deniedTools: []");
+    std::fs::write(&path, yaml).expect("edit fx.yaml");
+    assert_eq!(next_event(&mut lines)["event"], "list_changed");
+    let after = next_event(&mut lines);
+    assert!(after["names"].as_array().is_some_and(|n| n.contains(&Value::from("mcp__fx__big"))), "{after}");
+    assert!(client.wait().expect("client exit").success());
+}
+
+/// Issue 15: idle expiry still works with fast calls keeping sessions alive. A call in flight
+/// for longer than the idle time (3 s) keeps its session; a session whose last call ended more
+/// than the idle time ago is gone: the fast path's request (a `tools/call`) and rmcp's (a
+/// `tools/list`, the GET stream) are all answered 404, as the protocol prescribes for a
+/// terminated session; the client initializes a new session and goes on.
+#[tokio::test]
+async fn an_unused_mcp_session_expires_with_404_and_the_client_starts_a_new_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off", "--mcp-session-idle-seconds", "3"]);
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let start_session = || async {
+        let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "idle", "version": "1"}}});
+        let (status, _, session, body) = mcp_post(&http, served.http, None, None, initialize).await;
+        assert_eq!(status, 200, "{body}");
+        let session = session.expect("a session id");
+        let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        assert_eq!(mcp_post(&http, served.http, Some(&session), None, initialized).await.0, 202);
+        session
+    };
+    let call = |id: u64| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "mcp__fx__echo", "arguments": {"text": "after a pause"}}})
+    };
+    let session = start_session().await;
+    // One call running 4.5 s: the session is in use all that time, and still there after it.
+    let slow = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "mcp__fx__sleep", "arguments": {"ms": 4500}}});
+    let (status, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, slow).await;
+    assert_eq!((status, content_type.as_str()), (200, "application/json"), "{body}");
+    assert!(body.contains("slept"), "{body}");
+    for id in 3..5 {
+        let (status, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, call(id)).await;
+        assert_eq!((status, content_type.as_str()), (200, "application/json"), "after the slow call: {body}");
+    }
+
+    // Idle for more than 3 s (a session closes 3 s to 3.75 s after its last call ends).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (status, _, _, body) = mcp_post(&http, served.http, Some(&session), None, call(5)).await;
+    assert_eq!(status, 404, "a call in the expired session: {body}");
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list", "params": {}});
+    let (status, _, _, body) = mcp_post(&http, served.http, Some(&session), None, list).await;
+    assert_eq!(status, 404, "rmcp's answer in the expired session: {body}");
+    let stream = http
+        .get(format!("http://127.0.0.1:{}/mcp", served.http))
+        .header("accept", "text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .expect("a reply");
+    assert_eq!(stream.status().as_u16(), 404, "the GET stream of the expired session");
+
+    let renewed = start_session().await;
+    assert_ne!(renewed, session);
+    let (status, content_type, _, body) = mcp_post(&http, served.http, Some(&renewed), None, call(7)).await;
+    assert_eq!(status, 200, "{body}");
+    let reply = jsonrpc_message(&content_type, &body);
+    assert_eq!(reply["result"]["isError"], false, "{reply}");
+    assert!(body.contains("after a pause"), "{body}");
 }
 
 #[test]
@@ -486,10 +586,11 @@ async fn mcp_tools_calls_in_a_session_are_answered_as_json_and_the_rest_by_rmcp(
         .await
         .expect("a reply");
     assert_eq!(unsupported.status().as_u16(), 400, "an unsupported protocol version");
-    // Neither an unknown session nor a foreign Host gets past the checks rmcp makes.
+    // Neither an unknown session nor a foreign Host gets past the checks rmcp makes; an unknown
+    // session is a 404, as the protocol prescribes.
     let (status, _, _, body) =
         mcp_post(&http, served.http, Some("not-a-session"), None, call(5, "mcp__fx__echo", None)).await;
-    assert!((400..500).contains(&status), "unknown session: {status} {body}");
+    assert_eq!(status, 404, "unknown session: {body}");
     let (status, _, _, body) =
         mcp_post(&http, served.http, Some(&session), Some("evil.example"), call(6, "mcp__fx__echo", None)).await;
     assert!((400..500).contains(&status), "foreign Host: {status} {body}");

@@ -4,6 +4,8 @@ Prints one JSON object per line on stdout so the test can follow along:
   {"event": "initialized", "instructions": ..., "version": ...}
   {"event": "tools", "names": [...]}
   {"event": "call", "name": ..., "is_error": ..., "text": ...}      (one per --call)
+  {"event": "calls", "count": N, "errors": [...]}   (instead, with --call-every: the --calls
+                                                      repeated every SECONDS for --call-for)
   {"event": "waiting"}                                              (then the test edits the registry)
   {"event": "list_changed"}
   {"event": "tools", "names": [...]}
@@ -55,6 +57,26 @@ async def modern(args):
         emit(event="tools", names=sorted(t.name for t in tools.tools))
 
 
+async def repeat_calls(session, args):
+    """Only tool calls, every --call-every seconds for --call-for seconds; one summary event.
+    A call that fails (a 404 for the session surfaces as "Session terminated") ends the loop."""
+    count, errors = 0, []
+    deadline = anyio.current_time() + args.call_for
+    while anyio.current_time() < deadline and not errors:
+        for call in args.call:
+            name, _, raw = call.partition("=")
+            try:
+                result = await session.call_tool(name, json.loads(raw or "{}"))
+            except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
+                errors.append(f"call {count + 1}: {e!r}")
+                break
+            count += 1
+            if result.is_error:
+                errors.append(f"call {count}: tool error {result.content!r}")
+        await anyio.sleep(args.call_every)
+    emit(event="calls", count=count, errors=errors)
+
+
 async def main(args):
     if args.mode != "legacy":
         return await modern(args)
@@ -73,7 +95,10 @@ async def main(args):
             emit(event="initialized", instructions=init.instructions, version=init.protocol_version)
             tools = await session.list_tools()
             emit(event="tools", names=sorted(t.name for t in tools.tools))
-            await call_all(session, args.call)
+            if args.call_every is None:
+                await call_all(session, args.call)
+            else:
+                await repeat_calls(session, args)
             if not args.wait_list_changed:
                 return
             emit(event="waiting")
@@ -91,6 +116,8 @@ if __name__ == "__main__":
     parser.add_argument("--wait-list-changed", action="store_true")
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--mode", default="legacy", help="legacy | 2026-07-28")
+    parser.add_argument("--call-every", type=float, help="repeat the --calls every SECONDS")
+    parser.add_argument("--call-for", type=float, default=10.0, help="for SECONDS (with --call-every)")
     try:
         anyio.run(main, parser.parse_args())
     except TimeoutError:

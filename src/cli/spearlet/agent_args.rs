@@ -57,6 +57,10 @@ pub struct AgentArgs {
     /// Open connections each of port 4040 and the admin port keeps; more are closed at once.
     #[arg(long, env = keys::ENV_MAX_CONNECTIONS, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) max_connections: u16,
+    /// Seconds a /mcp session may go unused (no request, no call in flight) before the agent
+    /// closes it; its client then gets 404 and initializes a new one.
+    #[arg(long, env = keys::ENV_MCP_SESSION_IDLE_SECONDS, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) mcp_session_idle_seconds: u64,
 }
 
 impl AgentArgs {
@@ -85,6 +89,7 @@ impl AgentArgs {
                 header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
                 max_connections: usize::from(self.max_connections),
             },
+            mcp_session_idle: Duration::from_secs(self.mcp_session_idle_seconds),
         })
     }
 }

@@ -167,3 +167,30 @@ fn local_mode_keeps_the_admin_port_on_loopback_and_a_pod_opens_it() {
     let pod = RunCli::try_parse_from(["spearlet-run"]).expect("parses").run.config().expect("config");
     assert!(pod.agent.admin_addr.ip().is_unspecified(), "{}", pod.agent.admin_addr);
 }
+
+#[test]
+fn the_mcp_session_idle_time_defaults_to_five_minutes_and_refuses_0_or_over_a_day() {
+    #[derive(Parser)]
+    struct ServeCli {
+        #[command(flatten)]
+        serve: super::ServeArgs,
+    }
+    let parse = |idle: Option<&str>| {
+        let mut argv = vec!["spearlet-serve".to_string(), "--registry-dir".into(), "r".into()];
+        argv.extend(idle.map(|idle| format!("--mcp-session-idle-seconds={idle}")));
+        ServeCli::try_parse_from(argv).map(|cli| cli.serve.config().expect("config").agent.mcp_session_idle)
+    };
+    assert_eq!(parse(None).expect("the default"), std::time::Duration::from_secs(300));
+    assert_eq!(parse(Some("3")).expect("3 s"), std::time::Duration::from_secs(3));
+    assert_eq!(parse(Some("86400")).expect("a day"), std::time::Duration::from_secs(86_400));
+    for bad in ["0", "86401", "-1", "5m"] {
+        let error = parse(Some(bad)).expect_err(bad).to_string();
+        assert!(error.contains("--mcp-session-idle-seconds"), "{bad}: {error}");
+    }
+    let pod = RunCli::try_parse_from(["spearlet-run", "--mcp-session-idle-seconds", "60"]).expect("parses");
+    assert_eq!(pod.run.config().expect("config").agent.mcp_session_idle, std::time::Duration::from_secs(60));
+    assert_eq!(
+        flags_by_env("run").get(keys::ENV_MCP_SESSION_IDLE_SECONDS).map(String::as_str),
+        Some("mcp-session-idle-seconds")
+    );
+}

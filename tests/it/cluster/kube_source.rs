@@ -557,6 +557,7 @@ fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
         audit: AuditTarget::Off,
         audit_arguments: false,
         connection_limits: Default::default(),
+        mcp_session_idle: Duration::from_secs(300),
     }
 }
 
