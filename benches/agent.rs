@@ -6,6 +6,8 @@
 //!   p99(A) ≤ p99(S) + p99(H) + 200 µs.
 //! - gRPC: G = a bare tonic unary echo (the same `CallTool` messages, answered in its own process);
 //!   AG = `spearlet` gRPC `CallTool` → the echo server over stdio. Target as above with G for H.
+//! - both MCP revisions: H and A with 2025-11-25 session clients, H26 and A26 the same with
+//!   2026-07-28 stateless clients (`server/discover`, no session); latency and throughput each.
 //! - throughput: 64 concurrent HTTP clients for 10 s on H and on A; target A ≥ 0.7 × H, 0 errors;
 //!   with each process's CPU time per call (from `/proc`), to show where a call's cost goes.
 //! - chat-loop overhead: one completion with one tool round through the agent (a scripted
@@ -27,10 +29,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, ProtocolVersion};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
 use serde_json::json;
 use spear::agent::grpc::pb;
 use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
@@ -69,7 +71,27 @@ async fn call(client: &Client, tool: &str) -> Result<Duration, String> {
 }
 
 async fn http_client(url: &str) -> Client {
-    ().serve(StreamableHttpClientTransport::from_uri(url.to_string())).await.expect("an HTTP MCP client session")
+    http_client_speaking(url, Revision::Sessions).await
+}
+
+/// The two MCP revisions a client may speak: 2025-11-25 (`initialize`, a session) and
+/// 2026-07-28 (`server/discover`, then stateless requests with `_meta`).
+#[derive(Clone, Copy, PartialEq)]
+enum Revision {
+    Sessions,
+    Stateless,
+}
+
+async fn http_client_speaking(url: &str, revision: Revision) -> Client {
+    let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+    let client = match revision {
+        Revision::Sessions => ().serve(transport).await,
+        Revision::Stateless => {
+            let lifecycle = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+            ().serve_with_lifecycle(transport, lifecycle).await
+        }
+    };
+    client.expect("an HTTP MCP client")
 }
 
 /// A child process killed when dropped.
@@ -117,10 +139,17 @@ fn first_child(pid: u32) -> Option<u32> {
 
 /// [`throughput`], also printing each process's CPU time per call, to show where a call's
 /// cost goes and how busy the machine was.
-async fn throughput_with_cpu(label: &str, url: &str, tool: &str, size: &Size, processes: &[(&str, u32)]) -> (u64, u64) {
+async fn throughput_with_cpu(
+    label: &str,
+    url: &str,
+    tool: &str,
+    revision: Revision,
+    size: &Size,
+    processes: &[(&str, u32)],
+) -> (u64, u64) {
     let before: Vec<Duration> = processes.iter().map(|(_, pid)| cpu_time(*pid)).collect();
     let started = Instant::now();
-    let (calls, errors) = throughput(url, tool, size.clients, size.throughput_for).await;
+    let (calls, errors) = throughput(url, tool, revision, size.clients, size.throughput_for).await;
     let wall = started.elapsed();
     let used: Vec<Duration> =
         processes.iter().zip(&before).map(|((_, pid), before)| cpu_time(*pid).saturating_sub(*before)).collect();
@@ -242,10 +271,10 @@ fn echo_registry(dir: &Path, exe: &Path) {
 }
 
 /// `clients` sessions calling `tool` in a loop for `duration`: (calls, errors).
-async fn throughput(url: &str, tool: &str, clients: usize, duration: Duration) -> (u64, u64) {
+async fn throughput(url: &str, tool: &str, revision: Revision, clients: usize, duration: Duration) -> (u64, u64) {
     let mut sessions = Vec::with_capacity(clients);
     for _ in 0..clients {
-        sessions.push(http_client(url).await);
+        sessions.push(http_client_speaking(url, revision).await);
     }
     let calls = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -287,6 +316,7 @@ async fn run(size: Size) {
     assert!(mcp_servers::wait_for_http(echo_port, Duration::from_secs(10)).await, "the HTTP echo server listens");
     let echo_url = format!("http://127.0.0.1:{echo_port}/mcp");
     let bare_http = http_client(&echo_url).await;
+    let bare_http_stateless = http_client_speaking(&echo_url, Revision::Stateless).await;
 
     // A: the agent, forwarding to the echo server over stdio.
     let registry = dir.path().join("registry");
@@ -302,6 +332,7 @@ async fn run(size: Size) {
         start_agent_with(&registry, "bench", &dir.path().join("audit.log"), &["--upstream-url", &upstream_url]).await;
     let agent_url = format!("http://127.0.0.1:{agent_http}/mcp");
     let through_agent = http_client(&agent_url).await;
+    let through_agent_stateless = http_client_speaking(&agent_url, Revision::Stateless).await;
 
     // G: a bare tonic echo in its own process; AG: the agent's gRPC door.
     let grpc_echo_port = mcp_servers::free_port();
@@ -357,12 +388,14 @@ async fn run(size: Size) {
         call(&bare_stdio, "echo").await.expect("S warm-up");
         call(&bare_http, "echo").await.expect("H warm-up");
         call(&through_agent, "mcp__echo__echo").await.expect("A warm-up");
+        call(&bare_http_stateless, "echo").await.expect("H26 warm-up");
+        call(&through_agent_stateless, "mcp__echo__echo").await.expect("A26 warm-up");
         grpc_call(&mut bare_grpc, "", "echo").await;
         grpc_call(&mut agent_grpc, &session, "echo").await;
         direct_chat().await;
         agent_chat().await;
     }
-    let mut samples: [Vec<Duration>; 7] = Default::default();
+    let mut samples: [Vec<Duration>; 9] = Default::default();
     for _ in 0..size.latency_calls {
         samples[0].push(call(&bare_stdio, "echo").await.expect("S"));
         samples[1].push(call(&bare_http, "echo").await.expect("H"));
@@ -371,6 +404,8 @@ async fn run(size: Size) {
         samples[4].push(grpc_call(&mut agent_grpc, &session, "echo").await);
         samples[5].push(direct_chat().await);
         samples[6].push(agent_chat().await);
+        samples[7].push(call(&bare_http_stateless, "echo").await.expect("H26"));
+        samples[8].push(call(&through_agent_stateless, "mcp__echo__echo").await.expect("A26"));
     }
     for s in &mut samples {
         s.sort();
@@ -386,6 +421,8 @@ async fn run(size: Size) {
         "AG gRPC CallTool -> spearlet -> stdio",
         "chat, direct (upstream, tool, upstream)",
         "chat, through spearlet (one tool round)",
+        "H26 bare rmcp, HTTP, 2026-07-28 stateless",
+        "A26 2026-07-28 client -> spearlet -> stdio",
     ];
     for (i, name) in rows.iter().enumerate() {
         println!("{name:<44} {:>10.1} {:>10.1}", p(i, 0.5), p(i, 0.99));
@@ -401,6 +438,14 @@ async fn run(size: Size) {
         p(2, 0.99) / p99_budget
     );
     println!("agent-added p50 over S+H: {:.1} us", p(2, 0.5) - p(0, 0.5) - p(1, 0.5));
+    let (s50, s99) = (p(0, 0.5) + p(7, 0.5) + 50.0, p(0, 0.99) + p(7, 0.99) + 200.0);
+    println!(
+        "A26 p50 {:.1} us vs S+H26+50 = {s50:.1} us (ratio {:.2}); A26 p99 {:.1} us vs S+H26+200 = {s99:.1} us (ratio {:.2})",
+        p(8, 0.5),
+        p(8, 0.5) / s50,
+        p(8, 0.99),
+        p(8, 0.99) / s99
+    );
     let (g50, g99) = (p(0, 0.5) + p(3, 0.5) + 50.0, p(0, 0.99) + p(3, 0.99) + 200.0);
     println!(
         "AG p50 {:.1} us vs S+G+50 = {g50:.1} us (ratio {:.2}); AG p99 {:.1} us vs S+G+200 = {g99:.1} us (ratio {:.2})",
@@ -421,11 +466,13 @@ async fn run(size: Size) {
     let secs = size.throughput_for.as_secs_f64();
     let bench_pid = std::process::id();
     let h_processes = [("clients", bench_pid), ("echo HTTP server", http_echo.0.id().unwrap_or(0))];
-    let (h_calls, h_errors) = throughput_with_cpu("H", &echo_url, "echo", &size, &h_processes).await;
+    let (h_calls, h_errors) =
+        throughput_with_cpu("H", &echo_url, "echo", Revision::Sessions, &size, &h_processes).await;
     let agent_pid = agent.0.id().unwrap_or(0);
     let a_processes =
         [("clients", bench_pid), ("agent", agent_pid), ("stdio echo server", first_child(agent_pid).unwrap_or(0))];
-    let (a_calls, a_errors) = throughput_with_cpu("A", &agent_url, "mcp__echo__echo", &size, &a_processes).await;
+    let (a_calls, a_errors) =
+        throughput_with_cpu("A", &agent_url, "mcp__echo__echo", Revision::Sessions, &size, &a_processes).await;
     println!(
         "throughput, {} clients for {secs:.1} s: H {:.0} calls/s ({h_errors} errors), A {:.0} calls/s ({a_errors} errors), A/H {:.2}",
         size.clients,
@@ -433,11 +480,23 @@ async fn run(size: Size) {
         a_calls as f64 / secs,
         a_calls as f64 / h_calls.max(1) as f64
     );
+    // The same with 2026-07-28 stateless clients on both sides.
+    let (h26_calls, h26_errors) =
+        throughput_with_cpu("H26", &echo_url, "echo", Revision::Stateless, &size, &h_processes).await;
+    let (a26_calls, a26_errors) =
+        throughput_with_cpu("A26", &agent_url, "mcp__echo__echo", Revision::Stateless, &size, &a_processes).await;
+    println!(
+        "throughput, 2026-07-28 stateless: H26 {:.0} calls/s ({h26_errors} errors), A26 {:.0} calls/s ({a26_errors} errors), A26/H26 {:.2}",
+        h26_calls as f64 / secs,
+        a26_calls as f64 / secs,
+        a26_calls as f64 / h26_calls.max(1) as f64
+    );
     // The same agent with a two-thread runtime (the default is one thread).
     let (agent2, agent2_http, _, _) =
         start_agent_with(&registry, "bench", &dir.path().join("audit2.log"), &["--worker-threads", "2"]).await;
     let agent2_url = format!("http://127.0.0.1:{agent2_http}/mcp");
-    let (a2_calls, a2_errors) = throughput(&agent2_url, "mcp__echo__echo", size.clients, size.throughput_for).await;
+    let (a2_calls, a2_errors) =
+        throughput(&agent2_url, "mcp__echo__echo", Revision::Sessions, size.clients, size.throughput_for).await;
     println!(
         "throughput, agent with --worker-threads 2: {:.0} calls/s ({a2_errors} errors), A2/H {:.2}",
         a2_calls as f64 / secs,
