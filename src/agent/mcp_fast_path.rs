@@ -27,8 +27,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
-    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, JsonRpcRequest, ProtocolVersion,
-    RequestId,
+    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, GetMeta, JsonRpcMessage, JsonRpcRequest,
+    ProtocolVersion, RequestId,
 };
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -43,6 +43,9 @@ use super::mcp_keep_alive::SessionKeeper;
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+/// SEP-2243 standard headers (2026-07-28): the method and the tool name, echoed from the body.
+const METHOD_HEADER: &str = "mcp-method";
+const NAME_HEADER: &str = "mcp-name";
 
 /// State of the `/mcp` route: the handler, rmcp's service and its sessions.
 #[derive(Clone)]
@@ -70,6 +73,12 @@ impl McpRoute {
 
 /// The `/mcp` handler: the fast path when it applies, else rmcp.
 pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>) -> Response {
+    if request.method() == Method::POST
+        && let Some(version) = fast_path_stateless(request.headers(), &route.allowed_hosts)
+    {
+        let version = version.to_string();
+        return stateless(&route, request, &version).await;
+    }
     let session = match fast_path_session(request.headers(), &route.allowed_hosts) {
         Some(session) if request.method() == Method::POST => session.to_string(),
         _ => return forward(&route, request).await,
@@ -99,6 +108,30 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
     forward(&route, Request::from_parts(parts, Body::from(bytes))).await
 }
 
+/// A 2026-07-28 stateless request whose headers allow the fast path: answered here when its body
+/// is a plain `tools/call` whose `_meta` and `Mcp-Method`/`Mcp-Name` headers agree with it as
+/// rmcp requires; anything else goes to rmcp.
+async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes"))
+                .into_response();
+        }
+    };
+    if let Some(call) = ToolCallRequest::parse_stateless(&bytes, version, &parts.headers) {
+        let params = call.params;
+        let mut result = route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), None).await;
+        // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
+        result.result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
+        let reply = serde_json::json!({ "jsonrpc": "2.0", "id": call.id, "result": result });
+        return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
+            .into_response();
+    }
+    forward(route, Request::from_parts(parts, Body::from(bytes))).await
+}
+
 async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
     match route.service.clone().oneshot(request).await {
         Ok(response) => response.map(Body::new),
@@ -113,17 +146,67 @@ async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
 /// unknown protocol version), so the fast path never accepts what rmcp would refuse.
 pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
-    let json_body = text(header::CONTENT_TYPE.as_str())?.starts_with("application/json");
-    let json_reply = text(header::ACCEPT.as_str())?.contains("application/json");
-    // `host_allowed` is rmcp's rule, so a Host rmcp refuses (one that is not a URI authority,
-    // `127.0.0.1:4040/x`) goes to rmcp.
-    let host = text(header::HOST.as_str())?;
     let known_version = match headers.get(PROTOCOL_VERSION_HEADER) {
         None => true,
         Some(value) => value.to_str().is_ok_and(|v| ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == v)),
     };
-    (json_body && json_reply && known_version && host_allowed(host, allowed_hosts)).then_some(())?;
+    (json_both_ways(headers) && known_version && host_is_allowed(headers, allowed_hosts)).then_some(())?;
     text(SESSION_HEADER).filter(|s| !s.is_empty())
+}
+
+/// The `MCP-Protocol-Version` when the headers allow the stateless fast path: no session, a
+/// JSON body, a client that takes JSON and SSE, an allowed `Host`, and a version rmcp knows of
+/// the 2026-07-28 revision or later (rmcp serves those statelessly).
+pub(crate) fn fast_path_stateless<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
+    if headers.contains_key(SESSION_HEADER) {
+        return None;
+    }
+    let mut versions = headers.get_all(PROTOCOL_VERSION_HEADER).iter();
+    let (Some(version), None) = (versions.next(), versions.next()) else { return None };
+    let version = version.to_str().ok()?;
+    let stateless = version >= ProtocolVersion::V_2026_07_28.as_str()
+        && ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == version);
+    (stateless && json_both_ways(headers) && host_is_allowed(headers, allowed_hosts)).then_some(version)
+}
+
+/// A JSON body (`Content-Type` essence `application/json`) and an `Accept` with both
+/// `application/json` and `text/event-stream` (weights above zero): rmcp's rule for a POST,
+/// which answers 415 or 406 otherwise.
+fn json_both_ways(headers: &HeaderMap) -> bool {
+    let json_body = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next().unwrap_or_default().trim().eq_ignore_ascii_case("application/json"));
+    let (mut json, mut sse) = (false, false);
+    for value in headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()) {
+        // rmcp splits around quoted strings; a plain split could read a quoted "…, application/json"
+        // as an entry of its own. Quotes are rare in Accept: such requests go to rmcp.
+        if value.contains('"') {
+            return false;
+        }
+        for entry in value.split(',') {
+            let mut parts = entry.split(';');
+            let essence = parts.next().unwrap_or_default().trim();
+            // A zero weight refuses the type; anything else (or a parameter we cannot read) is
+            // taken as refusing too, so the fast path only takes what rmcp surely accepts.
+            if parts.any(|p| p.trim().to_ascii_lowercase().starts_with("q=")) {
+                continue;
+            }
+            json |= essence.eq_ignore_ascii_case("application/json");
+            sse |= essence.eq_ignore_ascii_case("text/event-stream");
+        }
+    }
+    json_body && json && sse
+}
+
+/// The `Host` is one rmcp accepts (`host_allowed` is rmcp's rule, so a Host rmcp refuses, one
+/// that is not a URI authority such as `127.0.0.1:4040/x`, goes to rmcp).
+fn host_is_allowed(headers: &HeaderMap, allowed_hosts: &[String]) -> bool {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next().and_then(|h| h.to_str().ok()), hosts.next()) {
+        (Some(host), None) => host_allowed(host, allowed_hosts),
+        _ => false,
+    }
 }
 
 /// A JSON-RPC `tools/call` the fast path may answer, read as rmcp's own message type so it
@@ -146,6 +229,37 @@ impl ToolCallRequest {
             }
             _ => None,
         }
+    }
+
+    /// [`Self::parse`] for a 2026-07-28 stateless request sent with `version`: also `None` unless
+    /// its `_meta` carries that protocol version and the client capabilities (rmcp's required
+    /// keys), and exactly one `Mcp-Method: tools/call` and one `Mcp-Name` equal to the tool's
+    /// name accompany it (SEP-2243, which rmcp enforces). Names outside `[A-Za-z0-9_.-]` go to
+    /// rmcp, whose header decoding (Base64 forms) the fast path does not repeat.
+    pub(crate) fn parse_stateless(body: &Bytes, version: &str, headers: &HeaderMap) -> Option<Self> {
+        let JsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) =
+            serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
+        else {
+            return None;
+        };
+        // rmcp reads `params._meta` into the request's metadata, as its own check does.
+        let meta = request.get_meta().clone();
+        let ClientRequest::CallToolRequest(call) = request else { return None };
+        let call = ToolCallRequest { id, params: call.params };
+        let same_version = meta.protocol_version().is_some_and(|v| v.as_str() == version);
+        let complete = meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty();
+        let plain_name = !call.params.name.is_empty()
+            && call.params.name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        let only = |name: &str, expected: &str| {
+            let mut values = headers.get_all(name).iter();
+            matches!((values.next(), values.next()), (Some(v), None) if v.as_bytes() == expected.as_bytes())
+        };
+        (same_version
+            && complete
+            && plain_name
+            && only(METHOD_HEADER, "tools/call")
+            && only(NAME_HEADER, &call.params.name))
+        .then_some(call)
     }
 }
 
@@ -251,6 +365,67 @@ mod tests {
             }
             assert_eq!(fast_path_session(&headers(&pairs), &allowed), None, "{drop} = {replace:?}");
         }
+    }
+
+    fn stateless_headers(name: &'static str) -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("host", "127.0.0.1:4040"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", name),
+        ]
+    }
+
+    const STATELESS_CALL: &str = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"mcp__fx__echo","arguments":{"text":"a"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+
+    #[test]
+    fn a_stateless_2026_call_takes_the_fast_path_only_when_rmcp_would_serve_it() {
+        let allowed = vec!["127.0.0.1".to_string()];
+        let good = stateless_headers("mcp__fx__echo");
+        let map = headers(&good);
+        assert_eq!(fast_path_stateless(&map, &allowed), Some("2026-07-28"));
+        let body = Bytes::from_static(STATELESS_CALL.as_bytes());
+        assert!(ToolCallRequest::parse_stateless(&body, "2026-07-28", &map).is_some());
+        // Headers rmcp refuses, or that route elsewhere: not the stateless fast path.
+        for (drop, replace) in [
+            ("mcp-protocol-version", Some("2025-11-25")),
+            ("mcp-protocol-version", Some("2099-01-01")),
+            ("mcp-protocol-version", None),
+            ("accept", Some("application/json")),
+            ("accept", Some("application/json;q=0, text/event-stream")),
+            ("accept", Some("text/plain;x=\"q, application/json\", text/event-stream")),
+            ("content-type", Some("application/jsonx")),
+            ("host", Some("evil.example")),
+        ] {
+            let mut pairs: Vec<_> = good.iter().filter(|(k, _)| *k != drop).cloned().collect();
+            if let Some(value) = replace {
+                pairs.push((drop, value));
+            }
+            assert_eq!(fast_path_stateless(&headers(&pairs), &allowed), None, "{drop} = {replace:?}");
+        }
+        let mut with_session = good.clone();
+        with_session.push(("mcp-session-id", "abc"));
+        assert_eq!(fast_path_stateless(&headers(&with_session), &allowed), None, "a session is not stateless");
+        // Bodies and standard headers that do not agree: rmcp answers them (400s).
+        for (name, method) in [("mcp__fx__other", "tools/call"), ("mcp__fx__echo", "tools/list")] {
+            let mut pairs: Vec<_> = stateless_headers(name).into_iter().filter(|(k, _)| *k != "mcp-method").collect();
+            pairs.push(("mcp-method", method));
+            assert!(
+                ToolCallRequest::parse_stateless(&body, "2026-07-28", &headers(&pairs)).is_none(),
+                "{name} {method}"
+            );
+        }
+        let no_name: Vec<_> = good.iter().filter(|(k, _)| *k != "mcp-name").cloned().collect();
+        assert!(ToolCallRequest::parse_stateless(&body, "2026-07-28", &headers(&no_name)).is_none());
+        let other_version = STATELESS_CALL.replace(
+            "\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\"",
+            "\"io.modelcontextprotocol/protocolVersion\":\"2025-11-25\"",
+        );
+        assert!(ToolCallRequest::parse_stateless(&Bytes::from(other_version), "2026-07-28", &map).is_none());
+        let no_capabilities = STATELESS_CALL.replace(",\"io.modelcontextprotocol/clientCapabilities\":{}", "");
+        assert!(ToolCallRequest::parse_stateless(&Bytes::from(no_capabilities), "2026-07-28", &map).is_none());
     }
 
     /// Found by fuzzing (`fuzz/fuzz_targets/mcp_fast_path.rs`): a Host whose name part is allowed
