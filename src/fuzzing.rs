@@ -127,6 +127,19 @@ pub fn fast_path_call(body: &[u8]) -> Option<FastCall> {
     Some(FastCall { id, name: call.params.name.to_string(), arguments: call.params.arguments })
 }
 
+/// The fast path's reading of a 2026-07-28 stateless `/mcp` body sent with `version` and
+/// `headers`; `None` sends it to rmcp.
+pub fn fast_path_stateless_call(body: &[u8], version: &str, headers: &HeaderMap) -> Option<FastCall> {
+    let call = ToolCallRequest::parse_stateless(&Bytes::copy_from_slice(body), version, headers)?;
+    let id = serde_json::to_value(&call.id).unwrap_or(Value::Null);
+    Some(FastCall { id, name: call.params.name.to_string(), arguments: call.params.arguments })
+}
+
+/// The protocol version when the headers allow the stateless fast path.
+pub fn fast_path_stateless(headers: &HeaderMap, allowed_hosts: &[String]) -> Option<String> {
+    crate::agent::mcp_fast_path::fast_path_stateless(headers, allowed_hosts).map(str::to_string)
+}
+
 /// The session id when the headers allow the fast path.
 pub fn fast_path_session(headers: &HeaderMap, allowed_hosts: &[String]) -> Option<String> {
     crate::agent::mcp_fast_path::fast_path_session(headers, allowed_hosts).map(str::to_string)

@@ -7,6 +7,10 @@
 //! Properties (the fast path answers without rmcp, so it must never take what rmcp refuses):
 //! - a body the fast path takes as a `tools/call` is a `ClientJsonRpcMessage` for rmcp: a
 //!   `tools/call` request with the same id, tool name and arguments;
+//! - a 2026-07-28 stateless call the fast path takes is, for rmcp, a `tools/call` with the same
+//!   id, name and arguments whose `_meta` names the header's protocol version, sent with
+//!   `Mcp-Method: tools/call` and `Mcp-Name` equal to the name, no session, a version rmcp knows
+//!   of 2026-07-28 or later, JSON and SSE accepted and a Host rmcp accepts;
 //! - headers the fast path takes carry a non-empty session id, a JSON content type, an Accept
 //!   with JSON, an `MCP-Protocol-Version` rmcp knows (or none) and a Host rmcp's own DNS-rebinding
 //!   check accepts ([`rmcp_host_allowed`], rmcp 3.9's rule);
@@ -19,7 +23,7 @@
 use arbitrary::{Arbitrary, Unstructured};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, ProtocolVersion};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta, JsonRpcMessage, ProtocolVersion};
 
 #[derive(Arbitrary, Debug)]
 enum Name {
@@ -29,6 +33,8 @@ enum Name {
     Session,
     ProtocolVersion,
     Origin,
+    Method,
+    ToolName,
     Other(String),
 }
 
@@ -90,6 +96,8 @@ fn header_name(name: &Name) -> Option<HeaderName> {
         Name::Session => HeaderName::from_static("mcp-session-id"),
         Name::ProtocolVersion => HeaderName::from_static("mcp-protocol-version"),
         Name::Origin => http::header::ORIGIN,
+        Name::Method => HeaderName::from_static("mcp-method"),
+        Name::ToolName => HeaderName::from_static("mcp-name"),
         Name::Other(s) => HeaderName::from_bytes(s.as_bytes()).ok()?,
     })
 }
@@ -109,7 +117,27 @@ fn check_body(body: &[u8]) {
     assert_eq!(tools_call.params.arguments, call.arguments, "arguments differ");
 }
 
-fn check_headers(spec: &Headers) {
+fn check_stateless(body: &[u8], headers: &HeaderMap, hosts: &[String]) {
+    let Some(version) = spear::fuzzing::fast_path_stateless(headers, hosts) else { return };
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    assert!(headers.get("mcp-session-id").is_none(), "a session took the stateless path");
+    assert!(version.as_str() >= "2026-07-28" && ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == version));
+    let accept: String = headers.get_all("accept").iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(",");
+    assert!(accept.contains("application/json") && accept.contains("text/event-stream"), "Accept {accept:?}");
+    let host = text("host").expect("the fast path needs a Host");
+    assert!(rmcp_host_allowed(host, hosts), "stateless fast path with Host {host:?}, which rmcp refuses");
+    let Some(call) = spear::fuzzing::fast_path_stateless_call(body, &version, headers) else { return };
+    let message: ClientJsonRpcMessage = serde_json::from_slice(body).expect("rmcp reads what the fast path takes");
+    let JsonRpcMessage::Request(request) = message else { panic!("not a request") };
+    assert_eq!(request.request.get_meta().protocol_version().map(|v| v.to_string()), Some(version.clone()));
+    let ClientRequest::CallToolRequest(tools_call) = &request.request else { panic!("not tools/call") };
+    assert_eq!(serde_json::to_value(&request.id).ok(), Some(call.id), "ids differ");
+    assert_eq!((tools_call.params.name.as_ref(), &tools_call.params.arguments), (call.name.as_str(), &call.arguments));
+    assert_eq!(text("mcp-method"), Some("tools/call"));
+    assert_eq!(text("mcp-name"), Some(call.name.as_str()));
+}
+
+fn check_headers(spec: &Headers, body: &[u8]) {
     let mut headers = HeaderMap::new();
     for (name, value) in &spec.headers {
         let (Some(name), Ok(value)) = (header_name(name), HeaderValue::from_str(value)) else { continue };
@@ -117,6 +145,7 @@ fn check_headers(spec: &Headers) {
     }
     let hosts = spec.hosts.clone().unwrap_or_else(default_hosts);
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    check_stateless(body, &headers, &hosts);
 
     // The door's own check (also the chat door's, where rmcp is not involved) is at least as
     // strict as rmcp's for every Host that is a URI authority; a malformed one rmcp answers 400.
@@ -131,7 +160,9 @@ fn check_headers(spec: &Headers) {
         assert!(!session.is_empty());
         assert_eq!(text("mcp-session-id"), Some(session.as_str()));
         assert!(text("content-type").is_some_and(|v| v.starts_with("application/json")));
-        assert!(text("accept").is_some_and(|v| v.contains("application/json")));
+        let accept: String =
+            headers.get_all("accept").iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(",");
+        assert!(accept.contains("application/json") && accept.contains("text/event-stream"), "Accept {accept:?}");
         let host = text("host").expect("the fast path needs a Host");
         assert!(rmcp_host_allowed(host, &hosts), "fast path with Host {host:?}, which rmcp refuses ({hosts:?})");
         if let Some(version) = headers.get("mcp-protocol-version") {
@@ -180,10 +211,21 @@ fuzz_target!(|data: &[u8]| {
             Ok(h) => h,
             Err(_) => return,
         },
-        None => plain_client(),
+        None => {
+            // A body alone is also tried as a plain 2026-07-28 stateless client sends it, its
+            // Mcp-Name taken from the body, so body-only inputs reach the stateless reading.
+            let name = spear::fuzzing::fast_path_call(body).map(|c| c.name).unwrap_or_default();
+            let mut stateless = plain_client();
+            stateless.headers.retain(|(n, _)| !matches!(n, Name::Session));
+            stateless.headers.push((Name::ProtocolVersion, "2026-07-28".into()));
+            stateless.headers.push((Name::Method, "tools/call".into()));
+            stateless.headers.push((Name::ToolName, name));
+            check_headers(&stateless, body);
+            plain_client()
+        }
     };
     if std::env::var_os("FUZZ_DEBUG").is_some() {
         eprintln!("{headers:#?}");
     }
-    check_headers(&headers);
+    check_headers(&headers, body);
 });

@@ -237,7 +237,7 @@ impl ChatService {
         iteration: u32,
         extension: &mut Extension,
     ) -> Vec<Value> {
-        let context = CallContext { door: Door::Chat, request_id, session_id: None };
+        let context = CallContext { door: Door::Chat, request_id, session_id: None, input: None };
         let agent = &self.inner.agent;
         let results = futures::future::join_all(
             round

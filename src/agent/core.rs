@@ -110,6 +110,7 @@ impl ToolCall {
     /// `ok` or the error code (truncation counts as `mcp_output_too_large`).
     pub fn status(&self) -> &'static str {
         match &self.result {
+            Ok(output) if output.input_required.is_some() => "input_required",
             Ok(output) if output.truncated.is_some() => ErrorCode::McpOutputTooLarge.as_str(),
             Ok(output) if output.result.is_error == Some(true) => "tool_error",
             Ok(_) => "ok",
@@ -149,7 +150,14 @@ pub struct CallContext<'a> {
     pub request_id: &'a str,
     /// The session, if the door has sessions.
     pub session_id: Option<&'a str>,
+    /// Set by a door that relays a server's input requests to its client (`/mcp` for
+    /// 2026-07-28 clients), with the client's answers to an earlier round, if any; `None`: a
+    /// server asking for input ends the call with `mcp_approval_required`.
+    pub input: Option<&'a crate::mcp::Continuation>,
 }
+
+/// A call's arguments as a door read them: an object (or none), or why they are not one.
+type CallArguments = Result<Option<Map<String, Value>>, String>;
 
 /// The agent core, cheap to clone; every door holds one.
 #[derive(Clone, Debug)]
@@ -307,7 +315,7 @@ impl Agent {
             Ok(route) => {
                 call.server_id = Some(route.server.clone());
                 call.tool = Some(route.tool.clone());
-                self.call_routed(&used, &route, name, arguments, started, &mut reached_pool).await
+                self.call_routed(&used, &route, name, (arguments, context.input), started, &mut reached_pool).await
             }
             Err((error, server)) => {
                 call.server_id = server;
@@ -440,7 +448,7 @@ impl Agent {
         set: &EffectiveSet,
         route: &Route,
         name: &str,
-        arguments: Result<Option<Map<String, Value>>, String>,
+        (arguments, input): (CallArguments, Option<&crate::mcp::Continuation>),
         started: Instant,
         reached_pool: &mut bool,
     ) -> Result<ToolOutput, McpError> {
@@ -471,10 +479,22 @@ impl Agent {
         // Time spent waiting for the tool list counts against the call's budget.
         let timeout = Duration::from_millis(u64::from(budgets.tool_timeout_ms)).saturating_sub(started.elapsed());
         *reached_pool = true;
-        self.inner
-            .pool
-            .call_tool(&route.server, &route.tool, arguments, timeout, budgets.max_tool_output_bytes as usize)
-            .await
+        let max_output = budgets.max_tool_output_bytes as usize;
+        match input {
+            Some(continuation) => {
+                let pool = &self.inner.pool;
+                pool.call_tool_continuing(
+                    &route.server,
+                    &route.tool,
+                    arguments,
+                    Some(continuation),
+                    timeout,
+                    max_output,
+                )
+                .await
+            }
+            None => self.inner.pool.call_tool(&route.server, &route.tool, arguments, timeout, max_output).await,
+        }
     }
 
     /// Keeps the state in step with the registry and the servers' tool lists until `cancel`;
@@ -707,6 +727,7 @@ fn empty_output() -> ToolOutput {
         truncated: None,
         bytes: 0,
         latency: Duration::ZERO,
+        input_required: None,
     }
 }
 

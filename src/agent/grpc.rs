@@ -466,7 +466,8 @@ impl McpSessions for SessionsDoor {
         let request_id = request_id(&request);
         let pb::CallToolRequest { session_id, tool, args_json } = request.into_inner();
         let pinned = self.touch(&session_id)?;
-        let context = CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id) };
+        let context =
+            CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id), input: None };
         let set = match self.agent.effective(Some(&pinned.scope), &[]) {
             Ok(set) => set,
             // A policy refusal of a call is tool output, like a refused tool: the session stays usable.

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities, SubscriptionFilter,
-    Tool,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities,
+    SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -31,6 +31,7 @@ use super::audit::Door;
 use super::core::{Agent, CallContext};
 use super::mcp_fast_path::McpRoute;
 use super::mcp_keep_alive::SessionKeeper;
+use crate::mcp::{Continuation, ToolOutput};
 
 /// `ttlMs` of a tools/list answer, with `cacheScope: private`. Private: the set is this pod's
 /// profile's, never another caller's. 2 s: a re-list costs the agent microseconds (it is served
@@ -95,22 +96,26 @@ impl McpEndpoint {
 
     /// One `tools/call` through the core, as the MCP result the client gets: tool failures and
     /// refusals are `isError` results carrying the `{"error": {code, message, retryable}}` object.
+    /// With `input` (a 2026-07-28 client, and its answers to an earlier round if any), a server's
+    /// request for input reaches the client as `InputRequiredResult`; without, it is that error.
     pub(crate) async fn call(
         &self,
         name: &str,
         arguments: Option<serde_json::Map<String, serde_json::Value>>,
         request_id: &str,
         session_id: Option<&str>,
-    ) -> CallToolResult {
-        let call_context = CallContext { door: Door::Mcp, request_id, session_id };
+        input: Option<&Continuation>,
+    ) -> CallToolResponse {
+        let call_context = CallContext { door: Door::Mcp, request_id, session_id, input };
         let set = match self.agent.default_set() {
             Ok(set) => set,
-            Err(e) => return error_result(&self.agent.refuse_call(&e, name, call_context)),
+            Err(e) => return error_result(&self.agent.refuse_call(&e, name, call_context)).into(),
         };
         let call = self.agent.call_tool(&set, name, Ok(arguments), call_context).await;
         match call.result {
-            Ok(output) => output.result,
-            Err(error) => error_result(&error),
+            Ok(ToolOutput { input_required: Some(asked), .. }) => CallToolResponse::InputRequired((*asked).clone()),
+            Ok(output) => output.result.into(),
+            Err(error) => error_result(&error).into(),
         }
     }
 
@@ -202,11 +207,21 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<CallToolResponse, ErrorData> {
         let request_id = context.id.to_string();
         let session = session_id(&context.extensions);
-        let mut result = self.call(&request.name, request.arguments, &request_id, session.as_deref()).await;
-        // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28 requires;
-        // rmcp strips `complete` again for a legacy peer.
-        result.result_type.get_or_insert(ResultType::COMPLETE);
-        Ok(result.into())
+        // A 2026-07-28 client can answer a server's input request itself: relay it.
+        let modern = context.protocol_version().is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        let continuation =
+            Continuation { input_responses: request.input_responses, request_state: request.request_state };
+        let input = modern.then_some(&continuation);
+        let response = self.call(&request.name, request.arguments, &request_id, session.as_deref(), input).await;
+        Ok(match response {
+            // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28
+            // requires; rmcp strips `complete` again for a legacy peer.
+            CallToolResponse::Complete(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                result.into()
+            }
+            other => other,
+        })
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

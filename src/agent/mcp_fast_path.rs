@@ -27,8 +27,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
-    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, GetMeta, JsonRpcMessage, JsonRpcRequest,
-    ProtocolVersion, RequestId,
+    CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest, GetMeta, JsonRpcMessage,
+    JsonRpcRequest, ProtocolVersion, RequestId,
 };
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -38,6 +38,7 @@ use tower::ServiceExt;
 use super::http_guard::host_allowed;
 use super::mcp_endpoint::McpEndpoint;
 use super::mcp_keep_alive::SessionKeeper;
+use crate::mcp::Continuation;
 
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -96,8 +97,12 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
     {
         let _in_flight = route.keeper.call_started(&session);
         let params = call.params;
-        let mut result =
-            route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), Some(&session)).await;
+        let response =
+            route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), Some(&session), None).await;
+        let CallToolResponse::Complete(mut result) = response else {
+            // Without a continuation the core never yields anything else; rmcp answers it then.
+            return forward(&route, Request::from_parts(parts, Body::from(bytes))).await;
+        };
         // A session speaks a 2025-era revision, whose results have no `resultType` (rmcp's path
         // strips it the same way).
         result.result_type.take_if(|t| t.is_complete());
@@ -122,9 +127,24 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
     };
     if let Some(call) = ToolCallRequest::parse_stateless(&bytes, version, &parts.headers) {
         let params = call.params;
-        let mut result = route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), None).await;
-        // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
-        result.result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
+        let continuation =
+            Continuation { input_responses: params.input_responses, request_state: params.request_state };
+        let request_id = call.id.to_string();
+        let response =
+            route.endpoint.call(&params.name, params.arguments, &request_id, None, Some(&continuation)).await;
+        let result = match response {
+            // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
+            CallToolResponse::Complete(mut result) => {
+                result.result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
+                serde_json::to_value(result)
+            }
+            CallToolResponse::InputRequired(asked) => serde_json::to_value(asked),
+            other => serde_json::to_value(rmcp::model::ServerResult::from(other)),
+        };
+        let result = result.unwrap_or_else(|e| {
+            serde_json::json!({"resultType": "complete", "isError": true,
+            "content": [{"type": "text", "text": format!("the result could not be encoded: {e}")}]})
+        });
         let reply = serde_json::json!({ "jsonrpc": "2.0", "id": call.id, "result": result });
         return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
             .into_response();

@@ -25,4 +25,4 @@ pub mod output;
 pub mod pool;
 
 pub use error::{ErrorCode, McpError};
-pub use pool::{Pool, PoolOptions, ServerStatus, ToolOutput};
+pub use pool::{Continuation, Pool, PoolOptions, ServerStatus, ToolOutput};

@@ -103,7 +103,7 @@ impl Default for PoolOptions {
 }
 
 /// A tool call's result, capped.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct ToolOutput {
     /// The result as the server sent it (after the cap).
     pub result: CallToolResult,
@@ -112,7 +112,20 @@ pub struct ToolOutput {
     /// Size of the result before the cap, as `output::result_size` counts it.
     pub(crate) bytes: usize,
     /// How long the call took, waiting for permits and the session included.
-    pub(crate) latency: Duration,
+    pub latency: Duration,
+    /// The server asked for input instead of answering (2026-07-28 `InputRequiredResult`); only
+    /// from [`Pool::call_tool_continuing`], for a door that relays it to its client. `result`
+    /// then holds the `mcp_approval_required` error for everyone else.
+    pub input_required: Option<Arc<InputRequiredResult>>,
+}
+
+/// What a client sends back to continue a call whose server asked for input (2026-07-28):
+/// the answers and the server's opaque state, passed to the server unchanged (the server
+/// checks its state's integrity; the agent neither reads nor trusts it).
+#[derive(Clone, Debug, Default)]
+pub struct Continuation {
+    pub input_responses: Option<rmcp::model::InputResponses>,
+    pub request_state: Option<String>,
 }
 
 /// A server's state as the pool sees it (for health endpoints, status and explain).
@@ -348,12 +361,32 @@ impl Pool {
         }
     }
 
-    /// Calls `tool` on `server` with the server's budgets (or tighter ones).
+    /// Calls `tool` on `server` with the server's budgets (or tighter ones). A server asking for
+    /// input ends the call with `mcp_approval_required` naming what it asked.
     pub async fn call_tool(
         &self,
         server: &str,
         tool: &str,
         arguments: Option<Map<String, Value>>,
+        timeout: Duration,
+        max_output_bytes: usize,
+    ) -> Result<ToolOutput, McpError> {
+        let output = self.call_tool_continuing(server, tool, arguments, None, timeout, max_output_bytes).await?;
+        match &output.input_required {
+            Some(asked) => Err(input_required(server, tool, asked)),
+            None => Ok(output),
+        }
+    }
+
+    /// [`Self::call_tool`] for a door that relays input requests: `continuation` carries a
+    /// client's answers to an earlier round, and a server asking for input comes back as
+    /// `Ok` with [`ToolOutput::input_required`] set.
+    pub async fn call_tool_continuing(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<Map<String, Value>>,
+        continuation: Option<&Continuation>,
         timeout: Duration,
         max_output_bytes: usize,
     ) -> Result<ToolOutput, McpError> {
@@ -385,6 +418,10 @@ impl Pool {
             *reached.lock() = Some(live.clone());
             let mut params = CallToolRequestParams::new(tool.to_string());
             params.arguments = arguments;
+            if let Some(continuation) = continuation {
+                params.input_responses = continuation.input_responses.clone();
+                params.request_state = continuation.request_state.clone();
+            }
             // One round: the agent fulfils no `input_required` round itself (it has no human and
             // no model of the server's choosing to offer), see `input_required`.
             Ok(live.conn.service.peer().call_tool_once(params).await)
@@ -426,7 +463,11 @@ impl Pool {
             (Ok(Ok(Ok(CallToolResponse::InputRequired(asked)))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
                 *live.last_used.lock() = Instant::now();
-                Err(input_required(server, tool, &asked))
+                let error = input_required(server, tool, &asked);
+                let object = error.to_tool_output();
+                let mut result = CallToolResult::error(vec![rmcp::model::ContentBlock::text(object.to_string())]);
+                result.structured_content = Some(object);
+                Ok(ToolOutput { result, truncated: None, bytes: 0, latency, input_required: Some(Arc::new(asked)) })
             }
             (Ok(Ok(Ok(CallToolResponse::Complete(result)))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
@@ -444,6 +485,7 @@ impl Pool {
             (Ok(Ok(_)), None) => Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session")),
         };
         let (bytes, error) = match &result {
+            Ok(output) if output.input_required.is_some() => (None, Some(ErrorCode::McpApprovalRequired.as_str())),
             Ok(output) => (Some(output.bytes), output.truncated.map(|_| ErrorCode::McpOutputTooLarge.as_str())),
             Err(error) => (None, Some(error.code.as_str())),
         };
@@ -571,17 +613,17 @@ pub(crate) fn cap_result(
         .sum::<Option<usize>>()
         .filter(|_| result.structured_content.is_none());
     if let Some(bytes) = text_only.filter(|size| *size <= max_output_bytes) {
-        return Ok(ToolOutput { result, truncated: None, bytes, latency });
+        return Ok(ToolOutput { result, truncated: None, bytes, latency, input_required: None });
     }
     let mut json = serde_json::to_value(&result)
         .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
     let bytes = output::result_size(&json);
     let Some(truncated) = output::cap(&mut json, max_output_bytes) else {
-        return Ok(ToolOutput { result, truncated: None, bytes, latency });
+        return Ok(ToolOutput { result, truncated: None, bytes, latency, input_required: None });
     };
     let result = serde_json::from_value(json)
         .map_err(|e| McpError::new(ErrorCode::McpUnavailable, format!("unreadable tool result: {e}")))?;
-    Ok(ToolOutput { result, truncated: Some(truncated), bytes, latency })
+    Ok(ToolOutput { result, truncated: Some(truncated), bytes, latency, input_required: None })
 }
 
 /// Longest piece of a server's elicitation message quoted in an error (it is the server's text,

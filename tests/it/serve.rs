@@ -395,6 +395,43 @@ fn spearlet_tools_lists_and_calls_over_the_grpc_door_of_a_running_agent() {
     assert!(said.contains("mcp_policy_denied"), "{said}");
 }
 
+/// A 2026-07-28 server that asks for input (an elicitation, as `InputRequiredResult`) while
+/// answering a call: through `/mcp`, a 2026-07-28 client gets the question, answers it, and its
+/// answer reaches the server, which completes the call; a 2025-11-25 session client, which has no
+/// such round, gets `mcp_approval_required` naming the question.
+#[test]
+fn a_servers_input_request_reaches_a_2026_client_and_its_answer_reaches_the_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    let ask = r#"mcp__fx__ask={"what": "the transfer"}"#;
+
+    let (mut client, mut lines) = start_client(&served, &[ask], false, &["--mode", STATELESS]);
+    assert_eq!(next_event(&mut lines)["event"], "initialized");
+    assert_eq!(next_event(&mut lines)["event"], "tools");
+    let asked = next_event(&mut lines);
+    assert_eq!(
+        (&asked["event"], &asked["message"]),
+        (&Value::from("elicitation"), &Value::from("Please confirm: the transfer")),
+        "{asked}"
+    );
+    let call = next_event(&mut lines);
+    assert_eq!(call["is_error"], false, "{call}");
+    let text = call["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("answered: ") && text.contains("\"ok\": true"), "the server got the answer: {call}");
+    assert!(client.wait().expect("client exit").success());
+
+    let (mut client, mut lines) = start_client(&served, &[ask], false, &["--mode", LEGACY]);
+    assert_eq!(next_event(&mut lines)["event"], "initialized");
+    assert_eq!(next_event(&mut lines)["event"], "tools");
+    let call = next_event(&mut lines);
+    assert_eq!(call["is_error"], true, "{call}");
+    let error: Value = serde_json::from_str(call["text"].as_str().unwrap_or_default()).expect("error JSON");
+    assert_eq!(error["error"]["code"], "mcp_approval_required", "{call}");
+    assert!(error["error"]["message"].as_str().unwrap_or_default().contains("Please confirm: the transfer"), "{call}");
+    assert!(client.wait().expect("client exit").success());
+}
+
 /// A stdio server that takes 20 s to start (a stand-in for `npx` downloading its package on a
 /// cold cache) gets its tools listed with default settings: the agent becomes ready without
 /// waiting for it, `/readyz` and `spearlet tools list` say it is starting and for how long, and

@@ -15,6 +15,7 @@ the stdio transport's wire.
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -180,6 +181,11 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
     if params.name not in TOOLS:
         raise MCPError(types.INVALID_PARAMS, f"unknown tool: {params.name}")
     _, _, handler = TOOLS[params.name]
+    answers = getattr(params, "input_responses", None)
+    if params.name == "ask" and answers:
+        # The client answered the elicitation of an earlier round: the call completes.
+        text = json.dumps({key: value.model_dump(mode="json", exclude_none=True) for key, value in answers.items()})
+        return types.CallToolResult(content=[types.TextContent(text=f"answered: {text}")])
     try:
         result = await handler(ctx, **(params.arguments or {}))
     except (TypeError, ValueError) as error:

@@ -39,8 +39,14 @@ async def call_all(client, calls):
         emit(event="call", name=name, is_error=bool(result.is_error), text=text)
 
 
+async def confirm(context, params):
+    # A person at the client would answer the server's question; this one accepts.
+    emit(event="elicitation", message=params.message)
+    return types.ElicitResult(action="accept", content={"ok": True})
+
+
 async def modern(args):
-    async with Client(args.url, mode=args.mode) as client:
+    async with Client(args.url, mode=args.mode, elicitation_callback=confirm) as client:
         emit(event="initialized", instructions=None, version=client.session.protocol_version)
         tools = await client.list_tools()
         emit(event="tools", names=sorted(t.name for t in tools.tools), ttl_ms=tools.ttl_ms, cache_scope=tools.cache_scope)
