@@ -168,6 +168,44 @@ async fn the_pool_speaks_the_revision_each_real_server_speaks() {
     rmcp_server.abort();
 }
 
+/// A server redeployed speaking another revision is detected again, not spoken to in the
+/// revision remembered: an rmcp 3.x server (2026-07-28) on a port is replaced by npm
+/// server-everything (2025-11-25) on the same port. The old stateless session's calls to the
+/// new server time out (rmcp's client does not fail them), so after `timeouts_before_restart`
+/// (3) timed-out calls the session restarts, the remembered revision fails to start and is
+/// dropped, and the probe finds the new one.
+#[tokio::test]
+async fn a_server_redeployed_with_another_revision_is_detected_again() {
+    let port = mcp_servers::free_port();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+    let modern = tokio::spawn(spear::testing::echo::serve_http(listener));
+    let pool = pool_with(vec![McpServer::test("web").http_at(port).allowing(["*"])], options()).await;
+    assert_eq!(call(&pool, "web", "echo", json!({"text": "one"}), 10 * SECOND).await.expect("rmcp echo"), "one");
+    assert_eq!(pool.status("web").and_then(|s| s.protocol_version).as_deref(), Some("2026-07-28"));
+
+    modern.abort();
+    let _ = modern.await;
+    let legacy = mcp_servers::everything_http(port)
+        .to_std()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("server-everything starts");
+    let _legacy = Spawned(legacy);
+    assert!(mcp_servers::wait_for_http(port, 20 * SECOND).await, "server-everything listens on {port}");
+    let deadline = Instant::now() + 60 * SECOND;
+    let answer = loop {
+        match call(&pool, "web", "echo", json!({"message": "two"}), 2 * SECOND).await {
+            Ok(answer) => break answer,
+            Err(e) => assert!(Instant::now() < deadline, "never reached the redeployed server: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(answer.contains("two"), "{answer}");
+    assert_eq!(pool.status("web").and_then(|s| s.protocol_version).as_deref(), Some("2025-11-25"));
+    pool.shutdown().await;
+}
+
 /// A 2026-07-28 server that answers a call with `InputRequiredResult` (it wants a person to
 /// confirm) gets no answer from the agent, which has no person to ask: the call ends at once
 /// with `mcp_approval_required` naming what was asked, never a hang or a retry loop.
