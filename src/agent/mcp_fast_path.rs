@@ -85,12 +85,9 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
         _ => return forward(&route, request).await,
     };
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+    let bytes = match read_body(body).await {
         Ok(bytes) => bytes,
-        Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes"))
-                .into_response();
-        }
+        Err(too_large) => return too_large,
     };
     if let Some(call) = ToolCallRequest::parse(&bytes)
         && route.sessions.has_session(&session.as_str().into()).await.unwrap_or(false)
@@ -99,18 +96,40 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
         let params = call.params;
         let response =
             route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), Some(&session), None).await;
-        let CallToolResponse::Complete(mut result) = response else {
-            // Without a continuation the core never yields anything else; rmcp answers it then.
-            return forward(&route, Request::from_parts(parts, Body::from(bytes))).await;
+        // Without a continuation the core answers only `Complete`. A session speaks a
+        // 2025-era revision, whose results have no `resultType` (rmcp strips it the same way).
+        let response = match response {
+            CallToolResponse::Complete(mut result) => {
+                result.result_type.take_if(|t| t.is_complete());
+                CallToolResponse::Complete(result)
+            }
+            other => other,
         };
-        // A session speaks a 2025-era revision, whose results have no `resultType` (rmcp's path
-        // strips it the same way).
-        result.result_type.take_if(|t| t.is_complete());
-        let reply = serde_json::json!({ "jsonrpc": "2.0", "id": call.id, "result": result });
-        return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
-            .into_response();
+        return reply(&call.id, response);
     }
     forward(&route, Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// The request body, or the 413 answer when it is over [`MAX_BODY_BYTES`].
+async fn read_body(body: Body) -> Result<Bytes, Response> {
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+        (StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes")).into_response()
+    })
+}
+
+/// One JSON-RPC reply carrying `response` (a result, or a server's input request), as JSON.
+fn reply(id: &RequestId, response: CallToolResponse) -> Response {
+    let result = match response {
+        CallToolResponse::Complete(result) => serde_json::to_value(result),
+        CallToolResponse::InputRequired(asked) => serde_json::to_value(asked),
+        other => serde_json::to_value(rmcp::model::ServerResult::from(other)),
+    };
+    let reply = match result {
+        Ok(result) => serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+        Err(e) => serde_json::json!({ "jsonrpc": "2.0", "id": id,
+            "error": { "code": -32603, "message": format!("the result could not be encoded: {e}") } }),
+    };
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string()).into_response()
 }
 
 /// A 2026-07-28 stateless request whose headers allow the fast path: answered here when its body
@@ -118,12 +137,9 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
 /// rmcp requires; anything else goes to rmcp.
 async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> Response {
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+    let bytes = match read_body(body).await {
         Ok(bytes) => bytes,
-        Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes"))
-                .into_response();
-        }
+        Err(too_large) => return too_large,
     };
     if let Some(call) = ToolCallRequest::parse_stateless(&bytes, version, &parts.headers) {
         let params = call.params;
@@ -132,22 +148,15 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
         let request_id = call.id.to_string();
         let response =
             route.endpoint.call(&params.name, params.arguments, &request_id, None, Some(&continuation)).await;
-        let result = match response {
-            // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
+        // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
+        let response = match response {
             CallToolResponse::Complete(mut result) => {
                 result.result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
-                serde_json::to_value(result)
+                CallToolResponse::Complete(result)
             }
-            CallToolResponse::InputRequired(asked) => serde_json::to_value(asked),
-            other => serde_json::to_value(rmcp::model::ServerResult::from(other)),
+            other => other,
         };
-        let result = result.unwrap_or_else(|e| {
-            serde_json::json!({"resultType": "complete", "isError": true,
-            "content": [{"type": "text", "text": format!("the result could not be encoded: {e}")}]})
-        });
-        let reply = serde_json::json!({ "jsonrpc": "2.0", "id": call.id, "result": result });
-        return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
-            .into_response();
+        return reply(&call.id, response);
     }
     forward(route, Request::from_parts(parts, Body::from(bytes))).await
 }
