@@ -17,9 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities,
-    SubscriptionFilter, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -109,13 +108,13 @@ impl McpEndpoint {
         let call_context = CallContext { door: Door::Mcp, request_id, session_id, input };
         let set = match self.agent.default_set() {
             Ok(set) => set,
-            Err(e) => return error_result(&self.agent.refuse_call(&e, name, call_context)).into(),
+            Err(e) => return self.agent.refuse_call(&e, name, call_context).to_call_tool_result().into(),
         };
         let call = self.agent.call_tool(&set, name, Ok(arguments), call_context).await;
         match call.result {
             Ok(ToolOutput { input_required: Some(asked), .. }) => CallToolResponse::InputRequired((*asked).clone()),
             Ok(output) => output.result.into(),
-            Err(error) => error_result(&error).into(),
+            Err(error) => error.to_call_tool_result().into(),
         }
     }
 
@@ -286,15 +285,6 @@ impl ServerHandler for McpEndpoint {
             }
         }
     }
-}
-
-/// A tool result carrying an error: `isError`, the error object as text for clients that
-/// only read text, and as structured content for those that read that.
-fn error_result(error: &crate::mcp::McpError) -> CallToolResult {
-    let object = error.to_tool_output();
-    let mut result = CallToolResult::error(vec![ContentBlock::text(object.to_string())]);
-    result.structured_content = Some(object);
-    result
 }
 
 #[cfg(test)]

@@ -321,8 +321,7 @@ pub(crate) async fn connect_with(
                 }
                 let reader = FrameGuard::new(stdout, frame_limit, oversized.clone())
                     .reporting(server_id.clone(), garbage.clone());
-                let service =
-                    handler.serve_with_lifecycle((reader, stdin), lifecycle.clone()).await.map_err(init_failed)?;
+                let service = handler.serve_with_lifecycle((reader, stdin), lifecycle).await.map_err(init_failed)?;
                 Ok((service, Some(child)))
             }
             Endpoint::Socket { path, peer_uid } => {
@@ -344,8 +343,7 @@ pub(crate) async fn connect_with(
                 let (read, write) = stream.into_split();
                 let reader =
                     FrameGuard::new(read, frame_limit, oversized.clone()).reporting(server_id.clone(), garbage.clone());
-                let service =
-                    handler.serve_with_lifecycle((reader, write), lifecycle.clone()).await.map_err(init_failed)?;
+                let service = handler.serve_with_lifecycle((reader, write), lifecycle).await.map_err(init_failed)?;
                 Ok((service, None))
             }
             Endpoint::MissingSidecar => Err(McpError {
@@ -375,7 +373,7 @@ pub(crate) async fn connect_with(
                     Some(client) => StreamableHttpClientTransport::with_client(client, config),
                     None => StreamableHttpClientTransport::from_config(config),
                 };
-                let service = handler.serve_with_lifecycle(transport, lifecycle.clone()).await.map_err(init_failed)?;
+                let service = handler.serve_with_lifecycle(transport, lifecycle).await.map_err(init_failed)?;
                 Ok((service, None))
             }
         }

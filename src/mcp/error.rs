@@ -70,6 +70,15 @@ impl McpError {
     pub(crate) fn to_tool_output(&self) -> serde_json::Value {
         serde_json::json!({"error": {"code": self.code, "message": self.message, "retryable": self.retryable}})
     }
+
+    /// A tool result carrying this error: `isError`, the error object as text for clients that
+    /// only read text, and as structured content for those that read that.
+    pub(crate) fn to_call_tool_result(&self) -> rmcp::model::CallToolResult {
+        let object = self.to_tool_output();
+        let mut result = rmcp::model::CallToolResult::error(vec![rmcp::model::ContentBlock::text(object.to_string())]);
+        result.structured_content = Some(object);
+        result
+    }
 }
 
 #[cfg(test)]

@@ -463,10 +463,7 @@ impl Pool {
             (Ok(Ok(Ok(CallToolResponse::InputRequired(asked)))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
                 *live.last_used.lock() = Instant::now();
-                let error = input_required(server, tool, &asked);
-                let object = error.to_tool_output();
-                let mut result = CallToolResult::error(vec![rmcp::model::ContentBlock::text(object.to_string())]);
-                result.structured_content = Some(object);
+                let result = input_required(server, tool, &asked).to_call_tool_result();
                 Ok(ToolOutput { result, truncated: None, bytes: 0, latency, input_required: Some(Arc::new(asked)) })
             }
             (Ok(Ok(Ok(CallToolResponse::Complete(result)))), Some(live)) => {
@@ -474,7 +471,8 @@ impl Pool {
                 *live.last_used.lock() = Instant::now();
                 cap_result(result, max_output_bytes, latency)
             }
-            (Ok(Ok(Ok(CallToolResponse::Task(_) | _))), Some(live)) => {
+            // A task handle (SEP-2663), or a kind rmcp adds later.
+            (Ok(Ok(Ok(_))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
                 *live.last_used.lock() = Instant::now();
                 Err(McpError::new(

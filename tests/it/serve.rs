@@ -275,16 +275,7 @@ async fn an_unused_mcp_session_expires_with_404_and_the_client_starts_a_new_one(
     let served = serve(dir, &["--audit-log", "off", "--mcp-session-idle-seconds", "3"]);
     spear::install_crypto_provider();
     let http = reqwest::Client::new();
-    let start_session = || async {
-        let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "idle", "version": "1"}}});
-        let (status, _, session, body) = mcp_post(&http, served.http, None, None, initialize).await;
-        assert_eq!(status, 200, "{body}");
-        let session = session.expect("a session id");
-        let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        assert_eq!(mcp_post(&http, served.http, Some(&session), None, initialized).await.0, 202);
-        session
-    };
+    let start_session = || open_session(&http, served.http, "idle");
     let call = |id: u64| {
         serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": "mcp__fx__echo", "arguments": {"text": "after a pause"}}})
@@ -555,6 +546,18 @@ async fn mcp_post(
 }
 
 /// The JSON-RPC message of a reply, whether sent as JSON or as the data of an SSE event.
+/// A 2025-06-18 session on `/mcp` at `port`, initialized: its id.
+async fn open_session(http: &reqwest::Client, port: u16, client: &str) -> String {
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": client, "version": "1"}}});
+    let (status, _, session, body) = mcp_post(http, port, None, None, initialize).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(mcp_post(http, port, Some(&session), None, initialized).await.0, 202);
+    session
+}
+
 fn jsonrpc_message(content_type: &str, body: &str) -> Value {
     let text = if content_type.starts_with("text/event-stream") {
         body.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| d.starts_with('{')).unwrap_or("")
@@ -678,13 +681,7 @@ async fn clients_calling_from_the_first_moment_are_never_denied_an_allowed_tool(
     assert_eq!(status, 503, "not ready while the server starts: {body}");
     assert!(body.contains("listing"), "{body}");
 
-    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "early", "version": "1"}}});
-    let (status, _, session, body) = mcp_post(&http, served.http, None, None, initialize).await;
-    assert_eq!(status, 200, "{body}");
-    let session = session.expect("a session id");
-    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    assert_eq!(mcp_post(&http, served.http, Some(&session), None, initialized).await.0, 202);
+    let session = open_session(&http, served.http, "early").await;
     let mut refusals = Vec::new();
     for id in 2.. {
         let call = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
