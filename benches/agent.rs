@@ -8,8 +8,10 @@
 //!   AG = `spearlet` gRPC `CallTool` → the echo server over stdio. Target as above with G for H.
 //! - both MCP revisions: H and A with 2025-11-25 session clients, H26 and A26 the same with
 //!   2026-07-28 stateless clients (`server/discover`, no session); latency and throughput each.
-//! - throughput: 64 concurrent HTTP clients for 10 s on H and on A; target A ≥ 0.7 × H, 0 errors;
-//!   with each process's CPU time per call (from `/proc`), to show where a call's cost goes.
+//! - throughput: 64 concurrent HTTP clients for 10 s on H and on A (and H26/A26); target A ≥ 0.8 × H,
+//!   0 errors; with each process's CPU time per call (from `/proc`), to show where a call's cost
+//!   goes. AB is A in front of an echo server on tokio's blocking stdin/stdout (how servers on
+//!   rmcp's `transport::stdio()` read), to show what such a server costs beside the agent.
 //! - chat-loop overhead: one completion with one tool round through the agent (a scripted
 //!   upstream in this process, standing in for a hosted model API; the echo tool over stdio)
 //!   against the same three steps made directly (upstream, bare stdio call, upstream); target
@@ -259,10 +261,11 @@ async fn ready(admin: u16) -> bool {
     text.starts_with("HTTP/1.1 200")
 }
 
-fn echo_registry(dir: &Path, exe: &Path) {
+/// A registry with one stdio echo server (the bench binary run with `args`) and profile `bench`.
+fn echo_registry(dir: &Path, exe: &Path, args: &str) {
     let yaml = format!(
         "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: echo\nspec:\n  transport: stdio\n  \
-         stdio:\n    command: {:?}\n    args: [\"--serve-echo\"]\n  allowedTools: [\"*\"]\n  \
+         stdio:\n    command: {:?}\n    args: {args}\n  allowedTools: [\"*\"]\n  \
          budgets: {{maxConcurrency: 64}}\n---\n\
          apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: bench\nspec:\n  servers: [echo]\n",
         exe.display().to_string()
@@ -321,7 +324,7 @@ async fn run(size: Size) {
     // A: the agent, forwarding to the echo server over stdio.
     let registry = dir.path().join("registry");
     std::fs::create_dir(&registry).expect("registry dir");
-    echo_registry(&registry, &exe);
+    echo_registry(&registry, &exe, r#"["--serve-echo"]"#);
     // The scripted upstream for the chat loop, in this process.
     let upstream_listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("upstream port");
     let upstream_port = upstream_listener.local_addr().expect("upstream addr").port();
@@ -492,6 +495,25 @@ async fn run(size: Size) {
         a2_calls as f64 / h_calls.max(1) as f64
     );
     drop(agent2);
+    // The same agent in front of an echo server on tokio's blocking stdio, as servers written on
+    // rmcp's `transport::stdio()` read: that server's own cost, not the agent's, is the difference.
+    let blocking_registry = dir.path().join("registry-tokio-stdio");
+    std::fs::create_dir(&blocking_registry).expect("registry dir");
+    echo_registry(&blocking_registry, &exe, r#"["--serve-echo", "--tokio-stdio"]"#);
+    let (agent3, agent3_http, _, _) =
+        start_agent_with(&blocking_registry, "bench", &dir.path().join("audit3.log"), &[]).await;
+    let agent3_pid = agent3.0.id().unwrap_or(0);
+    let a3_processes =
+        [("clients", bench_pid), ("agent", agent3_pid), ("stdio echo server", first_child(agent3_pid).unwrap_or(0))];
+    let agent3_url = format!("http://127.0.0.1:{agent3_http}/mcp");
+    let (a3_calls, a3_errors) =
+        throughput_with_cpu("AB", &agent3_url, "mcp__echo__echo", Revision::Sessions, &size, &a3_processes).await;
+    println!(
+        "throughput, agent -> echo server on tokio's blocking stdio: {:.0} calls/s ({a3_errors} errors), AB/H {:.2}",
+        a3_calls as f64 / secs,
+        a3_calls as f64 / h_calls.max(1) as f64
+    );
+    drop(agent3);
     println!(
         "RSS after load: agent {:.1} MiB, bare echo server {:.1} MiB",
         rss_kib(agent_pid) as f64 / 1024.0,
@@ -536,7 +558,8 @@ async fn idle_rss(dir: &Path, floor_pid: u32) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--serve-echo") {
-        echo::serve_stdio();
+        let blocking = args.iter().any(|a| a == "--tokio-stdio");
+        echo::serve_stdio(if blocking { echo::StdioMode::TokioBlocking } else { echo::StdioMode::Reactor });
         return;
     }
     if let Some(port) = args.iter().position(|a| a == "--serve-echo-http").and_then(|i| args.get(i + 1)) {

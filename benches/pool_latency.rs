@@ -159,7 +159,7 @@ async fn run(calls_per_round: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--serve-echo") {
-        spear::testing::echo::serve_stdio();
+        spear::testing::echo::serve_stdio(spear::testing::echo::StdioMode::Reactor);
         return;
     }
     spear::install_crypto_provider();

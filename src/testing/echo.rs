@@ -43,19 +43,51 @@ impl ServerHandler for Echo {
 }
 
 /// Serves [`Echo`] on stdin/stdout until the client leaves (a current-thread runtime).
-pub fn serve_stdio() {
+///
+/// When stdin and stdout are pipes (as a parent that spawns it sets them up), they are read and
+/// written non-blocking through the runtime's reactor. Tokio's `stdin()`/`stdout()` hand every
+/// read and write to a blocking thread instead, which costs this fixture several futex handoffs
+/// per call, about as much CPU as the agent spends per call, and would put tokio's blocking pool
+/// rather than the agent into the benches' figures. Anything else (a terminal) falls back to
+/// tokio's blocking stdio, which [`StdioMode::TokioBlocking`] also asks for: how servers on rmcp's
+/// `transport::stdio()` read, measured beside the fast fixture.
+pub fn serve_stdio(mode: StdioMode) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         eprintln!("echo: no runtime");
         return;
     };
     runtime.block_on(async {
-        match Echo.serve((tokio::io::stdin(), tokio::io::stdout())).await {
+        let pipes = if mode == StdioMode::Reactor { stdio_pipes() } else { None };
+        let served = match pipes {
+            Some((stdin, stdout)) => Echo.serve((stdin, stdout)).await,
+            None => Echo.serve((tokio::io::stdin(), tokio::io::stdout())).await,
+        };
+        match served {
             Ok(service) => {
                 let _ = service.waiting().await;
             }
             Err(e) => eprintln!("echo: {e}"),
         }
     });
+}
+
+/// How [`serve_stdio`] reads and writes its stdio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StdioMode {
+    /// Non-blocking through the runtime's reactor when both are pipes.
+    Reactor,
+    /// Tokio's `stdin()`/`stdout()`: each read and write on a blocking thread.
+    TokioBlocking,
+}
+
+/// Stdin and stdout as non-blocking pipe ends, if both are pipes.
+fn stdio_pipes() -> Option<(tokio::net::unix::pipe::Receiver, tokio::net::unix::pipe::Sender)> {
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let stdout = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
+    let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(stdin).ok()?;
+    let sender = tokio::net::unix::pipe::Sender::from_owned_fd(stdout).ok()?;
+    Some((receiver, sender))
 }
 
 /// Serves [`Echo`] over Streamable HTTP at `/mcp` on `listener` until the process ends.
