@@ -130,7 +130,7 @@ fn write_lines(queue: Receiver<Message>, writer: Box<dyn Write + Send>, queued: 
 
 impl AuditSink {
     /// Audit lines to `writer`, with arguments when `include_arguments`.
-    pub(crate) fn new(writer: Box<dyn Write + Send>, include_arguments: bool) -> Self {
+    pub fn new(writer: Box<dyn Write + Send>, include_arguments: bool) -> Self {
         let (queue, lines) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let counted = queued.clone();

@@ -56,11 +56,12 @@ use serde_json::Value;
 use super::audit::{self, Door};
 use super::core::{Agent, CallContext};
 use crate::api::keys::ENV_UPSTREAM_API_KEY;
-use crate::chat::tool_loop::{self, After, ChoicePlan, LoopState, Next, Round};
-use crate::chat::types::{ChatCompletion, ChatRequest, McpOptions, ToolCallItem};
+use crate::chat::tool_loop::{self, After, ChoicePlan, LoopState, Next, Round, ToolOffer};
+use crate::chat::types::{ChatCompletion, ChatRequest, ChoiceKind, McpOptions, ToolCallItem};
 use crate::chat::upstream::{self, Target, Upstream};
 use crate::chat::{ChatError, UpstreamError, UpstreamOverride, UpstreamTimeouts, stream};
 use crate::policy::EffectiveSet;
+use crate::policy::select::{self, Selection, SelectionPolicy};
 
 pub(crate) const COMPLETIONS_PATH: &str = "/v1/chat/completions";
 /// Largest request body. Conversations with inline images run to megabytes; the port is
@@ -119,7 +120,7 @@ impl ChatService {
         let state = inner.agent.state();
         *revision = Some(state.snapshot.revision().as_str().to_string());
         let profile = state.snapshot.profile(inner.agent.profile()).map(|p| p.object.clone());
-        let upstream_spec = profile.as_ref().and_then(|p| p.spec.chat.as_ref()).map(|c| &c.upstream);
+        let upstream_spec = profile.as_ref().and_then(|p| p.spec.chat.as_ref()).and_then(|c| c.upstream.as_ref());
 
         if !options.enabled {
             // A plain proxy: nothing injected, nothing executed.
@@ -147,9 +148,20 @@ impl ChatService {
             &caller,
             &injected_names.iter().map(String::as_str).collect(),
         )?;
+        let selection_spec =
+            profile.as_ref().and_then(|p| p.spec.chat.as_ref()).and_then(|c| c.tool_selection.as_ref());
+        let offer = SelectionPolicy::new(selection_spec, options.max_tools)?.map(|policy| {
+            let forced = plan.first.as_ref().and_then(|c| match c.kind() {
+                ChoiceKind::Function(name) => Some(name.to_string()),
+                _ => None,
+            });
+            ToolOffer::new(policy, request.tools.clone(), forced.as_deref())
+        });
         let target = self.target(upstream_spec, headers)?;
+        // Under relevance selection each round sets its own tools (`ToolOffer::round`).
+        let injected = if offer.is_some() { Vec::new() } else { injected };
         let body = tool_loop::upstream_body(request, injected, target.default_model.as_deref());
-        let (completion, extension) = self.run_loop(&target, body, &set, &plan, &caller).await?;
+        let (completion, extension) = self.run_loop(&target, body, &set, &plan, &caller, offer).await?;
         let extension = serde_json::to_value(&extension).unwrap_or(Value::Null);
         Ok(Reply { completion, sse, include_usage, extension: Some(extension) })
     }
@@ -167,6 +179,7 @@ impl ChatService {
         set: &EffectiveSet,
         plan: &ChoicePlan,
         caller: &HashSet<&str>,
+        mut offer: Option<ToolOffer>,
     ) -> Result<(ChatCompletion, Extension), ChatError> {
         let mut state = LoopState::new(set.loop_budgets);
         let mut extension = Extension {
@@ -174,12 +187,21 @@ impl ChatService {
             tool_calls: Vec::new(),
             iterations: 0,
             budget_exceeded: None,
+            tool_selection: Vec::new(),
             messages: Vec::new(),
         };
+        // `find_tools` is the agent's own unless a caller's or an MCP tool has its name.
+        let builtin = offer.is_some() && set.route(select::FIND_TOOLS).is_none();
+        let is_mcp = |name: &str| set.route(name).is_some() || (builtin && name == select::FIND_TOOLS);
         // The audit lines' request id: the first answer's completion id, once there is one.
         let mut request_id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
         let completion = loop {
             body.tool_choice = plan.for_iteration(state.iterations());
+            if let Some(offer) = &offer {
+                let (tools, selection) = offer.round(set, &body.messages);
+                body.tools = tools;
+                extension.tool_selection.push(RoundSelection { iteration: state.iterations() + 1, selection });
+            }
             state.request_sent();
             let mut completion = self.inner.upstream.complete(target, &body).await?;
             if state.iterations() == 1
@@ -188,7 +210,7 @@ impl ChatService {
                 request_id.clone_from(id);
             }
             let Some(choice) = completion.choices.first_mut() else { break completion };
-            let kinds = tool_loop::classify(choice.message.calls(), caller, |name| set.route(name).is_some());
+            let kinds = tool_loop::classify(choice.message.calls(), caller, is_mcp);
             match state.decide(&kinds) {
                 Next::Return => break completion,
                 Next::Stop(note) => {
@@ -199,8 +221,10 @@ impl ChatService {
                 }
                 Next::Execute(round) => {
                     let calls = choice.message.calls();
-                    let answers =
-                        self.execute(set, calls, &round, &request_id, state.iterations(), &mut extension).await;
+                    let builtin = builtin.then_some(()).and(offer.as_mut());
+                    let answers = self
+                        .execute(set, calls, &round, &request_id, state.iterations(), &mut extension, builtin)
+                        .await;
                     let mut exchange = Vec::with_capacity(answers.len() + 1);
                     exchange.push(tool_loop::assistant_history(&choice.message));
                     exchange.extend(answers);
@@ -227,7 +251,9 @@ impl ChatService {
     }
 
     /// Runs a round's calls concurrently; returns one `role=tool` message per executed or refused
-    /// call, in the order of the answer's calls, and records each call in `extension`.
+    /// call, in the order of the answer's calls, and records each call in `extension`. With
+    /// `builtin`, calls to `find_tools` are answered by the agent and pin what they find.
+    #[allow(clippy::too_many_arguments)]
     async fn execute(
         &self,
         set: &EffectiveSet,
@@ -236,17 +262,30 @@ impl ChatService {
         request_id: &str,
         iteration: u32,
         extension: &mut Extension,
+        builtin: Option<&mut ToolOffer>,
     ) -> Vec<Value> {
         let context = CallContext { door: Door::Chat, request_id, session_id: None, input: None };
         let agent = &self.inner.agent;
-        let results = futures::future::join_all(
-            round
-                .run
-                .iter()
-                .filter_map(|&i| calls.get(i))
-                .map(|call| agent.call_tool(set, call.name(), call.arguments_object(), context)),
-        )
+        let mut found = Vec::new();
+        let results = futures::future::join_all(round.run.iter().filter_map(|&i| calls.get(i)).map(|call| {
+            let local = (builtin.is_some() && call.name() == select::FIND_TOOLS).then(|| {
+                agent.call_builtin(set, call.name(), call.arguments_object(), context, |arguments| {
+                    let (output, names) = tool_loop::run_find_tools(set, arguments)?;
+                    found.extend(names);
+                    Ok(output)
+                })
+            });
+            async move {
+                match local {
+                    Some(done) => done,
+                    None => agent.call_tool(set, call.name(), call.arguments_object(), context).await,
+                }
+            }
+        }))
         .await;
+        if let Some(offer) = builtin {
+            offer.found(&found);
+        }
 
         let mut answers: Vec<(usize, Value, CallRecord)> = Vec::with_capacity(round.run.len() + round.refused.len());
         for (&i, done) in round.run.iter().zip(results) {
@@ -294,11 +333,23 @@ struct Extension {
     iterations: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     budget_exceeded: Option<tool_loop::BudgetNote>,
+    /// Under `chat.toolSelection: relevance`, the tools each upstream request offered, with
+    /// their scores and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_selection: Vec<RoundSelection>,
     /// Every message the loop added to the conversation (assistant messages with their calls and
     /// the `role=tool` answers), in order: an agent-aware caller appends these instead of the
     /// returned message to keep the whole exchange.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     messages: Vec<Value>,
+}
+
+/// The tools offered to one upstream request.
+#[derive(Debug, Serialize)]
+struct RoundSelection {
+    iteration: u32,
+    #[serde(flatten)]
+    selection: Selection,
 }
 
 /// One tool call the loop made (or refused), for the `spear.tool_calls` field.

@@ -279,7 +279,7 @@ impl Agent {
     }
 
     /// Writes out every audit line queued so far (call before the process exits).
-    pub(crate) fn flush_audit(&self) {
+    pub fn flush_audit(&self) {
         self.inner.options.audit.flush();
     }
 
@@ -338,6 +338,36 @@ impl Agent {
             }
         }
         self.record(&call, context, &used.profile, used.revision.as_str(), audit_arguments);
+        call
+    }
+
+    /// A call the agent answers itself (the `find_tools` built-in of `chat.toolSelection`):
+    /// `run` gets the arguments object and returns the tool output; audited like every call,
+    /// with no server.
+    pub(crate) fn call_builtin(
+        &self,
+        set: &EffectiveSet,
+        name: &str,
+        arguments: CallArguments,
+        context: CallContext<'_>,
+        run: impl FnOnce(Option<&Map<String, Value>>) -> Result<Value, McpError>,
+    ) -> ToolCall {
+        let started = Instant::now();
+        let audit_arguments = self.inner.options.audit.arguments(arguments.as_ref().ok().and_then(Option::as_ref));
+        let result = match &arguments {
+            Ok(object) => run(object.as_ref()),
+            Err(message) => Err(McpError::new(ErrorCode::McpInvalidArguments, message.clone())),
+        }
+        .map(|output| {
+            let text = output.to_string();
+            ToolOutput {
+                bytes: text.len(),
+                result: rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text(text)]),
+                ..empty_output()
+            }
+        });
+        let call = ToolCall { name: name.to_string(), server_id: None, tool: None, latency: started.elapsed(), result };
+        self.record(&call, context, &set.profile, set.revision.as_str(), audit_arguments);
         call
     }
 

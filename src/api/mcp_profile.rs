@@ -135,8 +135,64 @@ impl ProfileBudgets {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ChatSpec {
-    /// The OpenAI-compatible model API the agent forwards completions to.
-    pub upstream: UpstreamSpec,
+    /// The OpenAI-compatible model API the agent forwards completions to. Absent: the agent's
+    /// `--upstream-url` flag, or the request is refused with 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamSpec>,
+
+    /// Which of the workload's tools are offered to the model each round (default: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_selection: Option<ToolSelection>,
+}
+
+/// Default number of tools offered per round under `toolSelection.mode: relevance`.
+pub const DEFAULT_MAX_TOOLS: u32 = 20;
+
+/// Which tools a chat completion offers the model each round.
+///
+/// With `mode: relevance`, a round whose effective set has more than `maxTools` tools offers the
+/// `maxTools` most relevant to the conversation (ranked offline in the agent: the latest user
+/// turn weighs most), plus every tool already called in the conversation, plus the tools
+/// `alwaysInclude` matches, plus the built-in `mcp__spear__find_tools`, with which the model
+/// searches the rest. The caller's own tools are always offered. Selection never adds a tool the
+/// profile does not allow.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSelection {
+    /// `all` (default): every tool of the effective set, every round. `relevance`: the most
+    /// relevant `maxTools`.
+    #[serde(default)]
+    pub mode: ToolSelectionMode,
+
+    /// Tools offered per round under `relevance` (default 20), not counting tools already called,
+    /// `alwaysInclude` and the caller's own. A request's `mcp.max_tools` can only lower it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 128))]
+    pub max_tools: Option<u32>,
+
+    /// Glob patterns (tool name, or `server/tool`) of tools offered every round under
+    /// `relevance`, ranked or not. They select among allowed tools only; they never allow one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 256)))]
+    pub always_include: Vec<String>,
+}
+
+impl ToolSelection {
+    /// `maxTools` with the default applied.
+    pub fn max_tools(&self) -> u32 {
+        self.max_tools.unwrap_or(DEFAULT_MAX_TOOLS)
+    }
+}
+
+/// How a chat completion picks the tools it offers.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolSelectionMode {
+    /// Every tool of the effective set.
+    #[default]
+    All,
+    /// The tools most relevant to the conversation, up to `maxTools`.
+    Relevance,
 }
 
 /// An OpenAI-compatible upstream.

@@ -90,7 +90,7 @@ pub fn server_secret_refs(server: &McpServer) -> Vec<SecretRef> {
 
 /// The Secret `profile` references (its upstream API key), if any.
 pub fn profile_secret_ref(profile: &McpProfile) -> Option<SecretRef> {
-    let key = profile.spec.chat.as_ref()?.upstream.api_key_secret_ref.as_ref()?;
+    let key = profile.spec.chat.as_ref()?.upstream.as_ref()?.api_key_secret_ref.as_ref()?;
     Some(SecretRef { field: "spec.chat.upstream.apiKeySecretRef".into(), secret: key.name.clone() })
 }
 

@@ -156,11 +156,16 @@ fn full_profile() -> McpProfile {
                 tool_timeout_ms: Some(500),
             }),
             chat: Some(ChatSpec {
-                upstream: UpstreamSpec {
+                upstream: Some(UpstreamSpec {
                     url: "https://api.openai.com/v1".into(),
                     api_key_secret_ref: Some(SecretKeyRef { name: "openai".into(), key: "api-key".into() }),
                     model: Some("gpt-4o-mini".into()),
-                },
+                }),
+                tool_selection: Some(ToolSelection {
+                    mode: ToolSelectionMode::Relevance,
+                    max_tools: Some(12),
+                    always_include: vec!["fs/read_*".into()],
+                }),
             }),
             tool_choice: Some(ToolChoice::Required),
         },

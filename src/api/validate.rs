@@ -73,6 +73,9 @@ mod bounds {
     pub(crate) const MAX_TOTAL_TOOL_CALLS: (u32, u32) = (1, 1000);
     pub(crate) const TOOL_PATTERNS: usize = 128;
     pub(crate) const PROFILE_PATTERNS: usize = 256;
+    /// OpenAI's API takes at most 128 tools per request.
+    pub(crate) const MAX_TOOLS: (u32, u32) = (1, 128);
+    pub(crate) const ALWAYS_INCLUDE: usize = 64;
     pub(crate) const PATTERN_LEN: usize = 256;
     pub(crate) const SERVERS: usize = 64;
     pub(crate) const ENV: usize = 128;
@@ -440,9 +443,9 @@ impl Validate for McpProfile {
             let (lo, hi) = bounds::TOOL_TIMEOUT_MS;
             p.range("spec.budgets.toolTimeoutMs", b.tool_timeout_ms, lo, hi);
         }
-        if let Some(chat) = &spec.chat {
-            check_http_url(&mut p, "spec.chat.upstream.url", &chat.upstream.url);
-            if let Some(secret) = &chat.upstream.api_key_secret_ref {
+        if let Some(upstream) = spec.chat.as_ref().and_then(|c| c.upstream.as_ref()) {
+            check_http_url(&mut p, "spec.chat.upstream.url", &upstream.url);
+            if let Some(secret) = &upstream.api_key_secret_ref {
                 if !is_dns1123_subdomain(&secret.name) {
                     p.push(
                         "spec.chat.upstream.apiKeySecretRef.name",
@@ -461,9 +464,15 @@ impl Validate for McpProfile {
                     );
                 }
             }
-            if chat.upstream.model.as_deref() == Some("") {
+            if upstream.model.as_deref() == Some("") {
                 p.push("spec.chat.upstream.model", "model is empty", "name a model, or remove the field");
             }
+        }
+        if let Some(selection) = spec.chat.as_ref().and_then(|c| c.tool_selection.as_ref()) {
+            let (lo, hi) = bounds::MAX_TOOLS;
+            p.range("spec.chat.toolSelection.maxTools", selection.max_tools, lo, hi);
+            let always = &selection.always_include;
+            check_patterns(&mut p, "spec.chat.toolSelection.alwaysInclude", always, bounds::ALWAYS_INCLUDE);
         }
         p.0
     }

@@ -28,8 +28,10 @@ use super::error::ChatError;
 use super::types::{ChatRequest, Choice, ChoiceKind, Message, ToolCallItem, ToolChoice, ToolDef};
 use crate::api::ToolChoice as ProfileToolChoice;
 use crate::mcp::{ErrorCode, McpError};
-use crate::policy::EffectiveSet;
 use crate::policy::budget::LoopBudgets;
+use crate::policy::rank::Turn;
+use crate::policy::select::{self, Pinned, Selection, SelectionPolicy, Why};
+use crate::policy::{EffectiveSet, EffectiveTool};
 
 /// Whose a tool call in a model answer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,15 +201,62 @@ pub(crate) fn budget_refusal(max_total_tool_calls: u32) -> String {
 
 /// The effective set's tools as OpenAI function tools.
 pub(crate) fn injected_tools(set: &EffectiveSet) -> Vec<ToolDef> {
-    set.tools()
-        .map(|(_, t)| {
-            ToolDef::function(
-                &*t.name,
-                t.tool.description.as_deref().map(str::to_string),
-                (*t.tool.input_schema).clone(),
-            )
-        })
-        .collect()
+    set.tools().map(|(_, t)| tool_def(t)).collect()
+}
+
+fn tool_def(t: &EffectiveTool) -> ToolDef {
+    ToolDef::function(&*t.name, t.tool.description.as_deref().map(str::to_string), (*t.tool.input_schema).clone())
+}
+
+/// The tools each round offers under `chat.toolSelection: relevance`: the caller's own, always,
+/// then the [`EffectiveSet::select`]ion for the conversation so far, then `find_tools`.
+#[derive(Debug)]
+pub(crate) struct ToolOffer {
+    policy: SelectionPolicy,
+    /// The request's own tools (`None`: it sent no `tools`).
+    caller: Option<Vec<ToolDef>>,
+    /// Found by `find_tools`, or named by a forced `tool_choice`.
+    pinned: Pinned,
+}
+
+impl ToolOffer {
+    /// The offer for a request whose own tools are `caller`; `forced` is a function name the
+    /// first round's `tool_choice` forces (offered every round, so the forced call can be made).
+    pub(crate) fn new(policy: SelectionPolicy, caller: Option<Vec<ToolDef>>, forced: Option<&str>) -> Self {
+        let mut pinned = Pinned::default();
+        if let Some(name) = forced {
+            pinned.pin(name, Why::Forced);
+        }
+        ToolOffer { policy, caller, pinned }
+    }
+
+    /// Pins tools `find_tools` found, from the next round on.
+    pub(crate) fn found(&mut self, names: &[std::sync::Arc<str>]) {
+        for name in names {
+            self.pinned.pin(name, Why::Found);
+        }
+    }
+
+    /// The `tools` of the next upstream request for `messages` (the conversation so far), and
+    /// the selection it came from.
+    pub(crate) fn round(&self, set: &EffectiveSet, messages: &[Value]) -> (Option<Vec<ToolDef>>, Selection) {
+        let mut pinned = self.pinned.clone();
+        for name in select::called_names(messages) {
+            pinned.pin(name, Why::Called);
+        }
+        let texts = select::turns(messages);
+        let turns: Vec<Turn<'_>> = texts.iter().map(|(role, text)| Turn { role: *role, text }).collect();
+        let selection = set.select(&self.policy, &turns, &pinned);
+        let offered: HashSet<&str> = selection.tools.iter().map(|t| &*t.name).collect();
+        let mut tools = self.caller.clone().unwrap_or_default();
+        tools.extend(set.tools().filter(|(_, t)| offered.contains(&*t.name)).map(|(_, t)| tool_def(t)));
+        if selection.find_tools {
+            let (description, schema) = select::find_tools_definition();
+            tools.push(ToolDef::function(select::FIND_TOOLS, Some(description), schema));
+        }
+        let tools = (self.caller.is_some() || !tools.is_empty()).then_some(tools);
+        (tools, selection)
+    }
 }
 
 /// The body sent upstream: the caller's request with the MCP tools appended after its own, the
@@ -229,6 +278,51 @@ pub(crate) fn upstream_body(
         request.tools.get_or_insert_with(Vec::new).extend(injected);
     }
     request
+}
+
+/// Runs a [`select::FIND_TOOLS`] call with the model's `arguments` (`{query, limit}`): the tool output
+/// (name, description and score of each found tool) and the names found, to pin from the next
+/// round on.
+pub(crate) fn run_find_tools(
+    set: &EffectiveSet,
+    arguments: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(serde_json::Value, Vec<std::sync::Arc<str>>), McpError> {
+    let invalid =
+        |message: &str| McpError::new(ErrorCode::McpInvalidArguments, format!("{}: {message}", select::FIND_TOOLS));
+    let arguments = arguments.ok_or_else(|| invalid("arguments must be an object with a `query` string"))?;
+    let query = match arguments.get("query") {
+        Some(serde_json::Value::String(q)) if !q.trim().is_empty() => q,
+        _ => return Err(invalid("`query` must be a non-empty string: a few words about the tool you need")),
+    };
+    let limit = match arguments.get("limit") {
+        None | Some(serde_json::Value::Null) => select::FIND_TOOLS_DEFAULT_LIMIT,
+        Some(value) => match value.as_u64() {
+            Some(n) if (1..=select::FIND_TOOLS_MAX_LIMIT as u64).contains(&n) => n as usize,
+            _ => {
+                return Err(invalid(&format!("`limit` must be an integer from 1 to {}", select::FIND_TOOLS_MAX_LIMIT)));
+            }
+        },
+    };
+    let found = set.find_tools(query, limit);
+    let descriptions: std::collections::HashMap<&str, Option<&str>> =
+        set.tools().map(|(_, t)| (&*t.name, t.tool.description.as_deref())).collect();
+    let tools: Vec<serde_json::Value> = found
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name,
+                "description": descriptions.get(&*t.name).copied().flatten().unwrap_or_default(),
+                "score": select::rounded(t.score),
+            })
+        })
+        .collect();
+    let note = if tools.is_empty() {
+        "no tool matches these words; try other words"
+    } else {
+        "these tools can be called from your next step"
+    };
+    let output = serde_json::json!({"tools": tools, "note": note});
+    Ok((output, found.into_iter().map(|t| t.name).collect()))
 }
 
 /// `tool_choice` of the first upstream request and of the later ones.
@@ -513,5 +607,96 @@ mod tests {
         strip_executed(&mut choice, &[Mcp]);
         assert!(choice.message.tool_calls.is_none());
         assert_eq!(choice.finish_reason.as_deref(), Some("stop"));
+    }
+}
+
+#[cfg(test)]
+mod selection_tests {
+    use std::sync::Arc;
+
+    use serde_json::{Map, Value, json};
+
+    use super::*;
+    use crate::api::manifest::Object;
+    use crate::api::{McpProfile, McpServer, ToolSelection, ToolSelectionMode};
+    use crate::policy::{CompiledProfile, ServerTools, ToolInfo, ToolList};
+    use crate::registry::snapshot::{Entry, Snapshot};
+    use crate::testing::fixtures::NO_ARGS;
+
+    /// Server `fs` with six file tools in profile `p`.
+    fn set() -> EffectiveSet {
+        let objects = [
+            Object::Server(McpServer::test("fs").stdio("server", NO_ARGS).allowing(["*"])),
+            Object::Profile(McpProfile::test("p").servers(["fs"])),
+        ];
+        let entries = objects.into_iter().enumerate().map(|(i, o)| Entry::local(format!("o-{i}.yaml"), 1, o));
+        let snapshot = Snapshot::build(entries, Vec::new());
+        let tools = ["read_file", "write_file", "list_directory", "move_file", "search_files", "get_file_info"]
+            .map(|name| ToolInfo { description: Some(name.replace('_', " ").into()), ..ToolInfo::named(name) });
+        let list = ServerTools::Listed(Arc::new(ToolList::new("fs", tools.to_vec())));
+        CompiledProfile::compile(&snapshot, "p").expect("compiles").effective(|_| list.clone(), None, &[]).expect("set")
+    }
+
+    fn object(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().expect("an object")
+    }
+
+    #[test]
+    fn find_tools_answers_matches_and_refuses_bad_arguments_naming_them() {
+        let set = set();
+        let (output, found) =
+            run_find_tools(&set, Some(&object(json!({"query": "move a file", "limit": 2})))).expect("runs");
+        assert_eq!(found.len(), 2);
+        assert_eq!(&*found[0], "mcp__fs__move_file");
+        assert_eq!(output["tools"][0]["description"], "move file");
+        let (output, found) = run_find_tools(&set, Some(&object(json!({"query": "zebra"})))).expect("runs");
+        assert!(found.is_empty());
+        assert!(output["note"].as_str().is_some_and(|n| n.contains("other words")));
+        for (arguments, field) in [
+            (None, "arguments"),
+            (Some(json!({})), "query"),
+            (Some(json!({"query": " "})), "query"),
+            (Some(json!({"query": "file", "limit": 0})), "limit"),
+            (Some(json!({"query": "file", "limit": 21})), "limit"),
+            (Some(json!({"query": "file", "limit": "3"})), "limit"),
+        ] {
+            let arguments = arguments.map(object);
+            let error = run_find_tools(&set, arguments.as_ref()).expect_err("refused");
+            assert_eq!(error.code, ErrorCode::McpInvalidArguments);
+            assert!(error.message.contains(field), "{}", error.message);
+        }
+    }
+
+    #[test]
+    fn each_round_offers_the_callers_tools_then_the_selection_then_find_tools() {
+        let set = set();
+        let spec = ToolSelection { mode: ToolSelectionMode::Relevance, max_tools: Some(2), always_include: vec![] };
+        let policy = SelectionPolicy::new(Some(&spec), None).expect("compiles").expect("relevance");
+        let caller = vec![ToolDef::function("get_weather", None, json!({"type": "object"}))];
+        let mut offer = ToolOffer::new(policy, Some(caller), Some("mcp__fs__get_file_info"));
+        let messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "search the files for TODO"}]}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "mcp__fs__write_file", "arguments": "{}"}}]}),
+        ];
+        offer.found(&["mcp__fs__list_directory".into(), "mcp__elsewhere__x".into()]);
+        let (tools, selection) = offer.round(&set, &messages);
+        let names: Vec<&str> = tools.iter().flatten().filter_map(ToolDef::name).collect();
+        assert_eq!(
+            names,
+            [
+                "get_weather",
+                "mcp__fs__read_file",
+                "mcp__fs__write_file",
+                "mcp__fs__list_directory",
+                "mcp__fs__search_files",
+                "mcp__fs__get_file_info",
+                "mcp__spear__find_tools"
+            ],
+            "caller first; then in the set's order: ranked (search, then the first tie on \"file\"), called, found, \
+             forced; a found name outside the set is not offered"
+        );
+        assert_eq!(selection.of, 6);
+        assert_eq!(selection.tools.iter().filter(|t| t.why == Why::Ranked).count(), 2);
     }
 }

@@ -200,20 +200,26 @@ impl<'de> Deserialize<'de> for ToolChoice {
 
 // === the mcp extension ===
 
-/// The request's `mcp` object: `{enabled, server_ids, tool_allowlist, tool_denylist, budgets}`.
+/// The request's `mcp` object: `{enabled, max_tools, server_ids, tool_allowlist, tool_denylist,
+/// budgets}`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct McpOptions {
     /// `false` makes the agent a plain proxy: nothing injected, nothing executed.
     pub(crate) enabled: bool,
+    /// Tools ranked in per round (`chat.toolSelection`); lowers the profile's `maxTools`.
+    pub(crate) max_tools: Option<u32>,
     /// The narrowing (every other key); `None` when the object names nothing to narrow.
     pub(crate) scope: Option<RequestScope>,
 }
 
 impl Default for McpOptions {
     fn default() -> Self {
-        McpOptions { enabled: true, scope: None }
+        McpOptions { enabled: true, max_tools: None, scope: None }
     }
 }
+
+/// The largest `max_tools`: OpenAI's API takes at most 128 tools per request.
+const MAX_TOOLS_LIMIT: u32 = 128;
 
 impl McpOptions {
     /// Reads the `mcp` object; unknown keys are refused, naming the key.
@@ -236,12 +242,23 @@ impl McpOptions {
                 });
             }
         };
+        let max_tools = match object.remove("max_tools") {
+            None | Some(Value::Null) => None,
+            Some(value) => match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) if (1..=MAX_TOOLS_LIMIT).contains(&n) => Some(n),
+                _ => {
+                    return Err(ChatError::InvalidMcp {
+                        message: format!("max_tools: expected an integer from 1 to {MAX_TOOLS_LIMIT}, got {value}"),
+                    });
+                }
+            },
+        };
         if object.is_empty() {
-            return Ok(McpOptions { enabled, scope: None });
+            return Ok(McpOptions { enabled, max_tools, scope: None });
         }
         let scope: RequestScope = serde_path_to_error::deserialize(Value::Object(object))
             .map_err(|e| ChatError::InvalidMcp { message: e.to_string() })?;
-        Ok(McpOptions { enabled, scope: Some(scope) })
+        Ok(McpOptions { enabled, max_tools, scope: Some(scope) })
     }
 }
 
@@ -441,6 +458,12 @@ mod tests {
         assert!(error.to_string().contains("server_id"), "{error}");
         let error = McpOptions::parse(Some(json!({"budgets": {"maxIterations": 2}}))).expect_err("refused");
         assert!(error.to_string().contains("budgets") && error.to_string().contains("maxIterations"), "{error}");
+        let tight = McpOptions::parse(Some(json!({"max_tools": 5}))).expect("ok");
+        assert_eq!((tight.max_tools, tight.scope), (Some(5), None));
+        for bad in [json!(0), json!(129), json!(2.5), json!("5")] {
+            let error = McpOptions::parse(Some(json!({"max_tools": bad}))).expect_err("refused");
+            assert!(error.to_string().contains("max_tools"), "{error}");
+        }
         let error = McpOptions::parse(Some(json!({"enabled": "yes"}))).expect_err("refused");
         assert!(error.to_string().contains("enabled"), "{error}");
         assert!(McpOptions::parse(Some(json!([1]))).is_err());

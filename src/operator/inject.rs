@@ -461,7 +461,8 @@ impl Plan {
                 insert_secret(&mut secret_env, var, owner, source.secret_key_ref.clone())?;
             }
         }
-        let upstream_key = profile.spec.chat.as_ref().and_then(|c| c.upstream.api_key_secret_ref.as_ref());
+        let upstream_key =
+            profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref()).and_then(|u| u.api_key_secret_ref.as_ref());
         if let Some(refusal) = secrets.profile_refusal(profile) {
             warnings.push(format!("{refusal}; the upstream API key was not injected"));
         } else if let Some(key) = upstream_key {

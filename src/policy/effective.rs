@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +25,7 @@ use super::approval::CompiledApproval;
 use super::budget::{self, CallBudgets, LoopBudgets, RequestBudgets};
 use super::name::{self, Route, RouteTable};
 use super::pattern::{PatternError, PatternSet};
+use super::select::CatalogRank;
 use crate::api::{ApprovalMode, McpProfile, McpServer};
 use crate::registry::snapshot::{Revision, Snapshot};
 
@@ -343,13 +344,13 @@ impl PolicyError {
 /// Tool-name patterns of one layer, split by what they match against: patterns with a `/` match
 /// `server/tool`, the others the bare tool name.
 #[derive(Clone, Debug)]
-struct LayerPatterns {
+pub(super) struct LayerPatterns {
     bare: PatternSet,
     qualified: PatternSet,
 }
 
 impl LayerPatterns {
-    fn new(patterns: &[String], layer: Layer) -> Result<Self, PolicyError> {
+    pub(super) fn new(patterns: &[String], layer: Layer) -> Result<Self, PolicyError> {
         let (q, b): (Vec<&String>, Vec<&String>) = patterns.iter().partition(|p| p.contains('/'));
         let compile =
             |p: &[&String]| PatternSet::new(p).map_err(|source| PolicyError::InvalidPattern { layer, source });
@@ -361,7 +362,7 @@ impl LayerPatterns {
     }
 
     /// `qualified_name` is filled lazily (`server/tool`) into a reused buffer.
-    fn is_match(&self, server: &str, tool: &str, buffer: &mut String) -> bool {
+    pub(super) fn is_match(&self, server: &str, tool: &str, buffer: &mut String) -> bool {
         if self.bare.is_match(tool) {
             return true;
         }
@@ -552,6 +553,7 @@ impl CompiledProfile {
             static_decisions: self.static_decisions.clone().into(),
             servers,
             routes,
+            rank: OnceLock::new(),
         })
     }
 
@@ -650,6 +652,8 @@ pub struct ProfileCatalog {
     static_decisions: Arc<[Decision]>,
     servers: Vec<CatalogServer>,
     routes: RouteTable,
+    /// The relevance index over the tools, built by the first request that ranks them.
+    rank: OnceLock<CatalogRank>,
 }
 
 impl ProfileCatalog {
@@ -730,6 +734,23 @@ impl ProfileCatalog {
 }
 
 impl ProfileCatalog {
+    /// The relevance index over the catalog's tools: built once per catalog, on first use.
+    pub(super) fn rank(&self) -> &CatalogRank {
+        self.rank.get_or_init(|| {
+            CatalogRank::build(self.servers.iter().filter_map(|s| {
+                let tools = s.tools.as_deref()?;
+                let spec = &s.spec.spec;
+                let text =
+                    [Some(&*s.id), (s.server_part != s.id).then_some(&*s.server_part), spec.display_name.as_deref()]
+                        .into_iter()
+                        .flatten()
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                Some((&s.id, text, tools))
+            }))
+        })
+    }
+
     /// A server's call budgets after the profile and request layers.
     fn call_budgets(&self, server: &CatalogServer, request: &RequestBudgets) -> CallBudgets {
         budget::call_budgets(
@@ -778,6 +799,11 @@ impl PartialEq for EffectiveSet {
 }
 
 impl EffectiveSet {
+    /// The catalog this set was computed from.
+    pub(super) fn catalog(&self) -> &ProfileCatalog {
+        &self.catalog
+    }
+
     /// Every exposed tool, in server order then list order.
     pub fn tools(&self) -> impl Iterator<Item = (&EffectiveServer, &EffectiveTool)> {
         self.servers.iter().flat_map(|s| s.tools.iter().flat_map(|t| t.iter()).map(move |t| (s, t)))

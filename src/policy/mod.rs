@@ -12,6 +12,8 @@
 //! - [`budget`]: composition where every layer only tightens.
 //! - [`explain`]: the effective set as JSON with the reason for every exclusion.
 //! - [`approval`]: per-tool approval mode, most specific pattern first.
+//! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`.
+//! - [`select`]: which tools a chat round offers under `relevance`, and the `find_tools` built-in.
 
 pub mod approval;
 pub mod budget;
@@ -19,6 +21,8 @@ pub mod effective;
 pub mod explain;
 pub mod name;
 pub mod pattern;
+pub mod rank;
+pub mod select;
 
 pub use effective::{
     CompiledProfile, Decision, EffectiveServer, EffectiveSet, EffectiveTool, Layer, PolicyError, Reason, RequestScope,

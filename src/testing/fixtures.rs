@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{
     ApprovalMode, ApprovalPolicy, ChatSpec, HeaderValueSource, HttpHeader, McpProfile, McpProfileSpec, McpServer,
-    McpServerSpec, ProfileBudgets, SecretKeyRef, ServerBudgets, StdioSpec, Transport,
+    McpServerSpec, ProfileBudgets, SecretKeyRef, ServerBudgets, StdioSpec, ToolSelection, Transport, UpstreamSpec,
 };
 use crate::testing::mcp_servers::Command;
 
@@ -229,20 +229,29 @@ impl McpProfile {
 
     /// Sets `spec.chat.upstream.url` (the rest of the upstream is kept).
     pub fn upstream(mut self, url: impl Into<String>) -> Self {
-        self.spec.chat.get_or_insert_with(ChatSpec::default).upstream.url = url.into();
+        self.upstream_spec().url = url.into();
+        self
+    }
+
+    fn upstream_spec(&mut self) -> &mut UpstreamSpec {
+        self.spec.chat.get_or_insert_with(ChatSpec::default).upstream.get_or_insert_with(UpstreamSpec::default)
+    }
+
+    /// Sets `spec.chat.toolSelection`.
+    pub fn tool_selection(mut self, selection: ToolSelection) -> Self {
+        self.spec.chat.get_or_insert_with(ChatSpec::default).tool_selection = Some(selection);
         self
     }
 
     /// Sets `spec.chat.upstream.apiKeySecretRef` to the key `key` of the Secret `secret`.
     pub fn upstream_key(mut self, secret: &str, key: &str) -> Self {
-        let upstream = &mut self.spec.chat.get_or_insert_with(ChatSpec::default).upstream;
-        upstream.api_key_secret_ref = Some(SecretKeyRef { name: secret.to_string(), key: key.to_string() });
+        self.upstream_spec().api_key_secret_ref = Some(SecretKeyRef { name: secret.to_string(), key: key.to_string() });
         self
     }
 
     /// Sets `spec.chat.upstream.model`.
     pub fn upstream_model(mut self, model: &str) -> Self {
-        self.spec.chat.get_or_insert_with(ChatSpec::default).upstream.model = Some(model.to_string());
+        self.upstream_spec().model = Some(model.to_string());
         self
     }
 }
@@ -315,11 +324,12 @@ mod tests {
         let profile = McpProfile::test("dev").servers(["fs"]).upstream_key("llm", "key").upstream("https://llm/v1");
         let mut expected = McpProfile::new("dev", McpProfileSpec { servers: vec!["fs".into()], ..Default::default() });
         expected.spec.chat = Some(ChatSpec {
-            upstream: UpstreamSpec {
+            upstream: Some(UpstreamSpec {
                 url: "https://llm/v1".into(),
                 api_key_secret_ref: Some(SecretKeyRef { name: "llm".into(), key: "key".into() }),
                 model: None,
-            },
+            }),
+            tool_selection: None,
         });
         assert_eq!(profile, expected);
     }

@@ -13,13 +13,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use serde_json::{Value, json};
+use spear::agent::AuditSink;
 use spear::agent::chat::{self, ChatService};
 use spear::api::manifest::Object;
-use spear::api::{McpProfile, McpProfileSpec, McpServer};
+use spear::api::{McpProfile, McpProfileSpec, McpServer, ToolSelection, ToolSelectionMode};
 use spear::chat::{UpstreamOverride, UpstreamTimeouts};
 use spear::testing::mcp_servers;
 
-use crate::support::{TestAgent, start_agent};
+use crate::support::{TestAgent, start_agent, start_agent_audited};
 
 // === the scripted upstream ===
 
@@ -742,4 +743,108 @@ async fn the_openai_python_sdk_completes_a_tool_using_chat() {
     assert_eq!(tool_messages(&requests[3]), [("call_2".to_string(), "streamed".to_string())]);
     assert!(requests.iter().all(|r| r.body.get("mcp").is_none()));
     assert_eq!(requests[0].authorization.as_deref(), Some("Bearer sk-sdk"));
+}
+
+/// Runs `tests/servers/openai_client.py` against `chat` with `args`; its stdout as JSON.
+async fn openai_sdk(chat: &Chat, args: &[&str]) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/servers/openai_client.py");
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(mcp_servers::python()).arg(script).arg(&chat.base_url).args(args).output(),
+    )
+    .await
+    .expect("SDK script within 120 s")
+    .expect("run the SDK script");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "SDK script failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+#[tokio::test]
+async fn relevance_selection_offers_k_tools_of_500_and_find_tools_reaches_the_rest() {
+    const K: usize = 10;
+    let upstream = ScriptedUpstream::start(vec![
+        calls(&[("call_find", "mcp__spear__find_tools", r#"{"query": "star history of github repositories"}"#)]),
+        calls(&[("call_star", "mcp__cat__github_star", r#"{"repos": "octocat/Hello-World"}"#)]),
+        answer("done"),
+    ])
+    .await;
+    let catalog = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/data/tool_retrieval/catalog.jsonl");
+    let cat = mcp_servers::fixture_stdio(&["--catalog", catalog, "--catalog-tools", "500"]);
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let profile = McpProfile::test("p")
+        .servers(["fx", "cat"])
+        .upstream(&upstream.base_url)
+        .upstream_model("test-model")
+        .tool_selection(ToolSelection {
+            mode: ToolSelectionMode::Relevance,
+            max_tools: Some(K as u32),
+            always_include: vec!["fx/echo".into()],
+        });
+    let audit_dir = tempfile::tempdir().expect("tempdir");
+    let audit_path = audit_dir.path().join("audit.jsonl");
+    let audit_file = std::fs::File::create(&audit_path).expect("audit file");
+    let agent = start_agent_audited(
+        vec![
+            Object::Server(McpServer::test("fx").running(&fixture).allowing(["*"])),
+            Object::Server(McpServer::test("cat").running(&cat).allowing(["*"])),
+            Object::Profile(profile),
+        ],
+        "p",
+        AuditSink::new(Box::new(audit_file), false),
+    )
+    .await;
+    let audited = agent.agent.clone();
+    let chat = serve_chat(upstream, agent, UpstreamOverride::default()).await;
+    let result = openai_sdk(&chat, &["selection"]).await;
+    assert_eq!(result["content"], "done");
+
+    let requests = chat.upstream.requests();
+    assert_eq!(requests.len(), 3);
+    let offered: Vec<Vec<String>> = requests.iter().map(tool_names).collect();
+    let selections = result["spear"]["tool_selection"].as_array().expect("spear.tool_selection").clone();
+    assert_eq!(selections.len(), 3, "one selection per upstream request");
+    for (round, names) in offered.iter().enumerate() {
+        let selection = &selections[round];
+        assert_eq!(selection["of"], 510, "500 catalog tools and the fixture's 10");
+        let why = |name: &str| {
+            selection["tools"].as_array().expect("tools").iter().find(|t| t["name"] == name).map(|t| t["why"].clone())
+        };
+        // The bound of the issue: K ranked + called + alwaysInclude (+ found), plus the caller's
+        // own tool and find_tools.
+        let pinned = names.iter().filter(|n| why(n).is_some_and(|w| w != "ranked")).count();
+        let ranked = names.iter().filter(|n| why(n).is_some_and(|w| w == "ranked")).count();
+        assert_eq!(ranked, K, "round {round}: {names:?}");
+        assert_eq!(names.len(), K + pinned + 2, "round {round}: {names:?}");
+        assert_eq!(names[0], "get_weather", "the caller's tool comes first, every round");
+        assert!(names.contains(&"mcp__spear__find_tools".to_string()));
+        assert_eq!(why("mcp__fx__echo"), Some(json!("always_include")));
+    }
+    // Round 1: the user's words rank the catalog's user-details tool in.
+    assert!(offered[0].contains(&"mcp__cat__get_user_info".to_string()), "{:?}", offered[0]);
+    assert!(!offered[0].contains(&"mcp__cat__github_star".to_string()));
+    // find_tools answered from the whole set, and what it found is offered from round 2 on.
+    let found = &tool_messages(&requests[1])[0];
+    assert_eq!(found.0, "call_find");
+    assert!(found.1.contains("mcp__cat__github_star"), "{}", found.1);
+    assert!(offered[1].contains(&"mcp__cat__github_star".to_string()), "{:?}", offered[1]);
+    // The found tool ran on its server; called, it stays offered.
+    let star = tool_messages(&requests[2]).pop().expect("the star call's answer");
+    assert_eq!(star, ("call_star".to_string(), r#"{"repos": "octocat/Hello-World"}"#.to_string()));
+    let star_why =
+        selections[2]["tools"].as_array().expect("tools").iter().find(|t| t["name"] == "mcp__cat__github_star");
+    assert!(star_why.is_some_and(|t| t["why"] == "called" || t["why"] == "found"));
+    let statuses: Vec<&Value> =
+        result["spear"]["tool_calls"].as_array().expect("calls").iter().map(|c| &c["status"]).collect();
+    assert_eq!(statuses, [&json!("ok"), &json!("ok")], "find_tools counts as a call");
+    audited.flush_audit();
+    let lines: Vec<Value> = std::fs::read_to_string(&audit_path)
+        .expect("audit log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an audit line is JSON"))
+        .collect();
+    let called: Vec<(&str, &str)> =
+        lines.iter().map(|l| (l["called_as"].as_str().unwrap_or(""), l["status"].as_str().unwrap_or(""))).collect();
+    assert_eq!(called, [("mcp__spear__find_tools", "ok"), ("mcp__cat__github_star", "ok")]);
+    assert!(lines[0].get("server_id").is_none(), "the agent answered find_tools itself");
 }

@@ -34,7 +34,12 @@ impl Drop for TestAgent {
 /// Starts an agent serving `profile` over `objects`, past starting on return (tools listed, or
 /// the profile found missing). Audit is off.
 pub async fn start_agent(objects: Vec<Object>, profile: &str) -> TestAgent {
-    let t = spawn_agent(objects, profile);
+    start_agent_audited(objects, profile, AuditSink::disabled()).await
+}
+
+/// [`start_agent`] with its audit lines going to `audit`.
+pub async fn start_agent_audited(objects: Vec<Object>, profile: &str, audit: AuditSink) -> TestAgent {
+    let t = spawn_agent_audited(objects, profile, audit);
     tokio::time::timeout(std::time::Duration::from_secs(30), t.agent.settled()).await.expect("agent settled in 30 s");
     // Ready does not wait for a server still starting after 10 s (a loaded machine); the tests
     // here want its tools, so wait for its start to end too (`/readyz` lists each server).
@@ -49,13 +54,17 @@ pub async fn start_agent(objects: Vec<Object>, profile: &str) -> TestAgent {
 /// Starts an agent serving `profile` over `objects` and returns at once, before its first state
 /// is published (as the doors see it in the moment the process starts). Audit is off.
 pub fn spawn_agent(objects: Vec<Object>, profile: &str) -> TestAgent {
+    spawn_agent_audited(objects, profile, AuditSink::disabled())
+}
+
+fn spawn_agent_audited(objects: Vec<Object>, profile: &str, audit: AuditSink) -> TestAgent {
     let registry = Arc::new(StaticRegistry::new(snapshot(objects)));
     let pool = Pool::with_env(
         PoolOptions { idle_timeout: None, ..PoolOptions::default() },
         Arc::new(|name: &str| std::env::var(name).ok()),
     );
     let mut options = AgentOptions::new(profile);
-    options.audit = AuditSink::disabled();
+    options.audit = audit;
     let agent = Agent::new(options, registry.clone(), pool);
     let cancel = CancellationToken::new();
     tokio::spawn(agent.clone().run(cancel.clone()));

@@ -7,10 +7,13 @@ runtime tool registration with `notifications/tools/list_changed`, large outputs
 
     python fixture_server.py --transport stdio [--garbage-stdout] [--hang] [--stderr-chatter]
     python fixture_server.py --transport http --port 8931 [--host 127.0.0.1] [--hang] [--stderr-chatter]
+    python fixture_server.py --transport stdio --catalog FILE.jsonl --catalog-tools 500
 
 Streamable HTTP is served at `/mcp` with stateful sessions (`Mcp-Session-Id`). Tools: `echo`,
 `sleep`, `big`, `probe`, `add_tool`, `flood_list_changed`, `lists`, `ask`, `env`, `pid` (see `TOOLS`). Logs go to stderr only; stdout is
-the stdio transport's wire.
+the stdio transport's wire. `--catalog` serves a JSONL tool catalog instead (the retrieval
+evaluation's `benches/data/tool_retrieval/catalog.jsonl`): the first `--catalog-tools` tools of
+distinct names, with their real descriptions and schemas, each answering with its arguments.
 """
 
 import argparse
@@ -161,6 +164,22 @@ TOOLS = {
 }
 
 
+def load_catalog(path: str, count: int) -> None:
+    """Replaces TOOLS with the first `count` distinct-named tools of a JSONL catalog."""
+
+    async def answer(ctx, **arguments) -> str:
+        return json.dumps(arguments, sort_keys=True)
+
+    TOOLS.clear()
+    with open(path, encoding="utf-8") as catalog:
+        for line in catalog:
+            tool = json.loads(line)
+            if tool["name"] not in TOOLS:
+                TOOLS[tool["name"]] = (tool["description"], tool["parameters"], answer)
+            if len(TOOLS) == count:
+                break
+
+
 # === MCP wiring ===
 
 
@@ -249,8 +268,12 @@ def main() -> None:
     parser.add_argument("--garbage-stdout", action="store_true", help="stdio: a non-JSON line first")
     parser.add_argument("--hang", action="store_true", help="never answer anything")
     parser.add_argument("--stderr-chatter", action="store_true", help="a stderr line on every call")
+    parser.add_argument("--catalog", help="serve the tools of this JSONL catalog instead")
+    parser.add_argument("--catalog-tools", type=int, default=500, help="how many distinct tools of --catalog")
     args = parser.parse_args()
     CHATTER = args.stderr_chatter
+    if args.catalog:
+        load_catalog(args.catalog, args.catalog_tools)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="fixture: %(levelname)s %(message)s")
     print(f"fixture: starting (transport={args.transport}, pid={os.getpid()})", file=sys.stderr, flush=True)
 

@@ -1,12 +1,13 @@
 """Drives spearlet's chat door with the official OpenAI Python SDK (PyPI `openai`).
 
-    python openai_client.py http://127.0.0.1:<port>/v1
+    python openai_client.py http://127.0.0.1:<port>/v1 [selection]
 
 Used by tests/it/chat.rs, whose scripted upstream stands behind the agent. Three completions:
 non-streaming (the agent runs an MCP tool round), streaming with `include_usage` (the same, then
 SSE chunks), and the SDK's `stream()` helper on an answer calling the caller's own tool (the
-tool-call deltas must accumulate into a complete call). Prints one JSON object on stdout; any
-SDK error fails the script with a traceback on stderr.
+tool-call deltas must accumulate into a complete call). With `selection`, one completion with a
+caller tool under the profile's relevance tool selection, with the `spear` extension printed. Prints
+one JSON object on stdout; any SDK error fails the script with a traceback on stderr.
 """
 
 import json
@@ -24,8 +25,21 @@ WEATHER = {
 }
 
 
+def selection(client: OpenAI) -> None:
+    messages = [{"role": "user", "content": "Get me the details of user 7890 from the database"}]
+    completion = client.chat.completions.create(model="test-model", messages=messages, tools=[WEATHER])
+    out = {
+        "content": completion.choices[0].message.content,
+        "spear": (completion.model_extra or {}).get("spear"),
+    }
+    print(json.dumps(out))
+
+
 def main() -> None:
     client = OpenAI(base_url=sys.argv[1], api_key="sk-sdk", max_retries=0, timeout=60)
+    if sys.argv[2:] == ["selection"]:
+        selection(client)
+        return
     messages = [{"role": "user", "content": "use the echo tool"}]
     out = {}
 

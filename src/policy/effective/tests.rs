@@ -402,6 +402,111 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// `chat.toolSelection` offers a subset of the effective set whatever it is given: pinned
+    /// names outside the set, `alwaysInclude` patterns matching excluded tools, any conversation.
+    #[test]
+    fn tool_selection_never_widens_the_set(
+        c in case(),
+        req_deny in prop::collection::vec(pattern(), 0..2),
+        always in prop::collection::vec(pattern(), 0..3),
+        pinned in prop::collection::vec("mcp__[a-z]{1,4}__[a-z_]{1,6}", 0..4),
+        words in "[a-z_ ]{0,40}",
+        k in 1u32..6,
+    ) {
+        use crate::api::{ToolSelection, ToolSelectionMode};
+        use crate::policy::rank::{Role, Turn};
+        use crate::policy::select::{Pinned, SelectionPolicy, Why};
+        let request = RequestScope { tool_denylist: req_deny, ..Default::default() };
+        let set = CompiledProfile::compile(&c.snap, "p").expect("compiles").effective(lookup(&c.tools), Some(&request), &[]).expect("set");
+        let spec = ToolSelection { mode: ToolSelectionMode::Relevance, max_tools: Some(k), always_include: always };
+        let policy = SelectionPolicy::new(Some(&spec), None).expect("valid patterns").expect("relevance");
+        let mut pins = Pinned::default();
+        for name in &pinned {
+            pins.pin(name, Why::Found);
+        }
+        let selection = set.select(&policy, &[Turn { role: Role::User, text: &words }], &pins);
+        prop_assert_eq!(selection.of, set.tools().count());
+        let mut seen = std::collections::HashSet::new();
+        for tool in &selection.tools {
+            prop_assert!(set.route(&tool.name).is_some(), "{} is offered but not in the set", tool.name);
+            prop_assert!(seen.insert(tool.name.clone()), "{} offered twice", tool.name);
+        }
+        prop_assert!(selection.tools.iter().filter(|t| t.why == Why::Ranked).count() <= k as usize);
+        prop_assert_eq!(selection.find_tools, selection.tools.len() < selection.of);
+        for found in set.find_tools(&words, 20) {
+            prop_assert!(set.route(&found.name).is_some(), "find_tools found {} outside the set", found.name);
+        }
+    }
+}
+
+/// A tool with a description, for ranking.
+fn described(name: &str, description: &str) -> ToolInfo {
+    ToolInfo { description: Some(description.into()), ..ToolInfo::named(name) }
+}
+
+#[test]
+fn relevance_offers_the_best_k_plus_called_found_and_always_included_tools() {
+    use crate::api::{ToolSelection, ToolSelectionMode};
+    use crate::policy::rank::{Role, Turn};
+    use crate::policy::select::{Pinned, SelectionPolicy, Why};
+    let p = McpProfile::test("dev").servers(["fs", "web"]);
+    let snap = snapshot(vec![server("fs", &["*"], &[]), server("web", &["*"], &["delete_*"])], vec![p]);
+    let fs = vec![
+        described("read_file", "Read a text file and return its contents"),
+        described("write_file", "Write text to a file, replacing it"),
+        described("list_directory", "List the entries of a directory"),
+        described("move_file", "Move or rename a file"),
+    ];
+    let web = vec![described("fetch_url", "Fetch a web page by URL"), described("delete_cache", "Delete the cache")];
+    let tools: BTreeMap<String, ServerTools> = [("fs", fs), ("web", web)]
+        .into_iter()
+        .map(|(id, t)| (id.to_string(), ServerTools::Listed(Arc::new(ToolList::new(id, t)))))
+        .collect();
+    let set = compile(&snap, "dev").effective(lookup(&tools), None, &[]).expect("set");
+    let spec = ToolSelection {
+        mode: ToolSelectionMode::Relevance,
+        max_tools: Some(1),
+        always_include: vec!["fs/list_*".into(), "delete_*".into()],
+    };
+    let policy = SelectionPolicy::new(Some(&spec), None).expect("compiles").expect("relevance");
+    let mut pinned = Pinned::default();
+    pinned.pin("mcp__web__fetch_url", Why::Called);
+    let conversation = [
+        Turn { role: Role::User, text: "Move notes.txt to the archive folder" },
+        Turn { role: Role::Other, text: "Done." },
+        Turn { role: Role::User, text: "Now read the file back to me" },
+    ];
+    let selection = set.select(&policy, &conversation, &pinned);
+    let offered: Vec<(&str, Why)> = selection.tools.iter().map(|t| (&*t.name, t.why)).collect();
+    // Set order; the one ranked tool is the latest turn's; the denied tool stays out although
+    // alwaysInclude matches it.
+    assert_eq!(
+        offered,
+        [
+            ("mcp__fs__read_file", Why::Ranked),
+            ("mcp__fs__list_directory", Why::AlwaysInclude),
+            ("mcp__web__fetch_url", Why::Called)
+        ]
+    );
+    assert!(selection.find_tools, "two tools are left out");
+    assert!(selection.tools[0].score > 0.0);
+
+    // A request's max_tools lowers the profile's and turns relevance on under mode `all`.
+    let policy = SelectionPolicy::new(Some(&ToolSelection { max_tools: Some(10), ..spec.clone() }), Some(3));
+    assert_eq!(policy.expect("compiles").expect("relevance").max_tools, 3);
+    assert!(SelectionPolicy::new(None, None).expect("compiles").is_none(), "mode all: everything");
+    assert_eq!(SelectionPolicy::new(None, Some(2)).expect("compiles").expect("relevance").max_tools, 2);
+
+    // find_tools searches the whole set, best first, only tools that share a word.
+    let found: Vec<String> = set.find_tools("rename a file", 5).iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(found.first().map(String::as_str), Some("mcp__fs__move_file"), "{found:?}");
+    assert!(!found.contains(&"mcp__web__fetch_url".to_string()));
+    assert!(set.find_tools("zebra", 5).is_empty());
+}
+
 #[test]
 fn routes_exist_only_for_tools_exposed_in_this_set() {
     let p = McpProfile::test("dev").servers(["a", "b"]).default_servers(["a"]);
