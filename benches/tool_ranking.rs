@@ -8,6 +8,8 @@
 //!   parameters: the catalog holds rewordings of the same tool), next to a random ranker as the
 //!   floor. The ranker's weights were chosen on the `tune` split only; `heldout` is reported,
 //!   never tuned on.
+//! - **Prompt tokens** of the tool definitions per round, `all` against `relevance`, on a 500-tool
+//!   catalog (the example registry's figure comes from `spearlet explain --connect`).
 //! - **Cost** (criterion): building the index over 1,000 tools (once per catalog change) and
 //!   ranking 1,000 tools for one request (issue target ≤ 100 µs), against the baseline of
 //!   scanning the same tools' descriptions for the query's first word.
@@ -22,6 +24,7 @@ use std::hint::black_box;
 use criterion::Criterion;
 use serde_json::Value;
 use spear::policy::rank::{RankParams, Role, ToolIndex, ToolText, Turn};
+use spear::policy::select;
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/data/tool_retrieval");
 const KS: [usize; 3] = [5, 10, 20];
@@ -206,6 +209,44 @@ fn sweep(catalog: &[CatalogTool], queries: &[Query]) {
     }
 }
 
+/// Prompt tokens of tool definitions per round (`select::estimated_tokens`: JSON bytes / 4) on
+/// a 500-tool catalog (the first 500 distinct names, as `tests/it/chat.rs` serves them), with
+/// `all` against `relevance` at K = 10 and 20 (plus `find_tools`), averaged over every query.
+fn tokens(catalog: &[CatalogTool], queries: &[Query]) {
+    let mut seen = HashSet::new();
+    let tools: Vec<&CatalogTool> = catalog.iter().filter(|t| seen.insert(t.name.as_str())).take(500).collect();
+    let index = ToolIndex::build_with(
+        RankParams::default(),
+        tools.iter().map(|t| ToolText {
+            name: &t.name,
+            server: "",
+            description: &t.description,
+            input_schema: Some(&t.parameters),
+        }),
+    );
+    let all = select::estimated_tokens(tools.iter().map(definition));
+    let (find_description, find_schema) = select::find_tools_definition();
+    let find_tools = (select::FIND_TOOLS, Some(find_description.as_str()), &find_schema);
+    println!("prompt tokens of tool definitions per round, {} tools (estimate: JSON bytes / 4)", tools.len());
+    println!("{:<34} {:>8} {:>10}", "selection", "tokens", "vs all");
+    println!("{:<34} {all:>8} {:>10.3}", "all", 1.0);
+    for k in [10, 20] {
+        let mut total = 0usize;
+        for query in queries {
+            let turns = [Turn { role: Role::User, text: &query.text }];
+            let top = index.top(&index.query(&turns), k, |_| true);
+            let offered = top.iter().map(|(id, _)| definition(&tools[*id as usize]));
+            total += select::estimated_tokens(offered.chain([find_tools]));
+        }
+        let mean = total / queries.len().max(1);
+        println!("{:<34} {mean:>8} {:>10.3}", format!("relevance, K = {k}, + find_tools"), mean as f64 / all as f64);
+    }
+}
+
+fn definition<'a>(t: &&'a CatalogTool) -> (&'a str, Option<&'a str>, &'a Value) {
+    (t.name.as_str(), Some(t.description.as_str()), &t.parameters)
+}
+
 fn cost(catalog: &[CatalogTool], criterion: &mut Criterion) {
     let tools = &catalog[..catalog.len().min(1000)];
     let index = index(tools, RankParams::default());
@@ -236,6 +277,7 @@ fn main() {
         return;
     }
     quality(&catalog, &queries);
+    tokens(&catalog, &queries);
     let mut criterion = Criterion::default().configure_from_args();
     cost(&catalog, &mut criterion);
     criterion.final_summary();

@@ -21,8 +21,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 
 use super::core::Agent;
-use crate::policy::RequestScope;
-use crate::policy::explain::explain_json;
+use crate::policy::explain::{ExplainRequest, explain_json, explain_selection};
 
 /// The admin router: health, readiness and metrics as both binaries serve them, plus
 /// `/debug/effective`. Serve it with `into_make_service_with_connect_info::<SocketAddr>()` so
@@ -36,7 +35,7 @@ pub(crate) fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
 
 #[derive(Deserialize)]
 struct DebugQuery {
-    /// A request scope as JSON, as in `spearlet explain --request`.
+    /// A request as JSON, as in `spearlet explain --request` (a scope, `messages`, `max_tools`).
     request: Option<String>,
 }
 
@@ -48,26 +47,32 @@ async fn debug_effective(
     if !peer.ip().is_loopback() {
         return (StatusCode::FORBIDDEN, "/debug/effective answers loopback callers only\n").into_response();
     }
-    let scope: Option<RequestScope> = match query.request.as_deref().map(serde_json::from_str).transpose() {
-        Ok(scope) => scope,
+    let request = match query.request.as_deref().map(ExplainRequest::parse).transpose() {
+        Ok(request) => request.unwrap_or_default(),
         Err(e) => {
-            return (StatusCode::BAD_REQUEST, format!("request: not a valid request scope: {e}\n")).into_response();
+            return (StatusCode::BAD_REQUEST, format!("request: not a valid request: {e}\n")).into_response();
         }
     };
     let current = agent.state();
-    match agent.effective(scope.as_ref(), &[]) {
-        Ok(set) => {
-            let listed = current.catalog.is_some();
-            let mut explained = explain_json(&current.snapshot, &set, listed);
-            // What the list caps cut (mcp::limits) is the pool's to know, not the policy's.
-            for server in explained["servers"].as_array_mut().into_iter().flatten() {
-                let cut = server["id"].as_str().and_then(|id| agent.pool().status(id)).and_then(|s| s.list_cut);
-                if let Some(cut) = cut {
-                    server["listCut"] = cut.to_string().into();
-                }
+    let explained = agent.effective(request.scope.as_ref(), &[]).and_then(|set| {
+        let listed = current.catalog.is_some();
+        let mut explained = explain_json(&current.snapshot, &set, listed);
+        // What the list caps cut (mcp::limits) is the pool's to know, not the policy's.
+        for server in explained["servers"].as_array_mut().into_iter().flatten() {
+            let cut = server["id"].as_str().and_then(|id| agent.pool().status(id)).and_then(|s| s.list_cut);
+            if let Some(cut) = cut {
+                server["listCut"] = cut.to_string().into();
             }
-            axum::Json(explained).into_response()
         }
+        if let Some(profile) = current.snapshot.profile(agent.profile())
+            && let Some(selection) = explain_selection(&profile.object, &set, &request)?
+        {
+            explained["toolSelection"] = selection;
+        }
+        Ok(explained)
+    });
+    match explained {
+        Ok(explained) => axum::Json(explained).into_response(),
         Err(e) => (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({"error": {"code": e.code(), "message": e.to_string()}})),

@@ -1,8 +1,139 @@
 //! The effective set explained, for `spearlet explain` (a table or JSON) and the admin
 //! `/debug/effective` (JSON). Pure.
 
-use crate::policy::EffectiveSet;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use crate::api::McpProfile;
+use crate::policy::rank::Turn;
+use crate::policy::select::{self, Pinned, SelectionPolicy, Why};
+use crate::policy::{EffectiveSet, PolicyError, RequestScope};
 use crate::registry::snapshot::Snapshot;
+
+/// What `explain --request` and `/debug/effective?request=` take: a request scope, plus the
+/// chat request's `messages` and `max_tools` to show the tool selection for.
+#[derive(Debug, Default)]
+pub struct ExplainRequest {
+    /// The scope (every key but `messages` and `max_tools`).
+    pub scope: Option<RequestScope>,
+    /// The conversation, as a chat request sends it.
+    pub messages: Option<Vec<Value>>,
+    /// As the chat request's `mcp.max_tools`.
+    pub max_tools: Option<u32>,
+}
+
+impl ExplainRequest {
+    /// Parses the JSON object; the error names the field.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut object: Map<String, Value> =
+            serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
+        let messages = match object.remove("messages") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(messages)) => Some(messages),
+            Some(_) => return Err("messages: expected an array of chat messages".into()),
+        };
+        let max_tools = match object.remove("max_tools") {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(
+                value
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| (1..=128).contains(n))
+                    .ok_or_else(|| format!("max_tools: expected an integer from 1 to 128, got {value}"))?,
+            ),
+        };
+        let scope = if object.is_empty() {
+            None
+        } else {
+            Some(serde_path_to_error::deserialize(Value::Object(object)).map_err(|e| e.to_string())?)
+        };
+        Ok(ExplainRequest { scope, messages, max_tools })
+    }
+}
+
+/// The tool selection a chat request with `request`'s messages would get in its first round
+/// (tools its messages already called are pinned), as JSON: every tool of the set with its
+/// score, offered or not, best first. `None` when the profile offers every tool.
+pub fn explain_selection(
+    profile: &McpProfile,
+    set: &EffectiveSet,
+    request: &ExplainRequest,
+) -> Result<Option<Value>, PolicyError> {
+    let spec = profile.spec.chat.as_ref().and_then(|c| c.tool_selection.as_ref());
+    let Some(policy) = SelectionPolicy::new(spec, request.max_tools)? else { return Ok(None) };
+    let messages = request.messages.as_deref().unwrap_or_default();
+    let mut pinned = Pinned::default();
+    for name in select::called_names(messages) {
+        pinned.pin(name, Why::Called);
+    }
+    let texts = select::turns(messages);
+    let turns: Vec<Turn<'_>> = texts.iter().map(|(role, text)| Turn { role: *role, text }).collect();
+    let selection = set.select(&policy, &turns, &pinned);
+    let offered: std::collections::HashMap<&Arc<str>, Why> = selection.tools.iter().map(|t| (&t.name, t.why)).collect();
+    let tools: Vec<Value> = set
+        .ranked(&turns)
+        .into_iter()
+        .map(|(name, score)| {
+            let why = offered.get(&name).copied();
+            json!({"name": &*name, "score": select::rounded(score), "offered": why.is_some(), "why": why})
+        })
+        .collect();
+    let definition = tool_definition;
+    let all = select::estimated_tokens(set.tools().map(|(_, t)| definition(t)));
+    let (find_description, find_schema) = select::find_tools_definition();
+    let find_tools =
+        selection.find_tools.then_some((select::FIND_TOOLS, Some(find_description.as_str()), &find_schema));
+    let offered_tokens = select::estimated_tokens(
+        set.tools().filter(|(_, t)| offered.contains_key(&t.name)).map(|(_, t)| definition(t)).chain(find_tools),
+    );
+    Ok(Some(json!({
+        "maxTools": policy.max_tools,
+        "of": selection.of,
+        "offered": selection.tools.len(),
+        "findTools": selection.find_tools.then_some(select::FIND_TOOLS),
+        "promptTokens": {"all": all, "offered": offered_tokens, "estimate": "tool definitions' JSON bytes / 4"},
+        "tools": tools,
+    })))
+}
+
+fn tool_definition(t: &crate::policy::EffectiveTool) -> (&str, Option<&str>, &Value) {
+    (&t.name, t.tool.description.as_deref(), &t.tool.input_schema)
+}
+
+/// `explain_selection`'s JSON as lines for people: the offered tools, then the best few left out.
+pub(crate) fn selection_table(selection: &Value) -> String {
+    use std::fmt::Write as _;
+    /// Tools left out that the table shows (the JSON has them all).
+    const LEFT_OUT_SHOWN: usize = 10;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "TOOL SELECTION (relevance, maxTools {}): {} of {} offered{}; about {} prompt tokens of tools, {} with all",
+        selection["maxTools"],
+        selection["offered"],
+        selection["of"],
+        selection["findTools"].as_str().map(|f| format!(", plus {f}")).unwrap_or_default(),
+        selection["promptTokens"]["offered"],
+        selection["promptTokens"]["all"],
+    );
+    let tools = selection["tools"].as_array().map(Vec::as_slice).unwrap_or_default();
+    for tool in tools.iter().filter(|t| t["offered"] == true) {
+        let why = tool["why"].as_str().unwrap_or_default();
+        let (name, score) = (tool["name"].as_str().unwrap_or_default(), tool["score"].as_f64().unwrap_or_default());
+        let _ = writeln!(out, "  {name:<48} {score:>8.2} {why}");
+    }
+    let left_out: Vec<&Value> = tools.iter().filter(|t| t["offered"] == false).collect();
+    for tool in left_out.iter().take(LEFT_OUT_SHOWN) {
+        let (name, score) = (tool["name"].as_str().unwrap_or_default(), tool["score"].as_f64().unwrap_or_default());
+        let _ = writeln!(out, "  {name:<48} {score:>8.2} not offered");
+    }
+    if left_out.len() > LEFT_OUT_SHOWN {
+        let _ =
+            writeln!(out, "  ... {} more not offered (--output json lists them all)", left_out.len() - LEFT_OUT_SHOWN);
+    }
+    out
+}
 
 /// The note shown when tool lists were not fetched.
 pub(crate) const NOT_LISTED: &str = "tool lists not fetched: decided on servers and patterns alone (per-tool decisions need a connection to each server)";

@@ -251,6 +251,15 @@ impl EffectiveSet {
         Selection { tools, of, find_tools }
     }
 
+    /// Every tool of the set with its score for `conversation`, best first (ties in set order):
+    /// what `explain` shows of the tools a round did not offer.
+    pub fn ranked(&self, conversation: &[Turn<'_>]) -> Vec<(Arc<str>, f32)> {
+        let mut scored: Vec<(Arc<str>, f32)> =
+            self.scored(|index| index.query(conversation)).into_iter().map(|(name, score, ..)| (name, score)).collect();
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+        scored
+    }
+
     /// Runs a `find_tools` call: the set's tools best matching `query`, at most `limit`, only
     /// those sharing a word with it.
     pub fn find_tools(&self, query: &str, limit: usize) -> Vec<SelectedTool> {
@@ -265,6 +274,30 @@ impl EffectiveSet {
             .map(|(name, score, _, _)| SelectedTool { name, score, why: Why::Found })
             .collect()
     }
+}
+
+/// Bytes of JSON per prompt token in [`estimated_tokens`]: OpenAI's rule of thumb for English
+/// text (about 4 characters a token); tool schemas tokenize a little denser, so the estimate errs
+/// low for them.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// Prompt tokens the tool definitions cost, estimated as their JSON's bytes (as an OpenAI request
+/// carries them: `{"type": "function", "function": {name, description, parameters}}`) divided
+/// by [`BYTES_PER_TOKEN`].
+pub fn estimated_tokens<'a>(
+    tools: impl IntoIterator<Item = (&'a str, Option<&'a str>, &'a serde_json::Value)>,
+) -> usize {
+    let bytes: usize = tools
+        .into_iter()
+        .map(|(name, description, parameters)| {
+            let definition = serde_json::json!({
+                "type": "function",
+                "function": {"name": name, "description": description, "parameters": parameters},
+            });
+            definition.to_string().len()
+        })
+        .sum();
+    bytes.div_ceil(BYTES_PER_TOKEN)
 }
 
 /// The JSON Schema of [`FIND_TOOLS`]'s arguments and its description, as offered to the model.

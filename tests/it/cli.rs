@@ -376,3 +376,69 @@ fn install_refuses_a_directory_and_a_missing_directory_with_exit_2_naming_the_fl
     }
     assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0, "nothing was written");
 }
+
+#[test]
+fn explain_request_shows_the_tool_selection_with_scores() {
+    let fixture = spear::testing::mcp_servers::fixture_stdio(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args: Vec<String> = fixture.args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        dir.path().join("registry.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: fx}}\nspec:\n  transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [\"*\"]\n---\napiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  servers: [fx]\n  chat:\n    toolSelection: {{mode: relevance, maxTools: 3, alwaysInclude: [pid]}}\n",
+            fixture.program.display().to_string(),
+            args.join(", ")
+        ),
+    )
+    .expect("write");
+    let dir_arg = dir.path().to_str().expect("utf-8");
+    let request =
+        r#"{"messages": [{"role": "user", "content": "sleep for a while, then echo my text"}], "max_tools": 2}"#;
+    let explain = |output: &str| {
+        spearlet(
+            &[
+                "explain",
+                "--registry-dir",
+                dir_arg,
+                "--profile",
+                "p",
+                "--connect",
+                "--request",
+                request,
+                "--output",
+                output,
+            ],
+            None,
+        )
+    };
+    let out = explain("json");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let selection = &json["toolSelection"];
+    assert_eq!(selection["maxTools"], 2, "the request's max_tools lowers the profile's 3");
+    assert_eq!(selection["findTools"], "mcp__spear__find_tools");
+    let tools = selection["tools"].as_array().expect("every tool, scored");
+    assert_eq!(tools.len(), selection["of"].as_u64().expect("of") as usize);
+    let mut offered: Vec<(&str, &str)> = tools
+        .iter()
+        .filter(|t| t["offered"] == true)
+        .map(|t| (t["name"].as_str().unwrap_or(""), t["why"].as_str().unwrap_or("")))
+        .collect();
+    offered.sort();
+    assert_eq!(
+        offered,
+        [("mcp__fx__echo", "ranked"), ("mcp__fx__pid", "always_include"), ("mcp__fx__sleep", "ranked")]
+    );
+    assert!(tools[0]["score"].as_f64().expect("score") > 0.0);
+    let tokens = &selection["promptTokens"];
+    assert!(tokens["offered"].as_u64() < tokens["all"].as_u64(), "{tokens}");
+
+    let table = stdout(&explain("table"));
+    assert!(table.contains("TOOL SELECTION (relevance, maxTools 2): 3 of"), "{table}");
+    assert!(table.lines().any(|l| l.contains("mcp__fx__lists") && l.ends_with("not offered")), "{table}");
+
+    let bad =
+        spearlet(&["explain", "--registry-dir", dir_arg, "--profile", "p", "--request", r#"{"max_tools": 0}"#], None);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("max_tools"), "{bad:?}");
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use spear::testing::mcp_servers;
 
 /// A running `spearlet serve`, killed (SIGTERM, then SIGKILL) on drop.
@@ -338,6 +338,17 @@ fn admin_port_reports_readiness_metrics_and_the_effective_set() {
         excluded.iter().any(|d| d["tool"] == "pid" && d["reason"] == "denied_by:profile"),
         "pid excluded with the profile's reason: {excluded:?}"
     );
+    assert!(explained.get("toolSelection").is_none(), "the profile offers every tool");
+
+    // A request's conversation and max_tools: the selection it would get, with scores.
+    let request = r#"{"messages":[{"role":"user","content":"echo this text"}],"max_tools":1}"#;
+    let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("request", request).finish();
+    let (status, body) = http_get(served.admin, &format!("/debug/effective?{query}")).expect("debug");
+    assert_eq!(status, 200, "{body}");
+    let explained: Value = serde_json::from_str(&body).expect("JSON");
+    let best = &explained["toolSelection"]["tools"][0];
+    assert_eq!((&best["name"], &best["why"]), (&json!("mcp__fx__echo"), &json!("ranked")), "{explained}");
+    assert_eq!(explained["toolSelection"]["offered"], 1);
 }
 
 #[test]

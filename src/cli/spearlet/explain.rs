@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use crate::api::keys;
 use crate::cli::{block_on, terminal_safe, usage};
 use crate::mcp::{Pool, PoolOptions};
-use crate::policy::explain::{explain_json, explain_table};
-use crate::policy::{CompiledProfile, RequestScope, ServerTools};
+use crate::policy::explain::{ExplainRequest, explain_json, explain_selection, explain_table, selection_table};
+use crate::policy::{CompiledProfile, PolicyError, ServerTools};
 use crate::registry::dir::DirSource;
 use crate::registry::snapshot::Snapshot;
 
@@ -34,8 +34,9 @@ pub(crate) struct ExplainArgs {
     /// The McpProfile to explain.
     #[arg(long, env = keys::ENV_PROFILE)]
     profile: String,
-    /// A request scope as JSON: {"server_ids": [...], "tool_allowlist": [...],
-    /// "tool_denylist": [...], "budgets": {...}}.
+    /// A request as JSON: a scope {"server_ids": [...], "tool_allowlist": [...],
+    /// "tool_denylist": [...], "budgets": {...}}, and for chat.toolSelection the conversation
+    /// and limit {"messages": [...], "max_tools": 10} (the selection needs --connect).
     #[arg(long, env = keys::ENV_EXPLAIN_REQUEST, value_name = "JSON")]
     request: Option<String>,
     /// Output format.
@@ -49,12 +50,13 @@ pub(crate) struct ExplainArgs {
 
 impl ExplainArgs {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
-        let scope: Option<RequestScope> = self
+        let request = self
             .request
             .as_deref()
-            .map(serde_json::from_str)
+            .map(ExplainRequest::parse)
             .transpose()
-            .map_err(|e| usage(format!("--request is not a valid request scope: {e}")))?;
+            .map_err(|e| usage(format!("--request is not a valid request: {e}")))?
+            .unwrap_or_default();
         let snapshot = DirSource::load(&self.registry_dir).map_err(usage)?;
         for problem in snapshot.problems() {
             eprintln!("warning: registry problem (last good objects are used): {problem}");
@@ -63,10 +65,29 @@ impl ExplainArgs {
             CompiledProfile::compile(&snapshot, &self.profile).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))?;
         let tools = if self.connect { block_on(list_all_tools(&snapshot, &compiled))? } else { BTreeMap::new() };
         let lookup = |id: &str| tools.get(id).cloned().unwrap_or(ServerTools::Unknown);
-        let set = compiled.effective(lookup, scope.as_ref(), &[]).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))?;
+        let refused = |e: PolicyError| anyhow::anyhow!("{e} ({})", e.code());
+        let set = compiled.effective(lookup, request.scope.as_ref(), &[]).map_err(refused)?;
+        let profile = snapshot.profile(&self.profile).map(|p| p.object.clone());
+        let selection = match &profile {
+            // Ranking needs the tools' descriptions: without --connect there is nothing to rank.
+            Some(profile) if self.connect => explain_selection(profile, &set, &request).map_err(refused)?,
+            _ => None,
+        };
         match self.output {
-            OutputFormat::Json => println!("{}", explain_json(&snapshot, &set, self.connect)),
-            OutputFormat::Table => print!("{}", terminal_safe(&explain_table(&snapshot, &set, self.connect))),
+            OutputFormat::Json => {
+                let mut explained = explain_json(&snapshot, &set, self.connect);
+                if let Some(selection) = selection {
+                    explained["toolSelection"] = selection;
+                }
+                println!("{explained}");
+            }
+            OutputFormat::Table => {
+                let mut table = explain_table(&snapshot, &set, self.connect);
+                if let Some(selection) = &selection {
+                    table.push_str(&selection_table(selection));
+                }
+                print!("{}", terminal_safe(&table));
+            }
         }
         Ok(ExitCode::SUCCESS)
     }
