@@ -77,6 +77,14 @@ struct LegacyServer {
     #[serde(default)]
     denied_tools: Vec<String>,
     #[serde(default)]
+    allowed_resources: Vec<String>,
+    #[serde(default)]
+    denied_resources: Vec<String>,
+    #[serde(default)]
+    allowed_prompts: Vec<String>,
+    #[serde(default)]
+    denied_prompts: Vec<String>,
+    #[serde(default)]
     stdio: Option<LegacyStdio>,
     #[serde(default)]
     http: Option<LegacyHttp>,
@@ -192,6 +200,10 @@ fn to_mcp_server(legacy: LegacyServer) -> Result<McpServer, ConvertError> {
             tool_namespace,
             allowed_tools: legacy.allowed_tools,
             denied_tools: legacy.denied_tools,
+            allowed_resources: legacy.allowed_resources,
+            denied_resources: legacy.denied_resources,
+            allowed_prompts: legacy.allowed_prompts,
+            denied_prompts: legacy.denied_prompts,
             approval_policy: None,
             budgets,
         },

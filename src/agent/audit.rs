@@ -46,7 +46,11 @@ pub(crate) struct AuditLine<'a> {
     /// The server called (absent when the name did not route anywhere).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) server_id: Option<&'a str>,
-    /// The tool's name on its server, or the name as asked for when it did not route.
+    /// `resource` or `prompt` for a read or a get; absent for a tool call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<crate::policy::items::ItemKind>,
+    /// The tool's name on its server (a resource's URI, a prompt's name), or the name as asked
+    /// for when it did not route.
     pub(crate) tool_name: &'a str,
     /// The model-facing name the caller used.
     pub(crate) called_as: &'a str,
@@ -285,6 +289,7 @@ mod tests {
             profile: "default",
             registry_revision: "abc",
             server_id: Some("fs"),
+            kind: None,
             tool_name: "read_file",
             called_as: "mcp__fs__read_file",
             status: "ok",

@@ -278,6 +278,11 @@ impl Agent {
         self.effective(None, &[]).map(Arc::new)
     }
 
+    /// The audit sink.
+    pub(crate) fn audit(&self) -> &AuditSink {
+        &self.inner.options.audit
+    }
+
     /// Writes out every audit line queued so far (call before the process exits).
     pub fn flush_audit(&self) {
         self.inner.options.audit.flush();
@@ -381,6 +386,7 @@ impl Agent {
             profile,
             registry_revision: revision,
             server_id: call.server_id.as_deref(),
+            kind: None,
             tool_name: audit::capped(call.tool.as_deref().unwrap_or(&call.name)),
             called_as: audit::capped(&call.name),
             status: call.status(),

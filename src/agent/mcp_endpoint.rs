@@ -17,8 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, SubscriptionFilter, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse, Implementation,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResultType,
+    ServerCapabilities, SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -140,9 +142,13 @@ impl McpEndpoint {
         (!text.is_empty()).then_some(text)
     }
 
+    /// The default set, or the error a client gets when there is none (the profile is missing).
+    fn set(&self) -> Result<Arc<crate::policy::EffectiveSet>, ErrorData> {
+        self.agent.default_set().map_err(|e| ErrorData::invalid_request(format!("{}: {e}", e.code()), None))
+    }
+
     fn tools(&self) -> Result<Vec<Tool>, ErrorData> {
-        let set =
-            self.agent.default_set().map_err(|e| ErrorData::invalid_request(format!("{}: {e}", e.code()), None))?;
+        let set = self.set()?;
         Ok(set
             .tools()
             .map(|(_, t)| {
@@ -157,6 +163,19 @@ impl McpEndpoint {
                 )
             })
             .collect())
+    }
+}
+
+/// A resource read's or prompt get's failure as a JSON-RPC error: bad or refused names are the
+/// client's (`invalid_params`), the rest the server's side (`internal_error`); `data` carries the
+/// structured `{"error": {code, message, retryable}}` object every door gives.
+fn error_data(error: crate::mcp::McpError) -> ErrorData {
+    let data = Some(error.to_tool_output());
+    match error.code {
+        crate::mcp::ErrorCode::McpInvalidArguments | crate::mcp::ErrorCode::McpPolicyDenied => {
+            ErrorData::invalid_params(error.message, data)
+        }
+        _ => ErrorData::internal_error(error.message, data),
     }
 }
 
@@ -178,7 +197,12 @@ fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
 
 impl ServerHandler for McpEndpoint {
     fn get_info(&self) -> InitializeResult {
-        let capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_resources()
+            .enable_prompts()
+            .build();
         let mut info = InitializeResult::new(capabilities)
             .with_server_info(Implementation::new("spearlet", env!("CARGO_PKG_VERSION")));
         if let Some(instructions) = self.instructions() {
@@ -221,6 +245,71 @@ impl ServerHandler for McpEndpoint {
             }
             other => other,
         })
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let set = self.set()?;
+        let mut result = ListResourcesResult::with_all_items(self.agent.list_resources(&set).await);
+        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
+        result.cache_scope = Some(CacheScope::Private);
+        Ok(result)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let set = self.set()?;
+        let mut result = ListResourceTemplatesResult::with_all_items(self.agent.list_resource_templates(&set).await);
+        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
+        result.cache_scope = Some(CacheScope::Private);
+        Ok(result)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let set = self.set()?;
+        let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
+        let call_context =
+            CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
+        let mut result = self.agent.read_resource(&set, &request.uri, call_context).await.map_err(error_data)?;
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        Ok(result.into())
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let set = self.set()?;
+        let mut result = ListPromptsResult::with_all_items(self.agent.list_prompts(&set).await);
+        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
+        result.cache_scope = Some(CacheScope::Private);
+        Ok(result)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let set = self.set()?;
+        let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
+        let call_context =
+            CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
+        let mut result =
+            self.agent.get_prompt(&set, &request.name, request.arguments, call_context).await.map_err(error_data)?;
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        Ok(result.into())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

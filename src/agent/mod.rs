@@ -18,6 +18,7 @@ pub mod chat;
 pub mod core;
 pub mod grpc;
 pub(crate) mod http_guard;
+mod items;
 pub mod mcp_endpoint;
 pub mod mcp_fast_path;
 pub(crate) mod mcp_keep_alive;

@@ -82,6 +82,28 @@ pub struct McpProfileSpec {
     #[schemars(length(max = 256), inner(length(min = 1, max = 256)))]
     pub tool_denylist: Vec<String>,
 
+    /// Glob patterns of resource URIs narrowing every server's `allowedResources`; absent: no
+    /// narrowing, `[]`: no resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 1024)))]
+    pub resource_allowlist: Option<Vec<String>>,
+
+    /// Glob patterns of resource URIs never exposed to this workload (a veto).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 1024)))]
+    pub resource_denylist: Vec<String>,
+
+    /// Glob patterns of prompt names (`name` or `server/name`) narrowing every server's
+    /// `allowedPrompts`; absent: no narrowing, `[]`: no prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 256)))]
+    pub prompt_allowlist: Option<Vec<String>>,
+
+    /// Glob patterns of prompt names (`name` or `server/name`) never exposed (a veto).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 256)))]
+    pub prompt_denylist: Vec<String>,
+
     /// Loop and call budgets; call budgets can only tighten a server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<ProfileBudgets>,

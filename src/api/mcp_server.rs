@@ -108,6 +108,28 @@ pub struct McpServerSpec {
     #[schemars(length(max = 128), inner(length(min = 1, max = 256)))]
     pub denied_tools: Vec<String>,
 
+    /// Glob patterns of the resource URIs exposed (`*` matches any run of characters, `/`
+    /// included: `file:///srv/docs/*`). Empty means no resource is exposed: deny by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128), inner(length(min = 1, max = 1024)))]
+    pub allowed_resources: Vec<String>,
+
+    /// Glob patterns of resource URIs never exposed (a final veto).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128), inner(length(min = 1, max = 1024)))]
+    pub denied_resources: Vec<String>,
+
+    /// Glob patterns of the prompt names exposed. Empty means no prompt is exposed: deny by
+    /// default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128), inner(length(min = 1, max = 256)))]
+    pub allowed_prompts: Vec<String>,
+
+    /// Glob patterns of prompt names never exposed (a final veto).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128), inner(length(min = 1, max = 256)))]
+    pub denied_prompts: Vec<String>,
+
     /// Whether a call needs human approval. Without an approver configured, a call that needs
     /// approval is denied with `mcp_approval_required`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -76,6 +76,10 @@ fn full_server() -> McpServer {
             tool_namespace: Some("files".into()),
             allowed_tools: vec!["read_*".into(), "list_?".into()],
             denied_tools: vec!["write_*".into()],
+            allowed_resources: vec!["file:///srv/docs/*".into()],
+            denied_resources: vec!["*/secret*".into()],
+            allowed_prompts: vec!["*".into()],
+            denied_prompts: vec!["debug_*".into()],
             approval_policy: Some(ApprovalPolicy {
                 default: ApprovalMode::Always,
                 tools: BTreeMap::from([("read_*".into(), ApprovalMode::Never)]),
@@ -149,6 +153,10 @@ fn full_profile() -> McpProfile {
             default_servers: Some(vec!["fs".into()]),
             tool_allowlist: Some(vec!["read_*".into()]),
             tool_denylist: vec!["*delete*".into()],
+            resource_allowlist: Some(vec!["file:///srv/docs/public/*".into()]),
+            resource_denylist: vec!["*.key".into()],
+            prompt_allowlist: Some(vec!["fs/summarize".into()]),
+            prompt_denylist: vec!["*admin*".into()],
             budgets: Some(ProfileBudgets {
                 max_iterations: Some(4),
                 max_total_tool_calls: Some(16),

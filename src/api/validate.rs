@@ -77,6 +77,7 @@ mod bounds {
     pub(crate) const MAX_TOOLS: (u32, u32) = (1, 128);
     pub(crate) const ALWAYS_INCLUDE: usize = 64;
     pub(crate) const PATTERN_LEN: usize = 256;
+    pub(crate) const URI_PATTERN_LEN: usize = 1024;
     pub(crate) const SERVERS: usize = 64;
     pub(crate) const ENV: usize = 128;
     pub(crate) const HEADERS: usize = 64;
@@ -111,14 +112,16 @@ pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
 /// Checks one tool-name glob pattern: `*` and `?` are the only wildcards, the rest is literal.
 /// Returns the problem and its fix.
 pub(crate) fn check_tool_pattern(pattern: &str) -> Result<(), (String, String)> {
+    check_pattern(pattern, bounds::PATTERN_LEN)
+}
+
+/// [`check_tool_pattern`] for patterns up to `max_len` bytes (resource URIs are longer).
+fn check_pattern(pattern: &str, max_len: usize) -> Result<(), (String, String)> {
     if pattern.is_empty() {
-        return Err(("pattern is empty".into(), "remove it, or use '*' to match every tool".into()));
+        return Err(("pattern is empty".into(), "remove it, or use '*' to match everything".into()));
     }
-    if pattern.len() > bounds::PATTERN_LEN {
-        return Err((
-            format!("pattern is {} bytes long", pattern.len()),
-            format!("use at most {} bytes", bounds::PATTERN_LEN),
-        ));
+    if pattern.len() > max_len {
+        return Err((format!("pattern is {} bytes long", pattern.len()), format!("use at most {max_len} bytes")));
     }
     if let Some(c) = pattern.chars().find(|c| matches!(c, '[' | ']' | '{' | '}' | '\\')) {
         return Err((
@@ -138,9 +141,13 @@ pub(crate) fn check_tool_pattern(pattern: &str) -> Result<(), (String, String)> 
 }
 
 fn check_patterns(p: &mut Problems, field: &str, patterns: &[String], max: usize) {
+    check_patterns_up_to(p, field, patterns, max, bounds::PATTERN_LEN);
+}
+
+fn check_patterns_up_to(p: &mut Problems, field: &str, patterns: &[String], max: usize, max_len: usize) {
     p.max_items(field, patterns, max);
     for (i, pattern) in patterns.iter().enumerate() {
-        if let Err((message, fix)) = check_tool_pattern(pattern) {
+        if let Err((message, fix)) = check_pattern(pattern, max_len) {
             p.push(format!("{field}[{i}]"), message, fix);
         }
     }
@@ -262,6 +269,11 @@ impl Validate for McpServer {
         }
         check_patterns(&mut p, "spec.allowedTools", &spec.allowed_tools, bounds::TOOL_PATTERNS);
         check_patterns(&mut p, "spec.deniedTools", &spec.denied_tools, bounds::TOOL_PATTERNS);
+        let (n, len) = (bounds::TOOL_PATTERNS, bounds::URI_PATTERN_LEN);
+        check_patterns_up_to(&mut p, "spec.allowedResources", &spec.allowed_resources, n, len);
+        check_patterns_up_to(&mut p, "spec.deniedResources", &spec.denied_resources, n, len);
+        check_patterns(&mut p, "spec.allowedPrompts", &spec.allowed_prompts, bounds::TOOL_PATTERNS);
+        check_patterns(&mut p, "spec.deniedPrompts", &spec.denied_prompts, bounds::TOOL_PATTERNS);
         if let Some(policy) = &spec.approval_policy {
             validate_approval(&mut p, policy);
         }
@@ -432,6 +444,15 @@ impl Validate for McpProfile {
             check_patterns(&mut p, "spec.toolAllowlist", allow, bounds::PROFILE_PATTERNS);
         }
         check_patterns(&mut p, "spec.toolDenylist", &spec.tool_denylist, bounds::PROFILE_PATTERNS);
+        let (n, len) = (bounds::PROFILE_PATTERNS, bounds::URI_PATTERN_LEN);
+        if let Some(allow) = &spec.resource_allowlist {
+            check_patterns_up_to(&mut p, "spec.resourceAllowlist", allow, n, len);
+        }
+        check_patterns_up_to(&mut p, "spec.resourceDenylist", &spec.resource_denylist, n, len);
+        if let Some(allow) = &spec.prompt_allowlist {
+            check_patterns(&mut p, "spec.promptAllowlist", allow, bounds::PROFILE_PATTERNS);
+        }
+        check_patterns(&mut p, "spec.promptDenylist", &spec.prompt_denylist, bounds::PROFILE_PATTERNS);
 
         if let Some(b) = &spec.budgets {
             let (lo, hi) = bounds::MAX_ITERATIONS;

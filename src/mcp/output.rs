@@ -127,3 +127,66 @@ mod tests {
         assert_eq!(r["isError"], false);
     }
 }
+
+/// Cuts a sequence of parts (a resource's `contents`, a prompt's `messages`) to `limit` bytes.
+/// A part's size is the length of its text at `text_pointer` (`/text`, `/content/text`), or its
+/// serialized size; a text part is cut on a character boundary, other parts that do not fit are
+/// dropped, and `marker` (given the truncation) is appended. `None` when everything fits.
+pub(crate) fn cap_parts(
+    parts: &mut Vec<Value>,
+    limit: usize,
+    text_pointer: &str,
+    marker: impl FnOnce(&Truncation) -> Value,
+) -> Option<Truncation> {
+    let size = |part: &Value| match part.pointer(text_pointer).and_then(Value::as_str) {
+        Some(text) => text.len(),
+        None => serde_json::to_vec(part).map_or(0, |v| v.len()),
+    };
+    let original: usize = parts.iter().map(size).sum();
+    if original <= limit {
+        return None;
+    }
+    let truncation = Truncation { original_bytes: original, limit_bytes: limit };
+    let mut remaining = limit;
+    let mut kept = Vec::with_capacity(parts.len() + 1);
+    for mut part in parts.drain(..) {
+        let part_size = size(&part);
+        if part_size <= remaining {
+            remaining -= part_size;
+            kept.push(part);
+        } else if remaining > 0
+            && let Some(Value::String(text)) = part.pointer_mut(text_pointer)
+        {
+            let cut = prefix(text, remaining).to_string();
+            *text = cut;
+            remaining = 0;
+            kept.push(part);
+        }
+    }
+    kept.push(marker(&truncation));
+    *parts = kept;
+    Some(truncation)
+}
+
+#[cfg(test)]
+mod parts_tests {
+    use super::*;
+
+    #[test]
+    fn parts_over_the_cap_are_cut_dropped_and_marked() {
+        let mut parts = vec![
+            json!({"uri": "a", "text": "0123456789"}),
+            json!({"uri": "b", "blob": "QUJDREVGR0g="}),
+            json!({"uri": "c", "text": "héllo wörld"}),
+        ];
+        let marker = |t: &Truncation| json!({"uri": "a", "text": t.marker()});
+        assert!(cap_parts(&mut parts.clone(), 1000, "/text", marker).is_none(), "fits: untouched");
+        let truncation = cap_parts(&mut parts, 13, "/text", marker).expect("cut");
+        assert_eq!(truncation.original_bytes, 10 + 33 + 13);
+        // The first fits (10), the blob (33 serialized) does not and is dropped, the third is
+        // cut to the 3 bytes left, on a character boundary ("hé" is 3 bytes).
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[1]["text"], "hé");
+        assert!(parts[2]["text"].as_str().is_some_and(|m| m.contains("mcp_output_too_large")));
+    }
+}

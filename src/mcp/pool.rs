@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode as RpcCode, InputRequest, InputRequiredResult,
-    Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode as RpcCode, GetPromptRequestParams,
+    GetPromptResult, InputRequest, InputRequiredResult, PaginatedRequestParams, Prompt, ReadResourceRequestParams,
+    ReadResourceResult, Resource, ResourceTemplate, ServerCapabilities, Tool,
 };
 use rmcp::service::ServiceError;
 use serde_json::{Map, Value};
@@ -45,6 +46,16 @@ use crate::api::ServerInfo;
 use crate::policy::{ServerTools, Starting, ToolInfo, ToolList};
 use crate::registry::snapshot::Snapshot;
 use crate::telemetry::PoolMetrics;
+
+/// Pages of a resources/prompts listing read from one server; a server paging on forever stops
+/// here.
+const MAX_ITEM_PAGES: usize = 16;
+/// Resources, templates or prompts kept from one server's listing.
+const MAX_ITEMS: usize = 1000;
+
+fn unreadable(error: serde_json::Error) -> McpError {
+    McpError::new(ErrorCode::McpUnavailable, format!("unreadable server answer: {error}"))
+}
 
 /// Tuning of the pool. Defaults suit an agent serving one pod.
 #[derive(Clone, Debug)]
@@ -587,6 +598,173 @@ impl Pool {
             starting: slot.starting(),
             protocol_version: live.as_ref().map(|l| l.conn.protocol.to_string()),
         })
+    }
+
+    /// Runs one request other than `tools/call` (resources, prompts) on `server`'s session
+    /// within `timeout`. `offered` says from the server's capabilities whether it has the
+    /// feature at all; without it the answer is `default`, not a request the server would refuse.
+    async fn request<T, Fut>(
+        &self,
+        server: &str,
+        what: &str,
+        timeout: Duration,
+        offered: impl FnOnce(&ServerCapabilities) -> bool,
+        default: impl FnOnce() -> T,
+        run: impl FnOnce(rmcp::service::Peer<rmcp::RoleClient>) -> Fut,
+    ) -> Result<T, McpError>
+    where
+        Fut: Future<Output = Result<T, ServiceError>>,
+    {
+        let slot = self.slot(server)?;
+        let work = async {
+            let live = Slot::session(&slot, &self.inner).await?;
+            let peer = live.conn.service.peer().clone();
+            let has = peer.peer_info().is_some_and(|info| offered(&info.capabilities));
+            let result = if has { Some(run(peer).await) } else { None };
+            Ok::<_, McpError>((live, result))
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Err(_) => Err(McpError::new(
+                ErrorCode::McpTimeout,
+                format!("{what} on '{server}' did not finish within {} ms", timeout.as_millis()),
+            )),
+            Ok(Err(error)) => Err(error),
+            Ok(Ok((_, None))) => Ok(default()),
+            Ok(Ok((live, Some(Ok(value))))) => {
+                *live.last_used.lock() = Instant::now();
+                Ok(value)
+            }
+            Ok(Ok((live, Some(Err(error))))) => Err(slot.failed(&live, error).await),
+        }
+    }
+
+    /// The server's resources (every page, up to [`MAX_ITEM_PAGES`] and
+    /// [`MAX_ITEMS`]); empty when it offers none.
+    pub async fn list_resources(&self, server: &str, timeout: Duration) -> Result<Vec<Resource>, McpError> {
+        let offered = |c: &ServerCapabilities| c.resources.is_some();
+        self.request(server, "resources/list", timeout, offered, Vec::new, |peer| async move {
+            let mut all = Vec::new();
+            let mut cursor = None;
+            for _ in 0..MAX_ITEM_PAGES {
+                let page = peer.list_resources(Some(PaginatedRequestParams::default().with_cursor(cursor))).await?;
+                all.extend(page.resources);
+                cursor = page.next_cursor;
+                if cursor.is_none() || all.len() >= MAX_ITEMS {
+                    break;
+                }
+            }
+            all.truncate(MAX_ITEMS);
+            Ok(all)
+        })
+        .await
+    }
+
+    /// The server's resource templates (bounded as [`Self::list_resources`]).
+    pub async fn list_resource_templates(
+        &self,
+        server: &str,
+        timeout: Duration,
+    ) -> Result<Vec<ResourceTemplate>, McpError> {
+        let offered = |c: &ServerCapabilities| c.resources.is_some();
+        self.request(server, "resources/templates/list", timeout, offered, Vec::new, |peer| async move {
+            let mut all = Vec::new();
+            let mut cursor = None;
+            for _ in 0..MAX_ITEM_PAGES {
+                let params = PaginatedRequestParams::default().with_cursor(cursor);
+                let page = peer.list_resource_templates(Some(params)).await?;
+                all.extend(page.resource_templates);
+                cursor = page.next_cursor;
+                if cursor.is_none() || all.len() >= MAX_ITEMS {
+                    break;
+                }
+            }
+            all.truncate(MAX_ITEMS);
+            Ok(all)
+        })
+        .await
+    }
+
+    /// The server's prompts (bounded as [`Self::list_resources`]).
+    pub async fn list_prompts(&self, server: &str, timeout: Duration) -> Result<Vec<Prompt>, McpError> {
+        let offered = |c: &ServerCapabilities| c.prompts.is_some();
+        self.request(server, "prompts/list", timeout, offered, Vec::new, |peer| async move {
+            let mut all = Vec::new();
+            let mut cursor = None;
+            for _ in 0..MAX_ITEM_PAGES {
+                let page = peer.list_prompts(Some(PaginatedRequestParams::default().with_cursor(cursor))).await?;
+                all.extend(page.prompts);
+                cursor = page.next_cursor;
+                if cursor.is_none() || all.len() >= MAX_ITEMS {
+                    break;
+                }
+            }
+            all.truncate(MAX_ITEMS);
+            Ok(all)
+        })
+        .await
+    }
+
+    /// Reads `uri` on `server` within `timeout`, its contents cut to `max_output_bytes` (with
+    /// a marker content saying so).
+    pub async fn read_resource(
+        &self,
+        server: &str,
+        uri: &str,
+        timeout: Duration,
+        max_output_bytes: usize,
+    ) -> Result<(ReadResourceResult, Option<Truncation>), McpError> {
+        let offered = |c: &ServerCapabilities| c.resources.is_some();
+        let none = || ReadResourceResult::new(Vec::new());
+        let params = ReadResourceRequestParams::new(uri.to_string());
+        let result = self.request(server, "resources/read", timeout, offered, none, |peer| async move {
+            peer.read_resource(params).await
+        });
+        let mut json = serde_json::to_value(result.await?).map_err(unreadable)?;
+        let uri = uri.to_string();
+        let truncated = json.get_mut("contents").and_then(Value::as_array_mut).and_then(|contents| {
+            output::cap_parts(
+                contents,
+                max_output_bytes,
+                "/text",
+                |t| serde_json::json!({"uri": uri, "mimeType": "text/plain", "text": t.marker()}),
+            )
+        });
+        Ok((serde_json::from_value(json).map_err(unreadable)?, truncated))
+    }
+
+    /// Gets prompt `name` with `arguments` on `server` within `timeout`, its messages cut to
+    /// `max_output_bytes` (with a marker message saying so).
+    pub async fn get_prompt(
+        &self,
+        server: &str,
+        name: &str,
+        arguments: Option<Map<String, Value>>,
+        timeout: Duration,
+        max_output_bytes: usize,
+    ) -> Result<(GetPromptResult, Option<Truncation>), McpError> {
+        let offered = |c: &ServerCapabilities| c.prompts.is_some();
+        let none = || GetPromptResult::new(Vec::new());
+        let mut params = GetPromptRequestParams::new(name.to_string());
+        params.arguments = arguments;
+        let result =
+            self.request(
+                server,
+                "prompts/get",
+                timeout,
+                offered,
+                none,
+                |peer| async move { peer.get_prompt(params).await },
+            );
+        let mut json = serde_json::to_value(result.await?).map_err(unreadable)?;
+        let truncated = json.get_mut("messages").and_then(Value::as_array_mut).and_then(|messages| {
+            output::cap_parts(
+                messages,
+                max_output_bytes,
+                "/content/text",
+                |t| serde_json::json!({"role": "user", "content": {"type": "text", "text": t.marker()}}),
+            )
+        });
+        Ok((serde_json::from_value(json).map_err(unreadable)?, truncated))
     }
 
     /// Closes every session and reaps every child. The pool refuses calls afterwards.

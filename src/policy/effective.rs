@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::approval::CompiledApproval;
 use super::budget::{self, CallBudgets, LoopBudgets, RequestBudgets};
+use super::items::{CompiledItems, ItemKind};
 use super::name::{self, Route, RouteTable};
 use super::pattern::{PatternError, PatternSet};
 use super::select::CatalogRank;
@@ -403,6 +404,8 @@ pub struct CompiledProfile {
     allowed: BTreeSet<String>,
     allow: Option<LayerPatterns>,
     deny: LayerPatterns,
+    /// Resource and prompt patterns of the profile and its servers.
+    items: Arc<CompiledItems>,
 }
 
 fn decision(server: &str, tool: Option<&str>, reason: Reason, detail: Option<String>) -> Decision {
@@ -469,6 +472,7 @@ impl CompiledProfile {
 
         let allow = p.tool_allowlist.as_deref().map(|a| LayerPatterns::new(a, Layer::Profile)).transpose()?;
         let deny = LayerPatterns::new(&p.tool_denylist, Layer::Profile)?;
+        let items = CompiledItems::compile(&spec, servers.iter().map(|(id, s)| (id.as_str(), &*s.spec)))?;
         Ok(CompiledProfile {
             revision: snapshot.revision().clone(),
             profile: profile.to_string(),
@@ -478,6 +482,7 @@ impl CompiledProfile {
             allowed,
             allow,
             deny,
+            items: Arc::new(items),
         })
     }
 
@@ -554,6 +559,7 @@ impl CompiledProfile {
             servers,
             routes,
             rank: OnceLock::new(),
+            items: self.items.clone(),
         })
     }
 
@@ -654,6 +660,8 @@ pub struct ProfileCatalog {
     routes: RouteTable,
     /// The relevance index over the tools, built by the first request that ranks them.
     rank: OnceLock<CatalogRank>,
+    /// Resource and prompt patterns.
+    items: Arc<CompiledItems>,
 }
 
 impl ProfileCatalog {
@@ -799,6 +807,19 @@ impl PartialEq for EffectiveSet {
 }
 
 impl EffectiveSet {
+    /// Whether `item` of `server` (its URI, or its prompt name) may be read or got through this
+    /// set; the exclusion otherwise, for the caller's error and the audit.
+    pub(crate) fn item_decision(&self, server: &str, kind: ItemKind, item: &str) -> Result<(), Decision> {
+        if !self.servers.iter().any(|s| &*s.id == server) {
+            let reason = match self.not_wanted.iter().find(|(id, _)| &**id == server) {
+                Some((_, layer)) => Reason::NotAllowedBy(*layer),
+                None => Reason::NotInProfile,
+            };
+            return Err(decision(server, Some(item), reason, None));
+        }
+        self.catalog.items.decide(server, kind, item)
+    }
+
     /// The catalog this set was computed from.
     pub(super) fn catalog(&self) -> &ProfileCatalog {
         &self.catalog

@@ -12,6 +12,7 @@
 //! - [`budget`]: composition where every layer only tightens.
 //! - [`explain`]: the effective set as JSON with the reason for every exclusion.
 //! - [`approval`]: per-tool approval mode, most specific pattern first.
+//! - [`items`]: which resources and prompts a workload may read and get, and their identifiers.
 //! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`.
 //! - [`select`]: which tools a chat round offers under `relevance`, and the `find_tools` built-in.
 
@@ -19,6 +20,7 @@ pub mod approval;
 pub mod budget;
 pub mod effective;
 pub mod explain;
+pub mod items;
 pub mod name;
 pub mod pattern;
 pub mod rank;

@@ -1013,3 +1013,98 @@ async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
     eprintln!("agent peak RSS with four hostile servers: {peak}");
     terminate(&mut child, Duration::from_secs(5));
 }
+
+/// server-everything's resources and prompts through `/mcp` with the PyPI `mcp` client: listed
+/// under `spear://` URIs and `mcp__` names, read and got through every policy layer, refused
+/// with the layer's reason, cut at the server's output budget, audited.
+#[test]
+fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let everything = mcp_servers::everything_stdio();
+    let args: Vec<String> = everything.args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        dir.path().join("registry.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
+             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo]\n  \
+             allowedResources: [\"demo://resource/static/document/*\", \"demo://resource/dynamic/text/*\"]\n  \
+             deniedResources: [\"*/features.md\"]\n  allowedPrompts: [simple-prompt, args-prompt]\n  \
+             budgets: {{maxToolOutputBytes: 200}}\n---\napiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\n\
+             metadata: {{name: p}}\nspec:\n  servers: [everything]\n  resourceDenylist: [\"*/startup.md\"]\n  \
+             promptDenylist: [args-prompt]\n",
+            everything.program.to_string_lossy(),
+            args.join(", ")
+        ),
+    )
+    .expect("write the registry");
+    let audit = tempfile::NamedTempFile::new().expect("audit file");
+    let audit_path = audit.path().to_str().expect("utf-8").to_string();
+    let served = serve(dir, &["--audit-log", &audit_path]);
+    let doc = |name: &str| format!("spear://everything/demo://resource/static/document/{name}");
+    let output = Command::new(mcp_servers::python())
+        .arg(script("mcp_items_client.py"))
+        .args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)])
+        .args(["--read", &doc("instructions.md"), "--read", &doc("features.md"), "--read", &doc("startup.md")])
+        .args(["--read", "spear://everything/demo://resource/dynamic/text/7"])
+        .args(["--read", "spear://everything/demo://resource/dynamic/blob/7", "--read", "demo://resource/static/x"])
+        .args(["--get", "mcp__everything__simple-prompt", "--get", "mcp__everything__args-prompt={\"city\": \"Oslo\"}"])
+        .args(["--get", "mcp__everything__resource-prompt"])
+        .output()
+        .expect("run the Python MCP client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+
+    assert_eq!(got["capabilities"], json!({"resources": true, "prompts": true}));
+    let resources: Vec<&str> =
+        got["resources"].as_array().expect("resources").iter().filter_map(Value::as_str).collect();
+    assert!(resources.contains(&doc("instructions.md").as_str()), "{resources:?}");
+    assert!(!resources.iter().any(|r| r.ends_with("features.md")), "denied by the server: {resources:?}");
+    assert!(!resources.iter().any(|r| r.ends_with("startup.md")), "denied by the profile: {resources:?}");
+    assert!(resources.iter().all(|r| r.starts_with("spear://everything/")), "{resources:?}");
+    assert_eq!(got["templates"], json!(["spear://everything/demo://resource/dynamic/text/{resourceId}"]));
+    assert_eq!(got["prompts"], json!(["mcp__everything__simple-prompt"]), "args-prompt is denied by the profile");
+
+    let reads = &got["reads"];
+    let instructions = reads[doc("instructions.md")]["ok"].as_array().expect("read instructions.md");
+    assert!(
+        instructions.last().and_then(Value::as_str).is_some_and(|m| m.contains("mcp_output_too_large")),
+        "cut at maxToolOutputBytes with a marker: {instructions:?}"
+    );
+    for (uri, reason) in [
+        (doc("features.md"), "denied_by:server"),
+        (doc("startup.md"), "denied_by:profile"),
+        ("spear://everything/demo://resource/dynamic/blob/7".to_string(), "not_allowed_by:server"),
+    ] {
+        let error = &reads[&uri]["error"];
+        assert_eq!(error["code"], -32602, "{uri}: {error}");
+        assert_eq!(error["data"]["error"]["code"], "mcp_policy_denied", "{uri}: {error}");
+        assert!(error["message"].as_str().is_some_and(|m| m.contains(reason)), "{uri}: {error}");
+    }
+    assert!(reads["spear://everything/demo://resource/dynamic/text/7"]["ok"].is_array(), "{reads}");
+    assert_eq!(reads["demo://resource/static/x"]["error"]["data"]["error"]["code"], "mcp_invalid_arguments");
+
+    let gets = &got["gets"];
+    assert!(gets["mcp__everything__simple-prompt"]["ok"].is_array(), "{gets}");
+    for name in ["mcp__everything__args-prompt", "mcp__everything__resource-prompt"] {
+        assert_eq!(gets[name]["error"]["data"]["error"]["code"], "mcp_policy_denied", "{name}: {gets}");
+    }
+
+    drop(served);
+    let lines: Vec<Value> = std::fs::read_to_string(&audit_path)
+        .expect("audit log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let line =
+        |asked: &str| lines.iter().find(|l| l["called_as"] == asked).unwrap_or_else(|| panic!("{asked}: {lines:?}"));
+    let read = line(&doc("instructions.md"));
+    assert_eq!(
+        (&read["kind"], &read["status"], &read["server_id"]),
+        (&json!("resource"), &json!("ok"), &json!("everything"))
+    );
+    assert_eq!(read["tool_name"], "demo://resource/static/document/instructions.md");
+    assert_eq!(line(&doc("features.md"))["status"], "mcp_policy_denied");
+    assert_eq!(line("mcp__everything__simple-prompt")["kind"], "prompt");
+    assert_eq!(line("mcp__everything__args-prompt")["status"], "mcp_policy_denied");
+}

@@ -616,3 +616,58 @@ fn a_tool_listed_twice_by_its_server_is_exposed_once() {
     let (_, tool) = set.tools().next().expect("one tool");
     assert_eq!(tool.tool.description, None, "the first listing is kept");
 }
+
+// === resources and prompts ===
+
+fn uri_pattern() -> impl Strategy<Value = String> {
+    prop_oneof!["[a-z]{1,3}://[a-z/]{0,6}\\*", "\\*[a-z.]{0,4}", "[a-z]{1,3}://[a-z/]{1,8}", Just("*".to_string())]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Not allowed by every layer ⇒ not readable: a resource or prompt passes only when the
+    /// server's allowlist (never empty) matches, no denylist matches, the profile's allowlist (if
+    /// any) matches, and the server is in the set.
+    #[test]
+    fn resources_and_prompts_pass_only_every_layer(
+        server_allow in prop::collection::vec(uri_pattern(), 0..3),
+        server_deny in prop::collection::vec(uri_pattern(), 0..2),
+        profile_allow in prop::option::of(prop::collection::vec(uri_pattern(), 0..3)),
+        profile_deny in prop::collection::vec(uri_pattern(), 0..2),
+        prompt_allow in prop::collection::vec(pattern(), 0..3),
+        prompt_profile_deny in prop::collection::vec(pattern(), 0..2),
+        in_profile in any::<bool>(),
+        uri in "[a-z]{1,3}://[a-z/]{0,8}[a-z.]{0,4}",
+        prompt in tool_name(),
+    ) {
+        use crate::policy::items::ItemKind;
+        let mut fs = server("fs", &["*"], &[]);
+        fs.spec.allowed_resources = server_allow.clone();
+        fs.spec.denied_resources = server_deny.clone();
+        fs.spec.allowed_prompts = prompt_allow.clone();
+        let mut p = McpProfile::test("p").servers(if in_profile { vec!["fs", "other"] } else { vec!["other"] });
+        p.spec.resource_allowlist = profile_allow.clone();
+        p.spec.resource_denylist = profile_deny.clone();
+        p.spec.prompt_denylist = prompt_profile_deny.clone();
+        let snap = snapshot(vec![fs, server("other", &["*"], &[])], vec![p]);
+        let set = compile(&snap, "p").effective(lookup(&BTreeMap::new()), None, &[]).expect("set");
+        let resource = set.item_decision("fs", ItemKind::Resource, &uri);
+        // Resource patterns match the URI itself, `/` and all.
+        let matches = |patterns: &[String]| PatternSet::new(patterns).expect("valid").is_match(&uri);
+        let expected = in_profile
+            && !server_allow.is_empty()
+            && matches(&server_allow)
+            && !matches(&server_deny)
+            && profile_allow.as_ref().is_none_or(|a| matches(a))
+            && !matches(&profile_deny);
+        prop_assert_eq!(resource.is_ok(), expected, "{:?}", resource);
+        let prompt_decision = set.item_decision("fs", ItemKind::Prompt, &prompt);
+        let expected = in_profile
+            && !prompt_allow.is_empty()
+            && set_matches(&prompt_allow, "fs", &prompt)
+            && !set_matches(&prompt_profile_deny, "fs", &prompt);
+        prop_assert_eq!(prompt_decision.is_ok(), expected, "{:?}", prompt_decision);
+        prop_assert!(set.item_decision("ghost", ItemKind::Resource, &uri).is_err());
+    }
+}

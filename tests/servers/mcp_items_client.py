@@ -1,0 +1,71 @@
+"""Resources and prompts through spearlet's /mcp with a real MCP client (the PyPI `mcp` SDK, a
+2025-11-25 session). Used by tests/it/serve.rs.
+
+    python mcp_items_client.py --url http://127.0.0.1:<port>/mcp [--read URI ...] [--get NAME[=JSON] ...]
+
+Prints one JSON object on stdout: the capabilities the agent declared, the resource URIs,
+template URIs and prompt names it lists, and for each --read / --get either the result (texts) or
+the JSON-RPC error (code, message, data).
+"""
+
+import argparse
+import json
+
+import anyio
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+
+def texts_of_resource(result):
+    return [getattr(c, "text", None) or f"<blob {len(getattr(c, 'blob', ''))}>" for c in result.contents]
+
+
+def texts_of_prompt(result):
+    return [getattr(m.content, "text", None) or f"<{m.content.type}>" for m in result.messages]
+
+
+async def attempt(action):
+    try:
+        return {"ok": await action()}
+    except MCPError as error:
+        data = error.error.data if hasattr(error, "error") else None
+        return {"error": {"code": error.error.code, "message": error.error.message, "data": data}}
+
+
+async def main(args):
+    async with streamable_http_client(args.url) as (read, write, *_):
+        async with ClientSession(read, write) as session:
+            init = await session.initialize()
+            caps = init.capabilities
+            out = {
+                "capabilities": {"resources": caps.resources is not None, "prompts": caps.prompts is not None},
+                "resources": [str(r.uri) for r in (await session.list_resources()).resources],
+                "templates": [t.uri_template for t in (await session.list_resource_templates()).resource_templates],
+                "prompts": [p.name for p in (await session.list_prompts()).prompts],
+                "reads": {},
+                "gets": {},
+            }
+            for uri in args.read:
+                out["reads"][uri] = await attempt(lambda: _read(session, uri))
+            for spec in args.get:
+                name, _, raw = spec.partition("=")
+                arguments = json.loads(raw) if raw else None
+                out["gets"][name] = await attempt(lambda: _get(session, name, arguments))
+            print(json.dumps(out))
+
+
+async def _read(session, uri):
+    return texts_of_resource(await session.read_resource(uri))
+
+
+async def _get(session, name, arguments):
+    return texts_of_prompt(await session.get_prompt(name, arguments))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--read", action="append", default=[])
+    parser.add_argument("--get", action="append", default=[])
+    anyio.run(main, parser.parse_args())
