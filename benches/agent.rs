@@ -188,6 +188,24 @@ impl McpSessions for GrpcEcho {
     async fn close(&self, _: Request<pb::CloseRequest>) -> Result<Response<pb::CloseReply>, Status> {
         Err(Status::unimplemented("echo only"))
     }
+    async fn list_resources(
+        &self,
+        _: Request<pb::ListResourcesRequest>,
+    ) -> Result<Response<pb::ListResourcesReply>, Status> {
+        Err(Status::unimplemented("echo only"))
+    }
+    async fn read_resource(
+        &self,
+        _: Request<pb::ReadResourceRequest>,
+    ) -> Result<Response<pb::ReadResourceReply>, Status> {
+        Err(Status::unimplemented("echo only"))
+    }
+    async fn list_prompts(&self, _: Request<pb::ListPromptsRequest>) -> Result<Response<pb::ListPromptsReply>, Status> {
+        Err(Status::unimplemented("echo only"))
+    }
+    async fn get_prompt(&self, _: Request<pb::GetPromptRequest>) -> Result<Response<pb::GetPromptReply>, Status> {
+        Err(Status::unimplemented("echo only"))
+    }
 }
 
 async fn grpc_call(client: &mut McpSessionsClient<tonic::transport::Channel>, session: &str, tool: &str) -> Duration {

@@ -46,7 +46,9 @@ use tracing::Instrument;
 use super::audit::Door;
 use super::core::{Agent, AgentState, CallContext, ToolCall};
 use crate::mcp::arguments::arguments_from_json;
+use crate::mcp::{ErrorCode, McpError};
 use crate::policy::effective::{Listing, Reason};
+use crate::policy::items;
 use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope};
 
 /// Generated protobuf types, clients and servers of `spear.v1`.
@@ -360,6 +362,15 @@ fn resolve<'a>(set: &'a EffectiveSet, server_id: &str, tool: &'a str) -> Cow<'a,
     }
 }
 
+/// `ok`, or `mcp_output_too_large` when a read or get was cut.
+fn item_status(cut: bool) -> String {
+    if cut { ErrorCode::McpOutputTooLarge.as_str() } else { "ok" }.to_string()
+}
+
+fn tool_error(error: &McpError) -> pb::ToolError {
+    pb::ToolError { code: error.code.as_str().to_string(), message: error.message.clone(), retryable: error.retryable }
+}
+
 fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
     let millis = u64::try_from(call.latency.as_millis()).unwrap_or(u64::MAX);
     let mut reply = pb::CallToolReply {
@@ -382,11 +393,7 @@ fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
         }
         Err(error) => {
             reply.is_error = true;
-            reply.error = Some(pb::ToolError {
-                code: error.code.as_str().to_string(),
-                message: error.message.clone(),
-                retryable: error.retryable,
-            });
+            reply.error = Some(tool_error(error));
         }
     }
     reply
@@ -482,6 +489,127 @@ impl McpSessions for SessionsDoor {
         // session closed meanwhile stays closed.)
         let _ = self.sessions().touch(&session_id, Instant::now());
         Ok(Response::new(call_reply(&call, set.revision.as_str())))
+    }
+
+    async fn list_resources(
+        &self,
+        request: Request<pb::ListResourcesRequest>,
+    ) -> Result<Response<pb::ListResourcesReply>, Status> {
+        let pinned = self.touch(&request.get_ref().session_id)?;
+        let set = self.agent.effective(Some(&pinned.scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
+        let server_uri = |uri: &str| items::parse_resource_id(uri).map(|(_, u)| u.to_string()).unwrap_or_default();
+        let resources = self
+            .agent
+            .list_resources(&set)
+            .await
+            .into_iter()
+            .map(|r| pb::Resource {
+                server_uri: server_uri(&r.uri),
+                name: r.name.clone(),
+                description: r.description.clone().unwrap_or_default(),
+                mime_type: r.mime_type.clone().unwrap_or_default(),
+                uri: r.uri.clone(),
+            })
+            .collect();
+        let templates = self
+            .agent
+            .list_resource_templates(&set)
+            .await
+            .into_iter()
+            .map(|t| pb::ResourceTemplate {
+                server_uri_template: server_uri(&t.uri_template),
+                name: t.name.clone(),
+                description: t.description.clone().unwrap_or_default(),
+                mime_type: t.mime_type.clone().unwrap_or_default(),
+                uri_template: t.uri_template.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListResourcesReply { registry_revision: set.revision.to_string(), resources, templates }))
+    }
+
+    async fn read_resource(
+        &self,
+        request: Request<pb::ReadResourceRequest>,
+    ) -> Result<Response<pb::ReadResourceReply>, Status> {
+        let request_id = request_id(&request);
+        let pb::ReadResourceRequest { session_id, uri } = request.into_inner();
+        let pinned = self.touch(&session_id)?;
+        let context =
+            CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id), input: None };
+        let set = self.agent.effective(Some(&pinned.scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
+        // The server's own URI names a resource of the session's server.
+        let uri =
+            if uri.starts_with(items::RESOURCE_SCHEME) { uri } else { items::resource_id(&pinned.server_id, &uri) };
+        let read = self.agent.read_resource(&set, &uri, context).await;
+        let _ = self.sessions().touch(&session_id, Instant::now());
+        let mut reply = pb::ReadResourceReply { registry_revision: set.revision.to_string(), ..Default::default() };
+        (reply.status, reply.contents_json, reply.error) = match read {
+            Ok((result, cut)) => (
+                item_status(cut.is_some()),
+                serde_json::to_string(&result.contents).unwrap_or_else(|_| "[]".into()),
+                None,
+            ),
+            Err(error) => (error.code.as_str().to_string(), "[]".into(), Some(tool_error(&error))),
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Request<pb::ListPromptsRequest>,
+    ) -> Result<Response<pb::ListPromptsReply>, Status> {
+        let pinned = self.touch(&request.get_ref().session_id)?;
+        let set = self.agent.effective(Some(&pinned.scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
+        let prompts = self.agent.list_prompts_named(&set).await;
+        let prompts = prompts
+            .into_iter()
+            .map(|(server_prompt, p)| pb::Prompt {
+                name: p.name.clone(),
+                server_prompt,
+                description: p.description.clone().unwrap_or_default(),
+                arguments_json: serde_json::to_string(&p.arguments.clone().unwrap_or_default())
+                    .unwrap_or_else(|_| "[]".into()),
+            })
+            .collect();
+        Ok(Response::new(pb::ListPromptsReply { registry_revision: set.revision.to_string(), prompts }))
+    }
+
+    async fn get_prompt(&self, request: Request<pb::GetPromptRequest>) -> Result<Response<pb::GetPromptReply>, Status> {
+        let request_id = request_id(&request);
+        let pb::GetPromptRequest { session_id, prompt, args_json } = request.into_inner();
+        let pinned = self.touch(&session_id)?;
+        let context =
+            CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id), input: None };
+        let set = self.agent.effective(Some(&pinned.scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
+        let mut reply = pb::GetPromptReply { registry_revision: set.revision.to_string(), ..Default::default() };
+        let arguments = match arguments_from_json(&args_json) {
+            Ok(arguments) => arguments,
+            Err(message) => {
+                let error = McpError::new(ErrorCode::McpInvalidArguments, message);
+                (reply.status, reply.messages_json, reply.error) =
+                    (error.code.as_str().to_string(), "[]".into(), Some(tool_error(&error)));
+                return Ok(Response::new(reply));
+            }
+        };
+        // The server's own prompt name names a prompt of the session's server.
+        let name = match (crate::policy::name::target(&prompt), set.servers.iter().find(|s| s.id == pinned.server_id)) {
+            (None, Some(server)) => items::prompt_name(&server.server_part, &prompt),
+            _ => prompt,
+        };
+        let got = self.agent.get_prompt(&set, &name, arguments, context).await;
+        let _ = self.sessions().touch(&session_id, Instant::now());
+        (reply.status, reply.messages_json, reply.error) = match got {
+            Ok((result, cut)) => {
+                reply.description = result.description.clone().unwrap_or_default();
+                (
+                    item_status(cut.is_some()),
+                    serde_json::to_string(&result.messages).unwrap_or_else(|_| "[]".into()),
+                    None,
+                )
+            }
+            Err(error) => (error.code.as_str().to_string(), "[]".into(), Some(tool_error(&error))),
+        };
+        Ok(Response::new(reply))
     }
 
     async fn close(&self, request: Request<pb::CloseRequest>) -> Result<Response<pb::CloseReply>, Status> {

@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 
 use super::audit::{self, AuditLine};
 use super::core::{Agent, CallContext};
+use crate::mcp::output::Truncation;
 use crate::mcp::{ErrorCode, McpError};
 use crate::policy::EffectiveSet;
 use crate::policy::items::{self, ItemKind};
@@ -98,6 +99,11 @@ impl Agent {
 
     /// The prompts of `set`'s servers that the policy lets through, under aggregated names.
     pub(crate) async fn list_prompts(&self, set: &EffectiveSet) -> Vec<Prompt> {
+        self.list_prompts_named(set).await.into_iter().map(|(_, prompt)| prompt).collect()
+    }
+
+    /// [`Self::list_prompts`], each with its name on the server.
+    pub(crate) async fn list_prompts_named(&self, set: &EffectiveSet) -> Vec<(String, Prompt)> {
         let pool = self.pool();
         let lists = self.ask_each_server(set, "prompts/list", |id, t| async move { pool.list_prompts(&id, t).await });
         let mut out = Vec::new();
@@ -105,8 +111,9 @@ impl Agent {
             let server = &set.servers[index];
             for mut prompt in prompts {
                 if set.item_decision(&server.id, ItemKind::Prompt, &prompt.name).is_ok() {
-                    prompt.name = items::prompt_name(&server.server_part, &prompt.name);
-                    out.push(prompt);
+                    let aggregated = items::prompt_name(&server.server_part, &prompt.name);
+                    let own = std::mem::replace(&mut prompt.name, aggregated);
+                    out.push((own, prompt));
                 }
             }
         }
@@ -119,7 +126,7 @@ impl Agent {
         set: &EffectiveSet,
         id: &str,
         context: CallContext<'_>,
-    ) -> Result<ReadResourceResult, McpError> {
+    ) -> Result<(ReadResourceResult, Option<Truncation>), McpError> {
         let started = Instant::now();
         let mut target = None;
         let result = async {
@@ -135,12 +142,13 @@ impl Agent {
                 McpError::new(ErrorCode::McpPolicyDenied, format!("server '{server}' is not in this request's set"))
             })?;
             let timeout = Duration::from_millis(u64::from(budgets.tool_timeout_ms));
-            let (result, _) =
-                self.pool().read_resource(server, uri, timeout, budgets.max_tool_output_bytes as usize).await?;
-            Ok(result)
+            self.pool().read_resource(server, uri, timeout, budgets.max_tool_output_bytes as usize).await
         }
         .await;
-        let bytes = result.as_ref().ok().map(|r| serde_json::to_vec(r).map_or(0, |v| v.len()));
+        let bytes = result.as_ref().ok().map(|(r, cut)| match cut {
+            Some(cut) => cut.original_bytes,
+            None => serde_json::to_vec(r).map_or(0, |v| v.len()),
+        });
         let (server, item) = target.map_or((None, id), |(s, u)| (Some(s), u));
         self.record_item(set, ItemKind::Resource, server, item, id, &result, bytes, started, context);
         result
@@ -153,7 +161,7 @@ impl Agent {
         name_asked: &str,
         arguments: Option<Map<String, Value>>,
         context: CallContext<'_>,
-    ) -> Result<GetPromptResult, McpError> {
+    ) -> Result<(GetPromptResult, Option<Truncation>), McpError> {
         let started = Instant::now();
         let mut target: Option<(String, String)> = None;
         let result = async {
@@ -176,13 +184,15 @@ impl Agent {
                 target = Some((server.id.to_string(), prompt.name.clone()));
                 set.item_decision(&server.id, ItemKind::Prompt, &prompt.name).map_err(refusal)?;
                 let cap = server.budgets.max_tool_output_bytes as usize;
-                let (result, _) = self.pool().get_prompt(&server.id, &prompt.name, arguments, timeout, cap).await?;
-                return Ok(result);
+                return self.pool().get_prompt(&server.id, &prompt.name, arguments, timeout, cap).await;
             }
             Err(unknown())
         }
         .await;
-        let bytes = result.as_ref().ok().map(|r| serde_json::to_vec(r).map_or(0, |v| v.len()));
+        let bytes = result.as_ref().ok().map(|(r, cut)| match cut {
+            Some(cut) => cut.original_bytes,
+            None => serde_json::to_vec(r).map_or(0, |v| v.len()),
+        });
         let (server, item) = match &target {
             Some((server, prompt)) => (Some(server.as_str()), prompt.as_str()),
             None => (None, name_asked),
@@ -200,7 +210,7 @@ impl Agent {
         server: Option<&str>,
         item: &str,
         asked_as: &str,
-        result: &Result<T, McpError>,
+        result: &Result<(T, Option<Truncation>), McpError>,
         bytes: Option<usize>,
         started: Instant,
         context: CallContext<'_>,
@@ -216,7 +226,11 @@ impl Agent {
             kind: Some(kind),
             tool_name: audit::capped(item),
             called_as: audit::capped(asked_as),
-            status: result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"),
+            status: match result {
+                Ok((_, None)) => "ok",
+                Ok((_, Some(_))) => ErrorCode::McpOutputTooLarge.as_str(),
+                Err(error) => error.code.as_str(),
+            },
             latency_ms: audit::millis(started.elapsed()),
             output_bytes: bytes,
             arguments: Value::from("[redacted]"),

@@ -280,7 +280,7 @@ impl ServerHandler for McpEndpoint {
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
-        let mut result = self.agent.read_resource(&set, &request.uri, call_context).await.map_err(error_data)?;
+        let (mut result, _) = self.agent.read_resource(&set, &request.uri, call_context).await.map_err(error_data)?;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }
@@ -306,7 +306,7 @@ impl ServerHandler for McpEndpoint {
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
-        let mut result =
+        let (mut result, _) =
             self.agent.get_prompt(&set, &request.name, request.arguments, call_context).await.map_err(error_data)?;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())

@@ -515,3 +515,63 @@ async fn the_tools_command_lists_and_calls_through_the_door_with_meaningful_exit
     let closed = format!("127.0.0.1:{}", mcp_servers::free_port());
     assert_eq!(run_tools(&["list", "--grpc-addr", &closed]).await, usage, "nobody listens there");
 }
+
+#[tokio::test]
+async fn a_session_lists_reads_and_gets_resources_and_prompts_through_the_policy() {
+    let everything = mcp_servers::everything_stdio();
+    let mut server = McpServer::test("everything").running(&everything).allowing(["echo"]);
+    server.spec.allowed_resources = vec!["demo://resource/static/document/*".into()];
+    server.spec.denied_resources = vec!["*/features.md".into()];
+    server.spec.allowed_prompts = vec!["simple-prompt".into(), "args-prompt".into()];
+    let mut profile = McpProfile::test("p").servers(["everything"]);
+    profile.spec.prompt_denylist = vec!["args-prompt".into()];
+    let agent = start_agent(vec![Object::Server(server), Object::Profile(profile)], "p").await;
+    let door = Door::start(agent.agent.clone()).await;
+    let mut client = door.sessions().await;
+    let session = open(&mut client, "everything").await.session_id;
+
+    let listed = client
+        .list_resources(pb::ListResourcesRequest { session_id: session.clone() })
+        .await
+        .expect("list resources")
+        .into_inner();
+    let own: Vec<&str> = listed.resources.iter().map(|r| r.server_uri.as_str()).collect();
+    assert!(own.contains(&"demo://resource/static/document/instructions.md"), "{own:?}");
+    assert!(!own.iter().any(|u| u.ends_with("features.md")), "denied by the server: {own:?}");
+    assert!(listed.resources.iter().all(|r| r.uri == format!("spear://everything/{}", r.server_uri)));
+    assert!(listed.templates.is_empty(), "no template matches allowedResources: {:?}", listed.templates);
+
+    let read = |uri: &str| pb::ReadResourceRequest { session_id: session.clone(), uri: uri.into() };
+    // The server's own URI and the agent's name the same resource.
+    for uri in [
+        "demo://resource/static/document/instructions.md",
+        "spear://everything/demo://resource/static/document/instructions.md",
+    ] {
+        let reply = client.read_resource(read(uri)).await.expect("a read is a reply").into_inner();
+        assert_eq!(reply.status, "ok", "{uri}: {reply:?}");
+        assert!(reply.contents_json.contains("instructions.md"), "{uri}: {}", reply.contents_json);
+    }
+    let refused =
+        client.read_resource(read("demo://resource/static/document/features.md")).await.expect("reply").into_inner();
+    assert_eq!(refused.status, "mcp_policy_denied");
+    assert!(refused.error.as_ref().is_some_and(|e| e.message.contains("denied_by:server")), "{refused:?}");
+
+    let prompts =
+        client.list_prompts(pb::ListPromptsRequest { session_id: session.clone() }).await.expect("list").into_inner();
+    let names: Vec<(&str, &str)> =
+        prompts.prompts.iter().map(|p| (p.name.as_str(), p.server_prompt.as_str())).collect();
+    assert_eq!(names, [("mcp__everything__simple-prompt", "simple-prompt")]);
+    let get = |prompt: &str, args: &str| pb::GetPromptRequest {
+        session_id: session.clone(),
+        prompt: prompt.into(),
+        args_json: args.into(),
+    };
+    let got = client.get_prompt(get("simple-prompt", "")).await.expect("reply").into_inner();
+    assert_eq!(got.status, "ok", "{got:?}");
+    assert!(got.messages_json.starts_with('['), "{}", got.messages_json);
+    let refused = client.get_prompt(get("args-prompt", r#"{"city": "Oslo"}"#)).await.expect("reply").into_inner();
+    assert_eq!(refused.status, "mcp_policy_denied");
+    assert!(refused.error.as_ref().is_some_and(|e| e.message.contains("denied_by:profile")), "{refused:?}");
+    let bad = client.get_prompt(get("simple-prompt", "[1]")).await.expect("reply").into_inner();
+    assert_eq!(bad.status, "mcp_invalid_arguments", "{bad:?}");
+}
