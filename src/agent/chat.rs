@@ -158,12 +158,33 @@ impl ChatService {
             ToolOffer::new(policy, request.tools.clone(), forced.as_deref())
         });
         let target = self.target(upstream_spec, headers)?;
+        if !options.resources.is_empty() {
+            let message = self.read_attachments(&set, &options.resources).await?;
+            tool_loop::attach_before_latest_user(&mut request.messages, message);
+        }
         // Under relevance selection each round sets its own tools (`ToolOffer::round`).
         let injected = if offer.is_some() { Vec::new() } else { injected };
         let body = tool_loop::upstream_body(request, injected, target.default_model.as_deref());
         let (completion, extension) = self.run_loop(&target, body, &set, &plan, &caller, offer).await?;
         let extension = serde_json::to_value(&extension).unwrap_or(Value::Null);
         Ok(Reply { completion, sse, include_usage, extension: Some(extension) })
+    }
+
+    /// Reads the request's `mcp.resources` through the policy (audited, each capped at its
+    /// server's `maxToolOutputBytes`) into the message that attaches them; the first failure
+    /// refuses the request before the model is asked.
+    async fn read_attachments(&self, set: &EffectiveSet, ids: &[String]) -> Result<Value, ChatError> {
+        let request_id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
+        let context = CallContext { door: Door::Chat, request_id: &request_id, session_id: None, input: None };
+        let reads = ids.iter().map(|id| self.inner.agent.read_resource(set, id, context));
+        let mut attached = Vec::with_capacity(ids.len());
+        for (id, read) in ids.iter().zip(futures::future::join_all(reads).await) {
+            let (result, _) =
+                read.map_err(|source| ChatError::Resource { uri: audit::capped(id).to_string(), source })?;
+            let contents = serde_json::to_value(&result.contents).ok().and_then(|v| v.as_array().cloned());
+            attached.push((id.clone(), contents.unwrap_or_default()));
+        }
+        Ok(tool_loop::resource_message(&attached))
     }
 
     fn target(&self, spec: Option<&crate::api::UpstreamSpec>, headers: &HeaderMap) -> Result<Target, ChatError> {

@@ -41,6 +41,14 @@ pub enum ChatError {
     /// No effective tool set for this request (a server outside the profile, a bad pattern, no profile).
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// A resource the request's `mcp.resources` names could not be attached.
+    #[error("mcp.resources: '{uri}' could not be read: {source}")]
+    Resource {
+        /// The resource as named (capped for the message).
+        uri: String,
+        #[source]
+        source: crate::mcp::McpError,
+    },
     /// Neither the profile nor the agent's flags name an upstream.
     #[error(
         "no upstream model API is configured: set spec.chat.upstream.url in McpProfile '{profile}', or start spearlet with --upstream-url"
@@ -74,6 +82,17 @@ impl ChatError {
             ChatError::NoUpstream { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "upstream_error", "upstream_not_configured")
             }
+            ChatError::Resource { source, .. } => {
+                use crate::mcp::ErrorCode as C;
+                match source.code {
+                    C::McpPolicyDenied => (StatusCode::FORBIDDEN, "permission_error", "mcp_policy_denied"),
+                    C::McpInvalidArguments => {
+                        (StatusCode::BAD_REQUEST, "invalid_request_error", "mcp_invalid_arguments")
+                    }
+                    C::McpTimeout => (StatusCode::GATEWAY_TIMEOUT, "server_error", "mcp_timeout"),
+                    _ => (StatusCode::BAD_GATEWAY, "server_error", "mcp_unavailable"),
+                }
+            }
             ChatError::Upstream(U::Unreachable { .. }) => {
                 (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unreachable")
             }
@@ -91,6 +110,7 @@ impl ChatError {
     fn param(&self) -> Option<&'static str> {
         match self {
             ChatError::InvalidMcp { .. } | ChatError::Policy(_) => Some("mcp"),
+            ChatError::Resource { .. } => Some("mcp.resources"),
             ChatError::UnknownForcedTool { .. } => Some("tool_choice"),
             _ => None,
         }

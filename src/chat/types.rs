@@ -208,18 +208,23 @@ pub(crate) struct McpOptions {
     pub(crate) enabled: bool,
     /// Tools ranked in per round (`chat.toolSelection`); lowers the profile's `maxTools`.
     pub(crate) max_tools: Option<u32>,
+    /// Resources (`spear://...` URIs) to read and attach to the conversation.
+    pub(crate) resources: Vec<String>,
     /// The narrowing (every other key); `None` when the object names nothing to narrow.
     pub(crate) scope: Option<RequestScope>,
 }
 
 impl Default for McpOptions {
     fn default() -> Self {
-        McpOptions { enabled: true, max_tools: None, scope: None }
+        McpOptions { enabled: true, max_tools: None, resources: Vec::new(), scope: None }
     }
 }
 
 /// The largest `max_tools`: OpenAI's API takes at most 128 tools per request.
 const MAX_TOOLS_LIMIT: u32 = 128;
+/// Resources one request may attach; each is read from its server before the model is asked.
+const MAX_RESOURCES: usize = 16;
+const MAX_RESOURCE_URI_BYTES: usize = 2048;
 
 impl McpOptions {
     /// Reads the `mcp` object; unknown keys are refused, naming the key.
@@ -253,12 +258,37 @@ impl McpOptions {
                 }
             },
         };
+        let resources = match object.remove("resources") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) if items.len() <= MAX_RESOURCES => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::String(uri) if !uri.is_empty() && uri.len() <= MAX_RESOURCE_URI_BYTES => Ok(uri),
+                    other => Err(ChatError::InvalidMcp {
+                        message: format!(
+                            "resources[{i}]: expected a resource URI (spear://<server>/<uri>, at most \
+                             {MAX_RESOURCE_URI_BYTES} bytes), got {}",
+                            json_kind(&other)
+                        ),
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(ChatError::InvalidMcp {
+                    message: format!(
+                        "resources: expected an array of at most {MAX_RESOURCES} resource URIs, got {}",
+                        json_kind(&other)
+                    ),
+                });
+            }
+        };
         if object.is_empty() {
-            return Ok(McpOptions { enabled, max_tools, scope: None });
+            return Ok(McpOptions { enabled, max_tools, resources, scope: None });
         }
         let scope: RequestScope = serde_path_to_error::deserialize(Value::Object(object))
             .map_err(|e| ChatError::InvalidMcp { message: e.to_string() })?;
-        Ok(McpOptions { enabled, max_tools, scope: Some(scope) })
+        Ok(McpOptions { enabled, max_tools, resources, scope: Some(scope) })
     }
 }
 
@@ -458,6 +488,12 @@ mod tests {
         assert!(error.to_string().contains("server_id"), "{error}");
         let error = McpOptions::parse(Some(json!({"budgets": {"maxIterations": 2}}))).expect_err("refused");
         assert!(error.to_string().contains("budgets") && error.to_string().contains("maxIterations"), "{error}");
+        let attach = McpOptions::parse(Some(json!({"resources": ["spear://fs/file:///a"]}))).expect("ok");
+        assert_eq!(attach.resources, ["spear://fs/file:///a"]);
+        for bad in [json!("spear://fs/x"), json!([1]), json!([""]), json!(vec!["spear://fs/x"; 17])] {
+            let error = McpOptions::parse(Some(json!({"resources": bad}))).expect_err("refused");
+            assert!(error.to_string().contains("resources"), "{error}");
+        }
         let tight = McpOptions::parse(Some(json!({"max_tools": 5}))).expect("ok");
         assert_eq!((tight.max_tools, tight.scope), (Some(5), None));
         for bad in [json!(0), json!(129), json!(2.5), json!("5")] {

@@ -848,3 +848,36 @@ async fn relevance_selection_offers_k_tools_of_500_and_find_tools_reaches_the_re
     assert_eq!(called, [("mcp__spear__find_tools", "ok"), ("mcp__cat__github_star", "ok")]);
     assert!(lines[0].get("server_id").is_none(), "the agent answered find_tools itself");
 }
+
+#[tokio::test]
+async fn resources_named_by_the_request_are_read_through_the_policy_and_attached_before_the_question() {
+    let upstream = ScriptedUpstream::start(vec![answer("read it")]).await;
+    let everything = mcp_servers::everything_stdio();
+    let mut server = McpServer::test("everything").running(&everything).allowing(["echo"]);
+    server.spec.allowed_resources = vec!["demo://resource/static/document/*".into()];
+    server.spec.denied_resources = vec!["*/features.md".into()];
+    let profile =
+        McpProfile::test("p").servers(["everything"]).upstream(&upstream.base_url).upstream_model("test-model");
+    let agent = start_agent(vec![Object::Server(server), Object::Profile(profile)], "p").await;
+    let chat = serve_chat(upstream, agent, UpstreamOverride::default()).await;
+    let doc = |name: &str| format!("spear://everything/demo://resource/static/document/{name}");
+
+    let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "summarize"}]);
+    let ok = chat.post(json!({"messages": messages, "mcp": {"resources": [doc("instructions.md")]}})).await;
+    assert_eq!(ok.status, 200, "{}", ok.text);
+    let sent = &chat.upstream.requests()[0].body["messages"];
+    assert_eq!(sent.as_array().map(Vec::len), Some(3), "{sent}");
+    assert_eq!(sent[2]["content"], "summarize", "the question stays last");
+    let attached = sent[1]["content"].as_str().expect("the attachment");
+    assert_eq!(sent[1]["role"], "user");
+    assert!(attached.contains(&format!("<resource uri=\"{}\"", doc("instructions.md"))), "{attached}");
+    assert!(attached.contains("trust=\"untrusted\""), "{attached}");
+
+    let refused = chat.post(json!({"messages": messages, "mcp": {"resources": [doc("features.md")]}})).await;
+    assert_eq!(refused.status, 403, "{}", refused.text);
+    let error = refused.json();
+    assert_eq!(error["error"]["code"], "mcp_policy_denied");
+    assert_eq!(error["error"]["param"], "mcp.resources");
+    assert!(error["error"]["message"].as_str().is_some_and(|m| m.contains("denied_by:server")), "{error}");
+    assert_eq!(chat.upstream.requests().len(), 1, "the model is not asked when an attachment is refused");
+}
