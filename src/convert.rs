@@ -269,6 +269,16 @@ max_tool_output_bytes = 65536
     }
 
     #[test]
+    fn resource_and_prompt_lists_convert() {
+        let legacy =
+            FS.replace("[stdio]", "allowed_resources = [\"file:///srv/*\"]\ndenied_prompts = [\"debug\"]\n[stdio]");
+        let s = convert(&legacy, Format::Toml).expect("valid");
+        assert_eq!(s.spec.allowed_resources, ["file:///srv/*"]);
+        assert_eq!(s.spec.denied_prompts, ["debug"]);
+        assert!(s.spec.allowed_prompts.is_empty(), "absent stays empty: deny by default");
+    }
+
+    #[test]
     fn unknown_keys_are_errors_naming_the_key() {
         let err = convert(&FS.replace("display_name", "title"), Format::Toml).expect_err("unknown key");
         assert!(err.to_string().contains("title"), "{err}");

@@ -656,6 +656,18 @@ mod tests {
     }
 
     #[test]
+    fn resource_and_prompt_patterns_are_checked_with_their_field() {
+        let mut s = stdio_server("fs");
+        s.spec.allowed_resources = vec!["file:///srv/docs/*".into(), format!("file:///{}", "a".repeat(1100))];
+        s.spec.denied_prompts = vec!["x{y}".into()];
+        assert_eq!(fields(&s.validate()), ["spec.allowedResources[1]", "spec.deniedPrompts[0]"]);
+        let mut profile = McpProfile::new("dev", McpProfileSpec { servers: vec!["fs".into()], ..Default::default() });
+        profile.spec.resource_denylist = vec![String::new()];
+        profile.spec.prompt_allowlist = Some(vec!["fs/sum?ary".into(), "bad pattern".into()]);
+        assert_eq!(fields(&profile.validate()), ["spec.resourceDenylist[0]", "spec.promptAllowlist[1]"]);
+    }
+
+    #[test]
     fn a_profile_without_servers_is_refused() {
         let profile = McpProfile::new("empty", McpProfileSpec::default());
         assert_eq!(fields(&profile.validate()), ["spec.servers"]);

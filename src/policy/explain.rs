@@ -101,6 +101,69 @@ fn tool_definition(t: &crate::policy::EffectiveTool) -> (&str, Option<&str>, &Va
     (&t.name, t.tool.description.as_deref(), &t.tool.input_schema)
 }
 
+/// What each server of the set lists: resource URIs and prompt names, on the server.
+pub type ListedItems = std::collections::BTreeMap<String, (Vec<String>, Vec<String>)>;
+
+/// The resources and prompts each server lists, decided by the resource and prompt policy:
+/// `{"exposed": [{server, kind, item, id}], "excluded": [{server, kind, item, reason, detail}]}`.
+pub fn explain_items(set: &EffectiveSet, listed: &ListedItems) -> Value {
+    use crate::policy::items::{self, ItemKind};
+    let mut exposed = Vec::new();
+    let mut excluded = Vec::new();
+    for server in &set.servers {
+        let Some((resources, prompts)) = listed.get(&*server.id) else { continue };
+        let all =
+            resources.iter().map(|r| (ItemKind::Resource, r)).chain(prompts.iter().map(|p| (ItemKind::Prompt, p)));
+        for (kind, item) in all {
+            match set.item_decision(&server.id, kind, item) {
+                Ok(()) => {
+                    let id = match kind {
+                        ItemKind::Resource => items::resource_id(&server.id, item),
+                        ItemKind::Prompt => items::prompt_name(&server.server_part, item),
+                    };
+                    exposed.push(json!({"server": &*server.id, "kind": kind, "item": item, "id": id}));
+                }
+                Err(d) => excluded.push(json!({
+                    "server": &*server.id, "kind": kind, "item": item, "reason": d.reason, "detail": d.detail,
+                })),
+            }
+        }
+    }
+    json!({"exposed": exposed, "excluded": excluded})
+}
+
+/// `explain_items`' JSON as lines for people.
+pub(crate) fn items_table(explained: &Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let rows = |key: &str| explained[key].as_array().cloned().unwrap_or_default();
+    let (exposed, excluded) = (rows("exposed"), rows("excluded"));
+    if exposed.is_empty() && excluded.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "RESOURCES AND PROMPTS");
+    for row in &exposed {
+        let _ = writeln!(
+            out,
+            "  {:<8} {}",
+            row["kind"].as_str().unwrap_or_default(),
+            row["id"].as_str().unwrap_or_default()
+        );
+    }
+    for row in &excluded {
+        let what =
+            format!("{}/{}", row["server"].as_str().unwrap_or_default(), row["item"].as_str().unwrap_or_default());
+        let detail = row["detail"].as_str().map(|d| format!(" ({d})")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:<8} {what:<40} {}{detail}",
+            row["kind"].as_str().unwrap_or_default(),
+            row["reason"].as_str().unwrap_or_default()
+        );
+    }
+    out
+}
+
 /// `explain_selection`'s JSON as lines for people: the offered tools, then the best few left out.
 pub(crate) fn selection_table(selection: &Value) -> String {
     use std::fmt::Write as _;
@@ -152,6 +215,10 @@ pub(crate) fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool
                 "budgets": s.budgets,
                 "allowedTools": spec.allowed_tools,
                 "deniedTools": spec.denied_tools,
+                "allowedResources": spec.allowed_resources,
+                "deniedResources": spec.denied_resources,
+                "allowedPrompts": spec.allowed_prompts,
+                "deniedPrompts": spec.denied_prompts,
                 "tools": s.tools.as_ref().map(|tools| tools.iter().map(|t| serde_json::json!({
                     "name": &*t.name, "tool": &*t.tool.name,
                 })).collect::<Vec<_>>()),

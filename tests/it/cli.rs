@@ -442,3 +442,49 @@ fn explain_request_shows_the_tool_selection_with_scores() {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("max_tools"), "{bad:?}");
 }
+
+#[test]
+fn explain_connect_decides_each_resource_and_prompt_with_its_reason() {
+    let everything = spear::testing::mcp_servers::everything_stdio();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args: Vec<String> = everything.args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        dir.path().join("registry.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo]\n  allowedResources: [\"*/static/*\"]\n  deniedResources: [\"*features.md\"]\n  allowedPrompts: [\"*\"]\n---\napiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  servers: [everything]\n  promptDenylist: [args-prompt]\n",
+            everything.program.display().to_string(),
+            args.join(", ")
+        ),
+    )
+    .expect("write");
+    let dir_arg = dir.path().to_str().expect("utf-8");
+    let out =
+        spearlet(&["explain", "--registry-dir", dir_arg, "--profile", "p", "--connect", "--output", "json"], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let rows = |key: &str| -> Vec<String> {
+        json["items"][key]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {}",
+                    r["kind"].as_str().unwrap_or("-"),
+                    r["item"].as_str().unwrap_or("-"),
+                    r["reason"].as_str().or(r["id"].as_str()).unwrap_or("-")
+                )
+            })
+            .collect()
+    };
+    let excluded = rows("excluded");
+    assert!(
+        excluded.contains(&"resource demo://resource/static/document/features.md denied_by:server".to_string()),
+        "{excluded:?}"
+    );
+    assert!(excluded.contains(&"prompt args-prompt denied_by:profile".to_string()), "{excluded:?}");
+    let exposed = rows("exposed");
+    assert!(exposed.contains(&"prompt simple-prompt mcp__everything__simple-prompt".to_string()), "{exposed:?}");
+    assert!(exposed.iter().any(|r| r.ends_with("spear://everything/demo://resource/static/document/instructions.md")));
+    assert_eq!(json["servers"][0]["allowedResources"], serde_json::json!(["*/static/*"]));
+}

@@ -7,7 +7,10 @@ use std::process::ExitCode;
 use crate::api::keys;
 use crate::cli::{block_on, terminal_safe, usage};
 use crate::mcp::{Pool, PoolOptions};
-use crate::policy::explain::{ExplainRequest, explain_json, explain_selection, explain_table, selection_table};
+use crate::policy::explain::{
+    ExplainRequest, ListedItems, explain_items, explain_json, explain_selection, explain_table, items_table,
+    selection_table,
+};
 use crate::policy::{CompiledProfile, PolicyError, ServerTools};
 use crate::registry::dir::DirSource;
 use crate::registry::snapshot::Snapshot;
@@ -63,7 +66,11 @@ impl ExplainArgs {
         }
         let compiled =
             CompiledProfile::compile(&snapshot, &self.profile).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))?;
-        let tools = if self.connect { block_on(list_all_tools(&snapshot, &compiled))? } else { BTreeMap::new() };
+        let (tools, listed_items) = if self.connect {
+            block_on(list_all_tools(&snapshot, &compiled))?
+        } else {
+            (BTreeMap::new(), ListedItems::new())
+        };
         let lookup = |id: &str| tools.get(id).cloned().unwrap_or(ServerTools::Unknown);
         let refused = |e: PolicyError| anyhow::anyhow!("{e} ({})", e.code());
         let set = compiled.effective(lookup, request.scope.as_ref(), &[]).map_err(refused)?;
@@ -79,12 +86,18 @@ impl ExplainArgs {
                 if let Some(selection) = selection {
                     explained["toolSelection"] = selection;
                 }
+                if self.connect {
+                    explained["items"] = explain_items(&set, &listed_items);
+                }
                 println!("{explained}");
             }
             OutputFormat::Table => {
                 let mut table = explain_table(&snapshot, &set, self.connect);
                 if let Some(selection) = &selection {
                     table.push_str(&selection_table(selection));
+                }
+                if self.connect {
+                    table.push_str(&items_table(&explain_items(&set, &listed_items)));
                 }
                 print!("{}", terminal_safe(&table));
             }
@@ -93,20 +106,37 @@ impl ExplainArgs {
     }
 }
 
-/// Lists every allowed server's tools through a short-lived client pool.
+/// Lists every allowed server's tools, resources and prompts through a short-lived client pool.
 async fn list_all_tools(
     snapshot: &Snapshot,
     compiled: &CompiledProfile,
-) -> anyhow::Result<BTreeMap<String, ServerTools>> {
+) -> anyhow::Result<(BTreeMap<String, ServerTools>, ListedItems)> {
+    /// Time for one server's resources or prompts listing (its tools had the start's budget).
+    const ITEMS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
     let pool = Pool::new(PoolOptions { idle_timeout: None, ..PoolOptions::default() });
     for error in pool.apply(snapshot).await {
         eprintln!("warning: {error}");
     }
     let lists = compiled.servers().map(|(id, part)| {
         let pool = pool.clone();
-        async move { (id.to_string(), pool.server_tools(id, part).await) }
+        async move {
+            let tools = pool.server_tools(id, part).await;
+            let resources = pool.list_resources(id, ITEMS_TIMEOUT).await;
+            let prompts = pool.list_prompts(id, ITEMS_TIMEOUT).await;
+            for error in [resources.as_ref().err(), prompts.as_ref().err()].into_iter().flatten() {
+                eprintln!("warning: {id}: {error}");
+            }
+            let resources = resources.unwrap_or_default().into_iter().map(|r| r.uri.clone()).collect();
+            let prompts = prompts.unwrap_or_default().into_iter().map(|p| p.name).collect();
+            (id.to_string(), tools, (resources, prompts))
+        }
     });
-    let tools = futures::future::join_all(lists).await.into_iter().collect();
+    let mut tools = BTreeMap::new();
+    let mut items = ListedItems::new();
+    for (id, server_tools, server_items) in futures::future::join_all(lists).await {
+        tools.insert(id.clone(), server_tools);
+        items.insert(id, server_items);
+    }
     pool.shutdown().await;
-    Ok(tools)
+    Ok((tools, items))
 }
