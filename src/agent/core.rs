@@ -34,7 +34,7 @@ use crate::telemetry::{PoolMetrics, RegistryMetrics};
 /// Shortest time between two re-lists caused by `notifications/tools/list_changed`: a storm
 /// of them costs at most one tools/list per server per second, and a real change shows within
 /// a second.
-const LIST_CHANGED_MIN_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const LIST_CHANGED_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Tuning of the agent core.
 #[derive(Debug)]

@@ -12,8 +12,8 @@
 //! ```
 //!
 //! Lists are fetched from the servers for every request (rmcp's client honours a server's
-//! `ttlMs`); they are not cached by the agent as tool lists are, and their changes are not yet
-//! relayed as notifications.
+//! `ttlMs`); they are not cached by the agent as tool lists are. Their changes reach `/mcp`
+//! clients through `mcp_endpoint::ChangeWatch` (servers' list_changed, registry revisions).
 
 use std::time::{Duration, Instant};
 

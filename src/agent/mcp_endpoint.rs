@@ -315,24 +315,25 @@ impl ServerHandler for McpEndpoint {
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Legacy (session) protocol: notifications go to the session's peer.
         let peer = context.peer.clone();
-        let mut rx = self.agent.watch();
+        let mut changes = ChangeWatch::new(&self.agent);
         let shutdown = self.shutdown.clone();
-        let mut last = rx.borrow_and_update().tools_fingerprint;
         tokio::spawn(async move {
             let mut check = tokio::time::interval(SESSION_CHECK_INTERVAL);
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            break;
+                    changed = changes.next() => {
+                        let Some(changed) = changed else { break };
+                        let mut sent = Ok(());
+                        if changed.tools {
+                            sent = sent.and(peer.notify_tool_list_changed().await);
                         }
-                        let fingerprint = rx.borrow_and_update().tools_fingerprint;
-                        if fingerprint != last {
-                            last = fingerprint;
-                            if peer.notify_tool_list_changed().await.is_err() {
-                                break;
-                            }
+                        if changed.items {
+                            sent = sent.and(peer.notify_resource_list_changed().await);
+                            sent = sent.and(peer.notify_prompt_list_changed().await);
+                        }
+                        if sent.is_err() {
+                            break;
                         }
                     }
                     _ = check.tick() => {
@@ -348,28 +349,99 @@ impl ServerHandler for McpEndpoint {
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed;
+        accepted.resources_list_changed = requested.resources_list_changed;
+        accepted.prompts_list_changed = requested.prompts_list_changed;
         Some(accepted)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        // 2026-07-28 (stateless) protocol: notifications go to the listen request's sink.
-        let mut rx = self.agent.watch();
-        let mut last = rx.borrow_and_update().tools_fingerprint;
+        // 2026-07-28 (stateless) protocol: notifications go to the listen request's sink, each
+        // kind only when the client asked for it.
+        let mut changes = ChangeWatch::new(&self.agent);
+        let accepted = context.sink().accepted().clone();
+        let wants = |flag: Option<bool>| flag == Some(true);
         loop {
             tokio::select! {
                 () = context.cancelled() => return Ok(()),
                 () = self.shutdown.cancelled() => return Ok(()),
-                changed = rx.changed() => {
-                    if changed.is_err() {
+                changed = changes.next() => {
+                    let Some(changed) = changed else { return Ok(()) };
+                    let sink = context.sink();
+                    let mut sent = Ok(());
+                    if changed.tools && wants(accepted.tools_list_changed) {
+                        sent = sent.and(sink.notify_tool_list_changed().await);
+                    }
+                    if changed.items && wants(accepted.resources_list_changed) {
+                        sent = sent.and(sink.notify_resource_list_changed().await);
+                    }
+                    if changed.items && wants(accepted.prompts_list_changed) {
+                        sent = sent.and(sink.notify_prompt_list_changed().await);
+                    }
+                    if sent.is_err() {
                         return Ok(());
                     }
-                    let fingerprint = rx.borrow_and_update().tools_fingerprint;
-                    if fingerprint != last {
-                        last = fingerprint;
-                        if context.sink().notify_tool_list_changed().await.is_err() {
-                            return Ok(());
-                        }
+                }
+            }
+        }
+    }
+}
+
+/// What changed for an `/mcp` client since the last look.
+struct Changed {
+    /// The default tool set (its fingerprint).
+    tools: bool,
+    /// Resources or prompts may have: a server said so, or the registry revision moved (the
+    /// policy over them may have changed).
+    items: bool,
+}
+
+/// Follows the agent's state and the servers' resources/prompts list_changed for one client.
+struct ChangeWatch {
+    rx: tokio::sync::watch::Receiver<Arc<super::core::AgentState>>,
+    pool: crate::mcp::Pool,
+    tools: u64,
+    revision: String,
+    items: u64,
+    /// When servers' item notifications were last passed on: a server sending them in a storm
+    /// reaches each client at most once per `LIST_CHANGED_MIN_INTERVAL` (the rest fold in).
+    items_sent: Option<std::time::Instant>,
+}
+
+impl ChangeWatch {
+    fn new(agent: &Agent) -> Self {
+        let mut rx = agent.watch();
+        let (tools, revision) = {
+            let state = rx.borrow_and_update();
+            (state.tools_fingerprint, state.snapshot.revision().to_string())
+        };
+        let pool = agent.pool().clone();
+        let items = pool.items_generation();
+        ChangeWatch { rx, pool, tools, revision, items, items_sent: None }
+    }
+
+    /// The next change; `None` when the agent stopped.
+    async fn next(&mut self) -> Option<Changed> {
+        loop {
+            tokio::select! {
+                changed = self.rx.changed() => {
+                    changed.ok()?;
+                    let (tools, revision) = {
+                        let state = self.rx.borrow_and_update();
+                        (state.tools_fingerprint, state.snapshot.revision().to_string())
+                    };
+                    let changed = Changed { tools: tools != self.tools, items: revision != self.revision };
+                    (self.tools, self.revision) = (tools, revision);
+                    if changed.tools || changed.items {
+                        return Some(changed);
                     }
+                }
+                () = self.pool.items_changed_since(self.items) => {
+                    if let Some(at) = self.items_sent {
+                        tokio::time::sleep(super::core::LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed())).await;
+                    }
+                    self.items = self.pool.items_generation();
+                    self.items_sent = Some(std::time::Instant::now());
+                    return Some(Changed { tools: false, items: true });
                 }
             }
         }

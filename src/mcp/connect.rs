@@ -169,11 +169,20 @@ impl ListChanged {
     }
 }
 
+/// Where a session's list-change notifications are counted: its tools' (per server, so the
+/// pool re-lists that server), and resources' and prompts' (one count for the whole pool, which
+/// `/mcp` relays to its clients).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Watchers {
+    pub(crate) tools: Arc<ListChanged>,
+    pub(crate) items: Arc<ListChanged>,
+}
+
 /// The pool's rmcp client handler: identifies the agent, and records list_changed.
 #[derive(Clone, Debug)]
 pub(crate) struct PoolHandler {
     server_id: Arc<str>,
-    list_changed: Arc<ListChanged>,
+    watchers: Watchers,
 }
 
 impl ClientHandler for PoolHandler {
@@ -183,7 +192,17 @@ impl ClientHandler for PoolHandler {
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::debug!(server_id = %self.server_id, "tools/list_changed");
-        self.list_changed.bump();
+        self.watchers.tools.bump();
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server_id = %self.server_id, "resources/list_changed");
+        self.watchers.items.bump();
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server_id = %self.server_id, "prompts/list_changed");
+        self.watchers.items.bump();
     }
 }
 
@@ -252,12 +271,12 @@ fn unavailable(message: impl Into<String>) -> McpError {
 pub(crate) async fn connect(
     server_id: &Arc<str>,
     endpoint: &Endpoint,
-    list_changed: Arc<ListChanged>,
+    watchers: Watchers,
     frame_limit: usize,
     timeout: Duration,
     lifecycle: ClientLifecycleMode,
 ) -> Result<Connection, McpError> {
-    connect_with(server_id, endpoint, list_changed, frame_limit, timeout, lifecycle, None).await
+    connect_with(server_id, endpoint, watchers, frame_limit, timeout, lifecycle, None).await
 }
 
 /// The lifecycle that speaks whichever revision a server speaks: a `server/discover` probe at
@@ -272,14 +291,14 @@ pub(crate) fn probe_lifecycle() -> ClientLifecycleMode {
 pub(crate) async fn connect_with(
     server_id: &Arc<str>,
     endpoint: &Endpoint,
-    list_changed: Arc<ListChanged>,
+    watchers: Watchers,
     frame_limit: usize,
     timeout: Duration,
     lifecycle: ClientLifecycleMode,
     http_client: Option<reqwest::Client>,
 ) -> Result<Connection, McpError> {
-    let handler_list_changed = list_changed.clone();
-    let handler = PoolHandler { server_id: server_id.clone(), list_changed };
+    let handler_watchers = watchers.clone();
+    let handler = PoolHandler { server_id: server_id.clone(), watchers };
     let oversized = Arc::new(AtomicBool::new(false));
     let garbage = Arc::new(AtomicU64::new(0));
     // Set when rmcp's probe gave up on `server/discover` and the answer came after all (a server
@@ -399,7 +418,7 @@ pub(crate) async fn connect_with(
             instructions: peer.instructions.as_deref().map(|i| cut(i, MAX_INSTRUCTIONS_BYTES)),
         })
         .unwrap_or_default();
-    subscribe_to_list_changes(server_id, &service, &handler_list_changed);
+    subscribe_to_list_changes(server_id, &service, &handler_watchers);
     let pid = child.as_ref().and_then(GroupGuard::id);
     let protocol = service.peer_info().map(|p| p.protocol_version.clone()).unwrap_or_default();
     Ok(Connection {
@@ -454,24 +473,30 @@ impl Connection {
 /// subscription; older ones send it unscoped to the handler callback. Dates compare as strings.
 const SUBSCRIPTIONS_SINCE: &str = "2026-07-28";
 
-/// Opens a tools/list_changed subscription when the server speaks a protocol that needs one and
-/// advertises `tools.listChanged`; the task ends with the session.
+/// Opens a list_changed subscription when the server speaks a protocol that needs one and
+/// advertises `listChanged` for tools, resources or prompts; the task ends with the session.
 fn subscribe_to_list_changes(
     server_id: &Arc<str>,
     service: &RunningService<RoleClient, PoolHandler>,
-    list_changed: &Arc<ListChanged>,
+    watchers: &Watchers,
 ) {
     let Some(peer_info) = service.peer_info() else { return };
-    let advertises = peer_info.capabilities.tools.as_ref().and_then(|t| t.list_changed).unwrap_or(false);
-    if !advertises || peer_info.protocol_version.as_str() < SUBSCRIPTIONS_SINCE {
+    let capabilities = &peer_info.capabilities;
+    let tools = capabilities.tools.as_ref().and_then(|t| t.list_changed).unwrap_or(false);
+    let resources = capabilities.resources.as_ref().and_then(|r| r.list_changed).unwrap_or(false);
+    let prompts = capabilities.prompts.as_ref().and_then(|p| p.list_changed).unwrap_or(false);
+    if !(tools || resources || prompts) || peer_info.protocol_version.as_str() < SUBSCRIPTIONS_SINCE {
         return;
     }
     let peer = service.peer().clone();
-    let list_changed = list_changed.clone();
+    let watchers = watchers.clone();
     let span = tracing::debug_span!("mcp_list_changed", server_id = %server_id);
     tokio::spawn(
         async move {
-            let filter = SubscriptionFilter::builder().tools_list_changed().build();
+            let mut filter = SubscriptionFilter::new();
+            filter.tools_list_changed = tools.then_some(true);
+            filter.resources_list_changed = resources.then_some(true);
+            filter.prompts_list_changed = prompts.then_some(true);
             let mut subscription = match peer.listen(filter).await {
                 Ok(subscription) => subscription,
                 Err(e) => {
@@ -480,8 +505,11 @@ fn subscribe_to_list_changes(
                 }
             };
             while let Ok(Some(notification)) = subscription.next().await {
-                if matches!(notification, ServerNotification::ToolListChangedNotification(_)) {
-                    list_changed.bump();
+                match notification {
+                    ServerNotification::ToolListChangedNotification(_) => watchers.tools.bump(),
+                    ServerNotification::ResourceListChangedNotification(_)
+                    | ServerNotification::PromptListChangedNotification(_) => watchers.items.bump(),
+                    _ => {}
                 }
             }
         }

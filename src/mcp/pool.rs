@@ -243,6 +243,8 @@ struct Inner {
     calls: Arc<Semaphore>,
     children: Arc<Semaphore>,
     shutdown: CancellationToken,
+    /// Counts resources/prompts list_changed from every server.
+    items_changed: Arc<ListChanged>,
 }
 
 /// The client pool. Cheap to clone; clones share sessions.
@@ -277,6 +279,7 @@ impl Pool {
             env,
             slots: RwLock::new(HashMap::new()),
             shutdown: CancellationToken::new(),
+            items_changed: Arc::new(ListChanged::default()),
         });
         if let Some(idle) = inner.options.idle_timeout {
             let weak = Arc::downgrade(&inner);
@@ -638,6 +641,17 @@ impl Pool {
         }
     }
 
+    /// Resolves once any server sends `resources/list_changed` or `prompts/list_changed` after
+    /// [`Self::items_generation`] was `generation`.
+    pub(crate) async fn items_changed_since(&self, generation: u64) {
+        self.inner.items_changed.changed_since(generation).await;
+    }
+
+    /// Resources/prompts list_changed notifications received so far, from every server.
+    pub(crate) fn items_generation(&self) -> u64 {
+        self.inner.items_changed.generation()
+    }
+
     /// The server's resources (every page, up to [`MAX_ITEM_PAGES`] and
     /// [`MAX_ITEMS`]); empty when it offers none.
     pub async fn list_resources(&self, server: &str, timeout: Duration) -> Result<Vec<Resource>, McpError> {
@@ -970,15 +984,10 @@ impl Slot {
                 let started = Instant::now();
                 let list_limits = pool.options.list_limits;
                 let start = async {
-                    let conn = connect::connect(
-                        &owner.config.id,
-                        &endpoint,
-                        owner.list_changed.clone(),
-                        frame_limit,
-                        budget,
-                        lifecycle,
-                    )
-                    .await?;
+                    let watchers =
+                        connect::Watchers { tools: owner.list_changed.clone(), items: pool.items_changed.clone() };
+                    let conn =
+                        connect::connect(&owner.config.id, &endpoint, watchers, frame_limit, budget, lifecycle).await?;
                     let left = budget.saturating_sub(started.elapsed());
                     let first =
                         tokio::time::timeout(left, conn.list_tools_capped(&list_limits)).await.map_err(|_| {

@@ -49,7 +49,7 @@ use crate::api::conditions::types;
 use crate::api::env_ref;
 use crate::api::{McpServer, McpServerStatus, Transport};
 use crate::mcp::config::Endpoint;
-use crate::mcp::connect::{self, ListChanged};
+use crate::mcp::connect;
 use crate::mcp::limits::{self, ListLimits};
 
 /// Largest single message accepted from a probed server (rmcp's own line limit, 16 MiB): a
@@ -381,7 +381,7 @@ async fn list(
     let conn = connect::connect_with(
         &id,
         &endpoint,
-        Arc::new(ListChanged::default()),
+        connect::Watchers::default(),
         target.frame_limit,
         timeout,
         connect::probe_lifecycle(),

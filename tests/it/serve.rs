@@ -1101,10 +1101,55 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     let read = line(&doc("instructions.md"));
     assert_eq!(
         (&read["kind"], &read["status"], &read["server_id"]),
-        (&json!("resource"), &json!("ok"), &json!("everything"))
+        (&json!("resource"), &json!("mcp_output_too_large"), &json!("everything")),
+        "cut at the 200-byte budget, as a tool call's status says"
     );
+    assert!(read["output_bytes"].as_u64().is_some_and(|b| b > 200), "the size before the cap: {read}");
     assert_eq!(read["tool_name"], "demo://resource/static/document/instructions.md");
     assert_eq!(line(&doc("features.md"))["status"], "mcp_policy_denied");
     assert_eq!(line("mcp__everything__simple-prompt")["kind"], "prompt");
     assert_eq!(line("mcp__everything__args-prompt")["status"], "mcp_policy_denied");
+}
+
+/// A registry edit that may change which resources and prompts a client sees reaches a
+/// 2025-11-25 session client as `resources/list_changed` and `prompts/list_changed`, and the
+/// next listing follows the edit.
+#[test]
+fn a_registry_edit_reaches_mcp_clients_as_resource_and_prompt_list_changed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let everything = mcp_servers::everything_stdio();
+    let args: Vec<String> = everything.args.iter().map(|a| format!("{a:?}")).collect();
+    let registry = |denied: &str| {
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
+             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo]\n  \
+             allowedResources: [\"*/static/*\"]\n  deniedResources: [{denied}]\n  allowedPrompts: [\"*\"]\n---\n\
+             apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  servers: [everything]\n",
+            everything.program.to_string_lossy(),
+            args.join(", ")
+        )
+    };
+    std::fs::write(dir.path().join("registry.yaml"), registry("\"*/features.md\"")).expect("write the registry");
+    let served = serve(dir, &["--audit-log", "off"]);
+    let mut child = Command::new(mcp_servers::python())
+        .arg(script("mcp_items_client.py"))
+        .args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http), "--wait-items-changed"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the Python MCP client");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let mut next = || -> Value {
+        let line = lines.next().expect("a line from the client").expect("readable");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    assert_eq!(next()["event"], "waiting");
+    std::fs::write(served.dir.path().join("registry.yaml"), registry("\"*/features.md\", \"*/instructions.md\""))
+        .expect("edit the registry");
+    let changed = next();
+    assert_eq!(changed["event"], "items_changed", "{changed}");
+    assert_eq!(changed["kinds"], json!(["prompts", "resources"]));
+    let resources = changed["resources"].as_array().expect("resources");
+    assert!(!resources.is_empty());
+    assert!(!resources.iter().any(|r| r.as_str().is_some_and(|r| r.ends_with("instructions.md"))), "{resources:?}");
+    assert!(child.wait().expect("client exit").success());
 }

@@ -2,16 +2,21 @@
 2025-11-25 session). Used by tests/it/serve.rs.
 
     python mcp_items_client.py --url http://127.0.0.1:<port>/mcp [--read URI ...] [--get NAME[=JSON] ...]
+    python mcp_items_client.py --url ... --wait-items-changed [--timeout SECONDS]
 
 Prints one JSON object on stdout: the capabilities the agent declared, the resource URIs,
 template URIs and prompt names it lists, and for each --read / --get either the result (texts) or
-the JSON-RPC error (code, message, data).
+the JSON-RPC error (code, message, data). With --wait-items-changed it prints {"event": "waiting"}
+once listed, then {"event": "items_changed", "kinds": [...], "resources": [...]} when both
+notifications/resources/list_changed and notifications/prompts/list_changed have arrived, or
+fails after --timeout.
 """
 
 import argparse
 import json
 
 import anyio
+import mcp.types as types
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -33,7 +38,32 @@ async def attempt(action):
         return {"error": {"code": error.error.code, "message": error.error.message, "data": data}}
 
 
+async def wait_items_changed(args):
+    kinds = set()
+    both = anyio.Event()
+
+    async def on_message(message):
+        if isinstance(message, types.ResourceListChangedNotification):
+            kinds.add("resources")
+        elif isinstance(message, types.PromptListChangedNotification):
+            kinds.add("prompts")
+        if kinds == {"resources", "prompts"}:
+            both.set()
+
+    async with streamable_http_client(args.url) as (read, write, *_):
+        async with ClientSession(read, write, message_handler=on_message) as session:
+            await session.initialize()
+            await session.list_resources()
+            print(json.dumps({"event": "waiting"}), flush=True)
+            with anyio.fail_after(args.timeout):
+                await both.wait()
+            resources = [str(r.uri) for r in (await session.list_resources()).resources]
+            print(json.dumps({"event": "items_changed", "kinds": sorted(kinds), "resources": resources}), flush=True)
+
+
 async def main(args):
+    if args.wait_items_changed:
+        return await wait_items_changed(args)
     async with streamable_http_client(args.url) as (read, write, *_):
         async with ClientSession(read, write) as session:
             init = await session.initialize()
@@ -68,4 +98,6 @@ if __name__ == "__main__":
     parser.add_argument("--url", required=True)
     parser.add_argument("--read", action="append", default=[])
     parser.add_argument("--get", action="append", default=[])
+    parser.add_argument("--wait-items-changed", action="store_true")
+    parser.add_argument("--timeout", type=float, default=20)
     anyio.run(main, parser.parse_args())
