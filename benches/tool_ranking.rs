@@ -188,11 +188,11 @@ fn quality(catalog: &[CatalogTool], queries: &[Query]) {
 /// strict recall@20 first, MRR to break near-ties. Prints the best few; never reads `heldout`.
 fn sweep(catalog: &[CatalogTool], queries: &[Query]) {
     let mut results: Vec<(f64, RankParams, String)> = Vec::new();
-    for name in [1.0, 2.0, 3.0, 4.0, 6.0] {
-        for description in [0.5, 1.0, 1.5] {
-            for parameters in [0.0, 0.25, 0.5, 1.0] {
-                for k1 in [0.6, 0.9, 1.2, 1.6, 2.0] {
-                    for b in [0.3, 0.5, 0.75, 0.9] {
+    for name in [2.0, 3.0, 4.0, 6.0] {
+        for description in [0.5, 1.0] {
+            for parameters in [0.25, 0.5, 1.0] {
+                for k1 in [0.9, 1.2, 1.6, 2.0] {
+                    for b in [0.5, 0.75, 0.9] {
                         let params = RankParams { field_weights: [name, 1.0, description, parameters], k1, b };
                         let [strict, _, _] = evaluate(&index(catalog, params), catalog, queries, "tune");
                         let n = strict.queries.max(1) as f64;

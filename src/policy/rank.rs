@@ -8,9 +8,11 @@
 //! - **Fields and weights.** A tool's model-facing name split into words, its server's name and
 //!   display name, its description, and its parameters' names and descriptions are separate
 //!   fields, each with a weight ([`RankParams`]); a term's frequency is the weighted sum over
-//!   fields (BM25F), so a word in the name counts more than the same word deep in a parameter's
-//!   description. The weights, `k1` and `b` were chosen on the tuning split of the retrieval
-//!   evaluation (`benches/tool_ranking.rs`) and never on its held-out split.
+//!   fields of its count normalized by that field's length against the field's average (BM25F
+//!   proper, computed once at build), so a word in the name counts more than the same word deep
+//!   in a parameter's description, and a long description does not drown a short name. The
+//!   weights, `k1` and `b` were chosen on the tuning split of the retrieval evaluation
+//!   (`benches/tool_ranking.rs`), by its sweep, never on its held-out split.
 //! - **Words.** Split at anything not alphanumeric and at camelCase and letter/digit boundaries
 //!   (`getCurrentWeather`, `list_PRs2` → `get current weather`, `list prs 2`), lowercased,
 //!   stemmed with the Snowball English stemmer so `files`/`file` and `searching`/`search` meet.
@@ -39,7 +41,7 @@ pub struct RankParams {
 
 impl Default for RankParams {
     fn default() -> Self {
-        RankParams { field_weights: [4.0, 1.0, 1.0, 0.5], k1: 1.6, b: 0.9 }
+        RankParams { field_weights: [3.0, 1.0, 1.0, 0.25], k1: 0.9, b: 0.9 }
     }
 }
 /// Bytes of one turn read into a query; the rest of a longer turn is ignored.
@@ -143,16 +145,16 @@ fn schema_text(schema: &serde_json::Value, depth: usize, out: &mut String) {
 pub struct ToolIndex {
     stemmer: Stemmer,
     params: RankParams,
-    /// Term → (tool, weighted term frequency) for every tool holding it.
+    /// Term → (tool, BM25F pseudo-frequency: field-weighted, length-normalized) for every tool
+    /// holding it.
     postings: HashMap<String, Vec<(u32, f32)>>,
-    /// Each tool's weighted length.
-    lengths: Vec<f32>,
-    average_length: f32,
+    /// Tools indexed.
+    tools: usize,
 }
 
 impl std::fmt::Debug for ToolIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ToolIndex").field("tools", &self.lengths.len()).field("terms", &self.postings.len()).finish()
+        f.debug_struct("ToolIndex").field("tools", &self.tools).field("terms", &self.postings.len()).finish()
     }
 }
 
@@ -165,48 +167,62 @@ impl ToolIndex {
 
     /// Indexes `tools` with `params` (the evaluation's sweep tries others).
     pub fn build_with<'a>(params: RankParams, tools: impl IntoIterator<Item = ToolText<'a>>) -> Self {
+        const FIELDS: usize = 4;
         let stemmer = Stemmer::create(Algorithm::English);
-        let mut postings: HashMap<String, Vec<(u32, f32)>> = HashMap::new();
-        let mut lengths = Vec::new();
+        // Pass 1: each tool's word counts and length per field.
+        let mut counted: Vec<[(HashMap<String, f32>, f32); FIELDS]> = Vec::new();
         let mut parameters = String::new();
-        for (id, tool) in tools.into_iter().enumerate() {
-            let id = id as u32;
-            let mut frequencies: HashMap<String, f32> = HashMap::new();
-            let mut length = 0.0;
+        for tool in tools {
             parameters.clear();
             if let Some(schema) = tool.input_schema {
                 schema_text(schema, 0, &mut parameters);
             }
-            let fields = [
-                (Field::Name, tool.name),
-                (Field::Server, tool.server),
-                (Field::Description, tool.description),
-                (Field::Parameters, parameters.as_str()),
-            ];
-            for (field, text) in fields {
-                let weight = params.field_weights[field as usize];
+            let texts = [tool.name, tool.server, tool.description, parameters.as_str()];
+            let mut fields: [(HashMap<String, f32>, f32); FIELDS] = Default::default();
+            for (field, text) in fields.iter_mut().zip(texts) {
                 words(&stemmer, text, |word| {
-                    *frequencies.entry(word).or_default() += weight;
-                    length += weight;
+                    *field.0.entry(word).or_default() += 1.0;
+                    field.1 += 1.0;
                 });
             }
-            for (term, frequency) in frequencies {
-                postings.entry(term).or_default().push((id, frequency));
-            }
-            lengths.push(length);
+            counted.push(fields);
         }
-        let average_length = if lengths.is_empty() { 1.0 } else { lengths.iter().sum::<f32>() / lengths.len() as f32 };
-        ToolIndex { stemmer, params, postings, lengths, average_length: average_length.max(1.0) }
+        let n = counted.len().max(1) as f32;
+        let mut average = [0.0f32; FIELDS];
+        for fields in &counted {
+            for (sum, field) in average.iter_mut().zip(fields) {
+                *sum += field.1 / n;
+            }
+        }
+        // Pass 2 (BM25F): a term's frequency is the weighted sum over fields of its count
+        // normalized by that field's length against the field's average, so a long description
+        // does not drown a short name.
+        let mut postings: HashMap<String, Vec<(u32, f32)>> = HashMap::new();
+        let tools = counted.len();
+        for (id, fields) in counted.into_iter().enumerate() {
+            let mut frequencies: HashMap<String, f32> = HashMap::new();
+            for (f, (counts, length)) in fields.into_iter().enumerate() {
+                let norm = 1.0 - params.b + params.b * length / average[f].max(1.0);
+                let weight = params.field_weights[f] / norm.max(f32::EPSILON);
+                for (term, count) in counts {
+                    *frequencies.entry(term).or_default() += weight * count;
+                }
+            }
+            for (term, frequency) in frequencies {
+                postings.entry(term).or_default().push((id as u32, frequency));
+            }
+        }
+        ToolIndex { stemmer, params, postings, tools }
     }
 
     /// Tools indexed.
     pub fn len(&self) -> usize {
-        self.lengths.len()
+        self.tools
     }
 
     /// Whether no tool is indexed.
     pub fn is_empty(&self) -> bool {
-        self.lengths.is_empty()
+        self.tools == 0
     }
 
     /// The query's weighted, stemmed words.
@@ -216,17 +232,15 @@ impl ToolIndex {
 
     /// Each tool's score for `query` (0 for a tool sharing no word with it), by tool id.
     pub fn scores(&self, query: &Query) -> Vec<f32> {
-        let mut scores = vec![0.0f32; self.lengths.len()];
-        let n = self.lengths.len() as f32;
-        let RankParams { k1, b, .. } = self.params;
+        let mut scores = vec![0.0f32; self.tools];
+        let n = self.tools as f32;
+        let k1 = self.params.k1;
         for (term, query_weight) in &query.terms {
             let Some(postings) = self.postings.get(term) else { continue };
             let df = postings.len() as f32;
             let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
             for &(id, tf) in postings {
-                let length = self.lengths[id as usize];
-                let norm = k1 * (1.0 - b + b * length / self.average_length);
-                scores[id as usize] += query_weight * idf * tf * (k1 + 1.0) / (tf + norm);
+                scores[id as usize] += query_weight * idf * tf * (k1 + 1.0) / (tf + k1);
             }
         }
         scores
