@@ -53,6 +53,25 @@ const MAX_ITEM_PAGES: usize = 16;
 /// Resources, templates or prompts kept from one server's listing.
 const MAX_ITEMS: usize = 1000;
 
+/// Every page of a paginated listing, following `nextCursor`, up to [`MAX_ITEM_PAGES`] pages and
+/// [`MAX_ITEMS`] items: a server paging on forever stops there.
+async fn all_pages<T>(
+    page: impl AsyncFn(PaginatedRequestParams) -> Result<(Vec<T>, Option<String>), ServiceError>,
+) -> Result<Vec<T>, ServiceError> {
+    let mut all = Vec::new();
+    let mut cursor = None;
+    for _ in 0..MAX_ITEM_PAGES {
+        let (items, next) = page(PaginatedRequestParams::default().with_cursor(cursor)).await?;
+        all.extend(items);
+        cursor = next;
+        if cursor.is_none() || all.len() >= MAX_ITEMS {
+            break;
+        }
+    }
+    all.truncate(MAX_ITEMS);
+    Ok(all)
+}
+
 fn unreadable(error: serde_json::Error) -> McpError {
     McpError::new(ErrorCode::McpUnavailable, format!("unreadable server answer: {error}"))
 }
@@ -656,19 +675,10 @@ impl Pool {
     /// [`MAX_ITEMS`]); empty when it offers none.
     pub async fn list_resources(&self, server: &str, timeout: Duration) -> Result<Vec<Resource>, McpError> {
         let offered = |c: &ServerCapabilities| c.resources.is_some();
-        self.request(server, "resources/list", timeout, offered, Vec::new, |peer| async move {
-            let mut all = Vec::new();
-            let mut cursor = None;
-            for _ in 0..MAX_ITEM_PAGES {
-                let page = peer.list_resources(Some(PaginatedRequestParams::default().with_cursor(cursor))).await?;
-                all.extend(page.resources);
-                cursor = page.next_cursor;
-                if cursor.is_none() || all.len() >= MAX_ITEMS {
-                    break;
-                }
-            }
-            all.truncate(MAX_ITEMS);
-            Ok(all)
+        self.request(server, "resources/list", timeout, offered, Vec::new, |peer| {
+            all_pages(async move |params| {
+                peer.list_resources(Some(params)).await.map(|page| (page.resources, page.next_cursor))
+            })
         })
         .await
     }
@@ -680,20 +690,10 @@ impl Pool {
         timeout: Duration,
     ) -> Result<Vec<ResourceTemplate>, McpError> {
         let offered = |c: &ServerCapabilities| c.resources.is_some();
-        self.request(server, "resources/templates/list", timeout, offered, Vec::new, |peer| async move {
-            let mut all = Vec::new();
-            let mut cursor = None;
-            for _ in 0..MAX_ITEM_PAGES {
-                let params = PaginatedRequestParams::default().with_cursor(cursor);
-                let page = peer.list_resource_templates(Some(params)).await?;
-                all.extend(page.resource_templates);
-                cursor = page.next_cursor;
-                if cursor.is_none() || all.len() >= MAX_ITEMS {
-                    break;
-                }
-            }
-            all.truncate(MAX_ITEMS);
-            Ok(all)
+        self.request(server, "resources/templates/list", timeout, offered, Vec::new, |peer| {
+            all_pages(async move |params| {
+                peer.list_resource_templates(Some(params)).await.map(|page| (page.resource_templates, page.next_cursor))
+            })
         })
         .await
     }
@@ -701,19 +701,10 @@ impl Pool {
     /// The server's prompts (bounded as [`Self::list_resources`]).
     pub async fn list_prompts(&self, server: &str, timeout: Duration) -> Result<Vec<Prompt>, McpError> {
         let offered = |c: &ServerCapabilities| c.prompts.is_some();
-        self.request(server, "prompts/list", timeout, offered, Vec::new, |peer| async move {
-            let mut all = Vec::new();
-            let mut cursor = None;
-            for _ in 0..MAX_ITEM_PAGES {
-                let page = peer.list_prompts(Some(PaginatedRequestParams::default().with_cursor(cursor))).await?;
-                all.extend(page.prompts);
-                cursor = page.next_cursor;
-                if cursor.is_none() || all.len() >= MAX_ITEMS {
-                    break;
-                }
-            }
-            all.truncate(MAX_ITEMS);
-            Ok(all)
+        self.request(server, "prompts/list", timeout, offered, Vec::new, |peer| {
+            all_pages(async move |params| {
+                peer.list_prompts(Some(params)).await.map(|page| (page.prompts, page.next_cursor))
+            })
         })
         .await
     }
@@ -1175,5 +1166,27 @@ mod tests {
         assert_eq!(list_ttl(Some(30_000), default), Duration::from_secs(30));
         assert_eq!(list_ttl(Some(0), default), MIN_SERVER_LIST_TTL, "0 is not a re-list on every round");
         assert_eq!(list_ttl(Some(u64::MAX), default), MAX_SERVER_LIST_TTL);
+    }
+
+    /// The attack: a server that pages forever, or sends pages of thousands of items.
+    #[tokio::test]
+    async fn listings_stop_at_the_page_and_item_caps() {
+        let pages = std::sync::atomic::AtomicUsize::new(0);
+        let endless = all_pages(async |_params| {
+            pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok((vec![0u8; 3], Some("more".to_string())))
+        });
+        assert_eq!(endless.await.expect("pages").len(), 3 * MAX_ITEM_PAGES);
+        assert_eq!(pages.load(std::sync::atomic::Ordering::Relaxed), MAX_ITEM_PAGES);
+        let huge = all_pages(async |_params| Ok((vec![0u8; MAX_ITEMS + 5], Some("more".to_string()))));
+        assert_eq!(huge.await.expect("pages").len(), MAX_ITEMS, "one page past the cap is cut to it");
+        let cursors = Mutex::new(Vec::new());
+        let two = all_pages(async |params: PaginatedRequestParams| {
+            let mut seen = cursors.lock();
+            seen.push(params.cursor.clone());
+            Ok((vec![1u8], (seen.len() < 2).then(|| "page-2".to_string())))
+        });
+        assert_eq!(two.await.expect("pages"), [1, 1]);
+        assert_eq!(*cursors.lock(), [None, Some("page-2".to_string())], "the next cursor is passed on");
     }
 }
