@@ -247,10 +247,65 @@ impl Effective {
         self.set.route(name).map(|r| (r.server.to_string(), r.tool.to_string()))
     }
 
+    /// One chat round's selection under `chat.toolSelection: relevance` with `max_tools` and
+    /// `always_include`, for `messages` (chat messages, oldest first) with `pinned` names. `Err`
+    /// when a pattern does not compile.
+    pub fn select(
+        &self,
+        max_tools: u32,
+        always_include: Vec<String>,
+        messages: &[serde_json::Value],
+        pinned: &[String],
+    ) -> Result<Offered, String> {
+        use crate::api::{ToolSelection, ToolSelectionMode};
+        use crate::policy::rank::Turn;
+        use crate::policy::select::{self, Pinned, SelectionPolicy, Why};
+        let spec = ToolSelection { mode: ToolSelectionMode::Relevance, max_tools: Some(max_tools), always_include };
+        let policy = SelectionPolicy::new(Some(&spec), None).map_err(|e| e.to_string())?.ok_or("relevance is on")?;
+        let mut pins = Pinned::default();
+        for name in pinned {
+            pins.pin(name, Why::Found);
+        }
+        for name in select::called_names(messages) {
+            pins.pin(name, Why::Called);
+        }
+        let texts = select::turns(messages);
+        let turns: Vec<Turn<'_>> = texts.iter().map(|(role, text)| Turn { role: *role, text }).collect();
+        let selection = self.set.select(&policy, &turns, &pins);
+        let offered = selection
+            .tools
+            .iter()
+            .map(|t| {
+                (
+                    t.name.to_string(),
+                    serde_json::to_value(t.why).ok().and_then(|w| w.as_str().map(str::to_string)).unwrap_or_default(),
+                )
+            })
+            .collect();
+        Ok(Offered { tools: offered, find_tools: selection.find_tools, of: selection.of })
+    }
+
+    /// A `find_tools` call with `arguments` as the model sent them (any JSON): the names found,
+    /// or the error code and message the model gets.
+    pub fn find_tools(&self, arguments: &serde_json::Value) -> Result<Vec<String>, (String, String)> {
+        crate::chat::tool_loop::run_find_tools(&self.set, arguments.as_object())
+            .map(|(_, found)| found.iter().map(|n| n.to_string()).collect())
+            .map_err(|e| (e.code.as_str().to_string(), e.message))
+    }
+
     /// (maxIterations, maxTotalToolCalls) after every layer.
     pub fn loop_budgets(&self) -> (u32, u32) {
         (self.set.loop_budgets.max_iterations, self.set.loop_budgets.max_total_tool_calls)
     }
+}
+
+/// What one round offers: (name, why) pairs, whether `find_tools` is offered, and how many tools
+/// the set has.
+#[derive(Clone, Debug)]
+pub struct Offered {
+    pub tools: Vec<(String, String)>,
+    pub find_tools: bool,
+    pub of: usize,
 }
 
 // === the chat tool loop ===
@@ -570,4 +625,16 @@ pub fn frame_guard(input: &[u8], chunks: &[usize], buffer: usize, limit: usize) 
         garbage: garbage.load(Ordering::Relaxed),
         failed_after,
     }
+}
+
+// === resources and prompts ===
+
+/// A client's resource URI read back as (server id, the server's URI), as `/mcp` and gRPC read it.
+pub fn parse_resource_id(id: &str) -> Option<(String, String)> {
+    crate::policy::items::parse_resource_id(id).map(|(s, u)| (s.to_string(), u.to_string()))
+}
+
+/// The aggregated URI of `uri` on `server`.
+pub fn resource_id(server: &str, uri: &str) -> String {
+    crate::policy::items::resource_id(server, uri)
 }
