@@ -140,13 +140,13 @@ impl ChatService {
         let set = inner.agent.effective(options.scope.as_ref(), &caller_list)?;
         *revision = Some(set.revision.as_str().to_string());
 
-        let injected = tool_loop::injected_tools(&set);
-        let injected_names: Vec<String> = injected.iter().filter_map(|t| t.name()).map(str::to_string).collect();
+        // Every effective tool may be forced, offered this round or not.
+        let injectable: HashSet<&str> = set.tools().map(|(_, t)| &*t.name).collect();
         let plan = tool_loop::plan_tool_choice(
             request.tool_choice.as_ref(),
             profile.as_ref().and_then(|p| p.spec.tool_choice).unwrap_or_default(),
             &caller,
-            &injected_names.iter().map(String::as_str).collect(),
+            &injectable,
         )?;
         let selection_spec =
             profile.as_ref().and_then(|p| p.spec.chat.as_ref()).and_then(|c| c.tool_selection.as_ref());
@@ -162,8 +162,9 @@ impl ChatService {
             let message = self.read_attachments(&set, &options.resources).await?;
             tool_loop::attach_before_latest_user(&mut request.messages, message);
         }
-        // Under relevance selection each round sets its own tools (`ToolOffer::round`).
-        let injected = if offer.is_some() { Vec::new() } else { injected };
+        // Under relevance selection each round sets its own tools (`ToolOffer::round`); only
+        // `all` copies every definition here.
+        let injected = if offer.is_some() { Vec::new() } else { tool_loop::injected_tools(&set) };
         let body = tool_loop::upstream_body(request, injected, target.default_model.as_deref());
         let (completion, extension) = self.run_loop(&target, body, &set, &plan, &caller, offer).await?;
         let extension = serde_json::to_value(&extension).unwrap_or(Value::Null);
@@ -179,8 +180,8 @@ impl ChatService {
         let reads = ids.iter().map(|id| self.inner.agent.read_resource(set, id, context));
         let mut attached = Vec::with_capacity(ids.len());
         for (id, read) in ids.iter().zip(futures::future::join_all(reads).await) {
-            let (result, _) =
-                read.map_err(|source| ChatError::Resource { uri: audit::capped(id).to_string(), source })?;
+            let result =
+                read.map_err(|source| ChatError::Resource { uri: audit::capped(id).to_string(), source })?.result;
             let contents = serde_json::to_value(&result.contents).ok().and_then(|v| v.as_array().cloned());
             attached.push((id.clone(), contents.unwrap_or_default()));
         }

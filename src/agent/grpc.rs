@@ -46,6 +46,7 @@ use tracing::Instrument;
 use super::audit::Door;
 use super::core::{Agent, AgentState, CallContext, ToolCall};
 use crate::mcp::arguments::arguments_from_json;
+use crate::mcp::pool::ItemRead;
 use crate::mcp::{ErrorCode, McpError};
 use crate::policy::effective::{Listing, Reason};
 use crate::policy::items;
@@ -544,8 +545,8 @@ impl McpSessions for SessionsDoor {
         let _ = self.sessions().touch(&session_id, Instant::now());
         let mut reply = pb::ReadResourceReply { registry_revision: set.revision.to_string(), ..Default::default() };
         (reply.status, reply.contents_json, reply.error) = match read {
-            Ok((result, cut)) => (
-                item_status(cut.is_some()),
+            Ok(ItemRead { result, truncated, .. }) => (
+                item_status(truncated.is_some()),
                 serde_json::to_string(&result.contents).unwrap_or_else(|_| "[]".into()),
                 None,
             ),
@@ -599,10 +600,10 @@ impl McpSessions for SessionsDoor {
         let got = self.agent.get_prompt(&set, &name, arguments, context).await;
         let _ = self.sessions().touch(&session_id, Instant::now());
         (reply.status, reply.messages_json, reply.error) = match got {
-            Ok((result, cut)) => {
+            Ok(ItemRead { result, truncated, .. }) => {
                 reply.description = result.description.clone().unwrap_or_default();
                 (
-                    item_status(cut.is_some()),
+                    item_status(truncated.is_some()),
                     serde_json::to_string(&result.messages).unwrap_or_else(|_| "[]".into()),
                     None,
                 )

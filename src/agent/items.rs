@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 
 use super::audit::{self, AuditLine};
 use super::core::{Agent, CallContext};
-use crate::mcp::output::Truncation;
+use crate::mcp::pool::ItemRead;
 use crate::mcp::{ErrorCode, McpError};
 use crate::policy::EffectiveSet;
 use crate::policy::items::{self, ItemKind};
@@ -126,7 +126,7 @@ impl Agent {
         set: &EffectiveSet,
         id: &str,
         context: CallContext<'_>,
-    ) -> Result<(ReadResourceResult, Option<Truncation>), McpError> {
+    ) -> Result<ItemRead<ReadResourceResult>, McpError> {
         let started = Instant::now();
         let mut target = None;
         let result = async {
@@ -145,12 +145,8 @@ impl Agent {
             self.pool().read_resource(server, uri, timeout, budgets.max_tool_output_bytes as usize).await
         }
         .await;
-        let bytes = result.as_ref().ok().map(|(r, cut)| match cut {
-            Some(cut) => cut.original_bytes,
-            None => serde_json::to_vec(r).map_or(0, |v| v.len()),
-        });
         let (server, item) = target.map_or((None, id), |(s, u)| (Some(s), u));
-        self.record_item(set, ItemKind::Resource, server, item, id, &result, bytes, started, context);
+        self.record_item(set, ItemKind::Resource, server, item, id, &result, started, context);
         result
     }
 
@@ -161,7 +157,7 @@ impl Agent {
         name_asked: &str,
         arguments: Option<Map<String, Value>>,
         context: CallContext<'_>,
-    ) -> Result<(GetPromptResult, Option<Truncation>), McpError> {
+    ) -> Result<ItemRead<GetPromptResult>, McpError> {
         let started = Instant::now();
         let mut target: Option<(String, String)> = None;
         let result = async {
@@ -189,15 +185,11 @@ impl Agent {
             Err(unknown())
         }
         .await;
-        let bytes = result.as_ref().ok().map(|(r, cut)| match cut {
-            Some(cut) => cut.original_bytes,
-            None => serde_json::to_vec(r).map_or(0, |v| v.len()),
-        });
         let (server, item) = match &target {
             Some((server, prompt)) => (Some(server.as_str()), prompt.as_str()),
             None => (None, name_asked),
         };
-        self.record_item(set, ItemKind::Prompt, server, item, name_asked, &result, bytes, started, context);
+        self.record_item(set, ItemKind::Prompt, server, item, name_asked, &result, started, context);
         result
     }
 
@@ -210,8 +202,7 @@ impl Agent {
         server: Option<&str>,
         item: &str,
         asked_as: &str,
-        result: &Result<(T, Option<Truncation>), McpError>,
-        bytes: Option<usize>,
+        result: &Result<ItemRead<T>, McpError>,
         started: Instant,
         context: CallContext<'_>,
     ) {
@@ -227,12 +218,12 @@ impl Agent {
             tool_name: audit::capped(item),
             called_as: audit::capped(asked_as),
             status: match result {
-                Ok((_, None)) => "ok",
-                Ok((_, Some(_))) => ErrorCode::McpOutputTooLarge.as_str(),
+                Ok(read) if read.truncated.is_some() => ErrorCode::McpOutputTooLarge.as_str(),
+                Ok(_) => "ok",
                 Err(error) => error.code.as_str(),
             },
             latency_ms: audit::millis(started.elapsed()),
-            output_bytes: bytes,
+            output_bytes: result.as_ref().ok().map(|read| read.bytes),
             arguments: Value::from("[redacted]"),
         });
     }

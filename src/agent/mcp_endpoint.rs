@@ -41,6 +41,11 @@ use crate::mcp::{Continuation, ToolOutput};
 /// itself to. Clients that listen (`list_changed`, `subscriptions/listen`) see edits at once.
 const LIST_TTL: Duration = Duration::from_secs(2);
 
+/// The caching hints of every list answer (`ttlMs`, `cacheScope`): see [`LIST_TTL`].
+fn list_hints() -> (Option<u64>, Option<CacheScope>) {
+    (Some(LIST_TTL.as_millis() as u64), Some(CacheScope::Private))
+}
+
 /// How often a legacy session's notifier checks that its client is still there, so a task does
 /// not outlive its session for long when the tool set never changes.
 const SESSION_CHECK_INTERVAL: Duration = Duration::from_secs(30);
@@ -218,8 +223,7 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<ListToolsResult, ErrorData> {
         let mut result = ListToolsResult::with_all_items(self.tools()?);
         // Caching hints (required from 2026-07-28 on, harmless before): see LIST_TTL.
-        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
-        result.cache_scope = Some(CacheScope::Private);
+        (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
     }
 
@@ -254,8 +258,7 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<ListResourcesResult, ErrorData> {
         let set = self.set()?;
         let mut result = ListResourcesResult::with_all_items(self.agent.list_resources(&set).await);
-        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
-        result.cache_scope = Some(CacheScope::Private);
+        (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
     }
 
@@ -266,8 +269,7 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         let set = self.set()?;
         let mut result = ListResourceTemplatesResult::with_all_items(self.agent.list_resource_templates(&set).await);
-        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
-        result.cache_scope = Some(CacheScope::Private);
+        (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
     }
 
@@ -280,7 +282,7 @@ impl ServerHandler for McpEndpoint {
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
-        let (mut result, _) = self.agent.read_resource(&set, &request.uri, call_context).await.map_err(error_data)?;
+        let mut result = self.agent.read_resource(&set, &request.uri, call_context).await.map_err(error_data)?.result;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }
@@ -292,8 +294,7 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<ListPromptsResult, ErrorData> {
         let set = self.set()?;
         let mut result = ListPromptsResult::with_all_items(self.agent.list_prompts(&set).await);
-        result.ttl_ms = Some(LIST_TTL.as_millis() as u64);
-        result.cache_scope = Some(CacheScope::Private);
+        (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
     }
 
@@ -306,8 +307,12 @@ impl ServerHandler for McpEndpoint {
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
-        let (mut result, _) =
-            self.agent.get_prompt(&set, &request.name, request.arguments, call_context).await.map_err(error_data)?;
+        let mut result = self
+            .agent
+            .get_prompt(&set, &request.name, request.arguments, call_context)
+            .await
+            .map_err(error_data)?
+            .result;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }

@@ -128,6 +128,18 @@ mod tests {
     }
 }
 
+fn part_size(part: &Value, text_pointer: &str) -> usize {
+    match part.pointer(text_pointer).and_then(Value::as_str) {
+        Some(text) => text.len(),
+        None => serde_json::to_vec(part).map_or(0, |v| v.len()),
+    }
+}
+
+/// The size of a sequence of parts by [`cap_parts`]' rule (what the audit's `output_bytes` says).
+pub(crate) fn parts_size(parts: &[Value], text_pointer: &str) -> usize {
+    parts.iter().map(|part| part_size(part, text_pointer)).sum()
+}
+
 /// Cuts a sequence of parts (a resource's `contents`, a prompt's `messages`) to `limit` bytes.
 /// A part's size is the length of its text at `text_pointer` (`/text`, `/content/text`), or its
 /// serialized size; a text part is cut on a character boundary, other parts that do not fit are
@@ -138,11 +150,8 @@ pub(crate) fn cap_parts(
     text_pointer: &str,
     marker: impl FnOnce(&Truncation) -> Value,
 ) -> Option<Truncation> {
-    let size = |part: &Value| match part.pointer(text_pointer).and_then(Value::as_str) {
-        Some(text) => text.len(),
-        None => serde_json::to_vec(part).map_or(0, |v| v.len()),
-    };
-    let original: usize = parts.iter().map(size).sum();
+    let size = |part: &Value| part_size(part, text_pointer);
+    let original = parts_size(parts, text_pointer);
     if original <= limit {
         return None;
     }

@@ -72,6 +72,37 @@ async fn all_pages<T>(
     Ok(all)
 }
 
+/// A resource read or prompt get as the pool returns it.
+#[derive(Clone, Debug)]
+pub struct ItemRead<T> {
+    /// The result, its parts cut to the output budget.
+    pub result: T,
+    /// The parts' size before the cap (`output::parts_size`).
+    pub bytes: usize,
+    /// Set when parts were cut.
+    pub truncated: Option<Truncation>,
+}
+
+impl<T: serde::de::DeserializeOwned> ItemRead<T> {
+    /// Cuts the array `key` of `json` (a result as JSON) to `limit` bytes and reads it back.
+    fn capped(
+        mut json: Value,
+        key: &str,
+        text_pointer: &str,
+        limit: usize,
+        marker: impl FnOnce(&Truncation) -> Value,
+    ) -> Result<Self, McpError> {
+        let (bytes, truncated) = match json.get_mut(key).and_then(Value::as_array_mut) {
+            Some(parts) => {
+                let truncated = output::cap_parts(parts, limit, text_pointer, marker);
+                (truncated.map_or_else(|| output::parts_size(parts, text_pointer), |t| t.original_bytes), truncated)
+            }
+            None => (0, None),
+        };
+        Ok(ItemRead { result: serde_json::from_value(json).map_err(unreadable)?, bytes, truncated })
+    }
+}
+
 fn unreadable(error: serde_json::Error) -> McpError {
     McpError::new(ErrorCode::McpUnavailable, format!("unreadable server answer: {error}"))
 }
@@ -717,24 +748,17 @@ impl Pool {
         uri: &str,
         timeout: Duration,
         max_output_bytes: usize,
-    ) -> Result<(ReadResourceResult, Option<Truncation>), McpError> {
+    ) -> Result<ItemRead<ReadResourceResult>, McpError> {
         let offered = |c: &ServerCapabilities| c.resources.is_some();
         let none = || ReadResourceResult::new(Vec::new());
         let params = ReadResourceRequestParams::new(uri.to_string());
         let result = self.request(server, "resources/read", timeout, offered, none, |peer| async move {
             peer.read_resource(params).await
         });
-        let mut json = serde_json::to_value(result.await?).map_err(unreadable)?;
+        let json = serde_json::to_value(result.await?).map_err(unreadable)?;
         let uri = uri.to_string();
-        let truncated = json.get_mut("contents").and_then(Value::as_array_mut).and_then(|contents| {
-            output::cap_parts(
-                contents,
-                max_output_bytes,
-                "/text",
-                |t| serde_json::json!({"uri": uri, "mimeType": "text/plain", "text": t.marker()}),
-            )
-        });
-        Ok((serde_json::from_value(json).map_err(unreadable)?, truncated))
+        let marker = |t: &Truncation| serde_json::json!({"uri": uri, "mimeType": "text/plain", "text": t.marker()});
+        ItemRead::capped(json, "contents", "/text", max_output_bytes, marker)
     }
 
     /// Gets prompt `name` with `arguments` on `server` within `timeout`, its messages cut to
@@ -746,7 +770,7 @@ impl Pool {
         arguments: Option<Map<String, Value>>,
         timeout: Duration,
         max_output_bytes: usize,
-    ) -> Result<(GetPromptResult, Option<Truncation>), McpError> {
+    ) -> Result<ItemRead<GetPromptResult>, McpError> {
         let offered = |c: &ServerCapabilities| c.prompts.is_some();
         let none = || GetPromptResult::new(Vec::new());
         let mut params = GetPromptRequestParams::new(name.to_string());
@@ -760,16 +784,10 @@ impl Pool {
                 none,
                 |peer| async move { peer.get_prompt(params).await },
             );
-        let mut json = serde_json::to_value(result.await?).map_err(unreadable)?;
-        let truncated = json.get_mut("messages").and_then(Value::as_array_mut).and_then(|messages| {
-            output::cap_parts(
-                messages,
-                max_output_bytes,
-                "/content/text",
-                |t| serde_json::json!({"role": "user", "content": {"type": "text", "text": t.marker()}}),
-            )
-        });
-        Ok((serde_json::from_value(json).map_err(unreadable)?, truncated))
+        let json = serde_json::to_value(result.await?).map_err(unreadable)?;
+        let marker =
+            |t: &Truncation| serde_json::json!({"role": "user", "content": {"type": "text", "text": t.marker()}});
+        ItemRead::capped(json, "messages", "/content/text", max_output_bytes, marker)
     }
 
     /// Closes every session and reaps every child. The pool refuses calls afterwards.
