@@ -1,80 +1,105 @@
-//! End-to-end checks against a real cluster (kind, k3d, a cloud cluster), given `KUBECONFIG`.
+//! End-to-end checks in real pods on a real cluster, given `KUBECONFIG`: the local one-node
+//! cluster of `hack/e2e.sh` (CI), or kind, k3d, a cloud cluster (`e2e/README.md`).
 //!
 //! Without `KUBECONFIG` this binary prints that it skipped and exits 0, so `cargo test` stays
-//! green on machines without a cluster. How to run it on kind: `e2e/README.md`.
+//! green on machines without a cluster.
 //!
 //! ```text
-//! helm upgrade --install (charts/spear-mcp, images from SPEAR_E2E_*_IMAGE, --wait)
-//!   ├─ CRDs Established · webhook caBundle filled by the operator (self-signed mode)
+//! helm upgrade --install (charts/spear-mcp, default values but the images, --wait)
+//!   ├─ CRDs Established · caBundle filled · 2 operator replicas Ready, one Lease holder
 //!   └─ namespace spear-e2e-* (mcp.spear.dev/injection=enabled)
-//!        ├─ examples/registry applied ──▶ every McpServer/McpProfile Accepted=True
+//!        ├─ e2e-upstream pod (scripted OpenAI upstream: the one test double, for a hosted model)
+//!        ├─ examples/registry applied (stdio servers on the local MCP server image) ──▶ Accepted
 //!        ├─ invalid McpServer ──▶ refused by the API server, naming the field
-//!        └─ Deployment (mcp.spear.dev/profile: developer) ──▶ pod Ready with spear-init, the
-//!           spearlet agent and one bridge sidecar per stdio server; its app container calls
-//!           mcp__everything__echo through $SPEAR_MCP_URL and logs the answer
+//!        ├─ Deployment e2e-app (profile developer) ──▶ injected, Ready; its driver (PyPI mcp and
+//!        │    openai clients) lists and calls tools through $SPEAR_MCP_URL, runs a chat tool loop,
+//!        │    is refused a tool outside the profile, cannot reach the servers' sockets
+//!        ├─ McpServer edit ──▶ in the pod's tool list (timed) · a new stdio server ──▶ restart required
+//!        ├─ faults: server process killed in its sidecar · agent container stopped ·
+//!        │    operator scaled to 0 (annotated pods refused, other namespaces unaffected) and back
+//!        └─ pod deleted during a tool call ──▶ the call completes, sidecars stop after the app
 //! ```
 //!
-//! Only `helm` is shelled out to (built by `hack/helm.sh`, or `$SPEAR_HELM`); everything else
-//! goes through the Kubernetes API with `kube`. The test namespace is deleted at the end and the
-//! release uninstalled, unless `SPEAR_E2E_KEEP=1` (to look around after a failure).
+//! The app container runs `e2e/app/driver.py`, which the test drives through the API server's pod
+//! proxy: no `exec`, no route into the pod network. Faults inside the pod use ephemeral
+//! containers (the app image's python3) that share the target container's PID namespace.
+//! `SPEAR_E2E_MEASURE=1` adds the measurements of BENCHMARKS.md ("e2e in real pods").
+
+mod measure;
+mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
+use serde_json::{Value, json};
 use spear::api::conditions::types::ACCEPTED;
 use spear::api::keys::{
     AGENT_CONTAINER, ANNOTATION_PROFILE, ENV_MCP_URL, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION,
-    SIDECAR_PREFIX, WEBHOOK_CONFIGURATION,
+    OPERATOR_LEASE, SIDECAR_PREFIX, WEBHOOK_CONFIGURATION,
 };
 use spear::api::manifest::{self, Object};
 use spear::api::{McpProfile, McpServer, crd};
+use support::{
+    Report, eventually, helm, helm_run, image_values, is_ready, logs, proxy_get, ready_pod, repo, restarts,
+    run_ephemeral,
+};
 
 /// Image of spear-operator (`repository:tag` or `repository@sha256:...`), required.
 const ENV_OPERATOR_IMAGE: &str = "SPEAR_E2E_OPERATOR_IMAGE";
 /// Image of spearlet (the init container's and the agent's), required.
 const ENV_SPEARLET_IMAGE: &str = "SPEAR_E2E_SPEARLET_IMAGE";
-/// Image of the app container that calls a tool; it needs `sh` and `curl`.
-const ENV_CURL_IMAGE: &str = "SPEAR_E2E_CURL_IMAGE";
-const DEFAULT_CURL_IMAGE: &str = "curlimages/curl:8.11.1";
-/// `1` keeps the release and the test namespace.
+/// The app image (`e2e-app` in the Dockerfile: python3, PyPI mcp and openai, e2e/app), required.
+const ENV_APP_IMAGE: &str = "SPEAR_E2E_APP_IMAGE";
+/// The MCP server image (`mcp-servers` in the Dockerfile): the npm servers preinstalled. When set,
+/// the examples' stdio servers run from it instead of `npx -y` in `node:20-alpine` (which
+/// downloads the package at start, impossible on a cluster without network).
+const ENV_MCP_SERVERS_IMAGE: &str = "SPEAR_E2E_MCP_SERVERS_IMAGE";
+/// `1` keeps the release and the test namespaces.
 const ENV_KEEP: &str = "SPEAR_E2E_KEEP";
+/// `1` adds the measurements (pod start, memory, latency, propagation).
+const ENV_MEASURE: &str = "SPEAR_E2E_MEASURE";
 
 /// Release and namespace of the chart.
 const RELEASE: &str = "spear-mcp";
 const RELEASE_NAMESPACE: &str = "spear-system";
+const OPERATOR_DEPLOYMENT: &str = "spear-operator";
 /// The example profile the test pod uses, and the secret its chat upstream names.
 const PROFILE: &str = "developer";
 const UPSTREAM_SECRET: &str = "openai";
 /// The stdio servers of that profile: one bridge sidecar each.
 const STDIO_SERVERS: [&str; 2] = ["everything", "filesystem"];
-/// The message the app echoes through the agent, and what server-everything answers.
+/// The app's driver and the scripted upstream listen here (see e2e/app).
+const DRIVER_PORT: u16 = 8080;
+const UPSTREAM_PORT: u16 = 8000;
+const ECHO: &str = "mcp__everything__echo";
 const ECHO_MESSAGE: &str = "hello from spear e2e";
+/// The tool the edit adds to `everything`'s allowedTools; also the long call of the shutdown check.
+const LONG_TOOL: &str = "trigger-long-running-operation";
 
-/// Rollout of the chart: image pulls on a fresh node.
+/// Rollout of the chart.
 const INSTALL_TIMEOUT: &str = "5m";
 /// The operator fills the caBundle once it has issued its certificate.
 const CA_BUNDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Status is written by the elected leader, after its first reconcile.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(90);
-/// The app pod pulls node:20-alpine and the servers' npm packages (`npx -y`) on first run.
-const POD_READY_TIMEOUT: Duration = Duration::from_secs(600);
-/// The app retries the call every 5 s for up to 5 minutes (see `app_script`).
-const TOOL_CALL_TIMEOUT: Duration = Duration::from_secs(330);
-const POLL: Duration = Duration::from_secs(2);
+/// Images are local; the agent's startup probe allows 120 s for the first tool lists.
+const POD_READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// The edit must reach the running pod within this (issue 14).
+const EDIT_VISIBLE_WITHIN: Duration = Duration::from_secs(2);
 
 fn main() -> std::process::ExitCode {
     if std::env::var_os("KUBECONFIG").is_none() {
-        println!("e2e: skipped: no KUBECONFIG set (see e2e/README.md for how to run it on kind)");
+        println!("e2e: skipped: no KUBECONFIG set (hack/e2e.sh runs it on a local cluster; e2e/README.md)");
         return std::process::ExitCode::SUCCESS;
     }
     let runtime = match tokio::runtime::Runtime::new() {
@@ -96,113 +121,71 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+fn flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v == "1")
 }
 
-fn keep() -> bool {
-    std::env::var_os(ENV_KEEP).is_some_and(|v| v == "1")
+fn required(name: &str, what: &str) -> Result<String> {
+    std::env::var(name)
+        .with_context(|| format!("{name} must name {what} (hack/images.sh builds it; see e2e/README.md)"))
 }
 
-/// Counts and prints passed checks.
-struct Report(usize);
-
-impl Report {
-    fn ok(&mut self, what: &str) {
-        self.0 += 1;
-        println!("e2e: ok: {what}");
-    }
+/// The images under test.
+struct Images {
+    operator: String,
+    spearlet: String,
+    app: String,
+    mcp_servers: Option<String>,
 }
 
 async fn run() -> Result<usize> {
-    let operator_image = std::env::var(ENV_OPERATOR_IMAGE).with_context(|| {
-        format!("{ENV_OPERATOR_IMAGE} must name the spear-operator image to install (see e2e/README.md)")
-    })?;
-    let spearlet_image = std::env::var(ENV_SPEARLET_IMAGE)
-        .with_context(|| format!("{ENV_SPEARLET_IMAGE} must name the spearlet image to install (see e2e/README.md)"))?;
+    let images = Images {
+        operator: required(ENV_OPERATOR_IMAGE, "the spear-operator image")?,
+        spearlet: required(ENV_SPEARLET_IMAGE, "the spearlet image")?,
+        app: required(ENV_APP_IMAGE, "the e2e app image")?,
+        mcp_servers: std::env::var(ENV_MCP_SERVERS_IMAGE).ok(),
+    };
     let helm = helm()?;
-    let mut report = Report(0);
+    let mut report = Report::new();
+    let mut namespaces_made: Vec<String> = Vec::new();
 
-    // Everything after the install attempt runs in here, so a failure anywhere still uninstalls.
+    // Everything after the install attempt runs in here, so a failure anywhere still cleans up.
+    let client = kube::Client::try_default().await.context("connecting with KUBECONFIG")?;
     let result = async {
-        install(&helm, &operator_image, &spearlet_image)?;
-        report.ok("chart installed and the operator rolled out");
-        let client = kube::Client::try_default().await.context("connecting with KUBECONFIG")?;
+        install(&helm, &images)?;
+        report.ok("chart installed (helm --wait): operator Deployment rolled out");
         cluster_checks(&client, &mut report).await?;
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let ns = namespaces
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        generate_name: Some("spear-e2e-".into()),
-                        labels: Some(BTreeMap::from([(LABEL_INJECTION.into(), INJECTION_ENABLED.into())])),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
-            )
-            .await?
-            .metadata
-            .name
-            .context("namespace has a name")?;
+        let ns = create_namespace(&client, "spear-e2e-", true).await?;
+        namespaces_made.push(ns.clone());
         println!("e2e: working in namespace {ns}");
-        let result = namespace_checks(&client, &ns, &mut report).await;
-        if keep() {
-            println!("e2e: {ENV_KEEP}=1: keeping namespace {ns}");
-        } else {
-            namespaces.delete(&ns, &DeleteParams::default()).await?;
-        }
-        result
+        let other = create_namespace(&client, "spear-e2e-plain-", false).await?;
+        namespaces_made.push(other.clone());
+        namespace_checks(&client, &images, &ns, &other, &mut report).await
     }
     .await;
 
-    if keep() {
-        println!("e2e: {ENV_KEEP}=1: keeping release {RELEASE} in {RELEASE_NAMESPACE}");
-    } else if let Err(e) = helm_run(&helm, &["uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait"]) {
-        // The checks' outcome matters more than the cleanup's; say what is left behind.
-        eprintln!("e2e: warning: uninstalling {RELEASE} failed: {e:#}");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if flag(ENV_KEEP) {
+        println!("e2e: {ENV_KEEP}=1: keeping namespaces {namespaces_made:?} and release {RELEASE}");
+    } else {
+        for ns in &namespaces_made {
+            if let Err(e) = namespaces.delete(ns, &DeleteParams::default()).await {
+                eprintln!("e2e: warning: deleting namespace {ns}: {e}");
+            }
+        }
+        if let Err(e) = helm_run(&helm, &["uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait"]) {
+            // The checks' outcome matters more than the cleanup's; say what is left behind.
+            eprintln!("e2e: warning: uninstalling {RELEASE} failed: {e:#}");
+        }
     }
-    result.map(|()| report.0)
+    println!("e2e: steps and their times:");
+    for (step, took) in &report.steps {
+        println!("e2e:   {:>6.1} s  {step}", took.as_secs_f64());
+    }
+    result.map(|()| report.passed)
 }
 
-// === helm ===
-
-/// `$SPEAR_HELM`, else the pinned helm `hack/helm.sh` builds (or finds in its cache).
-fn helm() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("SPEAR_HELM") {
-        return Ok(PathBuf::from(path));
-    }
-    let output = Command::new(repo().join("hack/helm.sh"))
-        .output()
-        .context("running hack/helm.sh (it builds helm from its Go module; needs go)")?;
-    ensure!(output.status.success(), "hack/helm.sh failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    Ok(PathBuf::from(String::from_utf8(output.stdout)?.trim()))
-}
-
-fn helm_run(helm: &Path, args: &[&str]) -> Result<()> {
-    let status = Command::new(helm)
-        .args(args)
-        .current_dir(repo())
-        .status()
-        .with_context(|| format!("running {}", helm.display()))?;
-    ensure!(status.success(), "helm {} failed ({status})", args.join(" "));
-    Ok(())
-}
-
-/// `--set` arguments for an image reference: `repo:tag`, `repo@sha256:...` or a bare `repo`.
-fn image_values(prefix: &str, image: &str) -> Vec<String> {
-    if let Some((repository, digest)) = image.split_once('@') {
-        return vec![format!("{prefix}.repository={repository}"), format!("{prefix}.digest={digest}")];
-    }
-    // A ':' after the last '/' separates the tag (an earlier one is a registry port).
-    match image.rsplit_once(':').filter(|(_, tag)| !tag.contains('/')) {
-        Some((repository, tag)) => vec![format!("{prefix}.repository={repository}"), format!("{prefix}.tag={tag}")],
-        None => vec![format!("{prefix}.repository={image}")],
-    }
-}
-
-fn install(helm: &Path, operator_image: &str, spearlet_image: &str) -> Result<()> {
+fn install(helm: &std::path::Path, images: &Images) -> Result<()> {
     let mut args: Vec<String> = [
         "upgrade",
         "--install",
@@ -217,8 +200,9 @@ fn install(helm: &Path, operator_image: &str, spearlet_image: &str) -> Result<()
     ]
     .map(String::from)
     .to_vec();
-    for value in
-        image_values("operator.image", operator_image).into_iter().chain(image_values("spearlet.image", spearlet_image))
+    for value in image_values("operator.image", &images.operator)
+        .into_iter()
+        .chain(image_values("spearlet.image", &images.spearlet))
     {
         args.extend(["--set".to_string(), value]);
     }
@@ -227,30 +211,23 @@ fn install(helm: &Path, operator_image: &str, spearlet_image: &str) -> Result<()
     helm_run(helm, &args)
 }
 
-// === checks ===
-
-/// Polls `check` every [`POLL`] until it returns `Some`, or fails naming `what` and the last
-/// state seen.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(Option<T>, String)>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let (found, state) = check().await?;
-        if let Some(value) = found {
-            return Ok(value);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("{what}: not within {timeout:?}; last seen: {state}");
-        }
-        tokio::time::sleep(POLL).await;
-    }
+async fn create_namespace(client: &kube::Client, prefix: &str, injection: bool) -> Result<String> {
+    let labels = injection.then(|| BTreeMap::from([(LABEL_INJECTION.to_string(), INJECTION_ENABLED.to_string())]));
+    let namespace = Namespace {
+        metadata: ObjectMeta { generate_name: Some(prefix.into()), labels, ..Default::default() },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?
+        .metadata
+        .name
+        .context("namespace has a name")
 }
 
+// === the cluster-wide parts ===
+
 async fn cluster_checks(client: &kube::Client, report: &mut Report) -> Result<()> {
-    // The chart's crds/ installed both CRDs.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for definition in crd::definitions() {
         let name = definition.metadata.name.clone().context("CRD has a name")?;
@@ -263,7 +240,6 @@ async fn cluster_checks(client: &kube::Client, report: &mut Report) -> Result<()
     }
     report.ok("CRDs established");
 
-    // Self-signed mode: the operator issues its certificate and fills the webhook's caBundle.
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     eventually("the operator fills the webhook caBundle", CA_BUNDLE_TIMEOUT, || async {
         let config = webhooks.get(WEBHOOK_CONFIGURATION).await?;
@@ -275,21 +251,104 @@ async fn cluster_checks(client: &kube::Client, report: &mut Report) -> Result<()
         Ok((filled.then_some(()), "caBundle empty".to_string()))
     })
     .await?;
-    report.ok("webhook caBundle filled by the operator");
+    report.ok("webhook caBundle filled by the operator (self-signed mode)");
+
+    operator_ready(client, 2).await?;
+    report.ok("operator: 2 replicas Ready, one of them holds the Lease");
     Ok(())
+}
+
+/// Waits for `replicas` Ready operator pods and a Lease held by one of them.
+async fn operator_ready(client: &kube::Client, replicas: usize) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    eventually("operator pods Ready and one Lease holder", STATUS_TIMEOUT, || async {
+        let list = pods.list(&ListParams::default().labels("app.kubernetes.io/component=operator")).await?;
+        let ready: Vec<String> = list
+            .items
+            .iter()
+            .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        let holder = leases.get_opt(OPERATOR_LEASE).await?.and_then(|l| l.spec?.holder_identity);
+        let held = holder.as_ref().is_some_and(|h| ready.iter().any(|p| h.starts_with(p.as_str())));
+        let state = format!("ready {ready:?}, lease holder {holder:?}");
+        Ok(((ready.len() == replicas && held).then_some(()), state))
+    })
+    .await
 }
 
 fn condition_status(conditions: Option<&Vec<Condition>>, kind: &str) -> Option<String> {
     conditions?.iter().find(|c| c.type_ == kind).map(|c| format!("{} ({}: {})", c.status, c.reason, c.message))
 }
 
-async fn namespace_checks(client: &kube::Client, ns: &str, report: &mut Report) -> Result<()> {
-    // 1. Every example is created and Accepted by the operator.
+// === the namespace: registry, the injected pod, what it can do ===
+
+/// The examples' stdio servers run `npx -y <package>@<version> <args>` in `node:20-alpine`; with
+/// the local MCP server image they run the same package, preinstalled, from its `bin`
+/// (`mcp-server-<name>`). The filesystem server serves `/` so the e2e can ask it, from inside its
+/// sidecar, for the service-account token it must not have.
+fn localize(server: &mut McpServer, image: &str) {
+    let Some(stdio) = server.spec.stdio.as_mut() else { return };
+    let package = stdio.args.iter().position(|a| a.starts_with("@modelcontextprotocol/server-"));
+    if stdio.command != "npx" {
+        return;
+    }
+    let Some(index) = package else { return };
+    let name = stdio.args[index]
+        .trim_start_matches("@modelcontextprotocol/")
+        .split('@')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    stdio.image = Some(image.to_string());
+    stdio.command = format!("mcp-{name}");
+    stdio.args = stdio.args[index + 1..].to_vec();
+    if name == "server-filesystem" {
+        stdio.args = vec!["/".to_string()];
+    }
+}
+
+async fn namespace_checks(
+    client: &kube::Client,
+    images: &Images,
+    ns: &str,
+    other: &str,
+    report: &mut Report,
+) -> Result<()> {
     let servers: Api<McpServer> = Api::namespaced(client.clone(), ns);
     let profiles: Api<McpProfile> = Api::namespaced(client.clone(), ns);
-    let dir = repo().join("examples/registry");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+
+    // The scripted upstream, and the Secret the profile's upstream names (granted to it).
+    let api_key = format!("sk-e2e-{}", SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos());
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": UPSTREAM_SECRET, "annotations": {"mcp.spear.dev/allowed-profiles": PROFILE}},
+        "stringData": {"api-key": api_key},
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), ns).create(&PostParams::default(), &secret).await?;
+    let upstream: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-upstream", "labels": {"app": "e2e-upstream"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "upstream", "image": images.app, "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "/e2e/upstream.py"],
+                "env": [{"name": "E2E_EXPECTED_KEY", "value": api_key}],
+                "ports": [{"containerPort": UPSTREAM_PORT}],
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": UPSTREAM_PORT}, "periodSeconds": 1},
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false},
+            }],
+        },
+    }))?;
+    pods.create(&PostParams::default(), &upstream).await?;
+    let upstream = ready_pod(&pods, "app=e2e-upstream", POD_READY_TIMEOUT).await?;
+    let upstream_ip = upstream.status.and_then(|s| s.pod_ip).context("the upstream pod has an IP")?;
+    report.ok(&format!("scripted upstream pod Ready at {upstream_ip}"));
+
+    // 1. Every example is created and Accepted by the operator.
     let mut names = Vec::new();
-    for entry in std::fs::read_dir(&dir)?.flatten() {
+    for entry in std::fs::read_dir(repo().join("examples/registry"))?.flatten() {
         let path = entry.path();
         if !manifest::is_manifest_file_name(&entry.file_name().to_string_lossy()) {
             continue;
@@ -298,10 +357,16 @@ async fn namespace_checks(client: &kube::Client, ns: &str, report: &mut Report) 
         ensure!(parsed.is_valid(), "{}: {:?}", path.display(), parsed.problems);
         for doc in parsed.documents {
             match doc.object {
-                Object::Server(s) => {
+                Object::Server(mut s) => {
+                    if let Some(image) = &images.mcp_servers {
+                        localize(&mut s, image);
+                    }
                     names.push(("McpServer", servers.create(&PostParams::default(), &s).await?.metadata.name))
                 }
-                Object::Profile(p) => {
+                Object::Profile(mut p) => {
+                    if let Some(upstream) = p.spec.chat.as_mut().and_then(|c| c.upstream.as_mut()) {
+                        upstream.url = format!("http://{upstream_ip}:{UPSTREAM_PORT}/v1");
+                    }
                     names.push(("McpProfile", profiles.create(&PostParams::default(), &p).await?.metadata.name))
                 }
             }
@@ -323,7 +388,7 @@ async fn namespace_checks(client: &kube::Client, ns: &str, report: &mut Report) 
         })
         .await?;
     }
-    report.ok("examples accepted (status Accepted=True)");
+    report.ok("examples/registry applied: every McpServer and McpProfile Accepted=True");
 
     // 2. An invalid server is refused by the API server, naming the field.
     let invalid = McpServer::test("broken").allowing(["*"]);
@@ -331,43 +396,12 @@ async fn namespace_checks(client: &kube::Client, ns: &str, report: &mut Report) 
         Ok(_) => bail!("a stdio McpServer without spec.stdio was accepted"),
         Err(e) => ensure!(e.to_string().contains("spec.stdio"), "error does not name spec.stdio: {e}"),
     }
-    report.ok("invalid McpServer refused");
+    report.ok("invalid McpServer refused by the API server, naming spec.stdio");
 
     // 3. An annotated Deployment is injected and its pod becomes Ready.
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": UPSTREAM_SECRET},
-        "stringData": {"api-key": "not-used-by-the-e2e-test"},
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), ns).create(&PostParams::default(), &secret).await?;
-    let curl_image = std::env::var(ENV_CURL_IMAGE).unwrap_or_else(|_| DEFAULT_CURL_IMAGE.to_string());
-    let deployment: Deployment = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "e2e-app"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "e2e-app"}},
-            "template": {
-                "metadata": {"labels": {"app": "e2e-app"}, "annotations": {ANNOTATION_PROFILE: PROFILE}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [{
-                        "name": "app",
-                        "image": curl_image,
-                        "command": ["sh", "-c", app_script()],
-                        "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false},
-                    }],
-                },
-            },
-        },
-    }))?;
-    Api::<Deployment>::namespaced(client.clone(), ns).create(&PostParams::default(), &deployment).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pod = eventually("the e2e-app pod Ready", POD_READY_TIMEOUT, || async {
-        let list = pods.list(&ListParams::default().labels("app=e2e-app")).await?;
-        let ready = list.items.iter().find(|p| is_ready(p)).cloned();
-        let state = list.items.iter().map(pod_state).collect::<Vec<_>>().join("; ");
-        Ok((ready, if state.is_empty() { "no pod".into() } else { state }))
-    })
-    .await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    deployments.create(&PostParams::default(), &app_deployment("e2e-app", &images.app)).await?;
+    let pod = ready_pod(&pods, "app=e2e-app", POD_READY_TIMEOUT).await?;
     let spec = pod.spec.clone().context("a pod has a spec")?;
     let all: Vec<&str> =
         spec.init_containers.iter().flatten().chain(spec.containers.iter()).map(|c| c.name.as_str()).collect();
@@ -377,88 +411,433 @@ async fn namespace_checks(client: &kube::Client, ns: &str, report: &mut Report) 
         ensure!(all.contains(&name.as_str()), "the pod lacks container {name}: it has {all:?}");
     }
     let app = spec.containers.iter().find(|c| c.name == "app").context("the app container")?;
-    ensure!(
-        app.env.iter().flatten().any(|e| e.name == ENV_MCP_URL),
-        "the app container lacks {ENV_MCP_URL}: {:?}",
-        app.env
-    );
+    ensure!(app.env.iter().flatten().any(|e| e.name == ENV_MCP_URL), "the app container lacks {ENV_MCP_URL}");
     report.ok(&format!("pod injected ({}) and Ready", expected.join(", ")));
-
-    // 4. A tool call from inside the app container, through the agent's /mcp.
     let pod_name = pod.metadata.name.clone().context("a pod has a name")?;
-    let params = LogParams { container: Some("app".into()), ..LogParams::default() };
-    let result = eventually("the app's tool call", TOOL_CALL_TIMEOUT, || async {
-        let logs = pods.logs(&pod_name, &params).await?;
-        let result = logs.lines().find(|l| l.starts_with("E2E-RESULT")).map(str::to_string);
-        let last = logs.lines().last().unwrap_or("no output yet").to_string();
-        Ok((result, last))
+
+    // 4. From the app container: list, call, a refused tool, a chat tool loop.
+    let driver = Driver { client: client.clone(), ns: ns.to_string(), pod: pod_name.clone() };
+    let tools = driver.tools().await?;
+    for name in [ECHO, "mcp__everything__get-sum", "mcp__filesystem__read_text_file"] {
+        ensure!(tools.iter().any(|t| t == name), "{name} not listed to the app: {tools:?}");
+    }
+    for name in ["mcp__filesystem__move_file", "mcp__everything__trigger-long-running-operation"] {
+        ensure!(!tools.iter().any(|t| t == name), "{name} (outside the profile) listed: {tools:?}");
+    }
+    report.ok(&format!("the app lists {} tools through $SPEAR_MCP_URL (PyPI mcp client)", tools.len()));
+
+    let echo = driver.call(ECHO, &json!({"message": ECHO_MESSAGE})).await?;
+    ensure!(
+        echo["is_error"] == false && echo["text"].as_str().is_some_and(|t| t.contains(ECHO_MESSAGE)),
+        "echo through the agent: {echo}"
+    );
+    report.ok("mcp__everything__echo called from the app container through $SPEAR_MCP_URL");
+
+    let refused = driver.call("mcp__filesystem__move_file", &json!({"source": "/a", "destination": "/b"})).await?;
+    ensure!(refused["is_error"] == true, "a denied tool was called: {refused}");
+    report.ok(&format!("a tool outside the profile is refused: {}", refused["text"]));
+
+    let chat = driver.get("/chat", &[("content", ECHO_MESSAGE)]).await?;
+    let content = chat["content"].as_str().unwrap_or_default();
+    ensure!(content.contains("the tool said") && content.contains(ECHO_MESSAGE), "the chat loop's answer: {chat}");
+    let upstream_log = logs(&pods, "e2e-upstream", "upstream", false).await?;
+    let rounds = upstream_log.lines().filter(|l| l.starts_with("{\"round\"")).count();
+    ensure!(rounds >= 2, "the upstream saw {rounds} rounds:\n{upstream_log}");
+    report.ok(&format!(
+        "chat door: a tool loop of {rounds} upstream rounds against the in-cluster upstream (PyPI openai client)"
+    ));
+
+    // 5. The isolation the security model promises, observed in the pod.
+    let probe = driver.get("/probe", &[]).await?;
+    ensure!(
+        probe["spear_paths"].as_array().is_some_and(Vec::is_empty),
+        "the app container sees the agent's or the servers' files: {probe}"
+    );
+    let token = driver
+        .call(
+            "mcp__filesystem__read_text_file",
+            &json!({"path": "/var/run/secrets/kubernetes.io/serviceaccount/token"}),
+        )
+        .await?;
+    ensure!(
+        token["is_error"] == true
+            && token["text"].as_str().is_some_and(|t| t.contains("ENOENT") || t.contains("no such file")),
+        "the filesystem server's sidecar has a service-account token (or the probe is vacuous): {token}"
+    );
+    rbac_checks(client, ns, other).await?;
+    report.ok("isolation: the app sees no socket; server sidecars have no token; the agent's RBAC reads McpServers in its namespace only");
+
+    // 6. An McpServer edit reaches the running pod without a restart.
+    let long_tool = format!("mcp__everything__{LONG_TOOL}");
+    let watcher = {
+        let driver = driver.clone();
+        let long_tool = long_tool.clone();
+        tokio::spawn(async move { driver.get("/watch", &[("name", &long_tool), ("timeout", "30")]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut everything = servers.get("everything").await?;
+    everything.spec.allowed_tools.push(LONG_TOOL.to_string());
+    let edited_at = Instant::now();
+    servers
+        .patch(
+            "everything",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allowedTools": everything.spec.allowed_tools}})),
+        )
+        .await?;
+    let seen = watcher.await??;
+    let visible = edited_at.elapsed();
+    ensure!(seen.get("seen_after_ms").is_some(), "the edit never reached the pod: {seen}");
+    ensure!(visible <= EDIT_VISIBLE_WITHIN + Duration::from_secs(1), "edit visible after {visible:?}");
+    ensure!(restarts(&pods.get(&pod_name).await?, AGENT_CONTAINER) == 0, "the agent restarted for an edit");
+    report.ok(&format!(
+        "McpServer edit in the pod's tool list {} ms after the PATCH returned, no restart",
+        visible.as_millis()
+    ));
+
+    // 7. A stdio server the profile gains after the pod started needs a restart: metric and log.
+    let mut extra = servers.get("everything").await?;
+    extra.metadata = ObjectMeta { name: Some("everything-late".into()), ..Default::default() };
+    extra.status = None;
+    servers.create(&PostParams::default(), &extra).await?;
+    profiles
+        .patch(
+            PROFILE,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"servers": ["filesystem", "everything", "everything-http", "everything-late"]}}),
+            ),
+        )
+        .await?;
+    eventually("mcp_server_restart_required for everything-late", Duration::from_secs(20), || async {
+        let metrics = driver.agent_metrics().await?;
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("mcp_server_restart_required") && l.contains("everything-late"))
+            .map(str::to_string);
+        Ok((line.filter(|l| l.ends_with(" 1")), "no such series yet".into()))
     })
     .await?;
-    ensure!(result.starts_with("E2E-RESULT ok"), "the tool call failed: {result}");
-    report.ok("mcp__everything__echo called from the app container through $SPEAR_MCP_URL");
+    let agent_log = logs(&pods, &pod_name, AGENT_CONTAINER, false).await?;
+    ensure!(
+        agent_log.lines().any(|l| l.contains("everything-late") && l.contains("restart")),
+        "the agent's log does not say everything-late needs a restart"
+    );
+    report.ok("a new stdio server in the profile: mcp_server_restart_required 1 and a log line");
+
+    if flag(ENV_MEASURE) {
+        measure::all(client, &driver, images, ns, other, report).await?;
+        report.ok("measurements (SPEAR_E2E_MEASURE=1)");
+    }
+
+    // 8. Faults in the pod.
+    fault_checks(&driver, &pods, images, report).await?;
+    operator_outage(client, &images.app, ns, other, report).await?;
+
+    // 9. Pod deletion during a call: the call completes, sidecars stop after the app.
+    graceful_delete(&driver, &pods, &long_tool, report).await?;
     Ok(())
 }
 
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+fn app_deployment(name: &str, image: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": {ANNOTATION_PROFILE: PROFILE}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [{
+                        "name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
+                        "command": ["python3", "/e2e/driver.py"],
+                        "ports": [{"containerPort": DRIVER_PORT}],
+                        "readinessProbe": {"httpGet": {"path": "/healthz", "port": DRIVER_PORT}, "periodSeconds": 1},
+                        "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false},
+                    }],
+                },
+            },
+        },
+    }))
+    .expect("a static Deployment literal deserializes")
 }
 
-/// A pod's phase and its containers' waiting reasons, for a timeout message.
-fn pod_state(pod: &Pod) -> String {
+/// The app's driver (e2e/app/driver.py) in one pod, through the API server's pod proxy.
+#[derive(Clone)]
+struct Driver {
+    client: kube::Client,
+    ns: String,
+    pod: String,
+}
+
+impl Driver {
+    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Value> {
+        proxy_get(&self.client, &self.ns, &self.pod, DRIVER_PORT, path, query).await
+    }
+
+    async fn tools(&self) -> Result<Vec<String>> {
+        let listed = self.get("/tools", &[]).await?;
+        Ok(listed["names"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(String::from)).collect())
+    }
+
+    async fn call(&self, name: &str, args: &Value) -> Result<Value> {
+        self.get("/call", &[("name", name), ("args", &args.to_string())]).await
+    }
+
+    /// The agent's Prometheus text, from its admin port.
+    async fn agent_metrics(&self) -> Result<String> {
+        support::proxy_text(
+            &self.client,
+            &self.ns,
+            &self.pod,
+            spear::operator::inject::Ports::default().admin,
+            "/metrics",
+            &[],
+        )
+        .await
+    }
+}
+
+/// The agent's ServiceAccount (the pod's `default`) may read McpServers in its namespace only.
+async fn rbac_checks(client: &kube::Client, ns: &str, other: &str) -> Result<()> {
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let user = format!("system:serviceaccount:{ns}:default");
+    let cases = [
+        (ns, "mcp.spear.dev", "mcpservers", "list", true),
+        (ns, "mcp.spear.dev", "mcpprofiles", "watch", true),
+        (ns, "mcp.spear.dev", "mcpservers", "update", false),
+        (ns, "", "secrets", "get", false),
+        (ns, "", "pods", "list", false),
+        (other, "mcp.spear.dev", "mcpservers", "list", false),
+    ];
+    for (namespace, group, resource, verb, expected) in cases {
+        let review: SubjectAccessReview = serde_json::from_value(json!({
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"],
+                "resourceAttributes": {"namespace": namespace, "group": group, "resource": resource, "verb": verb},
+            }
+        }))?;
+        let allowed = reviews.create(&PostParams::default(), &review).await?.status.is_some_and(|s| s.allowed);
+        ensure!(
+            allowed == expected,
+            "{user} {verb} {group}/{resource} in {namespace}: allowed={allowed}, expected {expected}"
+        );
+    }
+    Ok(())
+}
+
+/// Kills the server process inside its sidecar (the bridge restarts it) and stops the agent
+/// container (the kubelet restarts it); tools work again after each.
+async fn fault_checks(driver: &Driver, pods: &Api<Pod>, images: &Images, report: &mut Report) -> Result<()> {
+    let sidecar = format!("{SIDECAR_PREFIX}everything");
+    let uid = sidecar_uid(&pods.get(&driver.pod).await?, &sidecar)?;
+    let out = run_ephemeral(
+        pods,
+        &driver.pod,
+        &sidecar,
+        "e2e-kill-server",
+        &images.app,
+        uid,
+        &["python3", "-c", KILL_SERVER_SCRIPT],
+    )
+    .await?;
+    ensure!(out.contains("killed"), "no server process found in {sidecar}: {out}");
+    let started = Instant::now();
+    let echo = eventually("echo after the server was killed", Duration::from_secs(30), || async {
+        let r = driver.call(ECHO, &json!({"message": ECHO_MESSAGE})).await?;
+        Ok(((r["is_error"] == false).then_some(()), r.to_string()))
+    })
+    .await;
+    echo?;
+    ensure!(
+        restarts(&pods.get(&driver.pod).await?, &sidecar) == 0,
+        "the sidecar container restarted; the bridge should have"
+    );
+    report.ok(&format!(
+        "server process killed in its sidecar ({}): echo works again after {} ms, container not restarted",
+        out.trim(),
+        started.elapsed().as_millis()
+    ));
+
+    let before = restarts(&pods.get(&driver.pod).await?, AGENT_CONTAINER);
+    let out = run_ephemeral(
+        pods,
+        &driver.pod,
+        AGENT_CONTAINER,
+        "e2e-stop-agent",
+        &images.app,
+        65532,
+        &["python3", "-c", "import os, signal; os.kill(1, signal.SIGTERM); print('sent SIGTERM to the agent')"],
+    )
+    .await?;
+    let started = Instant::now();
+    eventually("the agent restarted and Ready", Duration::from_secs(120), || async {
+        let pod = pods.get(&driver.pod).await?;
+        let restarted = restarts(&pod, AGENT_CONTAINER) > before && is_ready(&pod);
+        Ok((restarted.then_some(()), support::pod_state(&pod)))
+    })
+    .await?;
+    let tools = eventually("tools back after the agent restart", Duration::from_secs(60), || async {
+        let tools = driver.tools().await.unwrap_or_default();
+        Ok((tools.iter().any(|t| t == ECHO).then_some(tools.len()), format!("{} tools", tools.len())))
+    })
+    .await?;
+    report.ok(&format!(
+        "agent container stopped ({}): restarted by the kubelet, {tools} tools back after {} ms",
+        out.trim(),
+        started.elapsed().as_millis()
+    ));
+    Ok(())
+}
+
+/// Finds the server's node process (not the bridge, PID 1) and SIGKILLs it.
+const KILL_SERVER_SCRIPT: &str = r#"
+import os, signal
+for pid in os.listdir('/proc'):
+    if not pid.isdigit() or int(pid) in (1, os.getpid()):
+        continue
+    try:
+        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().replace(b'\0', b' ').decode()
+    except OSError:
+        continue
+    if 'server-everything' in cmd:
+        os.kill(int(pid), signal.SIGKILL)
+        print(f'killed pid {pid}: {cmd.strip()}')
+"#;
+
+fn sidecar_uid(pod: &Pod, container: &str) -> Result<i64> {
+    let spec = pod.spec.as_ref().context("a pod has a spec")?;
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .find(|c| c.name == container)
+        .and_then(|c| c.security_context.as_ref()?.run_as_user)
+        .with_context(|| format!("{container} has no runAsUser"))
+}
+
+/// With no operator pod, annotated pods in enabled namespaces are refused (failurePolicy Fail)
+/// with a message naming the webhook; pods elsewhere are created; injection resumes after.
+async fn operator_outage(
+    client: &kube::Client,
+    app_image: &str,
+    ns: &str,
+    other: &str,
+    report: &mut Report,
+) -> Result<()> {
+    scale_operator(client, 0).await?;
+    let operator_pods: Api<Pod> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    eventually("operator pods gone", Duration::from_secs(60), || async {
+        let n = operator_pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
+            .await?
+            .items
+            .len();
+        Ok(((n == 0).then_some(()), format!("{n} pods")))
+    })
+    .await?;
+    let annotated = |name: &str| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": {ANNOTATION_PROFILE: PROFILE}},
+            "spec": {"containers": [{"name": "app", "image": app_image, "command": ["python3", "-c", "import time; time.sleep(3600)"]}]},
+        }))?)
+    };
+    let refused =
+        Api::<Pod>::namespaced(client.clone(), ns).create(&PostParams::default(), &annotated("e2e-outage")?).await;
+    let message = match refused {
+        Ok(_) => bail!("an annotated pod was created in an enabled namespace with no operator running"),
+        Err(e) => e.to_string(),
+    };
+    ensure!(message.contains("spear"), "the refusal does not name the webhook: {message}");
+    Api::<Pod>::namespaced(client.clone(), other)
+        .create(&PostParams::default(), &annotated("e2e-outage")?)
+        .await
+        .context("a pod in a namespace without injection must not depend on the operator")?;
+    report.ok(&format!("operator scaled to 0: annotated pod refused ({message}); other namespace unaffected"));
+
+    scale_operator(client, 2).await?;
+    operator_ready(client, 2).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let created = eventually("injection resumes", Duration::from_secs(60), || async {
+        match pods.create(&PostParams::default(), &annotated("e2e-resumed")?).await {
+            Ok(pod) => Ok((Some(pod), "created".into())),
+            Err(e) => Ok((None, e.to_string())),
+        }
+    })
+    .await?;
+    let injected =
+        created.spec.iter().flat_map(|s| s.init_containers.iter().flatten()).any(|c| c.name == AGENT_CONTAINER);
+    ensure!(injected, "the pod created after the operator returned was not injected");
+    report.ok("operator back (2 replicas, one leader): injection resumes");
+    Ok(())
+}
+
+async fn scale_operator(client: &kube::Client, replicas: i32) -> Result<()> {
+    let operators: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    let patch = Patch::Merge(json!({"spec": {"replicas": replicas}}));
+    operators.patch(OPERATOR_DEPLOYMENT, &PatchParams::default(), &patch).await?;
+    Ok(())
+}
+
+/// Deletes the app pod while a 3-second tool call is in flight: the call's answer arrives, the
+/// app stops before the sidecars, and the agent logs no error.
+async fn graceful_delete(driver: &Driver, pods: &Api<Pod>, long_tool: &str, report: &mut Report) -> Result<()> {
+    let call = {
+        let driver = driver.clone();
+        let long_tool = long_tool.to_string();
+        tokio::spawn(async move { driver.call(&long_tool, &json!({"duration": 3, "steps": 3})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    pods.delete(&driver.pod, &DeleteParams::default()).await?;
+    let answer = call.await??;
+    ensure!(answer["is_error"] == false, "the in-flight call failed during shutdown: {answer}");
+    // Watch the terminating pod's statuses until it is gone, keeping the last seen.
+    let mut last: Option<Pod> = None;
+    let mut agent_log = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        match pods.get_opt(&driver.pod).await? {
+            Some(p) => {
+                if let Ok(text) = logs(pods, &driver.pod, AGENT_CONTAINER, false).await {
+                    agent_log = text;
+                }
+                last = Some(p);
+            }
+            None => break,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let errors: Vec<&str> =
+        agent_log.lines().filter(|l| l.contains("ERROR") || l.contains("\"level\":\"error\"")).collect();
+    ensure!(errors.is_empty(), "the agent logged errors while the pod stopped:\n{}", errors.join("\n"));
+    let order = last.as_ref().map(termination_order).unwrap_or_default();
+    if let Some((app_done, _)) = order.iter().find(|(_, name)| name == "app") {
+        let early: Vec<&String> =
+            order.iter().filter(|(done, name)| name != "app" && done < app_done).map(|(_, name)| name).collect();
+        ensure!(early.is_empty(), "{early:?} stopped before the app: {order:?}");
+    }
+    report.ok(&format!(
+        "pod deleted during a 3 s call: the call completed, stop order {order:?}, no error in the agent's log"
+    ));
+    Ok(())
+}
+
+/// (finishedAt, container) of every terminated container but the init copy, in order.
+fn termination_order(pod: &Pod) -> Vec<(String, String)> {
     let status = pod.status.clone().unwrap_or_default();
-    let waiting: Vec<String> = status
+    let mut finished: Vec<(String, String)> = status
         .init_container_statuses
         .iter()
         .flatten()
         .chain(status.container_statuses.iter().flatten())
+        .filter(|c| c.name != INIT_CONTAINER)
         .filter_map(|c| {
-            let waiting = c.state.as_ref()?.waiting.as_ref()?;
-            Some(format!("{}: {}", c.name, waiting.reason.clone().unwrap_or_default()))
+            let t = c.state.as_ref()?.terminated.as_ref()?;
+            Some((t.finished_at.as_ref()?.0.to_string(), c.name.clone()))
         })
         .collect();
-    format!(
-        "{} {} [{}]",
-        pod.metadata.name.as_deref().unwrap_or("?"),
-        status.phase.unwrap_or_default(),
-        waiting.join(", ")
-    )
-}
-
-/// The app container's shell script: an MCP client in curl (initialize, initialized,
-/// tools/call), retried until server-everything's echo answers, then idle. The stdio sidecars
-/// may still be fetching their npm packages when the agent is ready, hence the retries. The
-/// script prints one `E2E-RESULT ok|failed ...` line that the test reads from the logs.
-fn app_script() -> String {
-    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"spear-e2e","version":"0"}}}"#;
-    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    let call = format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"mcp__everything__echo","arguments":{{"message":"{ECHO_MESSAGE}"}}}}}}"#
-    );
-    format!(
-        r#"
-post() {{ curl -sS -m 30 -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' "$@" "${ENV_MCP_URL}"; }}
-call() {{
-  sid=$(post -D - -o /dev/null -d '{initialize}' | tr -d '\r' | sed -n 's/^[Mm][Cc][Pp]-[Ss][Ee][Ss][Ss][Ii][Oo][Nn]-[Ii][Dd]: *//p')
-  session="Mcp-Session-Id: $sid"
-  [ -n "$sid" ] || session="X-Spear-E2E: stateless"
-  post -H "$session" -d '{initialized}' >/dev/null
-  post -H "$session" -d '{call}'
-}}
-i=0
-while [ $i -lt 60 ]; do
-  i=$((i + 1))
-  out=$(call 2>&1 | tr '\n' ' ')
-  case "$out" in
-    *"Echo: {ECHO_MESSAGE}"*) echo "E2E-RESULT ok $out"; break ;;
-  esac
-  echo "E2E-ATTEMPT $i: $out"
-  [ $i -eq 60 ] && echo "E2E-RESULT failed after $i attempts: $out"
-  sleep 5
-done
-exec sleep 2147483647
-"#
-    )
+    finished.sort();
+    finished
 }
