@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
+use futures::{AsyncBufReadExt, TryStreamExt};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
@@ -39,7 +40,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
 use spear::api::conditions::types::ACCEPTED;
@@ -50,7 +51,7 @@ use spear::api::keys::{
 use spear::api::manifest::{self, Object};
 use spear::api::{McpProfile, McpServer, crd};
 use support::{
-    Report, eventually, helm, helm_run, image_values, is_ready, logs, proxy_get, ready_pod, repo, restarts,
+    Report, eventually, helm, helm_run, image_values, is_ready, logs, proxy_text, ready_pod, repo, restarts,
     run_ephemeral,
 };
 
@@ -573,7 +574,8 @@ struct Driver {
 
 impl Driver {
     async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Value> {
-        proxy_get(&self.client, &self.ns, &self.pod, DRIVER_PORT, path, query).await
+        let text = proxy_text(&self.client, &self.ns, &self.pod, DRIVER_PORT, path, query).await?;
+        serde_json::from_str(&text).with_context(|| format!("{path} answered no JSON: {text}"))
     }
 
     async fn tools(&self) -> Result<Vec<String>> {
@@ -587,15 +589,8 @@ impl Driver {
 
     /// The agent's Prometheus text, from its admin port.
     async fn agent_metrics(&self) -> Result<String> {
-        support::proxy_text(
-            &self.client,
-            &self.ns,
-            &self.pod,
-            spear::operator::inject::Ports::default().admin,
-            "/metrics",
-            &[],
-        )
-        .await
+        proxy_text(&self.client, &self.ns, &self.pod, spear::operator::inject::Ports::default().admin, "/metrics", &[])
+            .await
     }
 }
 
@@ -748,9 +743,10 @@ async fn operator_outage(
         Api::<Pod>::namespaced(client.clone(), ns).create(&PostParams::default(), &annotated("e2e-outage")?).await;
     let message = match refused {
         Ok(_) => bail!("an annotated pod was created in an enabled namespace with no operator running"),
-        Err(e) => e.to_string(),
+        Err(kube::Error::Api(status)) => status.message,
+        Err(e) => bail!("creating the annotated pod failed otherwise than by a refusal: {e}"),
     };
-    ensure!(message.contains("spear"), "the refusal does not name the webhook: {message}");
+    ensure!(message.contains("inject.mcp.spear.dev"), "the refusal does not name the webhook: {message}");
     Api::<Pod>::namespaced(client.clone(), other)
         .create(&PostParams::default(), &annotated("e2e-outage")?)
         .await
@@ -789,26 +785,39 @@ async fn graceful_delete(driver: &Driver, pods: &Api<Pod>, long_tool: &str, repo
         let long_tool = long_tool.to_string();
         tokio::spawn(async move { driver.call(&long_tool, &json!({"duration": 3, "steps": 3})).await })
     };
+    // The agent's log, followed until its container stops: the lines of the shutdown included.
+    let follower = {
+        let params = LogParams { container: Some(AGENT_CONTAINER.into()), follow: true, ..LogParams::default() };
+        let stream = pods.log_stream(&driver.pod, &params).await?;
+        tokio::spawn(async move {
+            let mut text = String::new();
+            let mut lines = stream.lines();
+            while let Some(line) = lines.try_next().await? {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            anyhow::Ok(text)
+        })
+    };
     tokio::time::sleep(Duration::from_millis(1000)).await;
     pods.delete(&driver.pod, &DeleteParams::default()).await?;
     let answer = call.await??;
     ensure!(answer["is_error"] == false, "the in-flight call failed during shutdown: {answer}");
     // Watch the terminating pod's statuses until it is gone, keeping the last seen.
     let mut last: Option<Pod> = None;
-    let mut agent_log = String::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         match pods.get_opt(&driver.pod).await? {
-            Some(p) => {
-                if let Ok(text) = logs(pods, &driver.pod, AGENT_CONTAINER, false).await {
-                    agent_log = text;
-                }
-                last = Some(p);
-            }
+            Some(p) => last = Some(p),
             None => break,
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let agent_log = follower.await??;
+    ensure!(
+        agent_log.contains("shutting down") && agent_log.contains("spearlet stopped"),
+        "the agent's log of the shutdown was not captured (or it did not stop in order):\n{agent_log}"
+    );
     let errors: Vec<&str> =
         agent_log.lines().filter(|l| l.contains("ERROR") || l.contains("\"level\":\"error\"")).collect();
     ensure!(errors.is_empty(), "the agent logged errors while the pod stopped:\n{}", errors.join("\n"));

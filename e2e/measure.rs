@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use spear::api::McpServer;
 use spear::api::keys::{AGENT_CONTAINER, ANNOTATION_PROFILE};
 
-use crate::support::{Report, is_ready, logs};
+use crate::support::{Report, is_ready, logs, run_ephemeral};
 use crate::{Driver, Images, PROFILE};
 
 const PODS_PER_SIDE: usize = 20;
@@ -104,6 +104,17 @@ async fn agent_memory(client: &kube::Client, node: &str, ns: &str, pod: &str) ->
     Ok((memory["workingSetBytes"].as_u64().unwrap_or(0), memory["rssBytes"].as_u64().unwrap_or(0)))
 }
 
+/// The agent process's own RSS split (anonymous, file, shmem), read by an ephemeral container in
+/// its PID namespace. The cgroup's figure leaves out the binary's file pages: the init container
+/// wrote that file, so its page cache is charged to the init container's (gone) cgroup.
+async fn agent_process_memory(pods: &Api<Pod>, driver: &Driver, images: &Images, name: &str) -> Result<String> {
+    let script = "import re; s = open('/proc/1/status').read(); \
+        print(', '.join(f'{k} {int(v) / 1024:.1f} MiB' for k, v in re.findall(r'^(VmRSS|RssAnon|RssFile):\\s+(\\d+)', s, re.M)))";
+    let out =
+        run_ephemeral(pods, &driver.pod, AGENT_CONTAINER, name, &images.app, 65532, &["python3", "-c", script]).await?;
+    Ok(out.trim().to_string())
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
@@ -118,6 +129,7 @@ async fn memory_and_latency(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &driver.ns);
     let node = pods.get(&driver.pod).await?.spec.and_then(|s| s.node_name).context("the app pod has a node")?;
     let (idle_ws, idle_rss) = agent_memory(client, &node, &driver.ns, &driver.pod).await?;
+    let idle_process = agent_process_memory(&pods, driver, images, "e2e-rss-idle").await?;
 
     let args = json!({"message": "bench"}).to_string();
     let n = CALLS.to_string();
@@ -125,12 +137,16 @@ async fn memory_and_latency(
     // The summary API's figures are refreshed every 10 s or so (cadvisor housekeeping).
     tokio::time::sleep(Duration::from_secs(15)).await;
     let (busy_ws, busy_rss) = agent_memory(client, &node, &driver.ns, &driver.pod).await?;
+    let busy_process = agent_process_memory(&pods, driver, images, "e2e-rss-busy").await?;
     report.figure(&format!(
-        "agent container memory: idle working set {:.1} MiB (RSS {:.1}), after {CALLS} calls {:.1} MiB (RSS {:.1})",
+        "agent container memory (cgroup, kubelet summary): idle working set {:.1} MiB (RSS {:.1}), after {CALLS} calls {:.1} MiB (RSS {:.1})",
         mib(idle_ws),
         mib(idle_rss),
         mib(busy_ws),
         mib(busy_rss)
+    ));
+    report.figure(&format!(
+        "agent process (/proc/1/status in its container): idle {idle_process}; after {CALLS} calls {busy_process}"
     ));
 
     let direct = direct_bench(client, images, plain_ns, &args).await?;

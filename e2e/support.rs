@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod};
 use kube::api::{Api, LogParams, PostParams};
-use serde_json::Value;
 
 pub const POLL: Duration = Duration::from_millis(500);
 
@@ -173,19 +172,7 @@ pub async fn logs(pods: &Api<Pod>, pod: &str, container: &str, previous: bool) -
 
 // === the app's driver, through the API server's pod proxy ===
 
-/// GET `path?query` on `pod:port` through the API server's pod proxy; the answer's JSON.
-pub async fn proxy_get(
-    client: &kube::Client,
-    ns: &str,
-    pod: &str,
-    port: u16,
-    path: &str,
-    query: &[(&str, &str)],
-) -> Result<Value> {
-    let text = proxy_text(client, ns, pod, port, path, query).await?;
-    serde_json::from_str(&text).with_context(|| format!("{path} answered no JSON: {text}"))
-}
-
+/// GET `path?query` on `pod:port` through the API server's pod proxy.
 pub async fn proxy_text(
     client: &kube::Client,
     ns: &str,

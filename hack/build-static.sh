@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the static `spearlet` that the injected init container copies into every pod, where it
 # must run in any image (distroless, Alpine, scratch-based): glibc linked in with `crt-static`
-# (static-pie), as no musl target can be installed here. Prints the binary's path on stdout;
-# cargo's progress goes to stderr.
+# (static-pie), as no musl target can be installed here. The same cargo invocation builds the
+# static `spear-operator` next to it (the operator image's binary; see the Dockerfile), so the
+# directory of the printed path holds both. Prints only the spearlet's path on stdout (tests and
+# hack/images.sh read it); cargo's progress goes to stderr.
 #
 # `--target` keeps RUSTFLAGS away from build scripts and proc macros (host programs, dynamic as
 # usual) and puts the result under target/x86_64-unknown-linux-gnu/, so this build and the
@@ -22,7 +24,7 @@ if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "
 fi
 
 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
-  cargo build --release --target "$target" --bin spearlet >&2
+  cargo build --release --target "$target" --bin spearlet --bin spear-operator >&2
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac

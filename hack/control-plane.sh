@@ -10,7 +10,7 @@ set -euo pipefail
 # what triggers a rebuild. The Rust launcher (src/testing/control_plane.rs) names the same values.
 K8S_VERSION="${SPEAR_K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${SPEAR_ETCD_VERSION:-v3.6.16}"
-WRAPPER_REVISION="w1"
+WRAPPER_REVISION="w2"
 
 # The staging modules (k8s.io/api, k8s.io/apiserver, ...) are versioned v0.<minor>.<patch>.
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
@@ -33,25 +33,11 @@ export GOFLAGS="${GOFLAGS:-} -mod=mod"
 export CGO_ENABLED=0
 
 # --- kube-apiserver -------------------------------------------------------------------------
-# k8s.io/kubernetes pins its staging modules as v0.0.0 with ./staging replace lines, which do not
-# resolve outside its own tree; our wrapper module replaces each with the published v0.X.Y.
+# The wrapper module around upstream's main (hack/k8s-module.sh says why it is needed).
 kdir="$OUT/src/kube-apiserver"
-mkdir -p "$kdir"
-gomod_path=$(cd "$kdir" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-[[ -f "$gomod_path" ]] || { log "could not download k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
-go_directive=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod_path" | head -n1)
-{
-  echo "module spear.dev/testenv/kube-apiserver"
-  echo
-  echo "go ${go_directive:-1.24}"
-  echo
-  echo "require k8s.io/kubernetes $K8S_VERSION"
-  echo
-  echo "replace ("
-  grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod_path" \
-    | awk -v v="$STAGING_VERSION" '{print "\t" $1 " => " $1 " " v}'
-  echo ")"
-} >"$kdir/go.mod"
+# shellcheck source=hack/k8s-module.sh
+source "$(dirname "$0")/k8s-module.sh"
+k8s_wrapper_module "$kdir" spear.dev/testenv/kube-apiserver "$K8S_VERSION" || exit 1
 cat >"$kdir/main.go" <<'GO'
 // Command kube-apiserver is upstream's kube-apiserver main, built from the pinned module.
 package main
@@ -90,7 +76,12 @@ func exitWhenParentGone() {
 }
 GO
 log "building kube-apiserver $K8S_VERSION (staging $STAGING_VERSION); this takes a few minutes once"
-(cd "$kdir" && go mod tidy >&2 && go build -trimpath -o "$BIN/kube-apiserver.tmp" . >&2)
+# Without the version stamped in, the server reports v0.0.0-master: kubectl warns and Helm refuses
+# charts with a `kubeVersion` constraint. (w2: adds these ldflags.)
+version_ldflags="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+version_ldflags+=" -X k8s.io/component-base/version.gitMajor=$(echo "$K8S_VERSION" | sed -E 's/^v([0-9]+)\..*/\1/')"
+version_ldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | sed -E 's/^v[0-9]+\.([0-9]+)\..*/\1/')"
+(cd "$kdir" && go mod tidy >&2 && go build -trimpath -ldflags "$version_ldflags" -o "$BIN/kube-apiserver.tmp" . >&2)
 mv "$BIN/kube-apiserver.tmp" "$BIN/kube-apiserver"
 
 # --- etcd -----------------------------------------------------------------------------------

@@ -19,8 +19,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
-/// Default filter when neither `--log-level` nor `SPEAR_LOG` is set.
-pub(crate) const DEFAULT_LOG_FILTER: &str = "spear=info,warn";
+/// Default filter when neither `--log-level` nor `SPEAR_LOG` is set. rmcp's transport worker
+/// logs an ERROR when a server's transport ends (a connect refused, a stream closed); the pool
+/// logs the same failure as a WARN naming the server and what it does next, so the worker's
+/// line is only a duplicate without the server id, and a degraded server must not read as an
+/// agent error (seen in the first real pod: one ERROR per reconnect to an absent HTTP server).
+pub(crate) const DEFAULT_LOG_FILTER: &str = "spear=info,rmcp::transport::worker=off,warn";
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

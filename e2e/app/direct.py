@@ -13,6 +13,8 @@ import socket
 import sys
 import time
 
+from common import percentiles
+
 
 def main():
     path, n, name, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
@@ -51,8 +53,7 @@ def main():
         samples.append((time.perf_counter_ns() - start) // 1000)
         if "error" in answer or answer.get("result", {}).get("isError"):
             sys.exit(f"call {i}: {answer}")
-    samples.sort()
-    print(json.dumps({"n": n, "p50_us": samples[n // 2], "p99_us": samples[min(n - 1, n * 99 // 100)]}), flush=True)
+    print(json.dumps(percentiles(samples)), flush=True)
 
 
 if __name__ == "__main__":

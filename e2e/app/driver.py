@@ -40,6 +40,8 @@ import anyio
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from common import percentiles, send_json
+
 MCP_URL = os.environ.get("SPEAR_MCP_URL", "")
 CHAT_URL = os.environ.get("SPEAR_CHAT_URL", "")
 PORT = int(os.environ.get("E2E_DRIVER_PORT", "8080"))
@@ -86,13 +88,7 @@ async def bench(q):
             samples.append((time.perf_counter_ns() - start) // 1000)
             if result.is_error and len(errors) < 5:
                 errors.append(f"call {i}: {text_of(result)}")
-        samples.sort()
-        return {
-            "n": n,
-            "p50_us": samples[len(samples) // 2],
-            "p99_us": samples[min(len(samples) - 1, (len(samples) * 99) // 100)],
-            "errors": errors,
-        }
+        return {**percentiles(samples), "errors": errors}
 
     return await with_session(work)
 
@@ -122,15 +118,6 @@ async def chat(q):
     return {
         "content": completion.choices[0].message.content,
         "spear": (completion.model_extra or {}).get("spear"),
-    }
-
-
-def percentiles(samples):
-    samples.sort()
-    return {
-        "n": len(samples),
-        "p50_us": samples[len(samples) // 2],
-        "p99_us": samples[min(len(samples) - 1, (len(samples) * 99) // 100)],
     }
 
 
@@ -232,12 +219,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(500, {"error": f"{type(e).__name__}: {e}"})
 
     def answer(self, status, body):
-        data = (body if isinstance(body, str) else json.dumps(body)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def log_message(self, fmt, *args):
         print(f"driver: {self.address_string()} {fmt % args}", file=sys.stderr, flush=True)

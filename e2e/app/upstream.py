@@ -19,6 +19,8 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from common import send_json
+
 ECHO = "mcp__everything__echo"
 EXPECTED_KEY = os.environ.get("E2E_EXPECTED_KEY", "")
 ROUNDS = 0
@@ -72,12 +74,7 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(200, {"ok": True}) if self.path == "/healthz" else self.reply(404, {})
 
     def reply(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def log_message(self, fmt, *args):
         print(f"upstream: {fmt % args}", file=sys.stderr, flush=True)

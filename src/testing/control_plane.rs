@@ -65,7 +65,7 @@ pub const K8S_VERSION: &str = "v1.36.3";
 pub const ETCD_VERSION: &str = "v3.6.16";
 /// Revision of the Go wrappers around both mains; must change together with `WRAPPER_REVISION`
 /// in `hack/control-plane.sh`.
-pub const WRAPPER_REVISION: &str = "w1";
+pub const WRAPPER_REVISION: &str = "w2";
 /// Env var naming a directory that holds `kube-apiserver` and `etcd`, overriding the cache.
 pub const ENV_BIN: &str = "SPEAR_CONTROL_PLANE_BIN";
 /// Field manager of everything the launcher applies (CRDs).
