@@ -16,7 +16,8 @@
 //!        │    is refused a tool outside the profile, cannot reach the servers' sockets
 //!        ├─ McpServer edit ──▶ in the pod's tool list (timed) · a new stdio server ──▶ restart required
 //!        ├─ faults: server process killed in its sidecar · agent container stopped ·
-//!        │    operator scaled to 0 (annotated pods refused, other namespaces unaffected) and back
+//!        │    operator scaled to 0 (annotated pods refused, other namespaces unaffected) and back ·
+//!        │    both operator pods deleted (replaced, new leader, injection works)
 //!        └─ pod deleted during a tool call ──▶ the call completes, sidecars stop after the app
 //! ```
 //!
@@ -767,6 +768,25 @@ async fn operator_outage(
         created.spec.iter().flat_map(|s| s.init_containers.iter().flatten()).any(|c| c.name == AGENT_CONTAINER);
     ensure!(injected, "the pod created after the operator returned was not injected");
     report.ok("operator back (2 replicas, one leader): injection resumes");
+
+    // Both operator pods deleted at once: the Deployment replaces them, one of the new pods takes
+    // the Lease (the old holder's expires), and injection works again.
+    let started = Instant::now();
+    operator_pods
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("app.kubernetes.io/component=operator"),
+        )
+        .await?;
+    operator_ready(client, 2).await?;
+    let after = pods.create(&PostParams::default(), &annotated("e2e-after-delete")?).await?;
+    let injected =
+        after.spec.iter().flat_map(|s| s.init_containers.iter().flatten()).any(|c| c.name == AGENT_CONTAINER);
+    ensure!(injected, "the pod created after both operator pods were replaced was not injected");
+    report.ok(&format!(
+        "both operator pods deleted: replaced, a new Lease holder and injection after {} ms",
+        started.elapsed().as_millis()
+    ));
     Ok(())
 }
 
