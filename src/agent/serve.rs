@@ -192,8 +192,11 @@ pub(crate) async fn serve(
         grpc.map_err(|e| ServeError::Server { door: "grpc", message: e.to_string() })
     };
     tokio::pin!(doors);
+    // `biased`: the doors also stop on `cancel`, so after a SIGTERM both branches can be ready in
+    // the same poll; unbiased, the doors' branch sometimes won and the shutdown went unlogged
+    // (seen in a real pod: "spearlet stopped" without "shutting down").
     let result = tokio::select! {
-        result = &mut doors => result,
+        biased;
         () = cancel.cancelled() => {
             tracing::info!(grace = ?config.shutdown_grace, "shutting down: finishing in-flight requests");
             match tokio::time::timeout(config.shutdown_grace, &mut doors).await {
@@ -204,6 +207,7 @@ pub(crate) async fn serve(
                 }
             }
         }
+        result = &mut doors => result,
     };
     // Sessions closed and children reaped before the process exits.
     agent_stop.cancel();
