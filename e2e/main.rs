@@ -292,11 +292,12 @@ fn condition_status(conditions: Option<&Vec<Condition>>, kind: &str) -> Option<S
 /// sidecar, for the service-account token it must not have.
 fn localize(server: &mut McpServer, image: &str) {
     let Some(stdio) = server.spec.stdio.as_mut() else { return };
-    let package = stdio.args.iter().position(|a| a.starts_with("@modelcontextprotocol/server-"));
     if stdio.command != "npx" {
         return;
     }
-    let Some(index) = package else { return };
+    let Some(index) = stdio.args.iter().position(|a| a.starts_with("@modelcontextprotocol/server-")) else {
+        return;
+    };
     let name = stdio.args[index]
         .trim_start_matches("@modelcontextprotocol/")
         .split('@')

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod};
+use k8s_openapi::api::core::v1::{EphemeralContainer, Pod};
 use kube::api::{Api, LogParams, PostParams};
 
 pub const POLL: Duration = Duration::from_millis(500);
@@ -205,7 +205,8 @@ pub async fn run_ephemeral(
     command: &[&str],
 ) -> Result<String> {
     let mut current = pods.get_ephemeral_containers(pod).await?;
-    let container: Container = serde_json::from_value(serde_json::json!({
+    let ephemeral: EphemeralContainer = serde_json::from_value(serde_json::json!({
+        "targetContainerName": target,
         "name": name,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -215,14 +216,6 @@ pub async fn run_ephemeral(
             "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
             "capabilities": {"drop": ["ALL"]},
         },
-    }))?;
-    let ephemeral: EphemeralContainer = serde_json::from_value(serde_json::json!({
-        "targetContainerName": target,
-        "name": container.name,
-        "image": container.image,
-        "imagePullPolicy": container.image_pull_policy,
-        "command": container.command,
-        "securityContext": container.security_context,
     }))?;
     let spec = current.spec.as_mut().context("a pod has a spec")?;
     spec.ephemeral_containers.get_or_insert_with(Vec::new).push(ephemeral);
