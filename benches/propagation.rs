@@ -8,7 +8,7 @@
 //! kube-apiserver RSS (/proc/<pid>/status): before the sources, all synced, peak over the edits
 //! ```
 //!
-//! Run with `cargo bench --bench propagation`: a baseline of 1 source, then 200 sources, in the
+//! Run with `cargo bench --bench propagation`: a baseline of 1 source, then 200 and 2,000 sources, in the
 //! same process and against the same control plane (started by the bench; run
 //! `hack/control-plane.sh` once first). Without `--bench` (as `cargo test --all-targets` runs it)
 //! it is a smoke run of 1 and 5 sources and 2 edits.
@@ -24,8 +24,8 @@ use spear::registry::{KubeSource, KubeWatch, RegistryView};
 use spear::testing::control_plane::{ControlPlane, TestNamespace};
 use tokio_util::sync::CancellationToken;
 
-/// Agent counts under `cargo bench`: the baseline, then the load the issue asks for.
-const SOURCES: [usize; 2] = [1, 200];
+/// Agent counts under `cargo bench`: the baseline, then the loads issues 7 and 18 ask for.
+const SOURCES: [usize; 3] = [1, 200, 2000];
 /// Edits timed per agent count under `cargo bench`.
 const EDITS: usize = 10;
 /// Pause between edits, so each is measured alone (not queued behind the previous one).
@@ -40,6 +40,18 @@ fn benching() -> bool {
 /// The server `fs` as of edit number `edit`.
 fn server(edit: usize) -> McpServer {
     McpServer::test("fs").http("http://127.0.0.1:9/mcp").allowing([format!("tool_{edit}")])
+}
+
+/// CPU time (user + system) this process has used, from `/proc/self/stat` (Linux; clock ticks
+/// of 10 ms, the kernel's `USER_HZ` on every architecture Kubernetes runs on).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// Resident memory of `pid` in MiB, from `/proc/<pid>/status` (Linux).
@@ -73,6 +85,11 @@ struct Row {
     rss_before: f64,
     rss_synced: f64,
     rss_peak: f64,
+    /// This process's RSS growth per source once all synced, KiB.
+    own_kib_per_source: f64,
+    /// This process's CPU time per source per edit, during the edits (the sources' decoding and
+    /// snapshot building, plus the bench's own waiting).
+    own_cpu_per_event: Duration,
 }
 
 /// Starts `count` sources (each with its own client), waits for all to sync, then times `edits`
@@ -80,6 +97,7 @@ struct Row {
 async fn measure(control_plane: &ControlPlane, ns: &TestNamespace, count: usize, edits: usize) -> Row {
     let pid = control_plane.apiserver_pid();
     let rss_before = rss_mib(pid);
+    let own_before = rss_mib(std::process::id());
     let begun = Instant::now();
     let mut sources: Vec<KubeWatch> = Vec::with_capacity(count);
     let shutdown = CancellationToken::new();
@@ -92,13 +110,16 @@ async fn measure(control_plane: &ControlPlane, ns: &TestNamespace, count: usize,
     assert_eq!(failures, 0, "every source must sync");
     let sync_all = begun.elapsed();
     let rss_synced = rss_mib(pid);
+    let own_kib_per_source = (rss_mib(std::process::id()) - own_before) * 1024.0 / count as f64;
     let mut rss_peak = rss_synced;
+    let mut own_cpu = Duration::ZERO;
 
     let api = ns.api::<McpServer>();
     let mut samples = Vec::with_capacity(count * edits);
     for edit in 0..edits {
         tokio::time::sleep(PAUSE).await;
         let mut receivers: Vec<_> = sources.iter().map(RegistryView::watch).collect();
+        let cpu0 = cpu_time();
         let t0 = Instant::now();
         let patched = api
             .patch("fs", &PatchParams::apply("spear-bench").force(), &Patch::Apply(&server(1000 * count + edit)))
@@ -111,12 +132,14 @@ async fn measure(control_plane: &ControlPlane, ns: &TestNamespace, count: usize,
                 rx.wait_for(|s| seen(s)).await.map(|_| t0.elapsed()).expect("a source stopped")
             }));
         samples.extend(tokio::time::timeout(GIVE_UP, arrivals).await.expect("every source must see the edit"));
+        own_cpu += cpu_time().saturating_sub(cpu0);
         rss_peak = rss_peak.max(rss_mib(pid));
     }
     shutdown.cancel();
     drop(sources);
     samples.sort();
-    Row { sources: count, sync_all, samples, rss_before, rss_synced, rss_peak }
+    let own_cpu_per_event = own_cpu / (count * edits) as u32;
+    Row { sources: count, sync_all, samples, rss_before, rss_synced, rss_peak, own_kib_per_source, own_cpu_per_event }
 }
 
 #[tokio::main]
@@ -144,13 +167,23 @@ async fn main() {
         spear::testing::control_plane::K8S_VERSION
     );
     println!(
-        "{:>7} {:>7} {:>11} {:>8} {:>8} {:>8} {:>8}   {:>22}",
-        "sources", "watches", "sync all s", "p50 ms", "p99 ms", "max ms", "samples", "apiserver RSS MiB b/s/p"
+        "{:>7} {:>7} {:>11} {:>8} {:>8} {:>8} {:>8}   {:>22} {:>7} {:>11} {:>11}",
+        "sources",
+        "watches",
+        "sync all s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "samples",
+        "apiserver RSS MiB b/s/p",
+        "growth",
+        "KiB/source",
+        "µs/event"
     );
     for row in &rows {
         let max = row.samples.last().copied().unwrap_or_default();
         println!(
-            "{:>7} {:>7} {:>11.2} {:>8.1} {:>8.1} {:>8.1} {:>8}   {:>6.0} / {:>5.0} / {:>5.0}",
+            "{:>7} {:>7} {:>11.2} {:>8.1} {:>8.1} {:>8.1} {:>8}   {:>6.0} / {:>5.0} / {:>5.0} {:>6.0}% {:>11.1} {:>11.0}",
             row.sources,
             2 * row.sources,
             row.sync_all.as_secs_f64(),
@@ -161,7 +194,13 @@ async fn main() {
             row.rss_before,
             row.rss_synced,
             row.rss_peak,
+            (row.rss_peak / row.rss_before - 1.0) * 100.0,
+            row.own_kib_per_source,
+            row.own_cpu_per_event.as_secs_f64() * 1e6,
         );
     }
-    println!("(RSS b/s/p: before the sources start / all synced / peak during the edits)");
+    println!(
+        "(RSS b/s/p: before the sources start / all synced / peak during the edits; growth: peak over before; \
+         KiB/source and µs/event: this process, i.e. the agents' sources, per source and per source per edit)"
+    );
 }

@@ -7,13 +7,17 @@
 //!            ──tools/list──▶ EffectiveSet (default scope) as rmcp Tools
 //!            ──tools/call──▶ Agent::call_tool ─▶ CallToolResult (errors: isError + the error object)
 //! AgentState watch ──fingerprint changed──▶ notifications/tools/list_changed
-//!     (legacy sessions: to the session's peer; 2026-07-28: to each subscriptions/listen sink)
+//!     (legacy sessions: one task for all, to each session's peer; 2026-07-28: to each
+//!      subscriptions/listen sink)
 //! ```
 //!
 //! Legacy sessions are rmcp's (`LocalSessionManager`): it closes one after
-//! `--mcp-session-idle-seconds` unused, and answers 404 to its id afterwards.
+//! `--mcp-session-idle-seconds` unused, and answers 404 to its id afterwards. Each held session
+//! costs the agent about 58 KiB resident, nearly all rmcp's: seven channels (tokio allocates 32
+//! slots for each up front, mostly of 360-400 byte messages) and three tasks (benches/sessions.rs).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
@@ -22,7 +26,7 @@ use rmcp::model::{
     PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResultType,
     ServerCapabilities, SubscriptionFilter, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
+use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -46,21 +50,63 @@ fn list_hints() -> (Option<u64>, Option<CacheScope>) {
     (Some(LIST_TTL.as_millis() as u64), Some(CacheScope::Private))
 }
 
-/// How often a legacy session's notifier checks that its client is still there, so a task does
-/// not outlive its session for long when the tool set never changes.
-const SESSION_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the legacy sessions' notifier lets go of the peers of sessions that ended: until
+/// then each holds its session's outgoing channel (about 13 KB).
+const PEER_PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long one session may take to accept a list_changed notification (its client not reading
+/// its stream fills the session's channel): past that, it misses this one and the rest go on.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The MCP server handler behind `/mcp`; one per session, all sharing the agent.
 #[derive(Clone, Debug)]
 pub(crate) struct McpEndpoint {
     agent: Agent,
     shutdown: CancellationToken,
+    /// The legacy sessions that hear list_changed, shared by every session's handler.
+    listeners: Arc<SessionPeers>,
+}
+
+/// The peers of the legacy sessions, which one task ([`notify_sessions`]) tells of changes.
+///
+/// Why one task for all rather than one per session: a session already costs rmcp about 58 KiB
+/// (seven channels and three tasks; benches/sessions.rs), and a notifier task per session added a
+/// task, a watch and a timer to each, and held each ended session's peer until its next check
+/// (30 s), so a burst of sessions that ended was still held while the next arrived: opening and
+/// deleting 10,000 sessions round after round grew RSS by 154, then 136 MiB per round; with this,
+/// 74, then 29 (benches/sessions.rs). Here a session costs one `Peer` in a list, and an ended
+/// one is let go within [`PEER_PRUNE_INTERVAL`].
+#[derive(Debug, Default)]
+struct SessionPeers {
+    peers: parking_lot::Mutex<Vec<Peer<RoleServer>>>,
+    /// The notifier task was started (with the first session).
+    started: AtomicBool,
+}
+
+impl SessionPeers {
+    /// Adds a session's peer; true for the first one ever, whose caller starts the notifier.
+    fn add(&self, peer: Peer<RoleServer>) -> bool {
+        self.peers.lock().push(peer);
+        !self.started.swap(true, Ordering::AcqRel)
+    }
+
+    /// Lets go of the peers whose session ended.
+    fn prune(&self) {
+        self.peers.lock().retain(|peer| !peer.is_transport_closed());
+    }
+
+    /// The peers of the sessions still open, to notify.
+    fn live(&self) -> Vec<Peer<RoleServer>> {
+        let mut peers = self.peers.lock();
+        peers.retain(|peer| !peer.is_transport_closed());
+        peers.clone()
+    }
 }
 
 impl McpEndpoint {
-    /// A handler over `agent`; notifier tasks end when `shutdown` is cancelled.
+    /// A handler over `agent`; the sessions' notifier ends when `shutdown` is cancelled.
     pub(crate) fn new(agent: Agent, shutdown: CancellationToken) -> Self {
-        McpEndpoint { agent, shutdown }
+        McpEndpoint { agent, shutdown, listeners: Arc::default() }
     }
 
     /// The router to mount at `/mcp`: rmcp's Streamable HTTP service behind the `tools/call`
@@ -169,6 +215,38 @@ impl McpEndpoint {
             })
             .collect())
     }
+
+    /// A 2026-07-28 `subscriptions/listen` stream, for as long as it is open.
+    async fn notify_listener(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        // 2026-07-28 (stateless) protocol: notifications go to the listen request's sink, each
+        // kind only when the client asked for it.
+        let mut changes = ChangeWatch::new(&self.agent);
+        let accepted = context.sink().accepted().clone();
+        let wants = |flag: Option<bool>| flag == Some(true);
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                () = self.shutdown.cancelled() => return Ok(()),
+                changed = changes.next() => {
+                    let Some(changed) = changed else { return Ok(()) };
+                    let sink = context.sink();
+                    let mut sent = Ok(());
+                    if changed.tools && wants(accepted.tools_list_changed) {
+                        sent = sent.and(sink.notify_tool_list_changed().await);
+                    }
+                    if changed.items && wants(accepted.resources_list_changed) {
+                        sent = sent.and(sink.notify_resource_list_changed().await);
+                    }
+                    if changed.items && wants(accepted.prompts_list_changed) {
+                        sent = sent.and(sink.notify_prompt_list_changed().await);
+                    }
+                    if sent.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A resource read's or prompt get's failure as a JSON-RPC error: bad or refused names are the
@@ -239,7 +317,9 @@ impl ServerHandler for McpEndpoint {
         let continuation =
             Continuation { input_responses: request.input_responses, request_state: request.request_state };
         let input = modern.then_some(&continuation);
-        let response = self.call(&request.name, request.arguments, &request_id, session.as_deref(), input).await;
+        // Boxed, as are the other calls into the core below: see `handler_futures_stay_small`.
+        let response =
+            Box::pin(self.call(&request.name, request.arguments, &request_id, session.as_deref(), input)).await;
         Ok(match response {
             // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28
             // requires; rmcp strips `complete` again for a legacy peer.
@@ -282,7 +362,8 @@ impl ServerHandler for McpEndpoint {
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
-        let mut result = self.agent.read_resource(&set, &request.uri, call_context).await.map_err(error_data)?.result;
+        let read = Box::pin(self.agent.read_resource(&set, &request.uri, call_context));
+        let mut result = read.await.map_err(error_data)?.result;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }
@@ -307,48 +388,17 @@ impl ServerHandler for McpEndpoint {
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
-        let mut result = self
-            .agent
-            .get_prompt(&set, &request.name, request.arguments, call_context)
-            .await
-            .map_err(error_data)?
-            .result;
+        let get = Box::pin(self.agent.get_prompt(&set, &request.name, request.arguments, call_context));
+        let mut result = get.await.map_err(error_data)?.result;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Legacy (session) protocol: notifications go to the session's peer.
-        let peer = context.peer.clone();
-        let mut changes = ChangeWatch::new(&self.agent);
-        let shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            let mut check = tokio::time::interval(SESSION_CHECK_INTERVAL);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    changed = changes.next() => {
-                        let Some(changed) = changed else { break };
-                        let mut sent = Ok(());
-                        if changed.tools {
-                            sent = sent.and(peer.notify_tool_list_changed().await);
-                        }
-                        if changed.items {
-                            sent = sent.and(peer.notify_resource_list_changed().await);
-                            sent = sent.and(peer.notify_prompt_list_changed().await);
-                        }
-                        if sent.is_err() {
-                            break;
-                        }
-                    }
-                    _ = check.tick() => {
-                        if peer.is_transport_closed() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
+        if self.listeners.add(context.peer) {
+            tokio::spawn(notify_sessions(self.agent.clone(), self.listeners.clone(), self.shutdown.clone()));
+        }
     }
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
@@ -360,38 +410,46 @@ impl ServerHandler for McpEndpoint {
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        // 2026-07-28 (stateless) protocol: notifications go to the listen request's sink, each
-        // kind only when the client asked for it.
-        let mut changes = ChangeWatch::new(&self.agent);
-        let accepted = context.sink().accepted().clone();
-        let wants = |flag: Option<bool>| flag == Some(true);
-        loop {
-            tokio::select! {
-                () = context.cancelled() => return Ok(()),
-                () = self.shutdown.cancelled() => return Ok(()),
-                changed = changes.next() => {
-                    let Some(changed) = changed else { return Ok(()) };
-                    let sink = context.sink();
-                    let mut sent = Ok(());
-                    if changed.tools && wants(accepted.tools_list_changed) {
-                        sent = sent.and(sink.notify_tool_list_changed().await);
-                    }
-                    if changed.items && wants(accepted.resources_list_changed) {
-                        sent = sent.and(sink.notify_resource_list_changed().await);
-                    }
-                    if changed.items && wants(accepted.prompts_list_changed) {
-                        sent = sent.and(sink.notify_prompt_list_changed().await);
-                    }
-                    if sent.is_err() {
-                        return Ok(());
-                    }
-                }
-            }
-        }
+        // Boxed: see `handler_futures_stay_small`.
+        Box::pin(self.notify_listener(context)).await
     }
 }
 
+/// Tells every legacy session in `sessions` of the agent's changes until `shutdown`; lets go of
+/// ended sessions every [`PEER_PRUNE_INTERVAL`].
+async fn notify_sessions(agent: Agent, sessions: Arc<SessionPeers>, shutdown: CancellationToken) {
+    let mut changes = ChangeWatch::new(&agent);
+    let mut prune = tokio::time::interval(PEER_PRUNE_INTERVAL);
+    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            changed = changes.next() => {
+                let Some(changed) = changed else { break };
+                // All at once, each bounded: a session whose client does not read holds up no other.
+                let notify = |peer: Peer<RoleServer>| async move {
+                    let _ = tokio::time::timeout(NOTIFY_TIMEOUT, async {
+                        if changed.tools {
+                            peer.notify_tool_list_changed().await?;
+                        }
+                        if changed.items {
+                            peer.notify_resource_list_changed().await?;
+                            peer.notify_prompt_list_changed().await?;
+                        }
+                        Ok::<_, rmcp::service::ServiceError>(())
+                    })
+                    .await;
+                };
+                futures::future::join_all(sessions.live().into_iter().map(notify)).await;
+            }
+            _ = prune.tick() => sessions.prune(),
+        }
+    }
+    sessions.peers.lock().clear();
+}
+
 /// What changed for an `/mcp` client since the last look.
+#[derive(Clone, Copy)]
 struct Changed {
     /// The default tool set (its fingerprint).
     tools: bool,
@@ -455,7 +513,57 @@ impl ChangeWatch {
 
 #[cfg(test)]
 mod tests {
-    use super::untrusted_group;
+    use std::future::Future;
+
+    use rmcp::model::{ClientRequest, InitializeRequestParams};
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionWorker;
+    use rmcp::transport::worker::WorkerTransport;
+
+    use super::*;
+    use crate::agent::core::AgentOptions;
+    use crate::registry::view::StaticRegistry;
+
+    /// The size of the future `f` returns, without calling it.
+    fn future_size<A, B, F: Future>(_f: impl Fn(A, B) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    /// Every `/mcp` session keeps a task whose future holds rmcp's `handle_request` for the
+    /// `initialize` it served, and `handle_request` is as large as the largest handler method's
+    /// future. The calls into the core are several KB (5.5 KB for a tool call in a debug build),
+    /// so the handler methods box them: a session's serve task went from 11.4 to 6.5 KB (debug
+    /// build), about 4 KB less resident memory per session (benches/sessions.rs).
+    #[tokio::test]
+    async fn handler_futures_stay_small() {
+        const MAX: usize = 1024;
+        let pool = crate::mcp::Pool::new(crate::mcp::PoolOptions::default());
+        let agent = Agent::new(AgentOptions::new("p"), Arc::new(StaticRegistry::default()), pool);
+        let endpoint = McpEndpoint::new(agent, CancellationToken::new());
+        type Context = RequestContext<RoleServer>;
+        let sizes = [
+            ("initialize", future_size(|r: InitializeRequestParams, c: Context| endpoint.initialize(r, c))),
+            ("call_tool", future_size(|r: CallToolRequestParams, c: Context| endpoint.call_tool(r, c))),
+            ("list_tools", future_size(|r: Option<PaginatedRequestParams>, c: Context| endpoint.list_tools(r, c))),
+            ("list_resources", future_size(|r: Option<PaginatedRequestParams>, c| endpoint.list_resources(r, c))),
+            (
+                "list_resource_templates",
+                future_size(|r: Option<PaginatedRequestParams>, c| endpoint.list_resource_templates(r, c)),
+            ),
+            ("read_resource", future_size(|r: ReadResourceRequestParams, c| endpoint.read_resource(r, c))),
+            ("list_prompts", future_size(|r: Option<PaginatedRequestParams>, c| endpoint.list_prompts(r, c))),
+            ("get_prompt", future_size(|r: GetPromptRequestParams, c| endpoint.get_prompt(r, c))),
+            ("listen", future_size(|c: SubscriptionContext, (): ()| endpoint.listen(c))),
+            ("on_initialized", future_size(|c: NotificationContext<RoleServer>, (): ()| endpoint.on_initialized(c))),
+        ];
+        for (method, size) in sizes {
+            assert!(size <= MAX, "{method}'s future is {size} bytes, over {MAX}: box the call into the core");
+        }
+        // What the session's task holds, for the record (`--nocapture`).
+        let handle = future_size(|r: ClientRequest, c: Context| rmcp::Service::handle_request(&endpoint, r, c));
+        let serve =
+            future_size(|t: WorkerTransport<LocalSessionWorker>, (): ()| rmcp::serve_server(endpoint.clone(), t));
+        println!("handle_request: {handle} B, serve_server: {serve} B");
+    }
 
     /// The attack: a server's instructions close the group and speak as the operator.
     #[test]

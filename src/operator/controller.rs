@@ -44,6 +44,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::controller::{Action, Config as RunConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -100,7 +101,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    fn api<K>(&self, client: Client) -> Api<K>
+    pub(crate) fn api<K>(&self, client: Client) -> Api<K>
     where
         K: Resource<Scope = NamespaceResourceScope>,
         K::DynamicType: Default,
@@ -111,7 +112,7 @@ impl Scope {
         }
     }
 
-    fn namespaces(&self) -> watcher::Config {
+    pub(crate) fn namespaces(&self) -> watcher::Config {
         match self {
             Scope::Cluster => watcher::Config::default(),
             Scope::Namespace(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
@@ -419,13 +420,14 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
             .with_config(run_config.clone());
     let profiles = profile_controller.store();
     let (profile_tx, profile_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let mut triggers = ProfileTriggers::default();
     let server_cache = cache(
         server_writer,
         server_api,
         watcher::Config::default(),
         server_cache_ready,
         stop(),
-        move |event| profiles_to_trigger(event, &profiles.state()),
+        move |event| triggers.on_event(event, &profiles.state()),
         profile_tx,
     )
     .instrument(tracing::info_span!("reflector", kind = KIND_SERVER));
@@ -480,12 +482,12 @@ async fn cache<K, R, F>(
     config: watcher::Config,
     ready: tokio::sync::watch::Sender<bool>,
     stop: impl std::future::Future<Output = ()>,
-    trigger: F,
+    mut trigger: F,
     tx: mpsc::Sender<ObjectRef<R>>,
 ) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     R: Resource<DynamicType = ()> + Clone + 'static,
-    F: Fn(&watcher::Event<K>) -> Vec<ObjectRef<R>>,
+    F: FnMut(&watcher::Event<K>) -> Vec<ObjectRef<R>>,
 {
     let events = reflector::reflector(writer, watcher(api, config).default_backoff()).take_until(stop);
     tokio::pin!(events);
@@ -508,26 +510,100 @@ async fn cache<K, R, F>(
     }
 }
 
-/// The profiles to re-reconcile after a server cache event: those a changed or deleted server
-/// may affect, and all of them after a re-list (a deletion may have been missed).
-fn profiles_to_trigger(event: &watcher::Event<McpServer>, profiles: &[Arc<McpProfile>]) -> Vec<ObjectRef<McpProfile>> {
-    match event {
-        watcher::Event::Apply(server) | watcher::Event::Delete(server) => affected_profiles(server, profiles),
-        watcher::Event::InitDone => profiles.iter().map(|p| ObjectRef::from_obj(&**p)).collect(),
-        watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
+/// Which profiles a server cache event affects (issue 18: with 10,000 servers, triggering every
+/// selecting profile on every server event re-reconciled each of them thousands of times).
+/// It remembers each server's labels as of its previous event, in event order, so a label
+/// change that drops a server from a selector is seen without the profile's status.
+#[derive(Default)]
+struct ProfileTriggers {
+    labels: std::collections::HashMap<ObjectRef<McpServer>, BTreeMap<String, String>>,
+}
+
+impl ProfileTriggers {
+    /// The profiles to re-reconcile after `event`: those a changed or deleted server is named
+    /// by, or selected by before or after, and all of them after a re-list (a deletion may
+    /// have been missed).
+    fn on_event(
+        &mut self,
+        event: &watcher::Event<McpServer>,
+        profiles: &[Arc<McpProfile>],
+    ) -> Vec<ObjectRef<McpProfile>> {
+        match event {
+            watcher::Event::Apply(server) => {
+                let labels = server.metadata.labels.clone().unwrap_or_default();
+                let before = self.labels.insert(ObjectRef::from_obj(server), labels);
+                affected_profiles(server, before.as_ref(), profiles)
+            }
+            watcher::Event::Delete(server) => {
+                let before = self.labels.remove(&ObjectRef::from_obj(server));
+                affected_profiles(server, before.as_ref(), profiles)
+            }
+            watcher::Event::Init => {
+                self.labels.clear();
+                Vec::new()
+            }
+            watcher::Event::InitApply(server) => {
+                self.labels.insert(ObjectRef::from_obj(server), server.metadata.labels.clone().unwrap_or_default());
+                Vec::new()
+            }
+            watcher::Event::InitDone => profiles.iter().map(|p| ObjectRef::from_obj(&**p)).collect(),
+        }
     }
 }
 
 /// The profiles whose status may depend on `server`: in its namespace, and naming it in
-/// `spec.servers` or selecting servers by label (the label change may add or drop it).
-fn affected_profiles(server: &McpServer, profiles: &[Arc<McpProfile>]) -> Vec<ObjectRef<McpProfile>> {
+/// `spec.servers` or selecting it with its labels now or with `labels_before`.
+fn affected_profiles(
+    server: &McpServer,
+    labels_before: Option<&BTreeMap<String, String>>,
+    profiles: &[Arc<McpProfile>],
+) -> Vec<ObjectRef<McpProfile>> {
     let (namespace, name) = (server.metadata.namespace.as_deref(), server.metadata.name.as_deref());
+    let empty = BTreeMap::new();
+    let now = server.metadata.labels.as_ref().unwrap_or(&empty);
     profiles
         .iter()
         .filter(|p| p.metadata.namespace.as_deref() == namespace)
-        .filter(|p| p.spec.server_selector.is_some() || name.is_some_and(|n| p.spec.servers.iter().any(|s| s == n)))
+        .filter(|p| {
+            name.is_some_and(|n| p.spec.servers.iter().any(|s| s == n))
+                || p.spec.server_selector.as_ref().is_some_and(|selector| {
+                    // A selector that does not parse selects nothing (Accepted says why).
+                    Selector::try_from(selector.clone()).is_ok_and(|selector| {
+                        selector.matches(now) || labels_before.is_some_and(|before| selector.matches(before))
+                    })
+                })
+        })
         .map(|p| ObjectRef::from_obj(&**p))
         .collect()
+}
+
+/// The McpServers of `namespace` in `store` that `profile` allows, by name: the named ones by
+/// key, and with a selector, a scan of the store with the selector parsed once. Never the
+/// whole namespace: a profile's status and injection depend on its own servers only, and
+/// copying 10,000 servers per profile was the controller's cost at scale (issue 18).
+pub(crate) fn profile_servers_in(
+    store: &Store<McpServer>,
+    namespace: &str,
+    profile: &McpProfile,
+) -> BTreeMap<String, McpServer> {
+    let mut found = BTreeMap::new();
+    for name in &profile.spec.servers {
+        if let Some(server) = store.get(&ObjectRef::new(name).within(namespace)) {
+            found.insert(name.clone(), McpServer::clone(&server));
+        }
+    }
+    if let Some(Ok(selector)) = profile.spec.server_selector.clone().map(Selector::try_from) {
+        let selected = store.state_filter(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace)
+                && selector.matches(s.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
+        });
+        for server in selected {
+            if let Some(name) = &server.metadata.name {
+                found.entry(name.clone()).or_insert_with(|| McpServer::clone(&server));
+            }
+        }
+    }
+    found
 }
 
 /// The McpServers to re-reconcile after a namespace cache event: those of the namespace (its
@@ -714,13 +790,7 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
     let (namespace, name) = identity(&*profile)?;
     // Before the first list, "missing" would be a lie written to the status.
     ctx.servers_ready.wait(KIND_SERVER).await?;
-    let servers: Vec<McpServer> = ctx
-        .servers
-        .state()
-        .iter()
-        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
-        .map(|s| (**s).clone())
-        .collect();
+    let servers: Vec<McpServer> = profile_servers_in(&ctx.servers, &namespace, &profile).into_values().collect();
     let now = now();
     let mut status = profile_status(&profile, &servers, &known_tools(&servers), now.clone());
     let reference = profile_secret_ref(&profile);
@@ -960,16 +1030,79 @@ mod tests {
             profile("a", "selects", &[], true),
             profile("b", "other-namespace", &["fs"], true),
         ];
-        let names: Vec<String> = affected_profiles(&server("a", "fs"), &profiles).into_iter().map(|r| r.name).collect();
+        let names: Vec<String> =
+            affected_profiles(&server("a", "fs"), None, &profiles).into_iter().map(|r| r.name).collect();
         assert_eq!(names, ["names-it", "selects"]);
+    }
+
+    fn labelled(namespace: &str, name: &str, team: &str) -> McpServer {
+        let mut server = server(namespace, name);
+        server.metadata.labels = Some(BTreeMap::from([("team".to_string(), team.to_string())]));
+        server
+    }
+
+    fn selecting(namespace: &str, name: &str, team: &str) -> Arc<McpProfile> {
+        Arc::new(McpProfile::test(name).in_namespace(namespace).selecting("team", team))
+    }
+
+    #[test]
+    fn a_label_change_triggers_the_profiles_that_selected_it_before_and_after_only() {
+        let profiles = [selecting("a", "team-x", "x"), selecting("a", "team-y", "y"), selecting("a", "team-z", "z")];
+        let mut triggers = ProfileTriggers::default();
+        let names = |refs: Vec<ObjectRef<McpProfile>>| refs.into_iter().map(|r| r.name).collect::<Vec<_>>();
+        assert!(triggers.on_event(&watcher::Event::InitApply(labelled("a", "fs", "x")), &profiles).is_empty());
+        assert_eq!(triggers.on_event(&watcher::Event::InitDone, &profiles).len(), 3, "a re-list triggers all");
+        // x → y: team-x must drop it, team-y gains it, team-z is untouched.
+        let moved = triggers.on_event(&watcher::Event::Apply(labelled("a", "fs", "y")), &profiles);
+        assert_eq!(names(moved), ["team-x", "team-y"]);
+        // A status-only change (labels unchanged) triggers the selecting profile only.
+        assert_eq!(names(triggers.on_event(&watcher::Event::Apply(labelled("a", "fs", "y")), &profiles)), ["team-y"]);
+        // Deleted: the profile that selected it as last seen.
+        let mut gone = labelled("a", "fs", "y");
+        gone.metadata.labels = None;
+        assert_eq!(names(triggers.on_event(&watcher::Event::Delete(gone), &profiles)), ["team-y"]);
+        // A server never seen before selects by its labels now.
+        assert_eq!(names(triggers.on_event(&watcher::Event::Apply(labelled("a", "new", "z")), &profiles)), ["team-z"]);
     }
 
     #[test]
     fn a_relist_triggers_every_profile_and_a_deletion_its_own() {
         let profiles = [profile("a", "p", &["fs"], false), profile("a", "q", &[], true)];
-        assert_eq!(profiles_to_trigger(&watcher::Event::InitDone, &profiles).len(), 2);
-        assert_eq!(profiles_to_trigger(&watcher::Event::Delete(server("a", "fs")), &profiles).len(), 2);
-        assert!(profiles_to_trigger(&watcher::Event::InitApply(server("a", "fs")), &profiles).is_empty());
+        let mut triggers = ProfileTriggers::default();
+        assert_eq!(triggers.on_event(&watcher::Event::InitDone, &profiles).len(), 2);
+        assert_eq!(triggers.on_event(&watcher::Event::Delete(server("a", "fs")), &profiles).len(), 2);
+        assert!(triggers.on_event(&watcher::Event::InitApply(server("a", "fs")), &profiles).is_empty());
+    }
+
+    #[test]
+    fn a_profiles_servers_from_the_store_are_the_named_and_the_selected_in_its_namespace() {
+        let (store, mut writer) = reflector::store::<McpServer>();
+        for server in [
+            server("a", "fs"),
+            labelled("a", "picked", "x"),
+            labelled("a", "other-team", "y"),
+            labelled("b", "fs", "x"),
+            labelled("b", "elsewhere", "x"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(server));
+        }
+        let profile = McpProfile::test("p").in_namespace("a").servers(["fs", "missing"]).selecting("team", "x");
+        let found = profile_servers_in(&store, "a", &profile);
+        assert_eq!(found.keys().collect::<Vec<_>>(), ["fs", "picked"]);
+        assert!(found.values().all(|s| s.metadata.namespace.as_deref() == Some("a")));
+        // The status computed from them equals the one computed from the whole namespace.
+        let namespace: Vec<McpServer> = store
+            .state()
+            .iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some("a"))
+            .map(|s| (**s).clone())
+            .collect();
+        let mine: Vec<McpServer> = found.into_values().collect();
+        let at = Time(Timestamp::UNIX_EPOCH);
+        assert_eq!(
+            profile_status(&profile, &mine, &known_tools(&mine), at.clone()),
+            profile_status(&profile, &namespace, &known_tools(&namespace), at)
+        );
     }
 
     #[test]

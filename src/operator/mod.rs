@@ -13,6 +13,7 @@
 //! - [`status`]: conditions and status fields, with stable `lastTransitionTime`s.
 //! - [`rbac`]: the agent's and the operator's least-privilege roles and the agent binding.
 //! - [`webhook`]: the HTTPS admission server around [`inject::mutate`] (thin I/O).
+//! - [`webhook_cache`]: the webhook's reflector stores, read through on a miss.
 //! - [`certs`]: the webhook's CA and serving certificate: issue, store, rotate, hot-reload.
 //! - [`client_auth`]: the API server's client certificate, required at the webhook's handshake.
 //! - [`rate_limit`]: the webhook's per-source token buckets (429 before any parsing).
@@ -32,3 +33,4 @@ pub mod rbac;
 pub mod run;
 pub mod status;
 pub mod webhook;
+pub mod webhook_cache;

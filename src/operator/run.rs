@@ -80,8 +80,9 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("spear_operator"));
     let webhook_metrics = WebhookMetrics::register(registry.sub_registry_with_prefix("spear_operator_webhook"));
     let identity = leader::default_identity();
+    let scope = config.watch_namespace.map_or(Scope::Cluster, Scope::Namespace);
     let controller_config = ControllerConfig {
-        scope: config.watch_namespace.map_or(Scope::Cluster, Scope::Namespace),
+        scope: scope.clone(),
         probe: config.probe,
         leader: config
             .leader_election
@@ -121,6 +122,7 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     webhook_config.metrics = webhook_metrics;
     webhook_config.client_auth = config.webhook_client_auth;
     webhook_config.rate_limit = config.webhook_rate_limit;
+    webhook_config.cache_scope = scope;
     let mut webhook_task = tokio::spawn(webhook::serve(client.clone(), webhook_config, shutdown.clone()));
 
     let mut controllers = tokio::spawn(controller::run(client, controller_config, shutdown.clone()));

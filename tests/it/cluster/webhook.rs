@@ -1009,3 +1009,152 @@ async fn a_flooding_source_gets_429s_while_the_api_server_is_still_served() {
     println!("flood: {parsed} served, {limited} answered 429 in {elapsed:.2} s");
     drop(webhook);
 }
+
+// === caches (issue 18) ===
+
+/// A store that has listed (ready) and holds exactly `objects`.
+fn listed_store<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    use kube::runtime::watcher::Event;
+    let (store, mut writer) = kube::runtime::reflector::store::<K>();
+    writer.apply_watcher_event(&Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    store
+}
+
+/// The names of the servers the looked-up profile resolves to, sorted.
+fn selected(inputs: &webhook::Inputs) -> Vec<String> {
+    let profile = inputs.profile.as_ref().expect("the profile was found");
+    let mut names: Vec<String> =
+        inputs.servers.iter().filter(|s| profile.selects(s)).filter_map(|s| s.metadata.name.clone()).collect();
+    names.sort();
+    names
+}
+
+/// `kubectl apply -f profile.yaml -f pod.yaml`: the pod's review can arrive before this
+/// replica's watch delivered the profile and its servers. The stores below have listed but hold
+/// none of them (the moment in between, made deterministic); the lookup reads them through from
+/// the API server instead of denying a pod whose profile "does not exist", and counts the misses.
+#[tokio::test]
+async fn objects_created_a_moment_ago_are_read_through_a_cache_miss() {
+    use spear::operator::webhook::{KubeLookup, Lookup as _};
+    use spear::operator::webhook_cache::CachedLookup;
+
+    let ns = ControlPlane::shared().namespace("webhook-cache-miss").await;
+    let namespace = Api::<Namespace>::all(ns.client.clone()).get(&ns.name).await.expect("the test namespace");
+    let fs = McpServer::test("fs").stdio("npx", ["server-filesystem"]).image("node:22-slim").allowing(["*"]);
+    let remote = McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]);
+    let labelled = McpServer::test("picked").http("https://picked.example.com/mcp").label("team", "x").allowing(["*"]);
+    for server in [&fs, &remote, &labelled] {
+        create(&ns.api::<McpServer>(), server).await;
+    }
+    let profile =
+        create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fs", "remote"]).selecting("team", "x"))
+            .await;
+    let direct = || KubeLookup::new(ns.client.clone(), Duration::from_secs(3));
+
+    // The profile is a miss: it and everything it resolves to come from the API server.
+    let metrics = WebhookMetrics::default();
+    let lookup = CachedLookup::from_stores(
+        listed_store(vec![namespace.clone()]),
+        listed_store(Vec::new()),
+        listed_store(Vec::new()),
+        direct(),
+        metrics.clone(),
+    );
+    let inputs = lookup.fetch(&ns.name, Some("dev")).await.expect("the lookup");
+    assert_eq!(
+        inputs.profile.as_ref().map(|p| p.spec.servers.clone()),
+        Some(vec!["fs".to_string(), "remote".to_string()])
+    );
+    assert_eq!(selected(&inputs), ["fs", "picked", "remote"]);
+    assert_eq!(metrics.read_through_count("McpProfile"), 1);
+    assert_eq!(metrics.read_through_count("Namespace"), 0, "the namespace was in the store");
+
+    // The profile is cached but a named server is not: that server alone is read through, the
+    // selected one comes from the store.
+    let metrics = WebhookMetrics::default();
+    let stored_picked = ns.api::<McpServer>().get("picked").await.expect("picked");
+    let stored_remote = ns.api::<McpServer>().get("remote").await.expect("remote");
+    let lookup = CachedLookup::from_stores(
+        listed_store(Vec::new()),
+        listed_store(vec![profile.clone()]),
+        listed_store(vec![stored_picked, stored_remote]),
+        direct(),
+        metrics.clone(),
+    );
+    let inputs = lookup.fetch(&ns.name, Some("dev")).await.expect("the lookup");
+    assert_eq!(selected(&inputs), ["fs", "picked", "remote"]);
+    assert_eq!(metrics.read_through_count("McpServer"), 1, "only fs was missing");
+    assert_eq!(metrics.read_through_count("Namespace"), 1, "a namespace created a moment ago");
+    assert_eq!(
+        inputs.namespace_labels,
+        Api::<Namespace>::all(ns.client.clone()).get(&ns.name).await.expect("ns").metadata.labels.unwrap_or_default()
+    );
+
+    // A profile that really does not exist is still absent (and the pod will be denied).
+    let inputs = lookup.fetch(&ns.name, Some("nope")).await.expect("the lookup");
+    assert!(inputs.profile.is_none());
+    assert_eq!(metrics.read_through_count("McpProfile"), 1);
+}
+
+/// The webhook answers from its caches once they listed (no read-through for a profile that
+/// exists), and an edit of the profile reaches the injection within a second.
+#[tokio::test]
+async fn the_webhook_answers_from_its_caches_and_sees_a_profile_edit_within_a_second() {
+    let ns = ControlPlane::shared().namespace("webhook-cache-edit").await;
+    let fs = McpServer::test("fs").stdio("npx", ["server-filesystem"]).image("node:22-slim").allowing(["*"]);
+    let git = McpServer::test("git").stdio("uvx", ["mcp-server-git"]).image("python:3.13-slim").allowing(["*"]);
+    create(&ns.api::<McpServer>(), &fs).await;
+    create(&ns.api::<McpServer>(), &git).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fs"])).await;
+    let metrics = WebhookMetrics::default();
+    let (webhook, _) = Webhook::start_with(&ns, inject_config(), |config| config.metrics = metrics.clone()).await;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !metrics.caches_synced() {
+        assert!(Instant::now() < deadline, "the webhook's caches never listed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sidecars = |pod: &Pod| -> Vec<String> {
+        let spec = pod.spec.as_ref().expect("a stored pod has a spec");
+        spec.init_containers
+            .iter()
+            .flatten()
+            .map(|c| c.name.clone())
+            .filter(|n| n.starts_with(SIDECAR_PREFIX))
+            .collect()
+    };
+    let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+    let pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev")]);
+    let first = ns.api::<Pod>().create(&dry_run, &pod).await.expect("admitted");
+    assert_eq!(sidecars(&first), [format!("{SIDECAR_PREFIX}fs")]);
+    let before = metrics.read_through_count("McpProfile") + metrics.read_through_count("McpServer");
+
+    let edit = serde_json::json!({ "spec": { "servers": ["fs", "git"] } });
+    ns.api::<McpProfile>()
+        .patch("dev", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("editing the profile");
+    let edited = Instant::now();
+    let seen = loop {
+        let admitted = ns.api::<Pod>().create(&dry_run, &pod).await.expect("admitted");
+        if sidecars(&admitted).len() == 2 {
+            break edited.elapsed();
+        }
+        assert!(
+            edited.elapsed() < Duration::from_secs(1),
+            "the edit was not injected within 1 s: {:?}",
+            sidecars(&admitted)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let after = metrics.read_through_count("McpProfile") + metrics.read_through_count("McpServer");
+    assert_eq!(after, before, "answered from the caches, without reading through");
+    eprintln!("profile edit reached the webhook after {seen:?}");
+    drop(webhook);
+}
