@@ -431,8 +431,10 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         profile_tx,
     )
     .instrument(tracing::info_span!("reflector", kind = KIND_SERVER));
+    let (coalesced_tx, coalesced_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let profile_coalescer = coalesce(profile_rx, coalesced_tx, PROFILE_TRIGGER_WINDOW);
     let profile_controller = profile_controller
-        .reconcile_on(ReceiverStream::new(profile_rx))
+        .reconcile_on(ReceiverStream::new(coalesced_rx))
         .graceful_shutdown_on(stop())
         .run(reconcile_profile, error_policy, ctx.clone())
         .for_each(log_outcome)
@@ -467,6 +469,7 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
     tokio::join!(
         server_controller,
         server_cache,
+        profile_coalescer,
         namespace_cache,
         profile_controller,
         binding_cache,
@@ -506,6 +509,51 @@ async fn cache<K, R, F>(
             }
             // The watcher retries with backoff by itself; the store keeps its last state.
             Err(error) => tracing::warn!(%error, "watch failed; retrying"),
+        }
+    }
+}
+
+/// Profile triggers are coalesced over this window. A burst of server events (servers created,
+/// or their first statuses written, by the thousand) re-reconciled each selecting profile once per
+/// event it matched: each such reconcile scans the namespace's servers, and that scan was most of
+/// the controller's CPU at 10,000 servers (benches/reconcile.rs, profiled). The first trigger
+/// after a quiet window passes at once; the window's others, deduplicated, at its end. Unlike
+/// kube-runtime's debounce, which keeps delaying an object while triggers keep coming (a profile
+/// selecting thousands of probed servers might never be reconciled), a profile's status lags
+/// a change by at most one window.
+const PROFILE_TRIGGER_WINDOW: Duration = Duration::from_secs(1);
+
+/// Forwards `rx` to `tx`: the first reference at once, then the distinct references received in
+/// the following `window` at its end; again for the next. Ends when either side closes.
+async fn coalesce<R>(mut rx: mpsc::Receiver<ObjectRef<R>>, tx: mpsc::Sender<ObjectRef<R>>, window: Duration)
+where
+    R: Resource<DynamicType = ()>,
+{
+    while let Some(first) = rx.recv().await {
+        if tx.send(first).await.is_err() {
+            return;
+        }
+        let until = tokio::time::Instant::now() + window;
+        let mut pending = std::collections::HashSet::new();
+        let mut open = true;
+        while open {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => break,
+                next = rx.recv() => match next {
+                    Some(obj_ref) => {
+                        pending.insert(obj_ref);
+                    }
+                    None => open = false,
+                },
+            }
+        }
+        for obj_ref in pending {
+            if tx.send(obj_ref).await.is_err() {
+                return;
+            }
+        }
+        if !open {
+            return;
         }
     }
 }
@@ -1063,6 +1111,24 @@ mod tests {
         assert_eq!(names(triggers.on_event(&watcher::Event::Delete(gone), &profiles)), ["team-y"]);
         // A server never seen before selects by its labels now.
         assert_eq!(names(triggers.on_event(&watcher::Event::Apply(labelled("a", "new", "z")), &profiles)), ["team-z"]);
+    }
+
+    #[tokio::test]
+    async fn triggers_in_a_window_pass_once_each_after_the_first_passed_at_once() {
+        let (tx, rx) = mpsc::channel(16);
+        let (out_tx, mut out) = mpsc::channel(16);
+        let coalescer = tokio::spawn(coalesce::<McpProfile>(rx, out_tx, Duration::from_millis(50)));
+        let (a, b) = (ObjectRef::new("a").within("ns"), ObjectRef::new("b").within("ns"));
+        for obj_ref in [&a, &a, &b, &a, &b] {
+            tx.send(obj_ref.clone()).await.expect("the coalescer runs");
+        }
+        assert_eq!(out.recv().await.as_ref(), Some(&a), "the first passes at once");
+        let mut rest = vec![out.recv().await.expect("a").name, out.recv().await.expect("b").name];
+        rest.sort();
+        assert_eq!(rest, ["a", "b"], "the window's triggers, each once");
+        drop(tx);
+        assert!(out.recv().await.is_none(), "nothing more, and the coalescer ends with its input");
+        coalescer.await.expect("the coalescer does not panic");
     }
 
     #[test]
