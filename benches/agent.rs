@@ -39,6 +39,7 @@ use serde_json::json;
 use spear::agent::grpc::pb;
 use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
 use spear::agent::grpc::pb::mcp_sessions_server::{McpSessions, McpSessionsServer};
+use spear::testing::proc_stats::{cpu_time, rss_kib};
 use spear::testing::{echo, mcp_servers};
 use tonic::{Request, Response, Status};
 
@@ -101,36 +102,6 @@ struct Spawned(tokio::process::Child);
 
 fn spawn(command: &mut tokio::process::Command) -> Spawned {
     Spawned(command.kill_on_drop(true).spawn().expect("a bench process starts"))
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU time (user + system) `pid` has used so far, from `/proc/PID/stat`; zero when unreadable.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces: utime and
-    // stime (fields 14 and 15) are the 12th and 13th of these.
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
-    static TICKS_PER_SECOND: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let per_second = *TICKS_PER_SECOND.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
-            .unwrap_or(100.0)
-    });
-    Duration::from_secs_f64(ticks as f64 / per_second)
 }
 
 /// The first child process of `pid` (the agent's stdio server), if any.

@@ -22,6 +22,7 @@ use spear::api::{McpProfile, McpServer};
 use spear::registry::snapshot::Snapshot;
 use spear::registry::{KubeSource, KubeWatch, RegistryView};
 use spear::testing::control_plane::{ControlPlane, TestNamespace};
+use spear::testing::proc_stats::{cpu_time, rss_mib};
 use tokio_util::sync::CancellationToken;
 
 /// Agent counts under `cargo bench`: the baseline, then the loads issues 7 and 18 ask for.
@@ -40,29 +41,6 @@ fn benching() -> bool {
 /// The server `fs` as of edit number `edit`.
 fn server(edit: usize) -> McpServer {
     McpServer::test("fs").http("http://127.0.0.1:9/mcp").allowing([format!("tool_{edit}")])
-}
-
-/// CPU time (user + system) this process has used, from `/proc/self/stat` (Linux; clock ticks
-/// of 10 ms, the kernel's `USER_HZ` on every architecture Kubernetes runs on).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may contain spaces) start after the last ')'.
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
-
-/// Resident memory of `pid` in MiB, from `/proc/<pid>/status` (Linux).
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(f64::NAN);
-    kib / 1024.0
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -119,7 +97,7 @@ async fn measure(control_plane: &ControlPlane, ns: &TestNamespace, count: usize,
     for edit in 0..edits {
         tokio::time::sleep(PAUSE).await;
         let mut receivers: Vec<_> = sources.iter().map(RegistryView::watch).collect();
-        let cpu0 = cpu_time();
+        let cpu0 = cpu_time(std::process::id());
         let t0 = Instant::now();
         let patched = api
             .patch("fs", &PatchParams::apply("spear-bench").force(), &Patch::Apply(&server(1000 * count + edit)))
@@ -132,7 +110,7 @@ async fn measure(control_plane: &ControlPlane, ns: &TestNamespace, count: usize,
                 rx.wait_for(|s| seen(s)).await.map(|_| t0.elapsed()).expect("a source stopped")
             }));
         samples.extend(tokio::time::timeout(GIVE_UP, arrivals).await.expect("every source must see the edit"));
-        own_cpu += cpu_time().saturating_sub(cpu0);
+        own_cpu += cpu_time(std::process::id()).saturating_sub(cpu0);
         rss_peak = rss_peak.max(rss_mib(pid));
     }
     shutdown.cancel();

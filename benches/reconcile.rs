@@ -33,6 +33,7 @@ use serde::de::DeserializeOwned;
 use spear::api::{McpProfile, McpServer};
 use spear::operator::controller::{self, ControllerConfig, Scope};
 use spear::testing::control_plane::ControlPlane;
+use spear::testing::proc_stats::rss_mib;
 use tokio_util::sync::CancellationToken;
 
 /// Servers per run under `cargo bench` (the issue asks for 10,000, and a tenth as profiles).
@@ -238,17 +239,6 @@ fn per_second(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64().max(f64::EPSILON)
 }
 
-/// Resident memory of this process in MiB (Linux).
-fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(f64::NAN);
-    kib / 1024.0
-}
-
 /// Status writes of both kinds so far.
 fn writes(config: &ControllerConfig) -> (u64, u64) {
     (config.metrics.status_writes("McpServer"), config.metrics.status_writes("McpProfile"))
@@ -319,11 +309,11 @@ fn main() {
         // Cold start: a controller over objects that exist already (a restart, a new leader).
         let mut watches = Watches::start(&cold_ns.client, &cold_ns.name, n);
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let rss_before = rss_mib();
+        let rss_before = rss_mib(std::process::id());
         let started = Instant::now();
         let (token, task, config) = start_controller(cold_ns.client.clone(), &cold_ns.name);
         watches.wait_all_accepted().await;
-        let rss_after = rss_mib();
+        let rss_after = rss_mib(std::process::id());
         tokio::time::sleep(QUIET).await;
         let (servers, profiles, last) = watches.finish().await;
         let done = last.duration_since(started);

@@ -61,6 +61,7 @@ use rmcp::transport::common::server_side_http::ServerSseMessage;
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionHandle, LocalSessionWorker, SessionEvent};
 use rmcp::transport::worker::{Worker, WorkerContext, WorkerSendRequest, WorkerTransport};
 use serde_json::{Value, json};
+use spear::testing::proc_stats::{rss_kib, status_kib};
 use spear::testing::{echo, mcp_servers};
 
 /// The session revision measured, and the stateless one compared with it.
@@ -116,21 +117,6 @@ impl Spawned {
 
 fn spawn(command: &mut tokio::process::Command) -> Spawned {
     Spawned(command.kill_on_drop(true).spawn().expect("a bench process starts"))
-}
-
-/// A `/proc/PID/status` field in KiB (`VmRSS`, `RssAnon`, …); zero when unreadable.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    status_kib(pid, "VmRSS")
 }
 
 /// Open file descriptors of `pid`.

@@ -7,9 +7,11 @@
 //! - [`echo`]: a trivial rmcp echo server, for benches that need a server of negligible cost.
 //! - [`fixtures`]: builders for `McpServer` and `McpProfile` (`McpServer::test("fs").stdio(..)`).
 //! - [`golden`]: golden-file comparison, rewritten under `SPEAR_BLESS=1`.
+//! - [`proc_stats`]: a process's resident memory and CPU time from `/proc`, for the benches.
 
 pub mod control_plane;
 pub mod echo;
 pub mod fixtures;
 pub mod golden;
 pub mod mcp_servers;
+pub mod proc_stats;
