@@ -16,6 +16,8 @@
 //!   upstream in this process, standing in for a hosted model API; the echo tool over stdio)
 //!   against the same three steps made directly (upstream, bare stdio call, upstream); target
 //!   ≤ 1 ms per round.
+//! - tracing off vs on (issue 17): A against AT, the same agent exporting every span over
+//!   OTLP/HTTP to a loopback sink in this process; latency alternating, CPU per call, RSS.
 //! - idle RSS of `spearlet serve` on `examples/registry` with its servers connected (target
 //!   ≤ 15 MiB), next to the RSS of the bare echo server process as a floor.
 //!
@@ -214,6 +216,17 @@ async fn start_agent(dir: &Path, profile: &str, audit: &Path) -> (Spawned, u16, 
 
 /// [`start_agent`] with extra flags; also returns the gRPC port.
 async fn start_agent_with(dir: &Path, profile: &str, audit: &Path, extra: &[&str]) -> (Spawned, u16, u16, u16) {
+    start_agent_env(dir, profile, audit, extra, &[]).await
+}
+
+/// [`start_agent_with`] with extra environment variables.
+async fn start_agent_env(
+    dir: &Path,
+    profile: &str,
+    audit: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Spawned, u16, u16, u16) {
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
     let agent = spawn(
         tokio::process::Command::new(env!("CARGO_BIN_EXE_spearlet"))
@@ -227,6 +240,7 @@ async fn start_agent_with(dir: &Path, profile: &str, audit: &Path, extra: &[&str
             .arg("--audit-log")
             .arg(audit)
             .args(extra)
+            .envs(env.iter().copied())
             .env("SPEAR_LOG", "warn")
             .stdin(Stdio::null()),
     );
@@ -503,6 +517,7 @@ async fn run(size: Size) {
         a3_calls as f64 / h_calls.max(1) as f64
     );
     drop(agent3);
+    tracing_cost(&registry, dir.path(), &size, &agent_url, a_calls).await;
     println!(
         "RSS after load: agent {:.1} MiB, bare echo server {:.1} MiB",
         rss_kib(agent_pid) as f64 / 1024.0,
@@ -515,6 +530,72 @@ async fn run(size: Size) {
     if size.idle_rss {
         idle_rss(dir.path(), stdio_echo.0.id().unwrap_or(0)).await;
     }
+}
+
+/// Tracing off vs on (issue 17): A (no `OTEL_*` set: no OTel layer) against AT, the same agent
+/// exporting every span over OTLP/HTTP to a loopback sink in this process (it takes the batches
+/// and answers 200, as a collector's receiver does). Latency alternates A and AT call by call;
+/// AT's throughput and CPU per call compare with A's above.
+async fn tracing_cost(registry: &Path, dir: &Path, size: &Size, agent_url: &str, a_calls: u64) {
+    let batches = Arc::new(AtomicU64::new(0));
+    let sink_listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("sink port");
+    let sink_port = sink_listener.local_addr().expect("sink addr").port();
+    let counted = batches.clone();
+    let sink = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |_body: axum::body::Bytes| async move {
+            counted.fetch_add(1, Ordering::Relaxed);
+            ""
+        }),
+    );
+    tokio::spawn(async move { axum::serve(sink_listener, sink).await });
+    let endpoint = format!("http://127.0.0.1:{sink_port}");
+    let (traced, traced_http, _, _) = start_agent_env(
+        registry,
+        "bench",
+        &dir.join("audit-traced.log"),
+        &[],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")],
+    )
+    .await;
+    let traced_url = format!("http://127.0.0.1:{traced_http}/mcp");
+    let (off, on) = (http_client(agent_url).await, http_client(&traced_url).await);
+    for _ in 0..50 {
+        call(&off, "mcp__echo__echo").await.expect("A warm-up");
+        call(&on, "mcp__echo__echo").await.expect("AT warm-up");
+    }
+    let (mut a, mut at) = (Vec::new(), Vec::new());
+    for _ in 0..size.latency_calls {
+        a.push(call(&off, "mcp__echo__echo").await.expect("A"));
+        at.push(call(&on, "mcp__echo__echo").await.expect("AT"));
+    }
+    a.sort();
+    at.sort();
+    let (a50, a99, t50, t99) =
+        (us(percentile(&a, 0.5)), us(percentile(&a, 0.99)), us(percentile(&at, 0.5)), us(percentile(&at, 0.99)));
+    println!(
+        "tracing: latency, {} calls each, alternating: A (off) p50 {a50:.1} us p99 {a99:.1} us; AT (on, OTLP/HTTP to a \
+         loopback sink) p50 {t50:.1} us p99 {t99:.1} us; AT/A p50 {:.2} p99 {:.2}",
+        a.len(),
+        t50 / a50,
+        t99 / a99
+    );
+    let traced_pid = traced.0.id().unwrap_or(0);
+    let bench_pid = std::process::id();
+    let at_processes =
+        [("clients", bench_pid), ("agent", traced_pid), ("stdio echo server", first_child(traced_pid).unwrap_or(0))];
+    let secs = size.throughput_for.as_secs_f64();
+    let (at_calls, at_errors) =
+        throughput_with_cpu("AT", &traced_url, "mcp__echo__echo", Revision::Sessions, size, &at_processes).await;
+    // Let the last batch go out before counting.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    println!(
+        "throughput, tracing on: AT {:.0} calls/s ({at_errors} errors), AT/A {:.2}; the sink received {} OTLP batches",
+        at_calls as f64 / secs,
+        at_calls as f64 / a_calls.max(1) as f64,
+        batches.load(Ordering::Relaxed)
+    );
+    println!("RSS after load, tracing on: agent {:.1} MiB", rss_kib(traced_pid) as f64 / 1024.0);
 }
 
 async fn idle_rss(dir: &Path, floor_pid: u32) {

@@ -24,7 +24,7 @@ use axum::http::{Request, StatusCode};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
@@ -82,23 +82,10 @@ fn profile() -> McpProfile {
 }
 
 fn pod(namespace: Option<&str>) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            generate_name: Some("app-".into()),
-            namespace: namespace.map(str::to_string),
-            annotations: Some(BTreeMap::from([(ANNOTATION_PROFILE.to_string(), "dev".to_string())])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: Some("example.com/app:1".into()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    }
+    let mut pod = spear::testing::fixtures::app_pod(&[(ANNOTATION_PROFILE, "dev")]);
+    pod.metadata.generate_name = Some("app-".into());
+    pod.metadata.namespace = namespace.map(str::to_string);
+    pod
 }
 
 /// The lookup with fixed inputs: what the API server would answer, without the API server.

@@ -498,6 +498,14 @@ async fn namespace_checks(
         visible.as_millis()
     ));
 
+    // 6b. `kubectl spear explain --pod --connect`: the real kubectl finds the plugin on PATH and
+    // the plugin reaches the agent's loopback-only /debug/effective through a port-forward.
+    let explained = kubectl_spear_explain(ns, &pod_name).await?;
+    report.ok(&format!(
+        "kubectl spear explain --pod --connect: pod on the cluster's revision {}, {} tools live, {} tool-level exclusions",
+        explained.0, explained.1, explained.2
+    ));
+
     // 7. A stdio server the profile gains after the pod started needs a restart: metric and log.
     let mut extra = servers.get("everything").await?;
     extra.metadata = ObjectMeta { name: Some("everything-late".into()), ..Default::default() };
@@ -540,6 +548,74 @@ async fn namespace_checks(
     // 9. Pod deletion during a call: the call completes, sidecars stop after the app.
     graceful_delete(&driver, &pods, &long_tool, report).await?;
     Ok(())
+}
+
+/// Runs `kubectl spear explain -n NS --pod POD --connect -o json` with a `kubectl-spear` link to
+/// the spearlet on PATH (`$SPEAR_CLUSTER_KUBECTL`, else `kubectl`), until the pod is on the
+/// cluster's revision; checks the live, tool-level answer and the table's revision line. Returns
+/// the revision, the number of live tools and of tool-level exclusions.
+async fn kubectl_spear_explain(ns: &str, pod: &str) -> Result<(String, usize, usize)> {
+    let kubectl = std::env::var("SPEAR_CLUSTER_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let plugins = tempfile::tempdir()?;
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_spearlet"),
+        plugins.path().join(spear::cli::spearlet::KUBECTL_PLUGIN),
+    )?;
+    let path = std::env::join_paths(
+        std::iter::once(plugins.path().to_path_buf())
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )?;
+    let run = |args: Vec<&str>| {
+        let (kubectl, path) = (kubectl.clone(), path.clone());
+        let args: Vec<String> = args.into_iter().map(String::from).collect();
+        async move {
+            let out = tokio::process::Command::new(&kubectl).args(&args).env("PATH", &path).output().await?;
+            ensure!(
+                out.status.success(),
+                "kubectl {}: exit {:?}: {}",
+                args.join(" "),
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok::<_, anyhow::Error>(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+    };
+    let explained: Value = eventually("the pod on the cluster's revision", Duration::from_secs(20), || async move {
+        let text = run(vec!["spear", "explain", "-n", ns, "--pod", pod, "--connect", "-o", "json"]).await?;
+        let explained: Value = serde_json::from_str(&text).context("kubectl spear explain -o json")?;
+        let state = explained["revisions"].to_string();
+        Ok((explained["revisions"]["inSync"].as_bool().unwrap_or_default().then_some(explained), state))
+    })
+    .await?;
+    ensure!(
+        explained["pod"]["injected"] == true && explained["profile"] == PROFILE,
+        "the pod part: {}",
+        explained["pod"]
+    );
+    let live = &explained["live"];
+    ensure!(live["toolsListed"] == true, "the agent has its tool lists by now: {live}");
+    let tools: Vec<&str> = live["servers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["tools"].as_array().into_iter().flatten())
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    ensure!(tools.contains(&ECHO), "{ECHO} not in the live set: {tools:?}");
+    let tool_level: Vec<&Value> =
+        live["excluded"].as_array().into_iter().flatten().filter(|d| d["tool"].is_string()).collect();
+    ensure!(
+        tool_level.iter().any(|d| d["server"] == "filesystem" && d["tool"] == "move_file"),
+        "move_file's exclusion is not in the live decision log: {}",
+        live["excluded"]
+    );
+    let revision = explained["revisions"]["cluster"].as_str().unwrap_or_default().to_string();
+    let table = run(vec!["spear", "explain", "-n", ns, "--pod", pod, "--connect"]).await?;
+    ensure!(
+        table.contains(&format!("pod on registry revision {revision}, cluster at {revision}: in sync")),
+        "the table's revision line:\n{table}"
+    );
+    Ok((revision, tools.len(), tool_level.len()))
 }
 
 fn app_deployment(name: &str, image: &str) -> Deployment {

@@ -3,7 +3,8 @@
 # $HOME/.cache/spear-mcp/mcp-servers/<key>/ (or $SPEAR_CACHE_DIR/mcp-servers/<key>/):
 #   node/  npm packages @modelcontextprotocol/server-everything and server-filesystem
 #          (a local `npm install --prefix`, run with `node` at test time: no global install, no npx)
-#   venv/  a Python venv with the PyPI `mcp` SDK (runs tests/servers/fixture_server.py) and `openai`
+#   venv/  a Python venv with the PyPI `mcp` SDK (runs tests/servers/fixture_server.py), `openai`, and the
+#          OpenTelemetry SDK with its OTLP/HTTP exporter (tests/servers/traced_server.py; REVISION r2)
 # A no-op when that directory exists and its python runs. Prints shell `export` lines on stdout:
 #   eval "$(hack/mcp-servers.sh)"
 # sets SPEAR_MCP_SERVERS_DIR; the Rust tests (src/testing/mcp_servers.rs) also find the default
@@ -16,7 +17,8 @@ EVERYTHING_VERSION="2026.8.31" # npm @modelcontextprotocol/server-everything
 FILESYSTEM_VERSION="2026.8.31" # npm @modelcontextprotocol/server-filesystem
 MCP_VERSION="2.3.0"            # PyPI mcp (the Python SDK; brings httpx2, starlette, uvicorn)
 OPENAI_VERSION="3.54.0"        # PyPI openai
-REVISION="r1"
+OTEL_PY_VERSION="1.45.2"       # PyPI opentelemetry-sdk + opentelemetry-exporter-otlp-proto-http (tests/servers/traced_server.py)
+REVISION="r2"
 
 CACHE_ROOT="${SPEAR_CACHE_DIR:-$HOME/.cache/spear-mcp}"
 KEY="everything-$EVERYTHING_VERSION-filesystem-$FILESYSTEM_VERSION-mcp-$MCP_VERSION-openai-$OPENAI_VERSION-$REVISION"
@@ -69,18 +71,19 @@ npm install --prefix "$TMP/node" --no-audit --no-fund --omit=dev --loglevel=erro
   "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" \
   "@modelcontextprotocol/server-filesystem@$FILESYSTEM_VERSION" >&2
 
-log "python: venv ($("$PYTHON" -V 2>&1)) with mcp==$MCP_VERSION openai==$OPENAI_VERSION"
+log "python: venv ($("$PYTHON" -V 2>&1)) with mcp==$MCP_VERSION openai==$OPENAI_VERSION opentelemetry-sdk==$OTEL_PY_VERSION"
 "$PYTHON" -m venv "$TMP/venv"
 "$TMP/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
-  "mcp==$MCP_VERSION" "openai==$OPENAI_VERSION" >&2
+  "mcp==$MCP_VERSION" "openai==$OPENAI_VERSION" \
+  "opentelemetry-sdk==$OTEL_PY_VERSION" "opentelemetry-exporter-otlp-proto-http==$OTEL_PY_VERSION" >&2
 
 # Prove the install before publishing it.
 for pkg in server-everything server-filesystem; do
   [[ -f "$TMP/node/node_modules/@modelcontextprotocol/$pkg/package.json" ]] \
     || { log "npm did not install @modelcontextprotocol/$pkg"; exit 1; }
 done
-"$TMP/venv/bin/python" -c 'import mcp.server, openai, uvicorn' \
-  || { log "the venv cannot import mcp/openai/uvicorn"; exit 1; }
+"$TMP/venv/bin/python" -c 'import mcp.server, openai, uvicorn, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter' \
+  || { log "the venv cannot import mcp/openai/uvicorn/opentelemetry"; exit 1; }
 
 if mv -T "$TMP" "$OUT" 2>/dev/null; then
   trap - EXIT

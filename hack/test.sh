@@ -16,5 +16,15 @@ export SPEAR_STATIC_SPEARLET
 # The pinned helm CLI (built from its Go module, cached); tests/it/chart.rs lints and renders the chart.
 SPEAR_HELM="$(hack/helm.sh)"
 export SPEAR_HELM
+# The pinned promtool (built from the prometheus Go module, cached); tests/it/alerts.rs checks and
+# unit-tests the chart's PrometheusRule with it.
+SPEAR_PROMTOOL="$(hack/promtool.sh)"
+export SPEAR_PROMTOOL
+# The OpenTelemetry Collector (built from its Go modules, cached); tests/it/tracing.rs exports to it.
+SPEAR_OTELCOL="$(hack/otelcol.sh)"
+export SPEAR_OTELCOL
+# Debian's chromium (apt-get, once); tests/it/cluster/admin_view.rs loads the admin view in it.
+SPEAR_CHROMIUM="$(hack/chromium.sh)"
+export SPEAR_CHROMIUM
 
 cargo test --all-targets "$@"

@@ -1,5 +1,5 @@
 //! What both binaries share for being observed: logging (tracing to stderr, plain or JSON), the
-//! metrics (built once per process on one `prometheus_client::Registry`) and the admin router
+//! OpenTelemetry traces (`otel`, off unless `OTEL_EXPORTER_OTLP_*ENDPOINT` is set), the metrics (built once per process on one `prometheus_client::Registry`) and the admin router
 //! that serves health, readiness and metrics.
 //!
 //! stderr only: an MCP stdio stream (the bridge's stdout) must never carry a log line.
@@ -18,6 +18,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+
+pub mod otel;
 
 /// Default filter when neither `--log-level` nor `SPEAR_LOG` is set. rmcp's transport worker
 /// logs an ERROR when a server's transport ends (a connect refused, a stream closed); the pool
@@ -49,17 +52,41 @@ pub(crate) struct LogArgs {
 
 impl LogArgs {
     /// Installs the global subscriber. An invalid filter is an error naming the flag.
+    /// With an `OTEL_EXPORTER_OTLP_*` endpoint in the environment, also installs the trace
+    /// exporter (`otel`), named after the executable (`spearlet`, `spear-operator`) unless
+    /// `OTEL_SERVICE_NAME` names it.
     pub(crate) fn init(&self) -> anyhow::Result<()> {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+
         let filter = EnvFilter::try_new(&self.log_level)
-            .map_err(|e| anyhow::anyhow!("--log-level '{}' is not a valid filter: {e}", self.log_level))?;
+            .map_err(|e| anyhow::anyhow!("--log-level '{}' is not a valid filter: {e}", self.log_level))?
+            .add_directive(otel::LOG_FILTER_DIRECTIVE.parse()?);
         // Colors only for a terminal: escape codes in a log file or a collector are noise.
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-        let result = match self.log_format {
-            LogFormat::Plain => builder.try_init(),
-            LogFormat::Json => builder.json().try_init(),
+        let executable = std::env::args_os().next().map(std::path::PathBuf::from);
+        let service = executable.as_ref().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or("spear");
+        let installed = match otel::layer_from_env(service)? {
+            // Tracing off: the log subscriber alone, its filter global (no per-layer filtering cost).
+            None => {
+                let builder =
+                    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+                match self.log_format {
+                    LogFormat::Plain => builder.try_init(),
+                    LogFormat::Json => builder.json().try_init(),
+                }
+            }
+            // Each layer filters for itself: the log filter must not hide the trace spans.
+            Some(trace) => {
+                let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+                let fmt = match self.log_format {
+                    LogFormat::Plain => fmt.boxed(),
+                    LogFormat::Json => fmt.json().boxed(),
+                };
+                tracing_subscriber::registry().with(trace).with(fmt.with_filter(filter)).try_init().map_err(Into::into)
+            }
         };
-        result.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
+        installed.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
     }
 }
 

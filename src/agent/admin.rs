@@ -57,6 +57,9 @@ async fn debug_effective(
     let explained = agent.effective(request.scope.as_ref(), &[]).and_then(|set| {
         let listed = current.catalog.is_some();
         let mut explained = explain_json(&current.snapshot, &set, listed);
+        // Why this pod's registry may be behind the cluster's (a failed watch keeps serving the
+        // last good objects): `spearlet explain --pod --connect` shows them beside the revisions.
+        explained["registryProblems"] = current.snapshot.problems().iter().map(ToString::to_string).collect();
         // What the list caps cut (mcp::limits) is the pool's to know, not the policy's.
         for server in explained["servers"].as_array_mut().into_iter().flatten() {
             let cut = server["id"].as_str().and_then(|id| agent.pool().status(id)).and_then(|s| s.list_cut);

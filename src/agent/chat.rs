@@ -52,6 +52,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Serialize;
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use super::audit::{self, Door};
 use super::core::{Agent, CallContext};
@@ -62,6 +63,7 @@ use crate::chat::upstream::{self, Target, Upstream};
 use crate::chat::{ChatError, UpstreamError, UpstreamOverride, UpstreamTimeouts, stream};
 use crate::policy::EffectiveSet;
 use crate::policy::select::{self, Selection, SelectionPolicy};
+use crate::telemetry::otel;
 
 pub(crate) const COMPLETIONS_PATH: &str = "/v1/chat/completions";
 /// Largest request body. Conversations with inline images run to megabytes; the port is
@@ -225,7 +227,21 @@ impl ChatService {
                 extension.tool_selection.push(RoundSelection { iteration: state.iterations() + 1, selection });
             }
             state.request_sent();
-            let mut completion = self.inner.upstream.complete(target, &body).await?;
+            let round = tracing::info_span!(
+                target: otel::TARGET,
+                "chat.upstream",
+                otel.kind = "client",
+                iteration = state.iterations(),
+                code = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+            );
+            let answered =
+                self.inner.upstream.complete(target, &body).instrument(round.clone()).await.map_err(ChatError::from);
+            match &answered {
+                Ok(_) => round.record("code", "ok"),
+                Err(error) => round.record("code", error.code()).record("otel.status_code", "ERROR"),
+            };
+            let mut completion = answered?;
             if state.iterations() == 1
                 && let Some(id) = completion.id.as_ref().filter(|id| !id.is_empty())
             {
@@ -434,9 +450,26 @@ fn require_json(headers: &HeaderMap) -> Result<(), ChatError> {
 /// The handler: parse, complete, map errors, stamp the revision.
 async fn completions(State(service): State<ChatService>, headers: HeaderMap, body: Bytes) -> Response {
     let mut revision = None;
-    let mut response = match service.complete(&headers, &body, &mut revision).await {
-        Ok(reply) => reply.into_response(),
+    let span = tracing::info_span!(
+        target: otel::TARGET,
+        "chat.completion",
+        otel.kind = "server",
+        registry_revision = tracing::field::Empty,
+        code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    otel::continue_from_headers(&span, &headers);
+    let completed = service.complete(&headers, &body, &mut revision).instrument(span.clone()).await;
+    if let Some(revision) = &revision {
+        span.record("registry_revision", revision.as_str());
+    }
+    let mut response = match completed {
+        Ok(reply) => {
+            span.record("code", "ok");
+            reply.into_response()
+        }
         Err(error) => {
+            span.record("code", error.code()).record("otel.status_code", "ERROR");
             tracing::info!(code = error.code(), %error, "chat completion refused");
             error.into_response()
         }

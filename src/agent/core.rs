@@ -19,6 +19,7 @@ use futures::FutureExt;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::audit::{self, AuditLine, AuditSink, Door};
 use crate::api::ApprovalMode;
@@ -29,6 +30,7 @@ use crate::policy::name::Route;
 use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope, ServerTools};
 use crate::registry::snapshot::Snapshot;
 use crate::registry::view::RegistryView;
+use crate::telemetry::otel;
 use crate::telemetry::{PoolMetrics, RegistryMetrics};
 
 /// Shortest time between two re-lists caused by `notifications/tools/list_changed`: a storm
@@ -299,6 +301,40 @@ impl Agent {
     /// on a tool it is entitled to because it asked early. Only a name the policy excludes once
     /// the lists are known is `mcp_policy_denied`.
     pub async fn call_tool(
+        &self,
+        set: &EffectiveSet,
+        name: &str,
+        arguments: Result<Option<Map<String, Value>>, String>,
+        context: CallContext<'_>,
+    ) -> ToolCall {
+        // The trace's view of the call: what was called and how it ended, never its arguments.
+        let span = tracing::info_span!(
+            target: otel::TARGET,
+            "tool.call",
+            server_id = tracing::field::Empty,
+            tool = tracing::field::Empty,
+            registry_revision = set.revision.as_str(),
+            code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let call = self.call_tool_untraced(set, name, arguments, context).instrument(span.clone()).await;
+        if !span.is_disabled() {
+            if let Some(server) = &call.server_id {
+                span.record("server_id", &**server);
+            }
+            if let Some(tool) = &call.tool {
+                span.record("tool", &**tool);
+            }
+            span.record("code", call.status());
+            if call.result.is_err() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        call
+    }
+
+    /// [`Self::call_tool`] without its span.
+    async fn call_tool_untraced(
         &self,
         set: &EffectiveSet,
         name: &str,

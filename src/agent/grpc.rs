@@ -51,6 +51,7 @@ use crate::mcp::{ErrorCode, McpError};
 use crate::policy::effective::{Listing, Reason};
 use crate::policy::items;
 use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope};
+use crate::telemetry::otel;
 
 /// Generated protobuf types, clients and servers of `spear.v1`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)] // generated code
@@ -472,6 +473,8 @@ impl McpSessions for SessionsDoor {
 
     async fn call_tool(&self, request: Request<pb::CallToolRequest>) -> Result<Response<pb::CallToolReply>, Status> {
         let request_id = request_id(&request);
+        let span = tracing::info_span!(target: otel::TARGET, "grpc.CallTool", otel.kind = "server");
+        otel::continue_trace(&span, |key| request.metadata().get(key).and_then(|v| v.to_str().ok()));
         let pb::CallToolRequest { session_id, tool, args_json } = request.into_inner();
         let pinned = self.touch(&session_id)?;
         let context =
@@ -485,7 +488,7 @@ impl McpSessions for SessionsDoor {
             }
         };
         let name = resolve(&set, &pinned.server_id, &tool);
-        let call = self.agent.call_tool(&set, &name, arguments_from_json(&args_json), context).await;
+        let call = self.agent.call_tool(&set, &name, arguments_from_json(&args_json), context).instrument(span).await;
         // A long call counts as use: the session's idle time starts when the call ends. (A
         // session closed meanwhile stays closed.)
         let _ = self.sessions().touch(&session_id, Instant::now());

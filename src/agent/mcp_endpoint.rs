@@ -31,12 +31,14 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::audit::Door;
 use super::core::{Agent, CallContext};
 use super::mcp_fast_path::McpRoute;
 use super::mcp_keep_alive::SessionKeeper;
 use crate::mcp::{Continuation, ToolOutput};
+use crate::telemetry::otel;
 
 /// `ttlMs` of a tools/list answer, with `cacheScope: private`. Private: the set is this pod's
 /// profile's, never another caller's. 2 s: a re-list costs the agent microseconds (it is served
@@ -273,6 +275,29 @@ fn untrusted_group(id: &str, server_part: &str, instructions: &str) -> String {
 }
 
 /// The `Mcp-Session-Id` of the HTTP request, when the transport has one.
+/// The `/mcp` door's span for one `tools/call`: it continues the caller's trace from the
+/// request's `_meta` (SEP-414) or, failing that, its `traceparent` header.
+pub(crate) fn call_span(
+    meta: Option<&rmcp::model::RequestMetaObject>,
+    headers: Option<&axum::http::HeaderMap>,
+) -> tracing::Span {
+    let span = tracing::info_span!(target: otel::TARGET, "mcp.tools_call", otel.kind = "server");
+    if otel::active() {
+        match meta.and_then(|m| m.get_traceparent()) {
+            Some(_) => otel::continue_trace(&span, |key| match key {
+                "traceparent" => meta.and_then(|m| m.get_traceparent()),
+                _ => meta.and_then(|m| m.get_tracestate()),
+            }),
+            None => {
+                if let Some(headers) = headers {
+                    otel::continue_from_headers(&span, headers);
+                }
+            }
+        }
+    }
+    span
+}
+
 fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
     let parts = extensions.get::<axum::http::request::Parts>()?;
     parts.headers.get("mcp-session-id")?.to_str().ok().map(str::to_string)
@@ -318,8 +343,12 @@ impl ServerHandler for McpEndpoint {
             Continuation { input_responses: request.input_responses, request_state: request.request_state };
         let input = modern.then_some(&continuation);
         // Boxed, as are the other calls into the core below: see `handler_futures_stay_small`.
-        let response =
-            Box::pin(self.call(&request.name, request.arguments, &request_id, session.as_deref(), input)).await;
+        let headers = context.extensions.get::<axum::http::request::Parts>().map(|parts| &parts.headers);
+        let span = call_span(request.meta.as_ref(), headers);
+        let response = Box::pin(
+            self.call(&request.name, request.arguments, &request_id, session.as_deref(), input).instrument(span),
+        )
+        .await;
         Ok(match response {
             // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28
             // requires; rmcp strips `complete` again for a legacy peer.

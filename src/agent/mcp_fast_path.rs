@@ -34,6 +34,7 @@ use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
 use tower::ServiceExt;
+use tracing::Instrument as _;
 
 use super::http_guard::host_allowed;
 use super::mcp_endpoint::McpEndpoint;
@@ -94,8 +95,12 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
     {
         let _in_flight = route.keeper.call_started(&session);
         let params = call.params;
-        let response =
-            route.endpoint.call(&params.name, params.arguments, &call.id.to_string(), Some(&session), None).await;
+        let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
+        let response = route
+            .endpoint
+            .call(&params.name, params.arguments, &call.id.to_string(), Some(&session), None)
+            .instrument(span)
+            .await;
         // Without a continuation the core answers only `Complete`. A session speaks a
         // 2025-era revision, whose results have no `resultType` (rmcp strips it the same way).
         let response = match response {
@@ -143,11 +148,15 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
     };
     if let Some(call) = ToolCallRequest::parse_stateless(&bytes, version, &parts.headers) {
         let params = call.params;
+        let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
         let continuation =
             Continuation { input_responses: params.input_responses, request_state: params.request_state };
         let request_id = call.id.to_string();
-        let response =
-            route.endpoint.call(&params.name, params.arguments, &request_id, None, Some(&continuation)).await;
+        let response = route
+            .endpoint
+            .call(&params.name, params.arguments, &request_id, None, Some(&continuation))
+            .instrument(span)
+            .await;
         // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
         let response = match response {
             CallToolResponse::Complete(mut result) => {

@@ -9,6 +9,7 @@
 //! - [`grpc`]: the gRPC door (tool sessions, registry List/Watch, reflection).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/effective` (loopback).
 //! - [`audit`]: one JSON line per tool call.
+//! - [`server_state`]: `mcp_server_state`, each server's state read from the pool at scrape time.
 //! - [`serve`]: binding the ports, building the three doors, shutting down in order.
 //! - [`run`]: the two entry points (registry from a directory or from the Kubernetes API).
 
@@ -24,6 +25,7 @@ pub mod mcp_fast_path;
 pub(crate) mod mcp_keep_alive;
 pub mod run;
 pub mod serve;
+mod server_state;
 
 pub use self::audit::{AuditSink, Door};
 pub use self::core::{Agent, AgentOptions, AgentState, CallContext, ToolCall};

@@ -241,6 +241,7 @@ async fn run(
     options.registry_metrics = registry_metrics;
     options.pool_metrics = pool_metrics;
     let agent = Agent::new(options, registry, pool);
+    metrics.register_collector(Box::new(super::server_state::ServerStateCollector::new(agent.clone())));
 
     let serving = serve(&config, agent, listeners, Arc::new(metrics), cancel.clone());
     let Some(critical) = critical else { return Ok(serving.await?) };

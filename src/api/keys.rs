@@ -154,6 +154,10 @@ pub(crate) const ENV_WEBHOOK_CLIENT_CA_FILE: &str = "SPEAR_WEBHOOK_CLIENT_CA_FIL
 pub(crate) const ENV_WEBHOOK_CLIENT_NAMES: &str = "SPEAR_WEBHOOK_CLIENT_NAMES";
 pub(crate) const ENV_WEBHOOK_RATE_LIMIT_PER_SECOND: &str = "SPEAR_WEBHOOK_RATE_LIMIT_PER_SECOND";
 pub(crate) const ENV_WEBHOOK_RATE_LIMIT_BURST: &str = "SPEAR_WEBHOOK_RATE_LIMIT_BURST";
+/// `spear-operator run --admin-view-addr`: where the read-only admin view listens (unset: off).
+pub(crate) const ENV_ADMIN_VIEW_ADDR: &str = "SPEAR_ADMIN_VIEW_ADDR";
+/// `spear-operator run --admin-view-allowed-hosts`: the `Host` names the admin view answers.
+pub(crate) const ENV_ADMIN_VIEW_ALLOWED_HOSTS: &str = "SPEAR_ADMIN_VIEW_ALLOWED_HOSTS";
 pub(crate) const ENV_AGENT_IMAGE: &str = "SPEAR_AGENT_IMAGE";
 pub(crate) const ENV_SPEARLET_IMAGE: &str = "SPEAR_SPEARLET_IMAGE";
 pub(crate) const ENV_NATIVE_SIDECARS: &str = "SPEAR_NATIVE_SIDECARS";

@@ -1,9 +1,8 @@
-//! `spearlet`: thin entry point; everything lives in `spear::cli::spearlet`.
+//! `spearlet`: thin entry point; everything lives in `spear::cli::spearlet` (which also answers
+//! as the kubectl plugin when invoked as `kubectl-spear`).
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    spear::cli::spearlet::Args::parse().run()
+    spear::cli::spearlet::main()
 }

@@ -33,7 +33,10 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse,
+};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::process::Command;
@@ -45,6 +48,7 @@ use super::error::{ErrorCode, McpError};
 use super::limits::{ListCut, ListLimits};
 use crate::api::ServerInfo;
 use crate::child::GroupGuard;
+use crate::telemetry::otel;
 
 /// Longest stderr line forwarded to the log; the rest is cut (a server dumping a huge line
 /// must not flood the log pipeline).
@@ -388,11 +392,25 @@ pub(crate) async fn connect_with(
                 config.custom_headers = custom;
                 config.max_sse_event_size = frame_limit;
                 config.reinit_on_expired_session = true;
-                let transport = match http_client {
-                    Some(client) => StreamableHttpClientTransport::with_client(client, config),
-                    None => StreamableHttpClientTransport::from_config(config),
-                };
-                let service = handler.serve_with_lifecycle(transport, lifecycle).await.map_err(init_failed)?;
+                // Tracing on: the same client, wrapped to send the trace context as headers.
+                let service = match (http_client, otel::active()) {
+                    (Some(client), false) => {
+                        let transport = StreamableHttpClientTransport::with_client(client, config);
+                        handler.serve_with_lifecycle(transport, lifecycle).await
+                    }
+                    (None, false) => {
+                        let transport = StreamableHttpClientTransport::from_config(config);
+                        handler.serve_with_lifecycle(transport, lifecycle).await
+                    }
+                    (client, true) => {
+                        let client = TraceHeaders(client.map_or_else(rmcp_default_client, Ok).map_err(|e| {
+                            unavailable(format!("building the HTTP client: {}", crate::telemetry::error_chain(&e)))
+                        })?);
+                        let transport = StreamableHttpClientTransport::with_client(client, config);
+                        handler.serve_with_lifecycle(transport, lifecycle).await
+                    }
+                }
+                .map_err(init_failed)?;
                 Ok((service, None))
             }
         }
@@ -431,6 +449,129 @@ pub(crate) async fn connect_with(
         pid,
     })
 }
+
+// === TraceHeaders ===
+
+/// A Streamable HTTP client that also sends a call's W3C trace context (the `traceparent` and
+/// `tracestate` of its `_meta`, set by the pool when tracing is on) as headers, so a server
+/// whose HTTP stack is instrumented continues the trace without reading `_meta`. Everything else
+/// is rmcp's reqwest client as is.
+#[derive(Clone)]
+struct TraceHeaders(reqwest::Client);
+
+type HeaderMapOf = std::collections::HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
+
+/// Adds the trace-context entries of `message`'s `_meta` (a `tools/call` only) to `headers`.
+fn add_trace_headers(message: &rmcp::model::ClientJsonRpcMessage, headers: &mut HeaderMapOf) {
+    let rmcp::model::JsonRpcMessage::Request(request) = message else { return };
+    let rmcp::model::ClientRequest::CallToolRequest(call) = &request.request else { return };
+    for (name, value) in otel::meta_headers(call.params.meta.as_ref()) {
+        if let Ok(value) = reqwest::header::HeaderValue::from_str(value) {
+            headers.insert(reqwest::header::HeaderName::from_static(name), value);
+        }
+    }
+}
+
+impl StreamableHttpClient for TraceHeaders {
+    type Error = reqwest::Error;
+
+    fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: rmcp::model::ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        mut custom_headers: HeaderMapOf,
+    ) -> impl Future<Output = Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>>> + Send + '_ {
+        add_trace_headers(&message, &mut custom_headers);
+        self.0.post_message(uri, message, session_id, auth_header, custom_headers)
+    }
+
+    fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: rmcp::model::ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        mut custom_headers: HeaderMapOf,
+        max_sse_event_size: usize,
+    ) -> impl Future<Output = Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>>> + Send + '_ {
+        add_trace_headers(&message, &mut custom_headers);
+        self.0.post_message_with_max_sse_event_size(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            max_sse_event_size,
+        )
+    }
+
+    fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMapOf,
+    ) -> impl Future<Output = Result<(), StreamableHttpError<Self::Error>>> + Send + '_ {
+        self.0.delete_session(uri, session_id, auth_header, custom_headers)
+    }
+
+    fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMapOf,
+    ) -> impl Future<Output = Result<SseStream, StreamableHttpError<Self::Error>>> + Send + '_ {
+        self.0.get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+    }
+
+    fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMapOf,
+        max_sse_event_size: usize,
+    ) -> impl Future<Output = Result<SseStream, StreamableHttpError<Self::Error>>> + Send + '_ {
+        self.0.get_stream_with_max_sse_event_size(
+            uri,
+            session_id,
+            last_event_id,
+            auth_header,
+            custom_headers,
+            max_sse_event_size,
+        )
+    }
+}
+
+/// What `StreamableHttpClientTransport::from_config` builds (rmcp keeps it private): no idle
+/// pooling (rmcp's fix for delayed-ACK stalls), and only same-origin 307/308 redirects, up to 10,
+/// since another status loses the POST body and another origin would get the session id and
+/// the configured headers.
+fn rmcp_default_client() -> Result<reqwest::Client, reqwest::Error> {
+    const MAX_REDIRECTS: usize = 10;
+    let policy = reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_body = matches!(
+            attempt.status(),
+            reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
+        );
+        let same_origin = attempt.previous().first().is_some_and(|first| first.origin() == attempt.url().origin());
+        if !keeps_body || !same_origin {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("exceeded {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    });
+    reqwest::Client::builder().pool_max_idle_per_host(0).redirect(policy).build()
+}
+
+type SseStream = futures::stream::BoxStream<'static, Result<sse_stream::Sse, SseError>>;
 
 /// Bytes kept of a server's name and version: the server chooses them, and they reach status,
 /// logs and `/debug/effective`.

@@ -46,6 +46,7 @@ use crate::api::ServerInfo;
 use crate::policy::{ServerTools, Starting, ToolInfo, ToolList};
 use crate::registry::snapshot::Snapshot;
 use crate::telemetry::PoolMetrics;
+use crate::telemetry::otel;
 
 /// Pages of a resources/prompts listing read from one server; a server paging on forever stops
 /// here.
@@ -462,6 +463,17 @@ impl Pool {
             }
         };
         let started = Instant::now();
+        // The call to the server, as the trace sees it; its context goes out in the request's
+        // `_meta` (and as headers to a Streamable HTTP server, see `connect.rs`).
+        let span = tracing::info_span!(
+            target: otel::TARGET,
+            "pool.call",
+            otel.kind = "client",
+            server_id = server,
+            tool = tool,
+            code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
         // One timer for the whole call: waiting for permits and the session counts against the
         // budget too (the caller's budget is wall time), and a single timer keeps the hot path
         // cheap. `reached` records the session the call went out on, if it got that far.
@@ -482,6 +494,7 @@ impl Pool {
             *reached.lock() = Some(live.clone());
             let mut params = CallToolRequestParams::new(tool.to_string());
             params.arguments = arguments;
+            otel::inject_meta(&span, &mut params.meta);
             if let Some(continuation) = continuation {
                 params.input_responses = continuation.input_responses.clone();
                 params.request_state = continuation.request_state.clone();
@@ -490,7 +503,7 @@ impl Pool {
             // no model of the server's choosing to offer), see `input_required`.
             Ok(live.conn.service.peer().call_tool_once(params).await)
         };
-        let outcome = tokio::time::timeout(timeout, work).await;
+        let outcome = tokio::time::timeout(timeout, work).instrument(span.clone()).await;
         let latency = started.elapsed();
         let live = reached.lock().take();
         let result = match (outcome, live) {
@@ -552,6 +565,10 @@ impl Pool {
             Err(error) => (None, Some(error.code.as_str())),
         };
         self.inner.options.metrics.call(server, tool, latency, bytes, error);
+        span.record("code", error.unwrap_or("ok"));
+        if error.is_some() {
+            span.record("otel.status_code", "ERROR");
+        }
         result
     }
 

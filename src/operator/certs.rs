@@ -620,6 +620,9 @@ pub(crate) fn certified_key(cert_pem: &[u8], key_pem: &[u8], what: &str) -> Resu
 #[derive(Default)]
 pub struct CertResolver {
     current: RwLock<Option<Arc<CertifiedKey>>>,
+    /// The presented leaf's not-after in unix seconds (0 before the first), for the
+    /// certificate-expiry alert: set here, where every certificate of both modes passes.
+    expiry: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl fmt::Debug for CertResolver {
@@ -629,9 +632,27 @@ impl fmt::Debug for CertResolver {
 }
 
 impl CertResolver {
+    /// A resolver that keeps `expiry` at the presented leaf's not-after (unix seconds).
+    pub(crate) fn with_expiry_gauge(expiry: prometheus_client::metrics::gauge::Gauge) -> Self {
+        CertResolver { current: RwLock::default(), expiry }
+    }
+
     /// Presents `key` from the next handshake on.
     pub(crate) fn set(&self, key: Arc<CertifiedKey>) {
+        match key.cert.first().map(|leaf| CertInfo::parse_der(leaf, "the served certificate")) {
+            Some(Ok(leaf)) => {
+                self.expiry.set(leaf.not_after);
+            }
+            // rustls loaded it, so this is unlikely; the gauge then keeps the previous value.
+            Some(Err(error)) => warn!(%error, "reading the served certificate's expiry for the metric failed"),
+            None => {}
+        }
         *self.current.write() = Some(key);
+    }
+
+    /// The presented leaf's not-after in unix seconds (0 before the first certificate).
+    pub fn expiry(&self) -> i64 {
+        self.expiry.get()
     }
 
     /// What is presented now (`None` before the first certificate).
@@ -1082,5 +1103,21 @@ mod tests {
         let second = fresh().certified_key().expect("loads");
         resolver.set(second.clone());
         assert!(Arc::ptr_eq(&resolver.current().expect("set"), &second));
+    }
+
+    #[test]
+    fn resolver_keeps_the_expiry_gauge_at_the_presented_leafs_not_after() {
+        let gauge = prometheus_client::metrics::gauge::Gauge::default();
+        let resolver = CertResolver::with_expiry_gauge(gauge.clone());
+        assert_eq!(gauge.get(), 0, "no certificate yet");
+        let material = fresh();
+        resolver.set(material.certified_key().expect("loads"));
+        let leaf = material.leaf().expect("the leaf parses");
+        assert_eq!(gauge.get(), leaf.not_after);
+        assert_eq!(resolver.expiry(), leaf.not_after);
+        // A renewed leaf moves it (files mode and self-signed renewals both pass through `set`).
+        let renewed = issue(&material, NOW + 70 * DAY as i64, Renewal::Leaf(RenewReason::Expiring));
+        resolver.set(renewed.certified_key().expect("loads"));
+        assert!(gauge.get() > leaf.not_after, "{} after {}", gauge.get(), leaf.not_after);
     }
 }

@@ -248,6 +248,16 @@ impl ControllerMetrics {
         registry.register("probe", "Probes of http McpServers, by result", metrics.probes.clone());
         registry.register("leader", "1 while this replica holds the leader Lease", metrics.leader.clone());
         registry.register("ready", "1 while this replica is ready (leader or standby)", metrics.ready.clone());
+        // Every known series from 0: a first failure then shows in rate() and increase() (a series
+        // born at 1 does not), and dashboards read 0 rather than no data.
+        for kind in [KIND_SERVER, KIND_PROFILE, KIND_NAMESPACE] {
+            metrics.reconciles.get_or_create_owned(&KindLabels { kind: kind.to_string() });
+            metrics.errors.get_or_create_owned(&KindLabels { kind: kind.to_string() });
+        }
+        metrics.rbac_writes.get_or_create_owned(&KindLabels { kind: "RoleBinding".to_string() });
+        for result in ["succeeded", "failed", "skipped"] {
+            metrics.probes.get_or_create_owned(&ProbeLabels { result: result.to_string() });
+        }
         metrics
     }
 
@@ -780,6 +790,8 @@ fn now() -> Time {
     Time(Timestamp::now())
 }
 
+// Trace spans (`telemetry::otel`): what was reconciled, never its spec.
+#[tracing::instrument(target = "spear_trace", name = "operator.reconcile", skip_all, fields(kind = KIND_SERVER, server_id = server.metadata.name.as_deref().unwrap_or_default()))]
 async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action, Error> {
     ControllerMetrics::count(&ctx.metrics.reconciles, KIND_SERVER);
     let (namespace, name) = identity(&*server)?;
@@ -833,6 +845,7 @@ async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<A
     })
 }
 
+#[tracing::instrument(target = "spear_trace", name = "operator.reconcile", skip_all, fields(kind = KIND_PROFILE, profile = profile.metadata.name.as_deref().unwrap_or_default()))]
 async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Result<Action, Error> {
     ControllerMetrics::count(&ctx.metrics.reconciles, KIND_PROFILE);
     let (namespace, name) = identity(&*profile)?;

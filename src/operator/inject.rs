@@ -164,6 +164,9 @@ pub struct InjectConfig {
     /// Resources of a stdio server sidecar whose McpServer sets none.
     pub sidecar_default_resources: ResourceRequirements,
     pub ports: Ports,
+    /// Extra environment of the agent container, after its own (the operator's `OTEL_*` trace
+    /// settings, `telemetry::otel::agent_env`); empty adds nothing.
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl InjectConfig {
@@ -176,6 +179,7 @@ impl InjectConfig {
             agent_resources: default_agent_resources(),
             sidecar_default_resources: default_sidecar_resources(),
             ports: Ports::default(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -729,6 +733,7 @@ fn agent_container(
         env(ENV_ADMIN_ADDR, format!("0.0.0.0:{}", ports.admin)),
     ];
     env.extend(secret_env);
+    env.extend(config.agent_env.iter().map(|(name, value)| self::env(name, value)));
     Container {
         name: AGENT_CONTAINER.to_string(),
         image: Some(config.agent_image.clone()),

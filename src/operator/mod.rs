@@ -20,8 +20,10 @@
 //! - [`controller`]: the controllers that write status and keep the agent RoleBindings (thin I/O).
 //! - [`probe`]: when and how an http McpServer is probed (`initialize` + `tools/list`).
 //! - [`leader`]: leader election on a Lease; only the holder runs the controllers.
+//! - [`admin_view`]: the read-only admin page and its JSON (`--admin-view-addr`).
 //! - [`run`]: `spear-operator run` as one call: controllers, webhook and admin server together.
 
+pub mod admin_view;
 pub mod certs;
 pub mod client_auth;
 pub mod controller;

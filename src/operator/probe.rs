@@ -337,6 +337,7 @@ fn elapsed(to: &Time, from: &Time) -> Duration {
 /// Probes `target`: connect and `initialize`, then `tools/list` (all pages), then close, all
 /// within `timeout`, never dialling an address `deny` refuses. `now` is recorded as the probe
 /// time. Errors never contain header values.
+#[tracing::instrument(target = "spear_trace", name = "operator.probe", skip_all, fields(server_id = server_id))]
 pub(crate) async fn probe(
     server_id: &str,
     target: &ProbeTarget,

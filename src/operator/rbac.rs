@@ -138,6 +138,22 @@ pub fn operator_cluster_role() -> ClusterRole {
     }
 }
 
+/// Name of the ClusterRole (and its binding) the chart adds when it enables the admin view.
+pub const ADMIN_VIEW_ROLE: &str = "spear-operator-admin-view";
+
+/// What the admin view needs beyond [`operator_cluster_role`]: `list` and `watch` on pods, to
+/// list the pods the webhook injected (it asks for their metadata only and keeps only those). A
+/// role of its own, bound only when the view is on (the chart's `adminView.enabled`), because
+/// `list` on pods can read every pod's spec: the operator should not hold it for a page nobody
+/// turned on. Read-only: no verb that writes.
+pub fn admin_view_cluster_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(ADMIN_VIEW_ROLE, None),
+        rules: Some(vec![rule(CORE, &["pods"], &["list", "watch"])]),
+        ..ClusterRole::default()
+    }
+}
+
 /// The operator's permissions in its own namespace: its leader Lease and its certificate
 /// Secret. `create` cannot be limited by name (the object has none yet when it is checked), so
 /// it is a rule of its own; reading and updating are limited to the two names.
@@ -195,6 +211,16 @@ mod tests {
         assert_eq!(rules[0].api_groups.as_deref(), Some(&["mcp.spear.dev".to_string()][..]));
         assert_eq!(rules[0].resources.as_deref(), Some(&["mcpservers".to_string(), "mcpprofiles".to_string()][..]));
         assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    }
+
+    #[test]
+    fn the_admin_view_only_lists_and_watches_pods_and_the_operator_does_not_without_it() {
+        let rules = admin_view_cluster_role().rules.unwrap_or_default();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].resources.as_deref(), Some(&["pods".to_string()][..]));
+        assert_eq!(rules[0].verbs, ["list", "watch"]);
+        let operator = operator_cluster_role().rules.unwrap_or_default();
+        assert!(operator.iter().all(|r| !r.resources.iter().flatten().any(|res| res == "pods")));
     }
 
     #[test]

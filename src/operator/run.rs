@@ -4,6 +4,7 @@
 //! ```text
 //! kube::Client ─┬─ admin server (/healthz, /readyz, /metrics)            every replica
 //!               ├─ webhook (certificate: self-signed + rotated, or files)  every replica
+//!               ├─ admin view (read-only page, --admin-view-addr; off by default) every replica
 //!               └─ controllers (status, probes, agent RoleBindings)        the Lease holder
 //! shutdown or any of the three ending ─▶ cancel all ─▶ each gets SHUTDOWN_GRACE
 //! ```
@@ -20,6 +21,7 @@ use anyhow::Context as _;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use super::admin_view::{self, AdminViewConfig};
 use super::certs::{CertSource, Files, SelfSigned};
 use super::client_auth::ClientAuth;
 use super::controller::{self, ControllerConfig, ControllerMetrics, Scope};
@@ -66,6 +68,15 @@ pub(crate) struct OperatorConfig {
     pub(crate) webhook_client_auth: Option<ClientAuth>,
     /// `--webhook-rate-limit-per-second` and `--webhook-rate-limit-burst`.
     pub(crate) webhook_rate_limit: RateLimit,
+    /// `--admin-view-addr` and `--admin-view-allowed-hosts`; `None`: no admin view.
+    pub(crate) admin_view: Option<AdminViewSettings>,
+}
+
+/// Where the admin view listens and which `Host` names it answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AdminViewSettings {
+    pub(crate) addr: SocketAddr,
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 /// Runs the operator until `shutdown`; an error when a part stops on its own.
@@ -80,6 +91,13 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("spear_operator"));
     let webhook_metrics = WebhookMetrics::register(registry.sub_registry_with_prefix("spear_operator_webhook"));
     let identity = leader::default_identity();
+    let admin_view_config = config.admin_view.map(|view| AdminViewConfig {
+        addr: view.addr,
+        allowed_hosts: view.allowed_hosts,
+        scope: config.watch_namespace.clone().map_or(Scope::Cluster, Scope::Namespace),
+        identity: identity.clone(),
+        leader: metrics.clone(),
+    });
     let scope = config.watch_namespace.map_or(Scope::Cluster, Scope::Namespace);
     let controller_config = ControllerConfig {
         scope: scope.clone(),
@@ -113,18 +131,26 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
         }
         CertMode::Files { dir } => CertSource::Files(Files::new(dir)),
     };
-    let mut webhook_config = WebhookConfig::new(
-        config.webhook_addr,
-        InjectConfig::new(config.agent_image, config.spearlet_image),
-        config.native_sidecars,
-        cert,
-    );
+    // Injected agents export traces where the operator does (its OTEL_* settings).
+    let inject_config = InjectConfig {
+        agent_env: crate::telemetry::otel::agent_env(std::env::vars()),
+        ..InjectConfig::new(config.agent_image, config.spearlet_image)
+    };
+    let mut webhook_config = WebhookConfig::new(config.webhook_addr, inject_config, config.native_sidecars, cert);
     webhook_config.metrics = webhook_metrics;
     webhook_config.client_auth = config.webhook_client_auth;
     webhook_config.rate_limit = config.webhook_rate_limit;
     webhook_config.cache_scope = scope;
     let mut webhook_task = tokio::spawn(webhook::serve(client.clone(), webhook_config, shutdown.clone()));
 
+    let mut view_task =
+        admin_view_config.map(|view| tokio::spawn(admin_view::serve(client.clone(), view, shutdown.clone())));
+    let view_ended = async {
+        match view_task.as_mut() {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
     let mut controllers = tokio::spawn(controller::run(client, controller_config, shutdown.clone()));
     let outcome = tokio::select! {
         // Shutdown first: every task ends on it too, and a task that ended because of the signal
@@ -144,6 +170,11 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
             Ok(Err(e)) => anyhow::Error::new(e).context("the webhook server failed"),
             Err(e) => anyhow::Error::new(e).context("the webhook task panicked"),
         }),
+        result = view_ended => Err(match result {
+            Ok(Ok(())) => anyhow::anyhow!("the admin view stopped unexpectedly"),
+            Ok(Err(e)) => anyhow::Error::new(e).context("the admin view failed"),
+            Err(e) => anyhow::Error::new(e).context("the admin view task panicked"),
+        }),
         result = &mut admin => Err(match result {
             Ok(()) => anyhow::anyhow!("the admin server stopped unexpectedly"),
             Err(e) => anyhow::Error::new(e).context("the admin server task panicked"),
@@ -157,6 +188,9 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     }
     if !webhook_task.is_finished() {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, webhook_task).await;
+    }
+    if let Some(task) = view_task.filter(|task| !task.is_finished()) {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
     }
     if !admin.is_finished() {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, admin).await;

@@ -301,7 +301,8 @@ struct HandshakeLabels {
 /// Admission metrics: `admission_total{decision,reason}`, `admission_latency_ms`,
 /// `rate_limited_total` (requests answered 429 before any parsing),
 /// `tls_handshake_failures_total{reason}` and `cache_read_through_total{kind}` (objects a
-/// review needed that the caches did not hold yet, read with a GET) and `caches_synced`.
+/// review needed that the caches did not hold yet, read with a GET), `caches_synced` and
+/// `certificate_expiry_timestamp_seconds` (the served certificate's not-after).
 #[derive(Clone, Debug)]
 pub struct WebhookMetrics {
     admissions: Family<AdmissionLabels, Counter>,
@@ -310,6 +311,8 @@ pub struct WebhookMetrics {
     handshake_failures: Family<HandshakeLabels, Counter>,
     read_through: Family<KindLabels, Counter>,
     caches_synced: Gauge,
+    /// The served certificate's not-after, unix seconds (kept by `certs::CertResolver`).
+    certificate_expiry: Gauge,
 }
 
 impl Default for WebhookMetrics {
@@ -322,6 +325,7 @@ impl Default for WebhookMetrics {
             handshake_failures: Family::default(),
             read_through: Family::default(),
             caches_synced: Gauge::default(),
+            certificate_expiry: Gauge::default(),
         }
     }
 }
@@ -352,6 +356,18 @@ impl WebhookMetrics {
             "1 once the webhook's caches have listed (reviews answered from memory), 0 before",
             metrics.caches_synced.clone(),
         );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the webhook's serving certificate expires (its not-after), unix seconds; 0 before the first",
+            metrics.certificate_expiry.clone(),
+        );
+        // Every known series from 0, so a first failure shows in rate() (the alerts read it).
+        for reason in ["client_certificate", "timeout", "other"] {
+            metrics.handshake_failures.get_or_create_owned(&HandshakeLabels { reason });
+        }
+        for kind in ["Namespace", "McpProfile", "McpServer"] {
+            metrics.read_through.get_or_create_owned(&KindLabels { kind });
+        }
         metrics
     }
 
@@ -570,6 +586,7 @@ pub(crate) struct Reviewed {
 
 /// Decides on one admission request: reads what the pod needs through `lookup`, runs
 /// [`inject::mutate`], and turns its decision into a response.
+#[tracing::instrument(target = "spear_trace", name = "operator.admission_review", skip_all, fields(namespace = request.namespace.as_deref().unwrap_or_default()))]
 pub(crate) async fn review<L: Lookup>(
     lookup: &L,
     config: &InjectConfig,
@@ -810,7 +827,7 @@ pub async fn serve(client: Client, config: WebhookConfig, shutdown: Cancellation
         Some(auth) => Some(client_auth::start(auth, stop_background.clone()).await?.0),
         None => None,
     };
-    let resolver = Arc::new(CertResolver::default());
+    let resolver = Arc::new(CertResolver::with_expiry_gauge(metrics.certificate_expiry.clone()));
     let mut cert_task = certs::start(client.clone(), cert, resolver.clone(), stop_background.clone()).await?;
     let limiter = Arc::new(SourceLimiter::new(rate_limit));
     tokio::spawn(rate_limit::sweep(limiter.clone(), stop_background.clone()));

@@ -166,6 +166,29 @@ fn spawn_reflector<K>(api: Api<K>, config: watcher::Config, kind: &'static str, 
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    let span = tracing::info_span!("webhook_cache", kind);
+    spawn_stripped_reflector(api, config, span, stop, |event| {
+        if let Err(error) = event {
+            warn!(%error, "webhook cache watch failed; retrying");
+        }
+    })
+}
+
+/// Runs a reflector of `api` in `span` until `stop` (retrying with backoff; the store keeps its
+/// last state meanwhile), with `managedFields` dropped (the largest part of most objects, read by
+/// no one here), calling `on_event` with each watch step, and returns its store. Shared by the
+/// webhook's caches and the admin view (`admin_view`), which records the steps for its page.
+pub(crate) fn spawn_stripped_reflector<K, F>(
+    api: Api<K>,
+    config: watcher::Config,
+    span: tracing::Span,
+    stop: &CancellationToken,
+    mut on_event: F,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    F: FnMut(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static,
+{
     let (store, writer) = reflector::store::<K>();
     let events = watcher(api, config)
         .default_backoff()
@@ -175,11 +198,9 @@ where
     let task = async move {
         tokio::pin!(events);
         while let Some(event) = events.next().await {
-            if let Err(error) = event {
-                warn!(%error, "webhook cache watch failed; retrying");
-            }
+            on_event(&event);
         }
     };
-    tokio::spawn(task.instrument(tracing::info_span!("webhook_cache", kind)));
+    tokio::spawn(task.instrument(span));
     store
 }

@@ -283,3 +283,96 @@ pub(crate) fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: boo
 fn join_or_dash(items: &[String]) -> String {
     if items.is_empty() { "-".into() } else { items.join(",") }
 }
+
+// === A pod's live answer (cluster mode) ===
+
+/// How a pod's registry revision compares with the cluster's, as JSON:
+/// `{"pod": X, "cluster": Y, "inSync": bool}`.
+pub fn revisions_json(pod: &str, cluster: &str) -> Value {
+    json!({"pod": pod, "cluster": cluster, "inSync": pod == cluster})
+}
+
+/// A pod agent's `/debug/effective` answer (`explain_json`'s shape, plus the agent's
+/// `registryProblems` and `listCut`) as lines for people, headed by how its revision compares
+/// with `cluster_revision` (what the API server holds now).
+pub(crate) fn live_table(live: &Value, cluster_revision: &str) -> String {
+    use std::fmt::Write as _;
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let mut out = String::new();
+    let pod_revision = text(&live["revision"]);
+    let comparison = if pod_revision == cluster_revision {
+        "in sync".to_string()
+    } else {
+        "out of sync: the agent has not seen the latest change yet (it follows within a second while its \
+         watch works), or its watch is failing (registry problems below), or it cannot read an object \
+         this command can (another spearlet version)"
+            .to_string()
+    };
+    let _ = writeln!(out, "pod on registry revision {pod_revision}, cluster at {cluster_revision}: {comparison}");
+    for problem in live["registryProblems"].as_array().into_iter().flatten() {
+        let _ = writeln!(out, "agent registry problem: {}", text(problem));
+    }
+    if live["toolsListed"] != true {
+        let _ = writeln!(out, "note: the agent has no tool lists yet (its servers are still starting)");
+    }
+    let _ = writeln!(out, "{:<24} {:<20} TOOLS", "SERVER", "NAME PART");
+    for server in live["servers"].as_array().into_iter().flatten() {
+        let tools = match server["tools"].as_array() {
+            Some(tools) => tools.iter().map(|t| text(&t["name"])).collect::<Vec<_>>().join(","),
+            None => "(not listed)".to_string(),
+        };
+        let cut = server["listCut"].as_str().map(|c| format!(" (list cut: {c})")).unwrap_or_default();
+        let _ = writeln!(out, "{:<24} {:<20} {tools}{cut}", text(&server["id"]), text(&server["namePart"]));
+    }
+    let excluded = live["excluded"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if !excluded.is_empty() {
+        let _ = writeln!(out, "EXCLUDED");
+        for d in excluded {
+            let what = match d["tool"].as_str() {
+                Some(tool) => format!("{}/{tool}", text(&d["server"])),
+                None => text(&d["server"]),
+            };
+            let detail = d["detail"].as_str().map(|x| format!(" ({x})")).unwrap_or_default();
+            let _ = writeln!(out, "  {what:<40} {}{detail}", text(&d["reason"]));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod live_tests {
+    use serde_json::json;
+
+    use super::{live_table, revisions_json};
+
+    fn live(revision: &str) -> serde_json::Value {
+        json!({
+            "profile": "dev", "revision": revision, "toolsListed": true,
+            "registryProblems": ["namespaces/ns/mcpservers: watch: the agent may not list and watch mcpservers (grant ...)"],
+            "servers": [{"id": "fs", "namePart": "fs", "tools": [{"name": "mcp__fs__read_file", "tool": "read_file"}],
+                         "listCut": "tools: 1000 of 1200"}],
+            "excluded": [
+                {"server": "fs", "tool": "write_file", "reason": "not_allowed_by:server"},
+                {"server": "git", "reason": "not_in_profile"},
+            ],
+        })
+    }
+
+    #[test]
+    fn the_live_table_compares_revisions_and_shows_tool_level_decisions() {
+        let table = live_table(&live("aaaa"), "aaaa");
+        assert!(table.starts_with("pod on registry revision aaaa, cluster at aaaa: in sync\n"), "{table}");
+        assert!(table.contains("agent registry problem: namespaces/ns/mcpservers: watch:"), "{table}");
+        assert!(table.contains("mcp__fs__read_file (list cut: tools: 1000 of 1200)"), "{table}");
+        assert!(table.contains("  fs/write_file") && table.contains("not_allowed_by:server"), "{table}");
+        assert!(table.contains("  git ") && table.contains("not_in_profile"), "{table}");
+        let behind = live_table(&live("aaaa"), "bbbb");
+        assert!(behind.starts_with("pod on registry revision aaaa, cluster at bbbb: out of sync"), "{behind}");
+    }
+
+    #[test]
+    fn revisions_say_whether_the_pod_is_in_sync() {
+        assert_eq!(revisions_json("a", "a"), json!({"pod": "a", "cluster": "a", "inSync": true}));
+        assert_eq!(revisions_json("a", "b")["inSync"], false);
+    }
+}

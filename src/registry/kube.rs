@@ -413,6 +413,21 @@ fn watch_problem(namespace: &str, kind: Kind, error: &watcher::Error) -> Option<
     Some(SourceProblem { file: collection_path(namespace, kind), line: 0, field: "watch".into(), message, fix })
 }
 
+/// The snapshot a pod's agent in `namespace` builds from these objects (pure): each is read
+/// and validated as the agent's watch does, one that fails is left out and reported, and the
+/// revision is the agent's when the objects are the same. `profiles` should hold only the
+/// profile of interest (the agent watches its own alone; another profile would change the
+/// revision). For listings made outside the agent: `spearlet explain` in cluster mode, and
+/// anything else that shows a profile's decision log from the API (list, then
+/// [`Snapshot::build`] through this, then `policy::CompiledProfile` and `policy::explain`).
+pub fn snapshot_of_listed(
+    namespace: &str,
+    servers: &[Arc<DynamicObject>],
+    profiles: &[Arc<DynamicObject>],
+) -> Snapshot {
+    build(namespace, servers, profiles, Vec::new())
+}
+
 /// The snapshot of the stored objects (pure): each object is read into its Rust type and
 /// validated; one that fails is left out and reported.
 fn build(

@@ -13,8 +13,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, Pod, SecretKeySelector};
+use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, Pod, PodSpec, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::{
     ApprovalMode, ApprovalPolicy, ChatSpec, HeaderValueSource, HttpHeader, McpProfile, McpProfileSpec, McpServer,
@@ -273,6 +274,27 @@ pub fn pod_create_review(uid: &str, namespace: &str, username: &str, pod: &Pod) 
         },
     });
     serde_json::to_vec(&review).expect("a JSON value serializes")
+}
+
+/// A workload pod as the webhook sees it: one `app` container (`example.com/app:1`) and
+/// `annotations` (the profile annotation, usually). No name: set `metadata.name` or
+/// `generate_name` for the case at hand.
+pub fn app_pod(annotations: &[(&str, &str)]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some("example.com/app:1".into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
 }
 
 #[cfg(test)]

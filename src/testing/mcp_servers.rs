@@ -28,7 +28,7 @@ pub const MCP_VERSION: &str = "2.3.0";
 /// PyPI `openai` version in the venv; must match `hack/mcp-servers.sh`.
 pub const OPENAI_VERSION: &str = "3.54.0";
 /// Layout revision of the install; must match `REVISION` in `hack/mcp-servers.sh`.
-pub const REVISION: &str = "r1";
+pub const REVISION: &str = "r2";
 /// Env var naming the install directory, overriding the default cache path.
 pub const ENV_DIR: &str = "SPEAR_MCP_SERVERS_DIR";
 
@@ -128,6 +128,16 @@ pub fn fixture_stdio(flags: &[&str]) -> Command {
 /// `tests/servers/fixture_server.py` over Streamable HTTP at `http://127.0.0.1:{port}/mcp`.
 pub fn fixture_http(port: u16, flags: &[&str]) -> Command {
     fixture(&["--transport", "http", "--host", "127.0.0.1", "--port", &port.to_string()], flags)
+}
+
+/// `tests/servers/traced_server.py` (OpenTelemetry-instrumented, one `echo` tool) over Streamable
+/// HTTP at `http://127.0.0.1:{port}/mcp`, exporting its spans over OTLP/HTTP to `otlp_http`
+/// (a collector's `http://127.0.0.1:<port>`).
+pub fn traced_http(port: u16, otlp_http: &str) -> Command {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/traced_server.py");
+    let args = vec![script.to_string_lossy().into_owned(), "--port".to_owned(), port.to_string()];
+    let env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), otlp_http.to_owned())];
+    Command { program: python(), args, env }
 }
 
 /// A loopback port that was free a moment ago, for a child process to bind.

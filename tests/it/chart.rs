@@ -116,7 +116,7 @@ fn run_helm(args: &[&str]) -> String {
 
 /// `helm template` of the chart for release `spear-mcp` in `spear-system`, CRDs included,
 /// with extra arguments (`--set ...`).
-fn render(extra: &[&str]) -> String {
+pub fn render(extra: &[&str]) -> String {
     let mut args = vec!["template", RELEASE, CHART, "--namespace", NAMESPACE, "--include-crds"];
     args.extend_from_slice(extra);
     run_helm(&args)
@@ -486,6 +486,31 @@ fn the_network_policy_admits_only_the_api_server_to_the_webhook() {
     assert_eq!(ingress[0]["ports"][0]["port"], "webhook");
     assert_eq!(ingress[0]["from"][0]["ipBlock"]["cidr"], "10.0.0.10/32");
     assert_eq!(policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], "operator");
+
+    // The admin view's Service on: its port is admitted from the listed peers only, and from
+    // no one when none are listed (the view's port has no rule, so the policy drops it).
+    let with_view = |extra: &[&str]| {
+        let mut args = vec![
+            "--set",
+            "webhook.networkPolicy.enabled=true",
+            "--set",
+            "webhook.networkPolicy.apiServerCIDRs={10.0.0.10/32}",
+            "--set",
+            "adminView.enabled=true",
+            "--set",
+            "adminView.service.enabled=true",
+        ];
+        args.extend_from_slice(extra);
+        let policy =
+            objects(&render(&args)).into_iter().find(|o| o["kind"] == "NetworkPolicy").expect("a NetworkPolicy");
+        policy["spec"]["ingress"].as_array().expect("ingress rules").clone()
+    };
+    let ingress = with_view(&[]);
+    assert_eq!(ingress.len(), 1, "no peers listed: no rule for the view: {ingress:?}");
+    let ingress = with_view(&["--set", "webhook.networkPolicy.adminViewFrom[0].podSelector.matchLabels.team=platform"]);
+    let view = ingress.iter().find(|rule| rule["ports"][0]["port"] == "admin-view").expect("a rule for the view");
+    assert_eq!(view["from"][0]["podSelector"]["matchLabels"]["team"], "platform");
+    assert_eq!(ingress.len(), 2, "{ingress:?}");
 }
 
 /// Issue 13, finding 8 (client certificates): `webhook.clientAuth` mounts the CA bundle's
@@ -526,5 +551,44 @@ fn client_auth_mounts_the_ca_bundle_and_sets_the_flags() {
         let name_key = if source == "configMap" { "name" } else { "secretName" };
         assert_eq!(volume[source][name_key], "apiserver-ca", "{volume}");
         assert_eq!(volume[source]["items"], serde_json::json!([{"key": "bundle.pem", "path": "ca.crt"}]), "{volume}");
+    }
+}
+
+#[test]
+fn the_admin_view_is_off_by_default_and_on_brings_its_pods_role_and_chosen_address() {
+    let default = render(&[]);
+    assert!(!default.contains("admin-view"), "the default rendering has no admin view");
+    for (service, addr) in [(false, "127.0.0.1:8090"), (true, "0.0.0.0:8090")] {
+        let service_value = format!("adminView.service.enabled={service}");
+        let extra = ["--set", "adminView.enabled=true", "--set", service_value.as_str()];
+        let objects = objects(&render(&extra));
+        let role: ClusterRole = object(&objects, "ClusterRole", rbac::ADMIN_VIEW_ROLE);
+        assert_eq!(
+            role.rules,
+            rbac::admin_view_cluster_role().rules,
+            "the chart's rules differ from src/operator/rbac.rs"
+        );
+        let binding: ClusterRoleBinding = object(&objects, "ClusterRoleBinding", rbac::ADMIN_VIEW_ROLE);
+        assert_eq!(binding.role_ref.name, rbac::ADMIN_VIEW_ROLE);
+        let subjects = binding.subjects.unwrap_or_default();
+        assert_eq!(subjects.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), [keys::OPERATOR_ROLE]);
+        let deployment: Deployment = object(&objects, "Deployment", "spear-operator");
+        let container = deployment.spec.and_then(|s| s.template.spec).expect("a pod template").containers.remove(0);
+        let args = container.args.clone().unwrap_or_default();
+        assert!(args.contains(&format!("--admin-view-addr={addr}")), "{args:?}");
+        let argv = std::iter::once("spear-operator".to_string())
+            .chain(args.iter().map(|a| a.replace("$(POD_NAMESPACE)", NAMESPACE)));
+        if let Err(e) = spear::cli::operator::Args::try_parse_from(argv) {
+            panic!("spear-operator refuses the chart's args {args:?}:\n{e}");
+        }
+        let has_service =
+            objects.iter().any(|o| o["kind"] == "Service" && o["metadata"]["name"] == rbac::ADMIN_VIEW_ROLE);
+        assert_eq!(has_service, service, "the Service only when chosen");
+        let port = container.ports.unwrap_or_default().into_iter().any(|p| p.name.as_deref() == Some("admin-view"));
+        assert_eq!(port, service, "a named container port only behind the Service");
+        if service {
+            let hosts = args.iter().find(|a| a.starts_with("--admin-view-allowed-hosts=")).expect("allowed hosts");
+            assert!(hosts.contains(&format!("spear-operator-admin-view.{NAMESPACE}.svc")), "{hosts}");
+        }
     }
 }

@@ -40,9 +40,9 @@ struct Script {
 /// Stands in for a hosted OpenAI-compatible model API (`POST {base}/chat/completions`): it
 /// replays a script of answers in order and records every request, so tests assert on what the
 /// agent forwarded. An exhausted script answers 500, failing the test visibly.
-struct ScriptedUpstream {
+pub(crate) struct ScriptedUpstream {
     /// `http://127.0.0.1:<port>/v1`.
-    base_url: String,
+    pub(crate) base_url: String,
     script: Arc<Script>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -54,7 +54,7 @@ impl Drop for ScriptedUpstream {
 }
 
 impl ScriptedUpstream {
-    async fn start(answers: Vec<(StatusCode, Value)>) -> Self {
+    pub(crate) async fn start(answers: Vec<(StatusCode, Value)>) -> Self {
         let script = Arc::new(Script { answers: Mutex::new(answers.into()), requests: Mutex::default() });
         async fn handle(State(script): State<Arc<Script>>, headers: HeaderMap, body: String) -> (StatusCode, String) {
             let body: Value = serde_json::from_str(&body).unwrap_or_else(|e| json!({"unparsable": e.to_string()}));
@@ -82,12 +82,12 @@ impl ScriptedUpstream {
 }
 
 /// A final answer.
-fn answer(content: &str) -> (StatusCode, Value) {
+pub(crate) fn answer(content: &str) -> (StatusCode, Value) {
     completion(json!({"role": "assistant", "content": content, "refusal": null}), "stop")
 }
 
 /// An answer calling tools: `(id, name, arguments JSON string)`.
-fn calls(calls: &[(&str, &str, &str)]) -> (StatusCode, Value) {
+pub(crate) fn calls(calls: &[(&str, &str, &str)]) -> (StatusCode, Value) {
     let tool_calls: Vec<Value> = calls
         .iter()
         .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))

@@ -7,6 +7,7 @@
 //! - `cargo test --test it -- --skip cluster::` runs the rest, without `SPEAR_CONTROL_PLANE_BIN`.
 
 mod agent;
+mod alerts;
 mod bridge;
 mod chart;
 mod chat;
@@ -19,12 +20,16 @@ mod registry;
 mod serve;
 mod static_binary;
 mod support;
+mod tracing;
 
 /// The tests against the test control plane ([`spear::testing::control_plane::ControlPlane`]).
 mod cluster {
+    mod admin_view;
     mod chart;
     mod control_plane;
     mod controller;
+    mod explain;
     mod kube_source;
+    mod metrics;
     mod webhook;
 }

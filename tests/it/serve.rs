@@ -339,6 +339,7 @@ fn admin_port_reports_readiness_metrics_and_the_effective_set() {
         "pid excluded with the profile's reason: {excluded:?}"
     );
     assert!(explained.get("toolSelection").is_none(), "the profile offers every tool");
+    assert_eq!(explained["registryProblems"], serde_json::json!([]), "a healthy registry has no problems to report");
 
     // A request's conversation and max_tools: the selection it would get, with scores.
     let request = r#"{"messages":[{"role":"user","content":"echo this text"}],"max_tools":1}"#;

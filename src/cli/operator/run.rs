@@ -13,7 +13,7 @@ use crate::cli::{run_until_signal, usage};
 use crate::operator::client_auth::ClientAuth;
 use crate::operator::probe::{AddressDenyList, ProbeConfig, ProbeNamespaces};
 use crate::operator::rate_limit::{self, RateLimit};
-use crate::operator::run::{CertMode, OperatorConfig};
+use crate::operator::run::{AdminViewSettings, CertMode, OperatorConfig};
 use crate::operator::webhook::NativeSidecars;
 
 /// Run the operator: status controllers (leader only), admin server, webhook.
@@ -60,6 +60,27 @@ pub(crate) struct RunArgs {
 
     #[command(flatten)]
     webhook: WebhookArgs,
+
+    #[command(flatten)]
+    admin_view: AdminViewArgs,
+}
+
+/// Flags of the read-only admin view (served on every replica when on).
+#[derive(clap::Args, Clone, Debug)]
+struct AdminViewArgs {
+    /// Serve the read-only admin view (an HTML page, and its data at /view.json) on this
+    /// address; unset: no admin view. 127.0.0.1:8090 for `kubectl port-forward`; 0.0.0.0:8090
+    /// behind a Service. Pods are listed only with `list`/`watch` on pods (the chart grants
+    /// them when it enables the view).
+    #[arg(long, env = keys::ENV_ADMIN_VIEW_ADDR)]
+    admin_view_addr: Option<SocketAddr>,
+
+    /// Host names (comma-separated, without port) the admin view answers; any other `Host`
+    /// gets 421, so a web page cannot read it through DNS rebinding. Add the Service's or
+    /// Ingress's names when the view is reached through one.
+    #[arg(long, env = keys::ENV_ADMIN_VIEW_ALLOWED_HOSTS, value_delimiter = ',',
+          default_value = "localhost,127.0.0.1,::1")]
+    admin_view_allowed_hosts: Vec<String>,
 }
 
 /// Where the webhook's serving certificate comes from.
@@ -143,6 +164,7 @@ impl RunArgs {
             probe_namespaces,
             probe_deny_cidrs,
             webhook,
+            admin_view,
         } = self;
         let (Some(agent_image), Some(spearlet_image)) = (webhook.agent_image, webhook.spearlet_image) else {
             return Err(usage(format!(
@@ -166,6 +188,18 @@ impl RunArgs {
             ));
         }
         let client_auth = webhook.webhook_client_ca_file.map(|file| ClientAuth::new(file, names));
+        let allowed_hosts: Vec<String> = admin_view
+            .admin_view_allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect();
+        if admin_view.admin_view_addr.is_some() && allowed_hosts.is_empty() {
+            return Err(usage(
+                "--admin-view-allowed-hosts names no host: give the names the view is reached by (localhost for port-forward)",
+            ));
+        }
+        let admin_view = admin_view.admin_view_addr.map(|addr| AdminViewSettings { addr, allowed_hosts });
         let namespace = namespace.or_else(|| std::env::var(keys::ENV_POD_NAMESPACE).ok()).filter(|ns| !ns.is_empty());
         Ok(OperatorConfig {
             namespace,
@@ -190,6 +224,7 @@ impl RunArgs {
                 per_second: webhook.webhook_rate_limit_per_second,
                 burst: webhook.webhook_rate_limit_burst,
             },
+            admin_view,
         })
     }
 
@@ -242,6 +277,21 @@ mod tests {
         assert_eq!(auth.ca_file, PathBuf::from("/client-ca/ca.crt"));
         assert_eq!(auth.names, ["kube-apiserver-webhook-client", "other"]);
         assert_eq!(config.webhook_rate_limit, RateLimit { per_second: 0, burst: 7 });
+    }
+
+    #[test]
+    fn the_admin_view_is_off_unless_an_address_is_given_and_answers_loopback_names_by_default() {
+        assert_eq!(config(&[]).expect("the defaults parse").admin_view, None);
+        let view = config(&["--admin-view-addr=127.0.0.1:8090"]).expect("parses").admin_view.expect("on");
+        assert_eq!(view.addr, SocketAddr::from(([127, 0, 0, 1], 8090)));
+        assert_eq!(view.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
+        let view = config(&["--admin-view-addr=0.0.0.0:8090", "--admin-view-allowed-hosts=view.example, x.svc"])
+            .expect("parses")
+            .admin_view
+            .expect("on");
+        assert_eq!(view.allowed_hosts, ["view.example", "x.svc"]);
+        let error = config(&["--admin-view-addr=0.0.0.0:8090", "--admin-view-allowed-hosts=,"]).expect_err("no host");
+        assert!(error.contains("--admin-view-allowed-hosts"), "{error}");
     }
 
     #[test]

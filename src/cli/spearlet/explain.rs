@@ -1,15 +1,28 @@
-//! `spearlet explain`: what a profile exposes, and why the rest is not exposed.
+//! `spearlet explain` (and `kubectl spear explain`): what a profile exposes, and why the rest is
+//! not exposed.
+//!
+//! Two sources, one decision log: local mode reads a directory (`--registry-dir`); cluster mode
+//! ([`cluster`]) reads the namespace's McpServers and the one McpProfile from the API server, as
+//! the pod's agent does, so both end in the same `Snapshot::build`, `CompiledProfile` and
+//! `policy::explain` calls and the cluster revision is the one an agent in sync reports. Cluster
+//! mode's `--connect` does not start servers on the workstation (their URLs and sidecars live in
+//! the cluster): it asks the pod's own agent, through a port-forward, for its live
+//! `/debug/effective`, which has the tool-level decisions and the revision the pod is on.
+
+mod cluster;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+use serde_json::Value;
 
 use crate::api::keys;
 use crate::cli::{block_on, terminal_safe, usage};
 use crate::mcp::{Pool, PoolOptions};
 use crate::policy::explain::{
     ExplainRequest, ListedItems, explain_items, explain_json, explain_selection, explain_table, items_table,
-    selection_table,
+    live_table, revisions_json, selection_table,
 };
 use crate::policy::{CompiledProfile, PolicyError, ServerTools};
 use crate::registry::dir::DirSource;
@@ -26,29 +39,54 @@ enum OutputFormat {
 
 /// Explain what a profile exposes: the effective servers and tools, and why the rest is not.
 ///
-/// Without --connect it decides on servers and patterns alone and says so; with --connect it
-/// lists every allowed server's tools first. Exit status: 0 on success, 1 when the profile
-/// is unknown or the request is refused, 2 on a usage error.
+/// Local mode (--registry-dir) reads a directory of manifests; cluster mode (no --registry-dir)
+/// reads the McpServers and the McpProfile of a namespace from the Kubernetes API (kubeconfig,
+/// or in-cluster), for --profile P or for --pod NAME (the profile its mcp.spear.dev/profile
+/// annotation names). Without --connect it decides on servers and patterns alone and says so;
+/// with --connect, local mode lists every allowed server's tools first, and cluster mode (with
+/// --pod) asks the pod's agent for its live decisions and registry revision through a
+/// port-forward to its admin port. Exit status: 0 on success, 1 when the profile, the pod or
+/// the agent cannot be read or the request is refused, 2 on a usage error.
 #[derive(clap::Args, Debug)]
 pub(crate) struct ExplainArgs {
-    /// Directory of McpServer/McpProfile manifests (local mode).
+    /// Directory of McpServer/McpProfile manifests (local mode). Without it: cluster mode.
     #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
-    registry_dir: PathBuf,
+    registry_dir: Option<PathBuf>,
     /// The McpProfile to explain.
     #[arg(long, env = keys::ENV_PROFILE)]
-    profile: String,
+    profile: Option<String>,
+    /// (cluster) A pod: explain the profile its mcp.spear.dev/profile annotation names, and say
+    /// whether it was injected; with --connect, ask its agent.
+    #[arg(long, value_name = "NAME")]
+    pod: Option<String>,
+    /// (cluster) The namespace; default: the kubeconfig context's, or the pod's own in a pod.
+    #[arg(short = 'n', long, value_name = "NS")]
+    namespace: Option<String>,
+    /// (cluster) A kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else in-cluster.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// (cluster) The kubeconfig context to use; default: its current context.
+    #[arg(long, value_name = "NAME")]
+    context: Option<String>,
     /// A request as JSON: a scope {"server_ids": [...], "tool_allowlist": [...],
     /// "tool_denylist": [...], "budgets": {...}}, and for chat.toolSelection the conversation
     /// and limit {"messages": [...], "max_tools": 10} (the selection needs --connect).
     #[arg(long, env = keys::ENV_EXPLAIN_REQUEST, value_name = "JSON")]
     request: Option<String>,
     /// Output format.
-    #[arg(long, env = keys::ENV_OUTPUT, value_enum, default_value_t = OutputFormat::Table)]
+    #[arg(short = 'o', long, env = keys::ENV_OUTPUT, value_enum, default_value_t = OutputFormat::Table)]
     output: OutputFormat,
-    /// Connect to each allowed server first and list its tools, so tool-level decisions are
-    /// shown too (stdio servers are started as local child processes, then stopped).
+    /// Local mode: connect to each allowed server first and list its tools, so tool-level
+    /// decisions are shown too (stdio servers are started as local child processes, then
+    /// stopped). Cluster mode (needs --pod): ask the pod's agent for its live /debug/effective.
     #[arg(long, env = keys::ENV_EXPLAIN_CONNECT)]
     connect: bool,
+}
+
+/// Where the registry comes from, decided from the flags.
+enum Source {
+    Local { dir: PathBuf, profile: String },
+    Cluster(cluster::Target),
 }
 
 impl ExplainArgs {
@@ -60,50 +98,177 @@ impl ExplainArgs {
             .transpose()
             .map_err(|e| usage(format!("--request is not a valid request: {e}")))?
             .unwrap_or_default();
-        let snapshot = DirSource::load(&self.registry_dir).map_err(usage)?;
-        for problem in snapshot.problems() {
-            eprintln!("warning: registry problem (last good objects are used): {problem}");
-        }
-        let compiled =
-            CompiledProfile::compile(&snapshot, &self.profile).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))?;
-        let (tools, listed_items) = if self.connect {
-            block_on(list_all_tools(&snapshot, &compiled))?
-        } else {
-            (BTreeMap::new(), ListedItems::new())
-        };
-        let lookup = |id: &str| tools.get(id).cloned().unwrap_or(ServerTools::Unknown);
-        let refused = |e: PolicyError| anyhow::anyhow!("{e} ({})", e.code());
-        let set = compiled.effective(lookup, request.scope.as_ref(), &[]).map_err(refused)?;
-        let profile = snapshot.profile(&self.profile).map(|p| p.object.clone());
-        let selection = match &profile {
-            // Ranking needs the tools' descriptions: without --connect there is nothing to rank.
-            Some(profile) if self.connect => explain_selection(profile, &set, &request).map_err(refused)?,
-            _ => None,
-        };
-        match self.output {
-            OutputFormat::Json => {
-                let mut explained = explain_json(&snapshot, &set, self.connect);
-                if let Some(selection) = selection {
-                    explained["toolSelection"] = selection;
-                }
-                if self.connect {
-                    explained["items"] = explain_items(&set, &listed_items);
-                }
-                println!("{explained}");
+        match self.source()? {
+            Source::Local { dir, profile } => {
+                let snapshot = DirSource::load(&dir).map_err(usage)?;
+                warn_problems(&snapshot);
+                let (tools, items) = if self.connect {
+                    let compiled = compile(&snapshot, &profile)?;
+                    block_on(list_all_tools(&snapshot, &compiled))?
+                } else {
+                    (BTreeMap::new(), ListedItems::new())
+                };
+                let explained = explain(&snapshot, &profile, &request, self.connect.then_some((&tools, &items)))?;
+                self.print(explained, &[], None);
             }
-            OutputFormat::Table => {
-                let mut table = explain_table(&snapshot, &set, self.connect);
-                if let Some(selection) = &selection {
-                    table.push_str(&selection_table(selection));
+            Source::Cluster(target) => {
+                let connect = self.connect;
+                let read = cluster::read(&target, connect, self.request.as_deref());
+                let found = block_on(async {
+                    read.await.map_err(|e| if e.is_usage() { usage(e) } else { anyhow::Error::new(e) })
+                })?;
+                warn_problems(&found.snapshot);
+                let explained = explain(&found.snapshot, &found.profile, &request, None)?;
+                let mut heading = vec![found.source_line()];
+                heading.extend(found.pod.as_ref().map(cluster::PodInfo::line));
+                let mut extra = serde_json::Map::new();
+                extra.insert("source".into(), found.source_json());
+                if let Some(pod) = &found.pod {
+                    extra.insert("pod".into(), pod.json());
                 }
-                if self.connect {
-                    table.push_str(&items_table(&explain_items(&set, &listed_items)));
-                }
-                print!("{}", terminal_safe(&table));
+                let live = found.live.map(|live| {
+                    let cluster_revision = found.snapshot.revision().as_str();
+                    let pod_revision = live["revision"].as_str().unwrap_or_default().to_string();
+                    extra.insert("revisions".into(), revisions_json(&pod_revision, cluster_revision));
+                    let table = live_table(&live, cluster_revision);
+                    extra.insert("live".into(), live);
+                    table
+                });
+                self.print(explained, &heading, Some((extra, live)));
             }
         }
         Ok(ExitCode::SUCCESS)
     }
+
+    /// Local or cluster mode from the flags; mixing them, or a missing profile, is a usage error.
+    fn source(&self) -> anyhow::Result<Source> {
+        let cluster_flags = [
+            ("--pod", self.pod.is_some()),
+            ("--namespace", self.namespace.is_some()),
+            ("--kubeconfig", self.kubeconfig.is_some()),
+            ("--context", self.context.is_some()),
+        ];
+        let given: Vec<&str> = cluster_flags.iter().filter(|(_, set)| *set).map(|(flag, _)| *flag).collect();
+        if let Some(dir) = &self.registry_dir {
+            if !given.is_empty() {
+                return Err(usage(format!(
+                    "--registry-dir is local mode and {} cluster mode: drop --registry-dir (and {}) to read the \
+                     cluster, or drop {} to read the directory",
+                    given.join(", "),
+                    keys::ENV_REGISTRY_DIR,
+                    given.join(", ")
+                )));
+            }
+            let profile = self.profile.clone().ok_or_else(|| usage("--profile is required with --registry-dir"))?;
+            return Ok(Source::Local { dir: dir.clone(), profile });
+        }
+        let subject = match (&self.profile, &self.pod) {
+            (Some(_), Some(_)) => {
+                return Err(usage(
+                    "--profile and --pod: pass one (the pod's mcp.spear.dev/profile annotation names its profile)",
+                ));
+            }
+            (None, None) => {
+                return Err(usage(
+                    "pass --profile P or --pod NAME (cluster mode), or --registry-dir DIR --profile P (local mode)",
+                ));
+            }
+            (Some(profile), None) => {
+                if self.connect {
+                    return Err(usage(
+                        "--connect in cluster mode asks a pod's agent: pass --pod NAME instead of --profile (or use \
+                         --registry-dir to connect to the servers from here)",
+                    ));
+                }
+                cluster::Subject::Profile(profile.clone())
+            }
+            (None, Some(pod)) => cluster::Subject::Pod(pod.clone()),
+        };
+        Ok(Source::Cluster(cluster::Target {
+            subject,
+            namespace: self.namespace.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+        }))
+    }
+
+    /// Prints the explanation: `heading` lines first in a table; cluster mode's `extra` keys are
+    /// added to the JSON and its live table appended.
+    fn print(
+        &self,
+        explained: Explained,
+        heading: &[String],
+        cluster: Option<(serde_json::Map<String, Value>, Option<String>)>,
+    ) {
+        let (extra, live) = cluster.unwrap_or_default();
+        match self.output {
+            OutputFormat::Json => {
+                let mut json = explained.json;
+                for (key, value) in extra {
+                    json[key] = value;
+                }
+                println!("{json}");
+            }
+            OutputFormat::Table => {
+                let mut table: String = heading.iter().map(|line| format!("{line}\n")).collect();
+                table.push_str(&explained.table);
+                if let Some(live) = live {
+                    table.push_str("LIVE (the pod's agent, /debug/effective)\n");
+                    table.push_str(&live);
+                }
+                print!("{}", terminal_safe(&table));
+            }
+        }
+    }
+}
+
+/// One explanation in both formats.
+struct Explained {
+    json: Value,
+    table: String,
+}
+
+fn warn_problems(snapshot: &Snapshot) {
+    for problem in snapshot.problems() {
+        eprintln!("warning: registry problem (last good objects are used): {problem}");
+    }
+}
+
+fn compile(snapshot: &Snapshot, profile: &str) -> anyhow::Result<CompiledProfile> {
+    CompiledProfile::compile(snapshot, profile).map_err(|e| anyhow::anyhow!("{e} ({})", e.code()))
+}
+
+/// The decision log of `profile` in `snapshot` (pure): with `listed` tools, tool-level decisions,
+/// the tool selection for the request's messages and the resources and prompts.
+fn explain(
+    snapshot: &Snapshot,
+    profile: &str,
+    request: &ExplainRequest,
+    listed: Option<(&BTreeMap<String, ServerTools>, &ListedItems)>,
+) -> anyhow::Result<Explained> {
+    let compiled = compile(snapshot, profile)?;
+    let tools = listed.map(|(tools, _)| tools);
+    let lookup = |id: &str| tools.and_then(|t| t.get(id)).cloned().unwrap_or(ServerTools::Unknown);
+    let refused = |e: PolicyError| anyhow::anyhow!("{e} ({})", e.code());
+    let set = compiled.effective(lookup, request.scope.as_ref(), &[]).map_err(refused)?;
+    let connected = listed.is_some();
+    let selection = match snapshot.profile(profile) {
+        // Ranking needs the tools' descriptions: without tool lists there is nothing to rank.
+        Some(p) if connected => explain_selection(&p.object, &set, request).map_err(refused)?,
+        _ => None,
+    };
+    let items = listed.map(|(_, items)| explain_items(&set, items));
+    let mut json = explain_json(snapshot, &set, connected);
+    let mut table = explain_table(snapshot, &set, connected);
+    if let Some(selection) = selection {
+        table.push_str(&selection_table(&selection));
+        json["toolSelection"] = selection;
+    }
+    if let Some(items) = items {
+        table.push_str(&items_table(&items));
+        json["items"] = items;
+    }
+    Ok(Explained { json, table })
 }
 
 /// Lists every allowed server's tools, resources and prompts through a short-lived client pool.

@@ -57,7 +57,7 @@ impl Args {
     /// Runs the selected subcommand and returns the process's exit status.
     pub fn run(self) -> ExitCode {
         let Self { log, command } = self;
-        exit(log.init().map_err(usage).and_then(|()| match command {
+        let code = exit(log.init().map_err(usage).and_then(|()| match command {
             Command::Serve(args) => args.run(),
             Command::Run(args) => args.run(),
             Command::Tools { command } => command.run(),
@@ -67,7 +67,52 @@ impl Args {
             Command::Convert(args) => args.run(),
             Command::Bridge(args) => args.run(),
             Command::Install(args) => args.run(),
+        }));
+        // Spans still batched leave before the process does.
+        crate::telemetry::otel::shutdown();
+        code
+    }
+}
+
+/// The name kubectl finds this binary by as a plugin: `kubectl spear explain ...` runs
+/// `kubectl-spear explain ...` from the PATH (a link to, or a copy of, the spearlet).
+pub const KUBECTL_PLUGIN: &str = "kubectl-spear";
+
+/// `kubectl spear`: the spearlet invoked as the kubectl plugin `kubectl-spear`. Only the commands
+/// that make sense from a workstation against a cluster.
+#[derive(Parser, Debug)]
+#[command(name = KUBECTL_PLUGIN, bin_name = "kubectl spear", version, about = "spear-mcp for kubectl: why a pod sees the tools it sees")]
+pub struct PluginArgs {
+    #[command(flatten)]
+    log: LogArgs,
+
+    #[command(subcommand)]
+    command: PluginCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum PluginCommand {
+    Explain(explain::ExplainArgs),
+}
+
+impl PluginArgs {
+    /// Runs the selected subcommand and returns the process's exit status.
+    pub fn run(self) -> ExitCode {
+        let Self { log, command } = self;
+        exit(log.init().map_err(usage).and_then(|()| match command {
+            PluginCommand::Explain(args) => args.run(),
         }))
+    }
+}
+
+/// Runs this process's command line: as `kubectl spear` when invoked by the name
+/// [`KUBECTL_PLUGIN`] (argv[0], so a link works), else as `spearlet`.
+pub fn main() -> ExitCode {
+    let argv0 = std::env::args_os().next().map(std::path::PathBuf::from);
+    if argv0.as_deref().and_then(std::path::Path::file_name).is_some_and(|name| name == KUBECTL_PLUGIN) {
+        PluginArgs::parse().run()
+    } else {
+        Args::parse().run()
     }
 }
 

@@ -562,7 +562,7 @@ fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
 }
 
 /// `spearlet run` for profile `p` in `ns`, out of cluster through the test kubeconfig.
-fn run_config(
+pub(crate) fn run_config(
     control_plane: &ControlPlane,
     ns: &str,
     socket_dir: &Path,

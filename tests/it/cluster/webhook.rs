@@ -18,7 +18,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, Pod, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use rmcp::ServiceExt as _;
@@ -187,22 +187,9 @@ fn webhook_configuration(name: &str, port: u16) -> MutatingWebhookConfiguration 
 /// A pod with one app container, created with `generateName` (as controllers do, so the
 /// review's object has no name and may have no namespace).
 fn app_pod(prefix: &str, annotations: &[(&str, &str)]) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{prefix}-")),
-            annotations: Some(labels(annotations)),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: Some("example.com/app:1".into()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    }
+    let mut pod = spear::testing::fixtures::app_pod(annotations);
+    pod.metadata.generate_name = Some(format!("{prefix}-"));
+    pod
 }
 
 async fn create<K>(api: &Api<K>, object: &K) -> K
