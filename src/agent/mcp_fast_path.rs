@@ -179,14 +179,19 @@ async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
 
 /// The session id when the headers allow the fast path: a session, a JSON body, a client that
 /// takes a JSON reply, a `Host` rmcp would accept (its DNS-rebinding check, which the fast path
-/// must not bypass) and an `MCP-Protocol-Version` rmcp knows, or none (rmcp then assumes
-/// 2025-03-26). `None` sends the request to rmcp, which answers or refuses it itself (400 for an
-/// unknown protocol version), so the fast path never accepts what rmcp would refuse.
+/// must not bypass) and an `MCP-Protocol-Version` rmcp knows of a session revision (before
+/// 2026-07-28), or none (rmcp then assumes 2025-03-26). `None` sends the request to rmcp, which
+/// answers or refuses it itself (400 for an unknown protocol version; 400 too for a session
+/// request naming 2026-07-28, whose requests must carry `_meta`), so the fast path never accepts
+/// what rmcp would refuse.
 pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
     let known_version = match headers.get(PROTOCOL_VERSION_HEADER) {
         None => true,
-        Some(value) => value.to_str().is_ok_and(|v| ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == v)),
+        Some(value) => value.to_str().is_ok_and(|v| {
+            v < ProtocolVersion::V_2026_07_28.as_str()
+                && ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == v)
+        }),
     };
     (json_both_ways(headers) && known_version && host_is_allowed(headers, allowed_hosts)).then_some(())?;
     text(SESSION_HEADER).filter(|s| !s.is_empty())
@@ -396,6 +401,8 @@ mod tests {
             ("host", Some("evil.example:4040")),
             ("host", None),
             ("mcp-protocol-version", Some("1999-01-01")),
+            // A stateless revision is rmcp's to refuse on a session (found by the conformance suite).
+            ("mcp-protocol-version", Some("2026-07-28")),
         ] {
             let mut pairs: Vec<_> = good.iter().filter(|(k, _)| *k != drop).cloned().collect();
             if let Some(value) = replace {

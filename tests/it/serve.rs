@@ -638,6 +638,23 @@ async fn mcp_tools_calls_in_a_session_are_answered_as_json_and_the_rest_by_rmcp(
         .await
         .expect("a reply");
     assert_eq!(unsupported.status().as_u16(), 400, "an unsupported protocol version");
+    // A session request naming the stateless revision gets rmcp's answer on a call as on a
+    // list (it was 200 on the fast path, 400 from rmcp: found by the MCP conformance suite).
+    let stateless_on_session = |body: Value| {
+        http.post(format!("http://127.0.0.1:{}/mcp", served.http))
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-session-id", &session)
+            .body(body.to_string())
+            .send()
+    };
+    let listed = stateless_on_session(serde_json::json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}))
+        .await
+        .expect("a reply");
+    let called = stateless_on_session(call(10, "mcp__fx__echo", None)).await.expect("a reply");
+    assert_eq!(listed.status().as_u16(), 400, "rmcp refuses it on a list");
+    assert_eq!(called.status().as_u16(), 400, "and the fast path leaves the call to rmcp");
     // Neither an unknown session nor a foreign Host gets past the checks rmcp makes; an unknown
     // session is a 404, as the protocol prescribes.
     let (status, _, _, body) =
