@@ -11,10 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
-use kube::core::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
 use serde_json::{Value, json};
 use spear::api::keys::{ANNOTATION_PROFILE, INJECTION_ENABLED, LABEL_INJECTION};
 use spear::api::{McpProfile, McpServer};
@@ -214,26 +212,9 @@ async fn kubectl_spear_reads_the_pods_profile_and_injection_and_names_each_fix()
 
 /// A kubeconfig file for service account `namespace/name` (created here, with no RBAC).
 async fn service_account_kubeconfig(ns: &TestNamespace, name: &str, dir: &Path) -> PathBuf {
-    let accounts = Api::<ServiceAccount>::namespaced(ns.client.clone(), &ns.name);
-    let account =
-        ServiceAccount { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
-    accounts.create(&PostParams::default(), &account).await.expect("create the service account");
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(600), ..Default::default() }),
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .expect("the TokenRequest API must issue a token")
-        .status
-        .and_then(|s| s.token)
-        .expect("an issued token");
-    let text = fs::read_to_string(ControlPlane::shared().kubeconfig_path()).expect("kubeconfig");
-    let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig YAML");
-    kubeconfig["users"][0]["user"] = serde_yaml::to_value(json!({"token": token})).expect("YAML");
+    let yaml = super::kube_source::service_account_kubeconfig_yaml(&ns.client, &ns.name, name).await;
     let path = dir.join("kubeconfig");
-    fs::write(&path, serde_yaml::to_string(&kubeconfig).expect("YAML")).expect("write the kubeconfig");
+    fs::write(&path, yaml).expect("write the kubeconfig");
     path
 }
 

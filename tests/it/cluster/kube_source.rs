@@ -459,8 +459,9 @@ async fn a_410_gone_mid_watch_relists_and_the_snapshot_is_right_afterwards() {
 
 // === RBAC ===
 
-/// A client authenticated as `namespace/name` with a bound token from the TokenRequest API.
-async fn service_account_client(admin: &Client, namespace: &str, name: &str) -> Client {
+/// The admin kubeconfig with its user swapped for a bound token (TokenRequest API) of service
+/// account `namespace/name`, created here with no RBAC: same server, same CA.
+pub(crate) async fn service_account_kubeconfig_yaml(admin: &Client, namespace: &str, name: &str) -> String {
     let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), namespace);
     let account = ServiceAccount {
         metadata: kube::core::ObjectMeta { name: Some(name.into()), ..Default::default() },
@@ -479,11 +480,16 @@ async fn service_account_client(admin: &Client, namespace: &str, name: &str) -> 
         .expect("an issued token has a status")
         .token
         .expect("an issued token has a token");
-    // The admin kubeconfig with its user swapped for the token: same server, same CA.
     let text = fs::read_to_string(ControlPlane::shared().kubeconfig_path()).expect("kubeconfig");
     let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig YAML");
     kubeconfig["users"][0]["user"] = serde_yaml::to_value(json!({"token": token})).expect("YAML");
-    let kubeconfig = Kubeconfig::from_yaml(&serde_yaml::to_string(&kubeconfig).expect("YAML")).expect("kubeconfig");
+    serde_yaml::to_string(&kubeconfig).expect("YAML")
+}
+
+/// A client authenticated as `namespace/name` with a bound token from the TokenRequest API.
+async fn service_account_client(admin: &Client, namespace: &str, name: &str) -> Client {
+    let yaml = service_account_kubeconfig_yaml(admin, namespace, name).await;
+    let kubeconfig = Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("config");
     Client::try_from(config).expect("client")
 }
