@@ -165,6 +165,11 @@ async fn run() -> Result<usize> {
         namespace_checks(&client, &images, &ns, &other, &mut report).await
     }
     .await;
+    if result.is_err() {
+        let mut looked_at = vec![RELEASE_NAMESPACE];
+        looked_at.extend(namespaces_made.iter().map(String::as_str));
+        support::diagnose(&client, &looked_at).await;
+    }
 
     let namespaces: Api<Namespace> = Api::all(client.clone());
     if flag(ENV_KEEP) {

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{EphemeralContainer, Pod};
+use k8s_openapi::api::core::v1::{EphemeralContainer, Event, Node, Pod};
 use kube::api::{Api, LogParams, PostParams};
 
 pub const POLL: Duration = Duration::from_millis(500);
@@ -169,6 +169,58 @@ pub async fn logs(pods: &Api<Pod>, pod: &str, container: &str, previous: bool) -
     let params = LogParams { container: Some(container.into()), previous, ..LogParams::default() };
     pods.logs(pod, &params).await.with_context(|| format!("logs of {pod}/{container}"))
 }
+
+/// What a failed run prints before it cleans up: the nodes' conditions that are not as a healthy
+/// node has them (DiskPressure on a full build disk made pods unschedulable once, with nothing
+/// in the log but helm's timeout), every pod's state and the newest Warning events of
+/// `namespaces`. Best effort: a read that fails is said and skipped.
+pub async fn diagnose(client: &kube::Client, namespaces: &[&str]) {
+    println!("e2e: diagnosis of the failure:");
+    match Api::<Node>::all(client.clone()).list(&kube::api::ListParams::default()).await {
+        Ok(nodes) => {
+            for node in nodes {
+                let name = node.metadata.name.unwrap_or_default();
+                let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+                let unhealthy: Vec<String> = conditions
+                    .iter()
+                    .filter(|c| (c.type_ == "Ready") != (c.status == "True"))
+                    .map(|c| format!("{}={} ({})", c.type_, c.status, c.message.clone().unwrap_or_default()))
+                    .collect();
+                let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+                let taints: Vec<String> = taints.iter().map(|t| format!("{}:{}", t.key, t.effect)).collect();
+                println!("e2e:   node {name}: conditions off {unhealthy:?}, taints {taints:?}");
+            }
+        }
+        Err(e) => println!("e2e:   nodes: cannot list: {e}"),
+    }
+    for ns in namespaces {
+        match Api::<Pod>::namespaced(client.clone(), ns).list(&kube::api::ListParams::default()).await {
+            Ok(pods) if pods.items.is_empty() => println!("e2e:   {ns}: no pods"),
+            Ok(pods) => pods.items.iter().for_each(|p| println!("e2e:   {ns}: pod {}", pod_state(p))),
+            Err(e) => println!("e2e:   {ns}: cannot list pods: {e}"),
+        }
+        let warnings = kube::api::ListParams::default().fields("type=Warning");
+        match Api::<Event>::namespaced(client.clone(), ns).list(&warnings).await {
+            Ok(events) => {
+                let mut events = events.items;
+                events.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+                for event in events.iter().rev().take(DIAGNOSIS_EVENTS) {
+                    println!(
+                        "e2e:   {ns}: event {} {}: {} (x{})",
+                        event.involved_object.name.as_deref().unwrap_or("?"),
+                        event.reason.as_deref().unwrap_or(""),
+                        event.message.as_deref().unwrap_or(""),
+                        event.count.unwrap_or(1)
+                    );
+                }
+            }
+            Err(e) => println!("e2e:   {ns}: cannot list events: {e}"),
+        }
+    }
+}
+
+/// Enough to see a repeating cause without burying the log.
+const DIAGNOSIS_EVENTS: usize = 15;
 
 // === the app's driver, through the API server's pod proxy ===
 

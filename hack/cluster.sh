@@ -696,12 +696,15 @@ podLogsDir: $RUN/pod-logs
 volumePluginDir: $RUN/volume-plugins
 resolvConf: ""
 # A build machine's disk is shared and often fuller than a node's: never evict or collect
-# images (every image is imported by hand and cannot be pulled again).
+# images (every image is imported by hand and cannot be pulled again), and never report
+# DiskPressure (it taints the node and the chart's pods stay Pending; a 1% threshold still
+# tripped on a 252 GB build disk with 2.2 GB free). "0%" is the kubelet's "no threshold".
 evictionHard:
   memory.available: "100Mi"
-  nodefs.available: "1%"
-  nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
+  nodefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.available: "0%"
+  imagefs.inodesFree: "0%"
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
@@ -741,6 +744,11 @@ cluster_up() {
   build_all
   cluster_down
   mkdir -p "$RUN/logs" "$RUN/pids"
+  local free_kib
+  free_kib=$(df -Pk "$RUN" | awk 'NR == 2 { print $4 }')
+  # Images are unpacked here and etcd writes here: below this, the run fails on ENOSPC somewhere.
+  (( free_kib >= 4 * 1024 * 1024 )) \
+    || log "warning: $((free_kib / 1024)) MiB free under $RUN; the node needs about 4 GiB"
   save_host_state
   write_pki
   for who in admin kube-controller-manager kube-scheduler kubelet-client; do
