@@ -16,8 +16,8 @@
 //!   check accepts ([`rmcp_host_allowed`], rmcp 3.9's rule);
 //! - the door's Host check never allows a well-formed Host rmcp's check refuses (with a
 //!   non-empty list);
-//! - the guard lets a request through only with an allowed Host (or authority) and no Origin or a
-//!   listed one.
+//! - the guard lets a request through only with an allowed Host (or authority) and no Origin, a
+//!   listed one, or one naming that Host itself (same-origin, with a non-empty hosts list).
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
@@ -195,7 +195,26 @@ fn check_headers(spec: &Headers, body: &[u8]) {
         if let Some(origin) = headers.get(http::header::ORIGIN) {
             let origin = origin.to_str().expect("an allowed Origin is text");
             let trim = |s: &str| s.trim_end_matches('/').to_ascii_lowercase();
-            assert!(spec.origins.iter().any(|o| trim(o) == trim(origin)), "Origin {origin:?} passed");
+            let listed = spec.origins.iter().any(|o| trim(o) == trim(origin));
+            // Same-origin: `scheme://` + the request's own Host (the header, else the URI
+            // authority), which the (non-empty) list accepted.
+            let authority = spec
+                .authority
+                .as_deref()
+                .and_then(|a| format!("http://{a}/mcp").parse::<http::Uri>().ok())
+                .and_then(|uri| uri.authority().map(|a| a.to_string()));
+            let own = match headers.get(http::header::HOST) {
+                Some(host) => host.to_str().ok().map(str::to_string),
+                None => authority,
+            }
+            .filter(|_| !hosts.is_empty());
+            let same_origin = own.is_some_and(|host| {
+                let host = host.to_ascii_lowercase();
+                let origin = trim(origin);
+                (origin == format!("http://{host}") || origin == format!("https://{host}"))
+                    && spear::fuzzing::host_allowed(&host, &hosts)
+            });
+            assert!(listed || same_origin, "Origin {origin:?} passed");
         }
     }
 }

@@ -811,6 +811,8 @@ fn fingerprint(set: &EffectiveSet) -> u64 {
         tool.name.hash(&mut hasher);
         tool.tool.description.hash(&mut hasher);
         tool.tool.input_schema.to_string().hash(&mut hasher);
+        // A new title or annotation is a change clients hear of, too.
+        tool.tool.metadata.as_ref().and_then(|m| serde_json::to_string(&**m).ok()).hash(&mut hasher);
     }
     for server in &set.servers {
         // A server whose tools become known (or unknown) changes what is listed.

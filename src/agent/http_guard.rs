@@ -7,7 +7,11 @@
 //! - its `Host` (the `Host` header, or the URI authority of an HTTP/2 request) is not one of
 //!   `--allowed-host` (rebinding: the page's own name arrives as Host), or
 //! - it carries an `Origin` that is not one of `--allowed-origin` (none by default): browsers send
-//!   `Origin` on cross-origin requests, MCP and OpenAI clients outside a browser do not.
+//!   `Origin` on cross-origin requests, MCP and OpenAI clients outside a browser do not. An
+//!   `Origin` naming the request's own Host (`http://localhost:4040` to `localhost:4040`) is
+//!   same-origin and passes, as the MCP spec's DNS-rebinding rule asks: only a page served by
+//!   this port could send it, and spearlet serves no pages. It passes only when `--allowed-host`
+//!   is a list (an empty list admits any Host, so a rebound page's Host and Origin would agree).
 //!
 //! The chat door also requires `Content-Type: application/json` (415 otherwise), so a page
 //! cannot send the request without a preflight, which nothing here answers.
@@ -59,6 +63,16 @@ fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
     allowed.iter().any(|entry| entry.trim_end_matches('/').eq_ignore_ascii_case(origin.trim_end_matches('/')))
 }
 
+/// An `Origin` (`scheme://authority`, http or https, no path) that names `host`, the request's
+/// own Host, which the allowed-hosts list has already accepted.
+pub(crate) fn same_origin(origin: &str, host: &str) -> bool {
+    let Ok(uri) = origin.parse::<axum::http::Uri>() else { return false };
+    let web_scheme =
+        uri.scheme_str().is_some_and(|s| s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
+    let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
+    web_scheme && bare && uri.authority().is_some_and(|a| a.as_str().eq_ignore_ascii_case(host))
+}
+
 /// Why a request is refused, if it is.
 pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
     // A Host header that is not text is refused, not replaced by the URI's authority: rmcp
@@ -70,8 +84,8 @@ pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
         },
         None => request.uri().authority().map(|a| a.to_string()),
     };
-    match host {
-        Some(host) if host_allowed(&host, &allowed.hosts) => {}
+    match &host {
+        Some(host) if host_allowed(host, &allowed.hosts) => {}
         Some(host) => {
             return Some(format!(
                 "Host '{}' is not allowed on this port (add it with --allowed-host if it is yours)",
@@ -83,7 +97,9 @@ pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
     }
     if let Some(origin) = request.headers().get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("(not text)");
-        if !origin_allowed(origin, &allowed.origins) {
+        // `host` is here only if the list accepted it; with an empty list it proves nothing.
+        let own_host = host.as_deref().filter(|_| !allowed.hosts.is_empty());
+        if !origin_allowed(origin, &allowed.origins) && !own_host.is_some_and(|h| same_origin(origin, h)) {
             return Some(format!(
                 "requests from web pages (Origin '{}') are refused (allow one with --allowed-origin)",
                 origin.chars().take(100).collect::<String>()
@@ -161,5 +177,31 @@ mod tests {
         let a = allowed(&["http://localhost:3000"]);
         assert_eq!(refusal(&request(Some("localhost:4040"), Some("http://LOCALHOST:3000")), &a), None);
         assert!(refusal(&request(Some("localhost:4040"), Some("http://localhost:3001")), &a).is_some());
+    }
+
+    /// The MCP conformance suite's DNS-rebinding scenario: a same-origin request passes, a page on
+    /// another port, host or scheme does not, nor one that rebinds its own name to loopback.
+    #[test]
+    fn a_same_origin_request_passes_other_pages_do_not() {
+        let a = allowed(&[]);
+        for (host, origin) in
+            [("localhost:4040", "http://localhost:4040"), ("127.0.0.1:4040", "https://127.0.0.1:4040/")]
+        {
+            assert_eq!(refusal(&request(Some(host), Some(origin)), &a), None, "{origin} to {host}");
+        }
+        for (host, origin) in [
+            ("localhost:4040", "http://localhost:3000"),
+            ("localhost:4040", "http://localhost"),
+            ("localhost:4040", "http://localhost:4040.evil.example"),
+            ("localhost:4040", "ftp://localhost:4040"),
+            ("localhost:4040", "http://localhost:4040/page"),
+            ("localhost:4040", "localhost:4040"),
+            ("evil.example:4040", "http://evil.example:4040"),
+        ] {
+            assert!(refusal(&request(Some(host), Some(origin)), &a).is_some(), "{origin} to {host}");
+        }
+        // An empty hosts list admits any Host, so Host and Origin agreeing proves nothing.
+        let open = Allowed::new(Vec::new(), Vec::new());
+        assert!(refusal(&request(Some("evil.example:4040"), Some("http://evil.example:4040")), &open).is_some());
     }
 }

@@ -17,7 +17,10 @@
 
 use std::time::{Duration, Instant};
 
-use rmcp::model::{GetPromptResult, Prompt, ReadResourceResult, Resource, ResourceTemplate};
+use rmcp::model::{
+    CompleteRequestParams, CompletionInfo, GetPromptResult, Prompt, ReadResourceResult, Reference, Resource,
+    ResourceTemplate, ServerCapabilities,
+};
 use serde_json::{Map, Value};
 
 use super::audit::{self, AuditLine};
@@ -28,7 +31,100 @@ use crate::policy::EffectiveSet;
 use crate::policy::items::{self, ItemKind};
 use crate::policy::name;
 
+/// What `/mcp` declares beyond tools: a feature is declared when some server of the set may
+/// expose it under the policy and has it, or is not connected yet (so its capabilities are
+/// unknown: declaring what turns out empty costs a client an empty list, not declaring what
+/// exists would hide it). Undeclared features answer -32601.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ItemCapabilities {
+    pub(crate) resources: bool,
+    pub(crate) prompts: bool,
+    pub(crate) completions: bool,
+}
+
+impl ItemCapabilities {
+    /// Folds each server's policy and capabilities (`None`: not connected) into the declaration.
+    pub(crate) fn of<'a>(servers: impl IntoIterator<Item = (bool, bool, Option<&'a ServerCapabilities>)>) -> Self {
+        let mut declared = ItemCapabilities::default();
+        for (resources_allowed, prompts_allowed, capabilities) in servers {
+            let has = |feature: fn(&ServerCapabilities) -> bool| capabilities.is_none_or(feature);
+            let resources = resources_allowed && has(|c| c.resources.is_some());
+            let prompts = prompts_allowed && has(|c| c.prompts.is_some());
+            declared.resources |= resources;
+            declared.prompts |= prompts;
+            // Completions complete a prompt's or a resource template's arguments.
+            declared.completions |= (resources || prompts) && has(|c| c.completions.is_some());
+        }
+        declared
+    }
+}
+
 impl Agent {
+    /// What `/mcp` declares for `set` now ([`ItemCapabilities`]).
+    pub(crate) fn item_capabilities(&self, set: &EffectiveSet) -> ItemCapabilities {
+        let known: Vec<_> = set
+            .servers
+            .iter()
+            .map(|server| {
+                (
+                    set.exposes_items(&server.id, ItemKind::Resource),
+                    set.exposes_items(&server.id, ItemKind::Prompt),
+                    self.pool().server_capabilities(&server.id),
+                )
+            })
+            .collect();
+        ItemCapabilities::of(known.iter().map(|(r, p, c)| (*r, *p, c.as_ref())))
+    }
+
+    /// `completion/complete` for an aggregated prompt name or resource template, routed to the
+    /// server that owns it, through the same policy as a get or a read of it.
+    pub(crate) async fn complete(
+        &self,
+        set: &EffectiveSet,
+        mut params: CompleteRequestParams,
+    ) -> Result<CompletionInfo, McpError> {
+        let budget = |server: &str| {
+            set.servers
+                .iter()
+                .find(|s| &*s.id == server)
+                .map(|s| Duration::from_millis(u64::from(s.budgets.tool_timeout_ms)))
+        };
+        match &mut params.r#ref {
+            Reference::Prompt(prompt) => {
+                let asked = prompt.name.clone();
+                let named = name::target(&asked).ok_or_else(|| unknown_prompt(&asked))?;
+                for server in set.servers.iter().filter(|s| named.names(&s.id, &s.server_part)) {
+                    let timeout = Duration::from_millis(u64::from(server.budgets.tool_timeout_ms));
+                    let prompts = self.pool().list_prompts(&server.id, timeout).await?;
+                    let Some(own) = prompts.iter().find(|p| items::prompt_name(&server.server_part, &p.name) == asked)
+                    else {
+                        continue;
+                    };
+                    set.item_decision(&server.id, ItemKind::Prompt, &own.name).map_err(refusal)?;
+                    prompt.name = own.name.clone();
+                    return self.pool().complete(&server.id, params, timeout).await;
+                }
+                Err(unknown_prompt(&asked))
+            }
+            Reference::Resource(resource) => {
+                let asked = resource.uri.clone();
+                let (server, uri) = items::parse_resource_id(&asked).ok_or_else(|| {
+                    McpError::new(
+                        ErrorCode::McpInvalidArguments,
+                        format!("'{}' is not a resource of this agent (spear://<server>/<uri>)", audit::capped(&asked)),
+                    )
+                })?;
+                set.item_decision(server, ItemKind::Resource, uri).map_err(refusal)?;
+                let timeout = budget(server).ok_or_else(|| {
+                    McpError::new(ErrorCode::McpPolicyDenied, format!("server '{server}' is not in this request's set"))
+                })?;
+                resource.uri = uri.to_string();
+                self.pool().complete(server, params, timeout).await
+            }
+            _ => Err(McpError::new(ErrorCode::McpInvalidArguments, "completion/complete: an unknown kind of ref")),
+        }
+    }
+
     /// Each server of `set` with its call budget, and what `fetch` got from it; failures logged
     /// and left out.
     async fn ask_each_server<T, Fut>(
@@ -161,12 +257,7 @@ impl Agent {
         let started = Instant::now();
         let mut target: Option<(String, String)> = None;
         let result = async {
-            let unknown = || {
-                McpError::new(
-                    ErrorCode::McpPolicyDenied,
-                    format!("'{}' is not a prompt this workload may use", audit::capped(name_asked)),
-                )
-            };
+            let unknown = || unknown_prompt(name_asked);
             let named = name::target(name_asked).ok_or_else(unknown)?;
             // Servers sharing the name part (a toolNamespace) are asked in turn.
             for server in set.servers.iter().filter(|s| named.names(&s.id, &s.server_part)) {
@@ -180,7 +271,8 @@ impl Agent {
                 target = Some((server.id.to_string(), prompt.name.clone()));
                 set.item_decision(&server.id, ItemKind::Prompt, &prompt.name).map_err(refusal)?;
                 let cap = server.budgets.max_tool_output_bytes as usize;
-                return self.pool().get_prompt(&server.id, &prompt.name, arguments, timeout, cap).await;
+                let limits = (timeout, cap);
+                return self.pool().get_prompt(&server.id, &prompt.name, arguments, limits, context.input).await;
             }
             Err(unknown())
         }
@@ -218,6 +310,7 @@ impl Agent {
             tool_name: audit::capped(item),
             called_as: audit::capped(asked_as),
             status: match result {
+                Ok(read) if read.input_required.is_some() => "input_required",
                 Ok(read) if read.truncated.is_some() => ErrorCode::McpOutputTooLarge.as_str(),
                 Ok(_) => "ok",
                 Err(error) => error.code.as_str(),
@@ -239,4 +332,55 @@ fn refusal(decision: crate::policy::Decision) -> McpError {
             decision.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
         ),
     )
+}
+
+/// A prompt name that names nothing this workload may use.
+fn unknown_prompt(asked: &str) -> McpError {
+    McpError::new(
+        ErrorCode::McpPolicyDenied,
+        format!("'{}' is not a prompt this workload may use", audit::capped(asked)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::{PromptsCapability, ResourcesCapability};
+
+    use super::*;
+
+    fn capabilities(resources: bool, prompts: bool, completions: bool) -> ServerCapabilities {
+        let mut c = ServerCapabilities::default();
+        c.resources = resources.then(ResourcesCapability::default);
+        c.prompts = prompts.then(PromptsCapability::default);
+        c.completions = completions.then(Default::default);
+        c
+    }
+
+    #[test]
+    fn a_feature_is_declared_when_an_allowed_server_has_it_or_is_not_known_yet() {
+        let tools_only = capabilities(false, false, false);
+        let everything = capabilities(true, true, true);
+        let declared = |servers: &[(bool, bool, Option<&ServerCapabilities>)]| ItemCapabilities::of(servers.to_vec());
+        assert_eq!(declared(&[]), ItemCapabilities::default(), "no server, tools only");
+        assert_eq!(declared(&[(true, true, Some(&tools_only))]), ItemCapabilities::default(), "nothing to relay");
+        assert_eq!(
+            declared(&[(false, false, Some(&everything))]),
+            ItemCapabilities::default(),
+            "the policy exposes none of the server's items: nothing is declared"
+        );
+        assert_eq!(
+            declared(&[(true, false, Some(&everything))]),
+            ItemCapabilities { resources: true, prompts: false, completions: true }
+        );
+        assert_eq!(
+            declared(&[(false, true, None)]),
+            ItemCapabilities { resources: false, prompts: true, completions: true },
+            "a server not connected yet may have them"
+        );
+        let prompts_no_completions = capabilities(false, true, false);
+        assert_eq!(
+            declared(&[(true, true, Some(&prompts_no_completions)), (true, true, Some(&tools_only))]),
+            ItemCapabilities { resources: false, prompts: true, completions: false }
+        );
+    }
 }

@@ -6,6 +6,9 @@
 //! MCP client ──initialize──▶ instructions: one group per server, marked untrusted
 //!            ──tools/list──▶ EffectiveSet (default scope) as rmcp Tools
 //!            ──tools/call──▶ Agent::call_tool ─▶ CallToolResult (errors: isError + the error object)
+//!            ──completion/complete──▶ the server owning the prompt or template (Agent::complete)
+//! capabilities: tools always; resources, prompts, completions only when a server of the set may
+//!     expose them (policy) and has them (or is not connected yet); the rest answer -32601
 //! AgentState watch ──fingerprint changed──▶ notifications/tools/list_changed
 //!     (legacy sessions: one task for all, to each session's peer; 2026-07-28: to each
 //!      subscriptions/listen sink)
@@ -21,10 +24,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse, Implementation,
-    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResultType,
-    ServerCapabilities, SubscriptionFilter, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CompleteRequestMethod, CompleteRequestParams, CompleteResult,
+    GetPromptRequestMethod, GetPromptRequestParams, GetPromptResponse, Implementation, InitializeResult,
+    ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesRequestMethod, ListResourceTemplatesResult,
+    ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
+    ProtocolVersion, ReadResourceRequestMethod, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability,
+    ResultType, ServerCapabilities, SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -195,6 +200,11 @@ impl McpEndpoint {
         (!text.is_empty()).then_some(text)
     }
 
+    /// What the agent declares beyond tools now; tools only when there is no set.
+    fn declared(&self) -> super::items::ItemCapabilities {
+        self.agent.default_set().map(|set| self.agent.item_capabilities(&set)).unwrap_or_default()
+    }
+
     /// The default set, or the error a client gets when there is none (the profile is missing).
     fn set(&self) -> Result<Arc<crate::policy::EffectiveSet>, ErrorData> {
         self.agent.default_set().map_err(|e| ErrorData::invalid_request(format!("{}: {e}", e.code()), None))
@@ -209,11 +219,15 @@ impl McpEndpoint {
                     serde_json::Value::Object(map) => Arc::new(map.clone()),
                     _ => Arc::new(serde_json::Map::new()),
                 };
-                Tool::new_with_raw(
+                let tool = Tool::new_with_raw(
                     t.name.to_string(),
                     t.tool.description.as_deref().map(|d| d.to_string().into()),
                     schema,
-                )
+                );
+                match &t.tool.metadata {
+                    Some(metadata) => with_metadata(tool, metadata),
+                    None => tool,
+                }
             })
             .collect())
     }
@@ -264,6 +278,38 @@ fn error_data(error: crate::mcp::McpError) -> ErrorData {
     }
 }
 
+/// `tool` with what its server listed beyond name, description and schema (`ToolInfo::metadata`).
+/// A field that no longer parses is left out rather than failing the whole list.
+fn with_metadata(mut tool: Tool, metadata: &serde_json::Map<String, serde_json::Value>) -> Tool {
+    let field = |name: &str| metadata.get(name).cloned();
+    tool.title = field("title").and_then(|v| serde_json::from_value(v).ok());
+    tool.output_schema = field("outputSchema").and_then(|v| serde_json::from_value(v).ok());
+    tool.annotations = field("annotations").and_then(|v| serde_json::from_value(v).ok());
+    tool.icons = field("icons").and_then(|v| serde_json::from_value(v).ok());
+    tool
+}
+
+/// Whether the request is of a 2026-07-28 client, which can answer a server's request for input.
+fn is_modern(context: &RequestContext<RoleServer>) -> bool {
+    context.protocol_version().is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
+}
+
+/// `Ok` when the feature is declared; else the -32601 a client gets for a method the agent does
+/// not offer (an undeclared feature is not answered with an empty list).
+fn offered(declared: bool, not_found: fn() -> ErrorData) -> Result<(), ErrorData> {
+    if declared { Ok(()) } else { Err(not_found()) }
+}
+
+/// A resource read's failure: [`error_data`] plus the URI as the caller sent it in `data.uri`
+/// (SEP-2164), so a client that reads several resources knows which one failed.
+fn resource_error_data(error: crate::mcp::McpError, uri: &str) -> ErrorData {
+    let mut data = error_data(error);
+    if let Some(serde_json::Value::Object(fields)) = data.data.as_mut() {
+        fields.insert("uri".into(), uri.into());
+    }
+    data
+}
+
 /// One server's instructions in a `<server … trust="untrusted">` group. Every `<` of the
 /// server's text is escaped, so no spelling of a closing tag (`</server >`, `</SERVER>`, …) can
 /// end the group early and make the rest read as the operator's words.
@@ -305,12 +351,22 @@ fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
 
 impl ServerHandler for McpEndpoint {
     fn get_info(&self) -> InitializeResult {
-        let capabilities = ServerCapabilities::builder()
-            .enable_tools()
-            .enable_tool_list_changed()
-            .enable_resources()
-            .enable_prompts()
-            .build();
+        let mut capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
+        let declared = self.declared();
+        // list_changed: the agent tells clients of every change of what they may list.
+        if declared.resources {
+            let mut resources = ResourcesCapability::default();
+            resources.list_changed = Some(true);
+            capabilities.resources = Some(resources);
+        }
+        if declared.prompts {
+            let mut prompts = PromptsCapability::default();
+            prompts.list_changed = Some(true);
+            capabilities.prompts = Some(prompts);
+        }
+        if declared.completions {
+            capabilities.completions = Some(serde_json::Map::new());
+        }
         let mut info = InitializeResult::new(capabilities)
             .with_server_info(Implementation::new("spearlet", env!("CARGO_PKG_VERSION")));
         if let Some(instructions) = self.instructions() {
@@ -338,10 +394,9 @@ impl ServerHandler for McpEndpoint {
         let request_id = context.id.to_string();
         let session = session_id(&context.extensions);
         // A 2026-07-28 client can answer a server's input request itself: relay it.
-        let modern = context.protocol_version().is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
         let continuation =
             Continuation { input_responses: request.input_responses, request_state: request.request_state };
-        let input = modern.then_some(&continuation);
+        let input = is_modern(&context).then_some(&continuation);
         // Boxed, as are the other calls into the core below: see `handler_futures_stay_small`.
         let headers = context.extensions.get::<axum::http::request::Parts>().map(|parts| &parts.headers);
         let span = call_span(request.meta.as_ref(), headers);
@@ -366,6 +421,10 @@ impl ServerHandler for McpEndpoint {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let set = self.set()?;
+        offered(
+            self.agent.item_capabilities(&set).resources,
+            ErrorData::method_not_found::<ListResourcesRequestMethod>,
+        )?;
         let mut result = ListResourcesResult::with_all_items(self.agent.list_resources(&set).await);
         (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
@@ -377,6 +436,8 @@ impl ServerHandler for McpEndpoint {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         let set = self.set()?;
+        let declared = self.agent.item_capabilities(&set).resources;
+        offered(declared, ErrorData::method_not_found::<ListResourceTemplatesRequestMethod>)?;
         let mut result = ListResourceTemplatesResult::with_all_items(self.agent.list_resource_templates(&set).await);
         (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
@@ -388,11 +449,15 @@ impl ServerHandler for McpEndpoint {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let set = self.set()?;
+        offered(
+            self.agent.item_capabilities(&set).resources,
+            ErrorData::method_not_found::<ReadResourceRequestMethod>,
+        )?;
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
         let read = Box::pin(self.agent.read_resource(&set, &request.uri, call_context));
-        let mut result = read.await.map_err(error_data)?.result;
+        let mut result = read.await.map_err(|e| resource_error_data(e, &request.uri))?.result;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }
@@ -403,6 +468,7 @@ impl ServerHandler for McpEndpoint {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         let set = self.set()?;
+        offered(self.agent.item_capabilities(&set).prompts, ErrorData::method_not_found::<ListPromptsRequestMethod>)?;
         let mut result = ListPromptsResult::with_all_items(self.agent.list_prompts(&set).await);
         (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
@@ -414,13 +480,33 @@ impl ServerHandler for McpEndpoint {
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
         let set = self.set()?;
+        offered(self.agent.item_capabilities(&set).prompts, ErrorData::method_not_found::<GetPromptRequestMethod>)?;
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
+        // As for calls: a 2026-07-28 client answers a server's request for input itself.
+        let continuation =
+            Continuation { input_responses: request.input_responses, request_state: request.request_state };
+        let input = is_modern(&context).then_some(&continuation);
         let call_context =
-            CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
+            CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input };
         let get = Box::pin(self.agent.get_prompt(&set, &request.name, request.arguments, call_context));
-        let mut result = get.await.map_err(error_data)?.result;
+        let read = get.await.map_err(error_data)?;
+        if let Some(asked) = read.input_required {
+            return Ok(GetPromptResponse::InputRequired((*asked).clone()));
+        }
+        let mut result = read.result;
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let set = self.set()?;
+        offered(self.agent.item_capabilities(&set).completions, ErrorData::method_not_found::<CompleteRequestMethod>)?;
+        let complete = Box::pin(self.agent.complete(&set, request));
+        Ok(CompleteResult::new(complete.await.map_err(error_data)?))
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -581,6 +667,7 @@ mod tests {
             ("read_resource", future_size(|r: ReadResourceRequestParams, c| endpoint.read_resource(r, c))),
             ("list_prompts", future_size(|r: Option<PaginatedRequestParams>, c| endpoint.list_prompts(r, c))),
             ("get_prompt", future_size(|r: GetPromptRequestParams, c| endpoint.get_prompt(r, c))),
+            ("complete", future_size(|r: CompleteRequestParams, c| endpoint.complete(r, c))),
             ("listen", future_size(|c: SubscriptionContext, (): ()| endpoint.listen(c))),
             ("on_initialized", future_size(|c: NotificationContext<RoleServer>, (): ()| endpoint.on_initialized(c))),
         ];
@@ -592,6 +679,16 @@ mod tests {
         let serve =
             future_size(|t: WorkerTransport<LocalSessionWorker>, (): ()| rmcp::serve_server(endpoint.clone(), t));
         println!("handle_request: {handle} B, serve_server: {serve} B");
+    }
+
+    #[test]
+    fn a_failed_read_names_its_uri_and_keeps_the_structured_error() {
+        let error = crate::mcp::McpError::new(crate::mcp::ErrorCode::McpPolicyDenied, "not a resource of this agent");
+        let data = resource_error_data(error, "spear://fs/file:///etc/passwd");
+        assert_eq!(data.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        let data = data.data.expect("data");
+        assert_eq!(data["uri"], "spear://fs/file:///etc/passwd");
+        assert_eq!(data["error"]["code"], "mcp_policy_denied");
     }
 
     /// The attack: a server's instructions close the group and speak as the operator.

@@ -191,7 +191,11 @@ pub(crate) struct PoolHandler {
 
 impl ClientHandler for PoolHandler {
     fn get_info(&self) -> ClientConfig {
+        // The version offered by `initialize`, the handshake of the revisions before 2026-07-28
+        // (rmcp's default, its latest, has no handshake: a 2025 server would be offered a
+        // revision it cannot know). `server/discover` offers its own `preferred_versions`.
         ClientConfig::new(ClientCapabilities::default(), Implementation::new("spear-mcp", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(ProtocolVersion::V_2025_11_25)
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -284,10 +288,13 @@ pub(crate) async fn connect(
 }
 
 /// The lifecycle that speaks whichever revision a server speaks: a `server/discover` probe at
-/// 2026-07-28, falling back to the `initialize` handshake of the server's revision when it
-/// answers as a legacy server (or not at all within rmcp's 10 s).
+/// 2026-07-28, falling back to the `initialize` handshake, offering 2025-11-25, when it answers
+/// as a legacy server (or not at all within rmcp's 10 s).
 pub(crate) fn probe_lifecycle() -> ClientLifecycleMode {
-    ClientLifecycleMode::Auto { preferred_versions: vec![ProtocolVersion::V_2026_07_28], legacy_version: None }
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(ProtocolVersion::V_2025_11_25),
+    }
 }
 
 /// [`connect`], with `http_client` for a Streamable HTTP endpoint instead of rmcp's default one
@@ -308,9 +315,16 @@ pub(crate) async fn connect_with(
     // Set when rmcp's probe gave up on `server/discover` and the answer came after all (a server
     // slow to start, such as `npx` downloading): the server speaks 2026-07-28.
     let late_discover = AtomicBool::new(false);
+    // Set when the server answered `server/discover` with a result that is not a discover
+    // result (some 2025 servers answer any method they do not know with `{}`): rmcp's probe
+    // takes that as fatal, but the server may well know `initialize`.
+    let odd_discover = AtomicBool::new(false);
     let init_failed = |e: rmcp::service::ClientInitializeError| {
-        if matches!(e, rmcp::service::ClientInitializeError::ConflictInitResponseId(..)) {
-            late_discover.store(true, Ordering::Relaxed);
+        use rmcp::service::ClientInitializeError as Failed;
+        match &e {
+            Failed::ConflictInitResponseId(..) => late_discover.store(true, Ordering::Relaxed),
+            Failed::ExpectedInitResult(Some(_)) => odd_discover.store(true, Ordering::Relaxed),
+            _ => {}
         }
         unavailable(format!("initialize failed: {e}"))
     };
@@ -426,6 +440,11 @@ pub(crate) async fn connect_with(
         tracing::info!(server_id = %server_id, "the server answered server/discover late: starting it again as 2026-07-28");
         let modern = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
         established = tokio::time::timeout_at(deadline, attempt(modern)).await.map_err(|_| no_session())?;
+    } else if established.is_err() && probing && odd_discover.load(Ordering::Relaxed) {
+        tracing::info!(server_id = %server_id, "the server answered server/discover with another result: starting it again with initialize");
+        established = tokio::time::timeout_at(deadline, attempt(ClientLifecycleMode::Initialize))
+            .await
+            .map_err(|_| no_session())?;
     }
     let (service, child) = established?;
     let info = service

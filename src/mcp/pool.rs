@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode as RpcCode, GetPromptRequestParams,
-    GetPromptResult, InputRequest, InputRequiredResult, PaginatedRequestParams, Prompt, ReadResourceRequestParams,
-    ReadResourceResult, Resource, ResourceTemplate, ServerCapabilities, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompletionInfo,
+    ErrorCode as RpcCode, GetPromptRequestParams, GetPromptResponse, GetPromptResult, InputRequest,
+    InputRequiredResult, PaginatedRequestParams, Prompt, ReadResourceRequestParams, ReadResourceResult, Resource,
+    ResourceTemplate, ServerCapabilities, Tool,
 };
 use rmcp::service::ServiceError;
 use serde_json::{Map, Value};
@@ -82,6 +83,9 @@ pub struct ItemRead<T> {
     pub bytes: usize,
     /// Set when parts were cut.
     pub truncated: Option<Truncation>,
+    /// The server's request for input (2026-07-28 `InputRequiredResult`), for a caller that can
+    /// answer it (`result` is then empty); a caller that cannot gets `mcp_approval_required`.
+    pub input_required: Option<Arc<InputRequiredResult>>,
 }
 
 impl<T: serde::de::DeserializeOwned> ItemRead<T> {
@@ -100,7 +104,12 @@ impl<T: serde::de::DeserializeOwned> ItemRead<T> {
             }
             None => (0, None),
         };
-        Ok(ItemRead { result: serde_json::from_value(json).map_err(unreadable)?, bytes, truncated })
+        Ok(ItemRead {
+            result: serde_json::from_value(json).map_err(unreadable)?,
+            bytes,
+            truncated,
+            input_required: None,
+        })
     }
 }
 
@@ -622,6 +631,7 @@ impl Pool {
                         name: t.name.as_ref().into(),
                         description: t.description.as_deref().map(Into::into),
                         input_schema: Arc::new(Value::Object((*t.input_schema).clone())),
+                        metadata: tool_metadata(t),
                     })
                     .collect();
                 ServerTools::Listed(Arc::new(ToolList::new(server_part, infos)))
@@ -746,6 +756,35 @@ impl Pool {
         .await
     }
 
+    /// `completion/complete` on `server`, `params` naming the server's own prompt or resource
+    /// template; no values when the server offers no completions. At most the spec's 100 values
+    /// are passed on, whatever the server sends.
+    pub async fn complete(
+        &self,
+        server: &str,
+        params: CompleteRequestParams,
+        timeout: Duration,
+    ) -> Result<CompletionInfo, McpError> {
+        let offered = |c: &ServerCapabilities| c.completions.is_some();
+        let mut completion = self
+            .request(server, "completion/complete", timeout, offered, CompletionInfo::default, |peer| async move {
+                peer.complete(params).await.map(|result| result.completion)
+            })
+            .await?;
+        if completion.values.len() > CompletionInfo::MAX_VALUES {
+            completion.values.truncate(CompletionInfo::MAX_VALUES);
+            completion.has_more = Some(true);
+        }
+        Ok(completion)
+    }
+
+    /// The capabilities `server` declared, when its session is up (without waiting for it).
+    pub fn server_capabilities(&self, server: &str) -> Option<ServerCapabilities> {
+        let slot = self.slot(server).ok()?;
+        let live = slot.session.try_lock().ok().and_then(|s| s.clone())?;
+        live.conn.service.peer().peer_info().map(|info| info.capabilities.clone())
+    }
+
     /// The server's prompts (bounded as [`Self::list_resources`]).
     pub async fn list_prompts(&self, server: &str, timeout: Duration) -> Result<Vec<Prompt>, McpError> {
         let offered = |c: &ServerCapabilities| c.prompts.is_some();
@@ -785,23 +824,36 @@ impl Pool {
         server: &str,
         name: &str,
         arguments: Option<Map<String, Value>>,
-        timeout: Duration,
-        max_output_bytes: usize,
+        limits: (Duration, usize),
+        input: Option<&Continuation>,
     ) -> Result<ItemRead<GetPromptResult>, McpError> {
+        let (timeout, max_output_bytes) = limits;
         let offered = |c: &ServerCapabilities| c.prompts.is_some();
-        let none = || GetPromptResult::new(Vec::new());
+        let none = || GetPromptResponse::Complete(GetPromptResult::new(Vec::new()));
         let mut params = GetPromptRequestParams::new(name.to_string());
         params.arguments = arguments;
-        let result =
-            self.request(
-                server,
-                "prompts/get",
-                timeout,
-                offered,
-                none,
-                |peer| async move { peer.get_prompt(params).await },
-            );
-        let json = serde_json::to_value(result.await?).map_err(unreadable)?;
+        if let Some(continuation) = input {
+            params.input_responses = continuation.input_responses.clone();
+            params.request_state = continuation.request_state.clone();
+        }
+        // One round, as for calls: the server's request for input goes to a caller that can
+        // answer it, or ends the get.
+        let result = self.request(server, "prompts/get", timeout, offered, none, |peer| async move {
+            peer.get_prompt_once(params).await
+        });
+        let result = match result.await? {
+            GetPromptResponse::InputRequired(asked) if input.is_some() => {
+                let result = GetPromptResult::new(Vec::new());
+                return Ok(ItemRead { result, bytes: 0, truncated: None, input_required: Some(Arc::new(asked)) });
+            }
+            GetPromptResponse::InputRequired(asked) => return Err(input_required(server, name, &asked)),
+            GetPromptResponse::Complete(result) => result,
+            _ => {
+                let what = "an answer to prompts/get that is neither a prompt nor a request for input";
+                return Err(McpError::new(ErrorCode::McpUnavailable, format!("unreadable server answer: {what}")));
+            }
+        };
+        let json = serde_json::to_value(result).map_err(unreadable)?;
         let marker =
             |t: &Truncation| serde_json::json!({"role": "user", "content": {"type": "text", "text": t.marker()}});
         ItemRead::capped(json, "messages", "/content/text", max_output_bytes, marker)
@@ -1174,6 +1226,26 @@ impl Slot {
         }
         self.concurrency.close();
     }
+}
+
+/// The listed tool's fields beyond name, description and input schema that `/mcp` passes on
+/// ([`ToolInfo::metadata`]); the tool's own `_meta` stays here (it is the server's business with
+/// its direct clients, not the agent's callers').
+fn tool_metadata(tool: &rmcp::model::Tool) -> Option<Arc<serde_json::Map<String, Value>>> {
+    let mut metadata = serde_json::Map::new();
+    if let Some(title) = &tool.title {
+        metadata.insert("title".into(), title.clone().into());
+    }
+    if let Some(schema) = &tool.output_schema {
+        metadata.insert("outputSchema".into(), Value::Object((**schema).clone()));
+    }
+    if let Some(annotations) = tool.annotations.as_ref().and_then(|a| serde_json::to_value(a).ok()) {
+        metadata.insert("annotations".into(), annotations);
+    }
+    if let Some(icons) = tool.icons.as_ref().and_then(|i| serde_json::to_value(i).ok()) {
+        metadata.insert("icons".into(), icons);
+    }
+    (!metadata.is_empty()).then(|| Arc::new(metadata))
 }
 
 #[cfg(test)]

@@ -41,12 +41,22 @@ pub struct ToolInfo {
     pub description: Option<Arc<str>>,
     /// Its JSON Schema for arguments, passed through to the model.
     pub(crate) input_schema: Arc<serde_json::Value>,
+    /// What else the server lists for the tool and `/mcp` passes on under the namespaced name
+    /// (`title`, `annotations`, `outputSchema`, `icons`, as MCP spells them); `None` when it lists
+    /// none of them. The server's claims, never read by the policy: a `readOnlyHint` allows
+    /// nothing.
+    pub(crate) metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl ToolInfo {
     /// A tool with a name only (tests, benches, explain).
     pub fn named(name: &str) -> Self {
-        ToolInfo { name: name.into(), description: None, input_schema: Arc::new(serde_json::json!({"type": "object"})) }
+        ToolInfo {
+            name: name.into(),
+            description: None,
+            input_schema: Arc::new(serde_json::json!({"type": "object"})),
+            metadata: None,
+        }
     }
 }
 
@@ -358,7 +368,7 @@ impl LayerPatterns {
         Ok(LayerPatterns { bare: compile(&b)?, qualified: compile(&q)? })
     }
 
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.bare.is_empty() && self.qualified.is_empty()
     }
 
@@ -818,6 +828,12 @@ impl EffectiveSet {
             return Err(decision(server, Some(item), reason, None));
         }
         self.catalog.items.decide(server, kind, item)
+    }
+
+    /// Whether the policy could let any item of `kind` of `server` through (a server of this set
+    /// whose McpServer and profile allowlists of that kind are not empty).
+    pub(crate) fn exposes_items(&self, server: &str, kind: ItemKind) -> bool {
+        self.servers.iter().any(|s| &*s.id == server) && self.catalog.items.exposes(server, kind)
     }
 
     /// The catalog this set was computed from.

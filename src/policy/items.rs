@@ -104,6 +104,21 @@ impl CompiledItems {
         })
     }
 
+    /// Whether the server and profile layers could let any item of `kind` of `server` through:
+    /// its McpServer allowlist of that kind is not empty, nor an empty profile allowlist. What
+    /// the agent declares to MCP clients (`resources`, `prompts`) follows this.
+    pub(crate) fn exposes(&self, server: &str, kind: ItemKind) -> bool {
+        let Some(patterns) = self.servers.get(server) else { return false };
+        match kind {
+            ItemKind::Resource => {
+                !patterns.resources.allowed.is_empty() && self.resource_allow.as_ref().is_none_or(|a| !a.is_empty())
+            }
+            ItemKind::Prompt => {
+                !patterns.prompts.allowed.is_empty() && self.prompt_allow.as_ref().is_none_or(|a| !a.is_empty())
+            }
+        }
+    }
+
     /// Whether the server and profile layers let `item` of `server` through; the exclusion
     /// otherwise. A server the profile does not allow is `not_in_profile`.
     pub(crate) fn decide(&self, server: &str, kind: ItemKind, item: &str) -> Result<(), Decision> {

@@ -1034,7 +1034,8 @@ async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
 
 /// server-everything's resources and prompts through `/mcp` with the PyPI `mcp` client: listed
 /// under `spear://` URIs and `mcp__` names, read and got through every policy layer, refused
-/// with the layer's reason, cut at the server's output budget, audited.
+/// with the layer's reason (and the URI in `data.uri`, SEP-2164), cut at the server's output
+/// budget, audited. Its tools keep their title, annotations and output schema.
 #[test]
 fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1044,9 +1045,9 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
         dir.path().join("registry.yaml"),
         format!(
             "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
-             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo]\n  \
+             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo, get-structured-content]\n  \
              allowedResources: [\"demo://resource/static/document/*\", \"demo://resource/dynamic/text/*\"]\n  \
-             deniedResources: [\"*/features.md\"]\n  allowedPrompts: [simple-prompt, args-prompt]\n  \
+             deniedResources: [\"*/features.md\"]\n  allowedPrompts: [simple-prompt, args-prompt, completable-prompt]\n  \
              budgets: {{maxToolOutputBytes: 200}}\n---\napiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\n\
              metadata: {{name: p}}\nspec:\n  servers: [everything]\n  resourceDenylist: [\"*/startup.md\"]\n  \
              promptDenylist: [args-prompt]\n",
@@ -1067,13 +1068,15 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
         .args(["--read", "spear://everything/demo://resource/dynamic/blob/7", "--read", "demo://resource/static/x"])
         .args(["--get", "mcp__everything__simple-prompt", "--get", "mcp__everything__args-prompt={\"city\": \"Oslo\"}"])
         .args(["--get", "mcp__everything__resource-prompt"])
+        .args(["--complete", "mcp__everything__completable-prompt:department=E"])
+        .args(["--complete", "mcp__everything__args-prompt:city=O"])
         .output()
         .expect("run the Python MCP client");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
     let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
 
-    assert_eq!(got["capabilities"], json!({"resources": true, "prompts": true}));
+    assert_eq!(got["capabilities"], json!({"resources": true, "prompts": true, "completions": true}));
     let resources: Vec<&str> =
         got["resources"].as_array().expect("resources").iter().filter_map(Value::as_str).collect();
     assert!(resources.contains(&doc("instructions.md").as_str()), "{resources:?}");
@@ -1081,7 +1084,17 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     assert!(!resources.iter().any(|r| r.ends_with("startup.md")), "denied by the profile: {resources:?}");
     assert!(resources.iter().all(|r| r.starts_with("spear://everything/")), "{resources:?}");
     assert_eq!(got["templates"], json!(["spear://everything/demo://resource/dynamic/text/{resourceId}"]));
-    assert_eq!(got["prompts"], json!(["mcp__everything__simple-prompt"]), "args-prompt is denied by the profile");
+    assert_eq!(
+        got["prompts"],
+        json!(["mcp__everything__simple-prompt", "mcp__everything__completable-prompt"]),
+        "args-prompt is denied by the profile"
+    );
+    // Completions go to the server that owns the prompt, under the prompt's own name, and only
+    // for a prompt the workload may get.
+    let completions = &got["completions"];
+    assert_eq!(completions["mcp__everything__completable-prompt:department=E"]["ok"], json!(["Engineering"]));
+    let refused = &completions["mcp__everything__args-prompt:city=O"]["error"];
+    assert_eq!(refused["data"]["error"]["code"], "mcp_policy_denied", "{refused}");
 
     let reads = &got["reads"];
     let instructions = reads[doc("instructions.md")]["ok"].as_array().expect("read instructions.md");
@@ -1096,11 +1109,21 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     ] {
         let error = &reads[&uri]["error"];
         assert_eq!(error["code"], -32602, "{uri}: {error}");
+        assert_eq!(error["data"]["uri"], uri.as_str(), "SEP-2164: the failed read names its URI");
         assert_eq!(error["data"]["error"]["code"], "mcp_policy_denied", "{uri}: {error}");
         assert!(error["message"].as_str().is_some_and(|m| m.contains(reason)), "{uri}: {error}");
     }
     assert!(reads["spear://everything/demo://resource/dynamic/text/7"]["ok"].is_array(), "{reads}");
     assert_eq!(reads["demo://resource/static/x"]["error"]["data"]["error"]["code"], "mcp_invalid_arguments");
+
+    // What the server lists beyond name, description and schema passes under the namespaced name.
+    let weather = &got["tools"]["mcp__everything__get-structured-content"];
+    assert_eq!(weather["title"], "Get Structured Content Tool", "{weather}");
+    assert_eq!(weather["annotations"]["readOnlyHint"], true, "{weather}");
+    assert_eq!(weather["annotations"]["destructiveHint"], false, "{weather}");
+    assert!(weather["outputSchema"]["properties"]["temperature"].is_object(), "{weather}");
+    let echo = &got["tools"]["mcp__everything__echo"];
+    assert!(echo.get("outputSchema").is_none(), "a tool without one gets none: {echo}");
 
     let gets = &got["gets"];
     assert!(gets["mcp__everything__simple-prompt"]["ok"].is_array(), "{gets}");
@@ -1129,6 +1152,34 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     assert_eq!(line("mcp__everything__args-prompt")["status"], "mcp_policy_denied");
 }
 
+/// A profile whose servers offer only tools (the fixture) declares only tools, and a client
+/// asking for resources, prompts or completions anyway gets -32601, not an empty list.
+#[test]
+fn capabilities_are_only_what_the_servers_and_the_policy_offer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&[]));
+    let served = serve(dir, &[]);
+    let output = Command::new(mcp_servers::python())
+        .arg(script("mcp_items_client.py"))
+        .args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)])
+        .args(["--get", "mcp__fx__anything", "--complete", "mcp__fx__anything:x=y"])
+        .output()
+        .expect("run the Python MCP client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(got["capabilities"], json!({"resources": false, "prompts": false, "completions": false}));
+    for (what, answer) in [
+        ("resources/list", &got["resources"]),
+        ("resources/templates/list", &got["templates"]),
+        ("prompts/list", &got["prompts"]),
+        ("prompts/get", &got["gets"]["mcp__fx__anything"]),
+        ("completion/complete", &got["completions"]["mcp__fx__anything:x=y"]),
+    ] {
+        assert_eq!(answer["error"]["code"], -32601, "{what}: {answer}");
+    }
+}
+
 /// A registry edit that may change which resources and prompts a client sees reaches a
 /// 2025-11-25 session client as `resources/list_changed` and `prompts/list_changed`, and the
 /// next listing follows the edit.
@@ -1140,7 +1191,7 @@ fn a_registry_edit_reaches_mcp_clients_as_resource_and_prompt_list_changed() {
     let registry = |denied: &str| {
         format!(
             "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
-             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo]\n  \
+             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo, get-structured-content]\n  \
              allowedResources: [\"*/static/*\"]\n  deniedResources: [{denied}]\n  allowedPrompts: [\"*\"]\n---\n\
              apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  servers: [everything]\n",
             everything.program.to_string_lossy(),

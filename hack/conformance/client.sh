@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The client under test in hack/conformance.sh's client legs: what `conformance client --command`
+# runs for a scenario, with the scenario's test server URL as the last argument. spearlet is
+# started with that server as its only McpServer (`sut`, Streamable HTTP), so its pool is the
+# MCP client the suite judges; then every tool the server lists is called once through spearlet's
+# gRPC door (arguments from the scenario's MCP_CONFORMANCE_CONTEXT `toolCalls` when it gives
+# them; `add_numbers` gets a=5, b=3), and spearlet is stopped.
+#   SPEARLET=path/to/spearlet hack/conformance/client.sh http://localhost:PORT/mcp
+set -euo pipefail
+URL="${*: -1}"
+: "${SPEARLET:?SPEARLET must name the spearlet binary (hack/conformance.sh sets it)}"
+WORK="$(mktemp -d)"
+SPEARLET_PID=""
+cleanup() {
+  [[ -z "$SPEARLET_PID" ]] || { kill "$SPEARLET_PID" 2>/dev/null; wait "$SPEARLET_PID" 2>/dev/null || true; }
+  # What spearlet said about the server: the suite keeps this script's stderr with the results.
+  [[ ! -f "$WORK/spearlet.log" ]] || grep -E "WARN|ERROR|session established|session failed" "$WORK/spearlet.log" >&2 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -p "$WORK/registry"
+cat >"$WORK/registry/sut.yaml" <<YAML
+apiVersion: mcp.spear.dev/v1alpha1
+kind: McpServer
+metadata:
+  name: sut
+spec:
+  transport: streamableHttp
+  http:
+    url: "$URL"
+  allowedTools: ["*"]
+---
+apiVersion: mcp.spear.dev/v1alpha1
+kind: McpProfile
+metadata:
+  name: conformance
+spec:
+  servers: [sut]
+  defaultServers: [sut]
+YAML
+source "$(dirname "$0")/lib.sh"
+start_spearlet "$WORK"
+# Not ready is no reason to stop: some scenarios' servers refuse the first connection on purpose.
+wait_ready 15 || true
+GRPC="127.0.0.1:$GRPC_PORT"
+# NAME is the first column of the table; the header and the `sut` server's failures are skipped.
+mapfile -t TOOLS < <("$SPEARLET" tools list --grpc-addr "$GRPC" 2>/dev/null | awk 'NR > 1 && $1 ~ /^mcp__sut__/ { print $1 }')
+for tool in "${TOOLS[@]}"; do
+  own="${tool#mcp__sut__}"
+  args="$(python3 - "$own" <<'PY'
+import json, os, sys
+name = sys.argv[1]
+calls = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}").get("toolCalls") or []
+given = [c.get("arguments", {}) for c in calls if c.get("name") == name]
+print(json.dumps(given[0] if given else {"a": 5, "b": 3} if name == "add_numbers" else {}))
+PY
+)"
+  "$SPEARLET" tools call "$tool" --grpc-addr "$GRPC" --args "$args" || true
+done
