@@ -481,6 +481,7 @@ impl Agent {
                         unlisted.server
                     ),
                     retryable: false,
+                    refused_by_server: false,
                 };
                 return (current, Err((error, Some(unlisted.server))));
             }
@@ -790,6 +791,7 @@ fn unlisted_error(name: &str, unlisted: &Unlisted, health: Option<&Health>, wait
             waited.as_millis()
         ),
         retryable: true,
+        refused_by_server: false,
     }
 }
 

@@ -157,6 +157,7 @@ impl McpEndpoint {
     /// refusals are `isError` results carrying the `{"error": {code, message, retryable}}` object.
     /// With `input` (a 2026-07-28 client, and its answers to an earlier round if any), a server's
     /// request for input reaches the client as `InputRequiredResult`; without, it is that error.
+    /// A request the server itself refused as invalid (-32602) is that JSON-RPC error.
     pub(crate) async fn call(
         &self,
         name: &str,
@@ -164,17 +165,20 @@ impl McpEndpoint {
         request_id: &str,
         session_id: Option<&str>,
         input: Option<&Continuation>,
-    ) -> CallToolResponse {
+    ) -> Result<CallToolResponse, ErrorData> {
         let call_context = CallContext { door: Door::Mcp, request_id, session_id, input };
         let set = match self.agent.default_set() {
             Ok(set) => set,
-            Err(e) => return self.agent.refuse_call(&e, name, call_context).to_call_tool_result().into(),
+            Err(e) => return Ok(self.agent.refuse_call(&e, name, call_context).to_call_tool_result().into()),
         };
         let call = self.agent.call_tool(&set, name, Ok(arguments), call_context).await;
         match call.result {
-            Ok(ToolOutput { input_required: Some(asked), .. }) => CallToolResponse::InputRequired((*asked).clone()),
-            Ok(output) => output.result.into(),
-            Err(error) => error.to_call_tool_result().into(),
+            Ok(ToolOutput { input_required: Some(asked), .. }) => Ok(CallToolResponse::InputRequired((*asked).clone())),
+            Ok(output) => Ok(output.result.into()),
+            Err(error) if error.refused_by_server => {
+                Err(ErrorData::invalid_params(error.message.clone(), Some(error.to_tool_output())))
+            }
+            Err(error) => Ok(error.to_call_tool_result().into()),
         }
     }
 
@@ -403,7 +407,7 @@ impl ServerHandler for McpEndpoint {
         let response = Box::pin(
             self.call(&request.name, request.arguments, &request_id, session.as_deref(), input).instrument(span),
         )
-        .await;
+        .await?;
         Ok(match response {
             // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28
             // requires; rmcp strips `complete` again for a legacy peer.

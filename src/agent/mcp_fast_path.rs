@@ -103,13 +103,13 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
             .await;
         // Without a continuation the core answers only `Complete`. A session speaks a
         // 2025-era revision, whose results have no `resultType` (rmcp strips it the same way).
-        let response = match response {
+        let response = response.map(|response| match response {
             CallToolResponse::Complete(mut result) => {
                 result.result_type.take_if(|t| t.is_complete());
                 CallToolResponse::Complete(result)
             }
             other => other,
-        };
+        });
         return reply(&call.id, response);
     }
     forward(&route, Request::from_parts(parts, Body::from(bytes))).await
@@ -122,12 +122,18 @@ async fn read_body(body: Body) -> Result<Bytes, Response> {
     })
 }
 
-/// One JSON-RPC reply carrying `response` (a result, or a server's input request), as JSON.
-fn reply(id: &RequestId, response: CallToolResponse) -> Response {
+/// One JSON-RPC reply carrying `response` (a result, a server's input request, or the error of
+/// a request the server refused), as JSON.
+fn reply(id: &RequestId, response: Result<CallToolResponse, rmcp::ErrorData>) -> Response {
     let result = match response {
-        CallToolResponse::Complete(result) => serde_json::to_value(result),
-        CallToolResponse::InputRequired(asked) => serde_json::to_value(asked),
-        other => serde_json::to_value(rmcp::model::ServerResult::from(other)),
+        Ok(CallToolResponse::Complete(result)) => serde_json::to_value(result),
+        Ok(CallToolResponse::InputRequired(asked)) => serde_json::to_value(asked),
+        Ok(other) => serde_json::to_value(rmcp::model::ServerResult::from(other)),
+        Err(refused) => {
+            let reply = serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": refused });
+            return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
+                .into_response();
+        }
     };
     let reply = match result {
         Ok(result) => serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result }),
@@ -158,13 +164,13 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
             .instrument(span)
             .await;
         // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
-        let response = match response {
+        let response = response.map(|response| match response {
             CallToolResponse::Complete(mut result) => {
                 result.result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
                 CallToolResponse::Complete(result)
             }
             other => other,
-        };
+        });
         return reply(&call.id, response);
     }
     forward(route, Request::from_parts(parts, Body::from(bytes))).await
@@ -312,6 +318,20 @@ mod tests {
 
     fn parse(body: &str) -> Option<ToolCallRequest> {
         ToolCallRequest::parse(&Bytes::from(body.to_string()))
+    }
+
+    /// A request the server refused as invalid is answered as the JSON-RPC error it is, with the
+    /// caller's id, as rmcp answers it on the slow path.
+    #[tokio::test]
+    async fn a_request_the_server_refused_is_a_json_rpc_error() {
+        let refused = rmcp::ErrorData::invalid_params("requestState failed its integrity check", None);
+        let response = reply(&RequestId::Number(7), Err(refused));
+        let body = axum::body::to_bytes(response.into_body(), 4096).await.expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(body["id"], 7);
+        assert_eq!(body["error"]["code"], -32602);
+        assert_eq!(body["error"]["message"], "requestState failed its integrity check");
+        assert!(body.get("result").is_none(), "{body}");
     }
 
     #[test]

@@ -56,6 +56,11 @@ pub struct McpError {
     pub message: String,
     /// Whether the same call may succeed if retried.
     pub retryable: bool,
+    /// The server itself refused the request as invalid (a JSON-RPC -32602 from it: bad
+    /// arguments, a tampered `requestState`, malformed `inputResponses`). `/mcp` relays that as
+    /// the same JSON-RPC error, since its caller wrote the request; the other doors keep the
+    /// structured tool error.
+    pub(crate) refused_by_server: bool,
 }
 
 impl McpError {
@@ -63,7 +68,7 @@ impl McpError {
     /// retry; the others are not until something changes).
     pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         let retryable = matches!(code, ErrorCode::McpUnavailable | ErrorCode::McpTimeout);
-        McpError { code, message: message.into(), retryable }
+        McpError { code, message: message.into(), retryable, refused_by_server: false }
     }
 
     /// `{"error": {"code", "message", "retryable"}}`, the tool output a model sees.

@@ -1038,7 +1038,7 @@ impl Slot {
                 let message = missing.to_string();
                 *slot.env_missing.lock() = Some(missing.name);
                 slot.health.lock().down(&message);
-                return Err(McpError { code: ErrorCode::McpUnavailable, message, retryable: false });
+                return Err(McpError { retryable: false, ..McpError::new(ErrorCode::McpUnavailable, message) });
             }
         };
         let child_permit = match &endpoint {
@@ -1151,7 +1151,8 @@ impl Slot {
                 } else {
                     ErrorCode::McpUnavailable
                 };
-                McpError { code, message: data.message.to_string(), retryable: false }
+                let refused_by_server = data.code == RpcCode::INVALID_PARAMS;
+                McpError { code, message: data.message.to_string(), retryable: false, refused_by_server }
             }
             ServiceError::Timeout { timeout } => {
                 McpError::new(ErrorCode::McpTimeout, format!("no answer within {} ms", timeout.as_millis()))
@@ -1190,7 +1191,7 @@ impl Slot {
                 let state = slot
                     .starting()
                     .map_or_else(|| "starting".to_string(), |s| s.describe(std::time::SystemTime::now()));
-                return Err(McpError { code: ErrorCode::McpUnavailable, message: state, retryable: true });
+                return Err(McpError::new(ErrorCode::McpUnavailable, state));
             }
         };
         let first = live.first_list.lock().take();
