@@ -399,7 +399,7 @@ impl ServerHandler for McpEndpoint {
         let session = session_id(&context.extensions);
         // A 2026-07-28 client can answer a server's input request itself: relay it.
         let continuation =
-            Continuation { input_responses: request.input_responses, request_state: request.request_state };
+            Continuation::new(request.input_responses, request.request_state, context.client_capabilities());
         let input = is_modern(&context).then_some(&continuation);
         // Boxed, as are the other calls into the core below: see `handler_futures_stay_small`.
         let headers = context.extensions.get::<axum::http::request::Parts>().map(|parts| &parts.headers);
@@ -488,7 +488,7 @@ impl ServerHandler for McpEndpoint {
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
         // As for calls: a 2026-07-28 client answers a server's request for input itself.
         let continuation =
-            Continuation { input_responses: request.input_responses, request_state: request.request_state };
+            Continuation::new(request.input_responses, request.request_state, context.client_capabilities());
         let input = is_modern(&context).then_some(&continuation);
         let call_context =
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input };

@@ -155,8 +155,8 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
     if let Some(call) = ToolCallRequest::parse_stateless(&bytes, version, &parts.headers) {
         let params = call.params;
         let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
-        let continuation =
-            Continuation { input_responses: params.input_responses, request_state: params.request_state };
+        let declared = params.meta.as_ref().and_then(|meta| meta.client_capabilities());
+        let continuation = Continuation::new(params.input_responses, params.request_state, declared);
         let request_id = call.id.to_string();
         let response = route
             .endpoint
@@ -272,12 +272,14 @@ impl ToolCallRequest {
     /// The call in `body`, or `None` when rmcp should handle it: not a single `tools/call`
     /// request, or one rmcp would refuse (arguments that are not an object, for one).
     pub(crate) fn parse(body: &Bytes) -> Option<Self> {
-        match serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()? {
-            JsonRpcMessage::Request(JsonRpcRequest { id, request: ClientRequest::CallToolRequest(call), .. }) => {
-                Some(ToolCallRequest { id, params: call.params })
-            }
-            _ => None,
-        }
+        let JsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) =
+            serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
+        else {
+            return None;
+        };
+        let meta = request.get_meta().clone();
+        let ClientRequest::CallToolRequest(call) = request else { return None };
+        Some(ToolCallRequest { id, params: with_meta(call.params, meta) })
     }
 
     /// [`Self::parse`] for a 2026-07-28 stateless request sent with `version`: also `None` unless
@@ -294,7 +296,7 @@ impl ToolCallRequest {
         // rmcp reads `params._meta` into the request's metadata, as its own check does.
         let meta = request.get_meta().clone();
         let ClientRequest::CallToolRequest(call) = request else { return None };
-        let call = ToolCallRequest { id, params: call.params };
+        let call = ToolCallRequest { id, params: with_meta(call.params, meta.clone()) };
         let same_version = meta.protocol_version().is_some_and(|v| v.as_str() == version);
         let complete = meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty();
         let plain_name = !call.params.name.is_empty()
@@ -310,6 +312,15 @@ impl ToolCallRequest {
             && only(NAME_HEADER, &call.params.name))
         .then_some(call)
     }
+}
+
+/// `params` with the request's `_meta`, which deserializing moved out of them: the call needs it
+/// (the caller's trace context and, on 2026-07-28, its client capabilities).
+fn with_meta(mut params: CallToolRequestParams, meta: rmcp::model::RequestMetaObject) -> CallToolRequestParams {
+    if params.meta.is_none() && !meta.is_empty() {
+        params.meta = Some(meta);
+    }
+    params
 }
 
 #[cfg(test)]
@@ -332,6 +343,28 @@ mod tests {
         assert_eq!(body["error"]["code"], -32602);
         assert_eq!(body["error"]["message"], "requestState failed its integrity check");
         assert!(body.get("result").is_none(), "{body}");
+    }
+
+    /// The call keeps the request's `_meta`: the trace context of a session call, and a
+    /// 2026-07-28 caller's client capabilities, which the pool passes on to the server.
+    #[test]
+    fn a_call_keeps_its_meta() {
+        let session = parse(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}"#,
+        )
+        .expect("fast path");
+        let meta = serde_json::to_value(session.params.meta.expect("_meta kept")).expect("JSON");
+        assert_eq!(meta["traceparent"], "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+
+        let body = STATELESS_CALL.replace(r#"clientCapabilities":{}"#, r#"clientCapabilities":{"sampling":{}}"#);
+        let call = ToolCallRequest::parse_stateless(
+            &Bytes::from(body),
+            "2026-07-28",
+            &headers(&stateless_headers("mcp__fx__echo")),
+        )
+        .expect("fast path");
+        let declared = call.params.meta.and_then(|m| m.client_capabilities()).expect("client capabilities");
+        assert!(declared.sampling.is_some() && declared.elicitation.is_none(), "{declared:?}");
     }
 
     #[test]

@@ -26,12 +26,13 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompletionInfo,
-    ErrorCode as RpcCode, GetPromptRequestParams, GetPromptResponse, GetPromptResult, InputRequest,
-    InputRequiredResult, PaginatedRequestParams, Prompt, ReadResourceRequestParams, ReadResourceResult, Resource,
-    ResourceTemplate, ServerCapabilities, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientRequest, CompleteRequestParams, CompletionInfo, ErrorCode as RpcCode, GetPromptRequest,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, InputRequest, InputRequiredResult,
+    PaginatedRequestParams, Prompt, ProtocolVersion, ReadResourceRequestParams, ReadResourceResult, RequestMetaObject,
+    Resource, ResourceTemplate, ServerCapabilities, ServerResult, Tool,
 };
-use rmcp::service::ServiceError;
+use rmcp::service::{PeerRequestOptions, ServiceError};
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -197,6 +198,35 @@ pub struct ToolOutput {
 pub struct Continuation {
     pub input_responses: Option<rmcp::model::InputResponses>,
     pub request_state: Option<String>,
+    /// What the caller can answer when a server asks for input: of its declared capabilities,
+    /// the kinds the agent relays (`elicitation`, `sampling`, `roots`). A 2026-07-28 server gets
+    /// them as the request's `clientCapabilities`, in place of the pool's own (none), so it asks
+    /// only for input this caller can give.
+    pub client_capabilities: Option<ClientCapabilities>,
+}
+
+impl Continuation {
+    /// A caller's answers and state, with the relayed part of what it `declared`.
+    pub fn new(
+        input_responses: Option<rmcp::model::InputResponses>,
+        request_state: Option<String>,
+        declared: Option<ClientCapabilities>,
+    ) -> Self {
+        let client_capabilities = declared.map(|declared| {
+            let mut relayed = ClientCapabilities::default();
+            relayed.elicitation = declared.elicitation;
+            relayed.sampling = declared.sampling;
+            relayed.roots = declared.roots;
+            relayed
+        });
+        Continuation { input_responses, request_state, client_capabilities }
+    }
+
+    /// The capabilities to send `server`'s session, when it takes them per request.
+    fn capabilities_for(&self, protocol: &ProtocolVersion) -> Option<&ClientCapabilities> {
+        let per_request = protocol.as_str() >= ProtocolVersion::V_2026_07_28.as_str();
+        self.client_capabilities.as_ref().filter(|_| per_request)
+    }
 }
 
 /// A server's state as the pool sees it (for health endpoints, status and explain).
@@ -510,7 +540,19 @@ impl Pool {
             }
             // One round: the agent fulfils no `input_required` round itself (it has no human and
             // no model of the server's choosing to offer), see `input_required`.
-            Ok(live.conn.service.peer().call_tool_once(params).await)
+            let peer = live.conn.service.peer();
+            let caller = continuation.and_then(|c| c.capabilities_for(&live.conn.protocol));
+            Ok(match caller {
+                Some(capabilities) => {
+                    let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+                    send_as_caller(peer, request, capabilities).await.and_then(|result| match result {
+                        ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+                        ServerResult::InputRequiredResult(asked) => Ok(CallToolResponse::InputRequired(asked)),
+                        _ => Err(ServiceError::UnexpectedResponse),
+                    })
+                }
+                None => peer.call_tool_once(params).await,
+            })
         };
         let outcome = tokio::time::timeout(timeout, work).instrument(span.clone()).await;
         let latency = started.elapsed();
@@ -838,8 +880,22 @@ impl Pool {
         }
         // One round, as for calls: the server's request for input goes to a caller that can
         // answer it, or ends the get.
+        let caller = input.and_then(|c| c.client_capabilities.clone());
         let result = self.request(server, "prompts/get", timeout, offered, none, |peer| async move {
-            peer.get_prompt_once(params).await
+            let per_request = peer
+                .peer_info()
+                .is_some_and(|info| info.protocol_version.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+            match caller.filter(|_| per_request) {
+                Some(capabilities) => {
+                    let request = ClientRequest::GetPromptRequest(GetPromptRequest::new(params));
+                    match send_as_caller(&peer, request, &capabilities).await? {
+                        ServerResult::GetPromptResult(result) => Ok(GetPromptResponse::Complete(result)),
+                        ServerResult::InputRequiredResult(asked) => Ok(GetPromptResponse::InputRequired(asked)),
+                        _ => Err(ServiceError::UnexpectedResponse),
+                    }
+                }
+                None => peer.get_prompt_once(params).await,
+            }
         });
         let result = match result.await? {
             GetPromptResponse::InputRequired(asked) if input.is_some() => {
@@ -1226,6 +1282,44 @@ impl Slot {
             live.conn.close().await;
         }
         self.concurrency.close();
+    }
+}
+
+/// Sends `request` with `capabilities` as its `clientCapabilities` (2026-07-28 per-request
+/// `_meta`; rmcp would send the pool's own), and tells the server when the answer is no longer
+/// awaited (the caller went away, the budget ran out), as rmcp's own `*_once` calls do.
+async fn send_as_caller(
+    peer: &rmcp::service::Peer<rmcp::RoleClient>,
+    request: ClientRequest,
+    capabilities: &ClientCapabilities,
+) -> Result<ServerResult, ServiceError> {
+    let mut meta = RequestMetaObject::new();
+    meta.set_client_capabilities(capabilities.clone());
+    let mut options = PeerRequestOptions::no_options();
+    options.meta = Some(meta);
+    let handle = peer.send_request_with_option(request, options).await?;
+    let mut abandoned = CancelWhenAbandoned { peer: peer.clone(), id: Some(handle.id.clone()) };
+    let result = handle.await_response().await;
+    abandoned.id = None;
+    result
+}
+
+/// Sends `notifications/cancelled` for the request `id` when dropped while still set.
+struct CancelWhenAbandoned {
+    peer: rmcp::service::Peer<rmcp::RoleClient>,
+    id: Option<rmcp::model::RequestId>,
+}
+
+impl Drop for CancelWhenAbandoned {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let peer = self.peer.clone();
+        runtime.spawn(async move {
+            let reason = Some("request abandoned by the caller".to_string());
+            // The session may be gone already; nothing is waiting for this either way.
+            let _ = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason)).await;
+        });
     }
 }
 
