@@ -173,8 +173,16 @@ impl McpEndpoint {
         };
         let call = self.agent.call_tool(&set, name, Ok(arguments), call_context).await;
         match call.result {
-            Ok(ToolOutput { input_required: Some(asked), .. }) => Ok(CallToolResponse::InputRequired((*asked).clone())),
-            Ok(output) => Ok(output.result.into()),
+            Ok(ToolOutput { input_required: Some(asked), .. }) => {
+                let mut asked = (*asked).clone();
+                forget_upstream_identity(&mut asked.meta);
+                Ok(CallToolResponse::InputRequired(asked))
+            }
+            Ok(output) => {
+                let mut result = output.result;
+                forget_upstream_identity(&mut result.meta);
+                Ok(result.into())
+            }
             Err(error) if error.refused_by_server => {
                 Err(ErrorData::invalid_params(error.message.clone(), Some(error.to_tool_output())))
             }
@@ -291,6 +299,18 @@ fn with_metadata(mut tool: Tool, metadata: &serde_json::Map<String, serde_json::
     tool.annotations = field("annotations").and_then(|v| serde_json::from_value(v).ok());
     tool.icons = field("icons").and_then(|v| serde_json::from_value(v).ok());
     tool
+}
+
+/// Drops the server's own name and version from a result relayed to a `/mcp` caller, who talks
+/// to spearlet (rmcp puts that key on 2026-07-28 answers; the upstream's would be passed on as
+/// spearlet's, and tell the caller which implementation serves the tool).
+fn forget_upstream_identity(meta: &mut Option<rmcp::model::MetaObject>) {
+    if let Some(object) = meta.as_mut() {
+        object.0.remove("io.modelcontextprotocol/serverInfo");
+        if object.0.is_empty() {
+            *meta = None;
+        }
+    }
 }
 
 /// Whether the request is of a 2026-07-28 client, which can answer a server's request for input.
@@ -462,6 +482,7 @@ impl ServerHandler for McpEndpoint {
             CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
         let read = Box::pin(self.agent.read_resource(&set, &request.uri, call_context));
         let mut result = read.await.map_err(|e| resource_error_data(e, &request.uri))?.result;
+        forget_upstream_identity(&mut result.meta);
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }
@@ -495,9 +516,12 @@ impl ServerHandler for McpEndpoint {
         let get = Box::pin(self.agent.get_prompt(&set, &request.name, request.arguments, call_context));
         let read = get.await.map_err(error_data)?;
         if let Some(asked) = read.input_required {
-            return Ok(GetPromptResponse::InputRequired((*asked).clone()));
+            let mut asked = (*asked).clone();
+            forget_upstream_identity(&mut asked.meta);
+            return Ok(GetPromptResponse::InputRequired(asked));
         }
         let mut result = read.result;
+        forget_upstream_identity(&mut result.meta);
         result.result_type.get_or_insert(ResultType::COMPLETE);
         Ok(result.into())
     }
@@ -683,6 +707,23 @@ mod tests {
         let serve =
             future_size(|t: WorkerTransport<LocalSessionWorker>, (): ()| rmcp::serve_server(endpoint.clone(), t));
         println!("handle_request: {handle} B, serve_server: {serve} B");
+    }
+
+    #[test]
+    fn a_relayed_result_does_not_carry_the_servers_identity() {
+        let mut meta: Option<rmcp::model::MetaObject> = serde_json::from_value(serde_json::json!({
+            "io.modelcontextprotocol/serverInfo": {"name": "internal-db-tool", "version": "3.1"},
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        }))
+        .ok();
+        forget_upstream_identity(&mut meta);
+        let kept = serde_json::to_value(meta).expect("JSON");
+        assert!(kept.get("io.modelcontextprotocol/serverInfo").is_none(), "{kept}");
+        assert!(kept.get("traceparent").is_some(), "other keys stay: {kept}");
+        let mut only_identity: Option<rmcp::model::MetaObject> =
+            serde_json::from_value(serde_json::json!({"io.modelcontextprotocol/serverInfo": {"name": "x"}})).ok();
+        forget_upstream_identity(&mut only_identity);
+        assert!(only_identity.is_none());
     }
 
     #[test]
