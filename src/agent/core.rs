@@ -481,7 +481,7 @@ impl Agent {
                         unlisted.server
                     ),
                     retryable: false,
-                    refused_by_server: false,
+                    refused_by_server: None,
                 };
                 return (current, Err((error, Some(unlisted.server))));
             }
@@ -791,7 +791,7 @@ fn unlisted_error(name: &str, unlisted: &Unlisted, health: Option<&Health>, wait
             waited.as_millis()
         ),
         retryable: true,
-        refused_by_server: false,
+        refused_by_server: None,
     }
 }
 

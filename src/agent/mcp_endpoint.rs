@@ -183,10 +183,13 @@ impl McpEndpoint {
                 forget_upstream_identity(&mut result.meta);
                 Ok(result.into())
             }
-            Err(error) if error.refused_by_server => {
-                Err(ErrorData::invalid_params(error.message.clone(), Some(error.to_tool_output())))
-            }
-            Err(error) => Ok(error.to_call_tool_result().into()),
+            Err(error) => match &error.refused_by_server {
+                Some(refusal) => {
+                    let data = refusal.data.clone().unwrap_or_else(|| error.to_tool_output());
+                    Err(ErrorData::new(rmcp::model::ErrorCode(refusal.code), error.message.clone(), Some(data)))
+                }
+                None => Ok(error.to_call_tool_result().into()),
+            },
         }
     }
 

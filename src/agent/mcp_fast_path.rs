@@ -130,9 +130,16 @@ fn reply(id: &RequestId, response: Result<CallToolResponse, rmcp::ErrorData>) ->
         Ok(CallToolResponse::InputRequired(asked)) => serde_json::to_value(asked),
         Ok(other) => serde_json::to_value(rmcp::model::ServerResult::from(other)),
         Err(refused) => {
+            // As rmcp answers a stateless request: a missing client capability is a 400 (a
+            // session, whose caller cannot lack one per request, never gets it).
+            let status = if refused.code == rmcp::model::ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::OK
+            };
             let reply = serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": refused });
-            return ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string())
-                .into_response();
+            let json = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
+            return (status, json, reply.to_string()).into_response();
         }
     };
     let reply = match result {
@@ -343,6 +350,18 @@ mod tests {
         assert_eq!(body["error"]["code"], -32602);
         assert_eq!(body["error"]["message"], "requestState failed its integrity check");
         assert!(body.get("result").is_none(), "{body}");
+
+        let data = serde_json::json!({"requiredCapabilities": {"sampling": {}}});
+        let missing = rmcp::ErrorData::new(
+            rmcp::model::ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            "this tool needs sampling",
+            Some(data.clone()),
+        );
+        let response = reply(&RequestId::Number(8), Err(missing));
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "SEP-2575: -32021 is a 400");
+        let body = axum::body::to_bytes(response.into_body(), 4096).await.expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!((&body["error"]["code"], &body["error"]["data"]), (&serde_json::json!(-32021), &data));
     }
 
     /// The call keeps the request's `_meta`: the trace context of a session call, and a

@@ -390,7 +390,7 @@ pub(crate) async fn connect_with(
                      started; restart the pod (for example `kubectl rollout restart`) to get its sidecar"
                 ),
                 retryable: false,
-                refused_by_server: false,
+                refused_by_server: None,
             }),
             Endpoint::Http { url, headers } => {
                 let http_client = http_client.clone();

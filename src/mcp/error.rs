@@ -56,11 +56,40 @@ pub struct McpError {
     pub message: String,
     /// Whether the same call may succeed if retried.
     pub retryable: bool,
-    /// The server itself refused the request as invalid (a JSON-RPC -32602 from it: bad
-    /// arguments, a tampered `requestState`, malformed `inputResponses`). `/mcp` relays that as
+    /// The server itself refused the request for what its caller sent (bad arguments, a
+    /// tampered `requestState`, a capability the caller did not declare). `/mcp` relays that as
     /// the same JSON-RPC error, since its caller wrote the request; the other doors keep the
     /// structured tool error.
-    pub(crate) refused_by_server: bool,
+    pub(crate) refused_by_server: Option<Box<ServerRefusal>>,
+}
+
+/// A server's JSON-RPC refusal of a caller's request, as `/mcp` relays it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ServerRefusal {
+    /// -32602 (invalid params) or -32021 (missing required client capability).
+    pub(crate) code: i32,
+    /// The server's `data` for -32021 (`requiredCapabilities`), when small; `None` otherwise
+    /// (a server's data is not passed on for the rest).
+    pub(crate) data: Option<serde_json::Value>,
+}
+
+/// JSON-RPC codes of a server's refusal that `/mcp` relays as errors: -32602 invalid params,
+/// -32021 missing required client capability (2026-07-28).
+pub(crate) const RELAYED_REFUSALS: [i32; 2] = [-32602, -32021];
+
+/// The largest `data` of a relayed -32021 (`{"requiredCapabilities": {...}}` is tens of bytes).
+const MAX_REFUSAL_DATA_BYTES: usize = 4096;
+
+impl ServerRefusal {
+    /// The refusal of a server's JSON-RPC error, if it is one `/mcp` relays.
+    pub(crate) fn of(code: i32, data: Option<&serde_json::Value>) -> Option<Box<Self>> {
+        if !RELAYED_REFUSALS.contains(&code) {
+            return None;
+        }
+        let small = |d: &&serde_json::Value| d.to_string().len() <= MAX_REFUSAL_DATA_BYTES;
+        let data = if code == -32021 { data.filter(small).cloned() } else { None };
+        Some(Box::new(ServerRefusal { code, data }))
+    }
 }
 
 impl McpError {
@@ -68,7 +97,7 @@ impl McpError {
     /// retry; the others are not until something changes).
     pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         let retryable = matches!(code, ErrorCode::McpUnavailable | ErrorCode::McpTimeout);
-        McpError { code, message: message.into(), retryable, refused_by_server: false }
+        McpError { code, message: message.into(), retryable, refused_by_server: None }
     }
 
     /// `{"error": {"code", "message", "retryable"}}`, the tool output a model sees.
@@ -89,6 +118,17 @@ impl McpError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_callers_own_mistakes_are_relayed_and_a_servers_data_only_when_small() {
+        assert_eq!(ServerRefusal::of(-32603, None), None, "the server's own failure stays a tool error");
+        assert_eq!(ServerRefusal::of(-32001, None), None);
+        let data = serde_json::json!({"requiredCapabilities": {"sampling": {}}});
+        assert_eq!(ServerRefusal::of(-32021, Some(&data)).and_then(|r| r.data), Some(data.clone()));
+        assert_eq!(ServerRefusal::of(-32602, Some(&data)).map(|r| (r.code, r.data)), Some((-32602, None)));
+        let huge = serde_json::json!({"requiredCapabilities": {"x": "y".repeat(10_000)}});
+        assert_eq!(ServerRefusal::of(-32021, Some(&huge)).map(|r| r.data), Some(None));
+    }
 
     #[test]
     fn retryable_follows_the_code() {

@@ -1207,7 +1207,7 @@ impl Slot {
                 } else {
                     ErrorCode::McpUnavailable
                 };
-                let refused_by_server = data.code == RpcCode::INVALID_PARAMS;
+                let refused_by_server = super::error::ServerRefusal::of(data.code.0, data.data.as_ref());
                 McpError { code, message: data.message.to_string(), retryable: false, refused_by_server }
             }
             ServiceError::Timeout { timeout } => {

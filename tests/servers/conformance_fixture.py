@@ -26,6 +26,8 @@ import anyio
 import mcp.types as types
 from mcp.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.subscriptions import PromptsListChanged, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 # Logging, sampling and subscriptions are deprecated by 2026-07-28, yet the 2025 scenarios test
@@ -187,7 +189,16 @@ async def reconnection(ctx, arguments):
     return [text("Answered without a reconnection (stdio server).")]
 
 
+# -32021 (MissingRequiredClientCapability, 2026-07-28): a request whose clientCapabilities lack
+# what the tool needs is refused, naming the capability.
+MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
+
+
 async def missing_capability(ctx, arguments):
+    capabilities = (ctx.meta or {}).get("io.modelcontextprotocol/clientCapabilities")
+    if capabilities is not None and "sampling" not in capabilities:
+        raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, "this tool needs the client's sampling capability",
+                       data={"requiredCapabilities": {"sampling": {}}})
     return await sampling(ctx, {"prompt": "Answer only if your client can sample."})
 
 
@@ -202,17 +213,30 @@ async def logging_tool(ctx, arguments):
     return [text("Logged twice.")]
 
 
+# 2026-07-28 clients hear of list changes on their `subscriptions/listen` streams, fed by this
+# bus; 2025-era sessions by a notification on the session.
+BUS = InMemorySubscriptionBus()
+
+
+def is_modern(ctx) -> bool:
+    return str(getattr(ctx, "protocol_version", "") or "") >= "2026-07-28"
+
+
 async def trigger_tool_change(ctx, arguments):
     name = f"dynamic_tool_{len(TOOLS)}"
     TOOLS[name] = ("A tool added at run time.", no_arguments(), echo_arguments)
-    await ctx.session.send_tool_list_changed()
+    await BUS.publish(ToolsListChanged())
+    if not is_modern(ctx):
+        await ctx.session.send_tool_list_changed()
     return [text(f"added tool {name}")]
 
 
 async def trigger_prompt_change(ctx, arguments):
     name = f"dynamic_prompt_{len(PROMPTS)}"
     PROMPTS[name] = ("A prompt added at run time.", [], lambda args: [user(text("A dynamic prompt."))])
-    await ctx.session.send_prompt_list_changed()
+    await BUS.publish(PromptsListChanged())
+    if not is_modern(ctx):
+        await ctx.session.send_prompt_list_changed()
     return [text(f"added prompt {name}")]
 
 
@@ -588,6 +612,7 @@ server = ConformanceServer(
     on_get_prompt=get_prompt,
     on_completion=complete,
     on_set_logging_level=set_level,
+    on_subscriptions_listen=ListenHandler(BUS),
 )
 
 
