@@ -597,7 +597,22 @@ impl Pool {
             (Ok(Ok(Ok(CallToolResponse::Complete(result)))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
                 *live.last_used.lock() = Instant::now();
-                cap_result(result, max_output_bytes, latency)
+                let structured = result.structured_content.is_some();
+                let output = cap_result(result, max_output_bytes, latency)?;
+                // A tool with an outputSchema must answer structuredContent that conforms; one
+                // the cap had to drop cannot be passed on as a valid result.
+                if structured && output.result.structured_content.is_none() && slot.declares_output_schema(tool) {
+                    return Err(McpError::new(
+                        ErrorCode::McpOutputTooLarge,
+                        format!(
+                            "'{tool}' on '{server}' answered {} bytes, over its {max_output_bytes}-byte \
+                             maxToolOutputBytes, and its structuredContent (which its outputSchema requires) \
+                             does not fit",
+                            output.bytes
+                        ),
+                    ));
+                }
+                Ok(output)
             }
             // A task handle (SEP-2663), or a kind rmcp adds later.
             (Ok(Ok(Ok(_))), Some(live)) => {
@@ -1023,6 +1038,14 @@ fn lifecycle_for(known: Option<&(Instant, rmcp::model::ProtocolVersion)>) -> rmc
 // === impl Slot ===
 
 impl Slot {
+    /// Whether the server's last tool list gives `tool` an outputSchema (without waiting for
+    /// the list: a list being fetched right now counts as no).
+    fn declares_output_schema(&self, tool: &str) -> bool {
+        let Ok(cache) = self.tools.try_lock() else { return false };
+        let Some((_, _, Ok(tools), _)) = cache.entry.as_ref() else { return false };
+        tools.iter().any(|t| t.name == tool && t.output_schema.is_some())
+    }
+
     fn new(config: ServerConfig) -> Self {
         let permits = config.budgets.max_concurrency().max(1) as usize;
         Slot {

@@ -1180,6 +1180,50 @@ fn capabilities_are_only_what_the_servers_and_the_policy_offer() {
     }
 }
 
+/// A tool with an outputSchema whose structuredContent does not fit `maxToolOutputBytes` is a
+/// structured `mcp_output_too_large` error, not a result whose structured part was dropped
+/// (server-everything's `get-structured-content`); a tool without one is cut with a marker.
+#[tokio::test]
+async fn structured_output_that_does_not_fit_is_an_error_not_a_broken_result() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let everything = mcp_servers::everything_stdio();
+    let args: Vec<String> = everything.args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        dir.path().join("registry.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
+             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  \
+             allowedTools: [echo, get-structured-content]\n  budgets: {{maxToolOutputBytes: 24}}\n---\n\
+             apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
+             servers: [everything]\n",
+            everything.program.to_string_lossy(),
+            args.join(", ")
+        ),
+    )
+    .expect("write the registry");
+    let served = serve(dir, &["--audit-log", "off"]);
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let session = open_session(&http, served.http, "structured").await;
+    let call = |id: u64, name: &str, arguments: Value| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments}})
+    };
+    let weather = call(2, "mcp__everything__get-structured-content", json!({"location": "Chicago"}));
+    let (_, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, weather).await;
+    let reply = jsonrpc_message(&content_type, &body);
+    assert_eq!(reply["result"]["isError"], true, "{reply}");
+    assert_eq!(reply["result"]["structuredContent"]["error"]["code"], "mcp_output_too_large", "{reply}");
+    let message = reply["result"]["structuredContent"]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("outputSchema"), "{message}");
+
+    let echo = call(3, "mcp__everything__echo", json!({"message": "a message longer than twenty-four bytes"}));
+    let (_, content_type, _, body) = mcp_post(&http, served.http, Some(&session), None, echo).await;
+    let reply = jsonrpc_message(&content_type, &body);
+    assert_ne!(reply["result"]["isError"], true, "a tool without an outputSchema is cut: {reply}");
+    assert!(body.contains("mcp_output_too_large"), "with the marker: {reply}");
+}
+
 /// A registry edit that may change which resources and prompts a client sees reaches a
 /// 2025-11-25 session client as `resources/list_changed` and `prompts/list_changed`, and the
 /// next listing follows the edit.
