@@ -97,16 +97,9 @@ spec:
   allowedTools: ["*"]
   allowedPrompts: ["*"]
   allowedResources: ["*"]
----
-apiVersion: mcp.spear.dev/v1alpha1
-kind: McpProfile
-metadata:
-  name: conformance
-spec:
-  servers: [conf]
-  defaultServers: [conf]
 YAML
 source hack/conformance/lib.sh
+write_profile "$WORK/registry/conformance.yaml" conf
 start_spearlet "$WORK"
 wait_ready 60 || { tail -n 50 "$WORK/spearlet.log" >&2; log "spearlet did not get ready within 60 s"; exit 1; }
 # `localhost`, not 127.0.0.1: the dns-rebinding scenario sends Host and Origin from the URL.

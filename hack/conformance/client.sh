@@ -29,16 +29,9 @@ spec:
   http:
     url: "$URL"
   allowedTools: ["*"]
----
-apiVersion: mcp.spear.dev/v1alpha1
-kind: McpProfile
-metadata:
-  name: conformance
-spec:
-  servers: [sut]
-  defaultServers: [sut]
 YAML
 source "$(dirname "$0")/lib.sh"
+write_profile "$WORK/registry/sut.yaml" sut
 start_spearlet "$WORK"
 # Not ready is no reason to stop: some scenarios' servers refuse the first connection on purpose.
 wait_ready 15 || true

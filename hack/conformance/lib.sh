@@ -26,3 +26,17 @@ wait_ready() {
   done
   return 1
 }
+
+# write_profile FILE SERVER: appends the McpProfile `conformance` over SERVER, its default server.
+write_profile() {
+  cat >>"$1" <<YAML
+---
+apiVersion: mcp.spear.dev/v1alpha1
+kind: McpProfile
+metadata:
+  name: conformance
+spec:
+  servers: [$2]
+  defaultServers: [$2]
+YAML
+}

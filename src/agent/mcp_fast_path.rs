@@ -284,9 +284,17 @@ impl ToolCallRequest {
         else {
             return None;
         };
-        let meta = request.get_meta().clone();
+        // rmcp's deserializer moves `params._meta` into the request's metadata (its own checks
+        // read it there); the call needs it back: the caller's trace context and, on
+        // 2026-07-28, its client capabilities.
+        let meta = request.get_meta();
+        let meta = (!meta.is_empty()).then(|| meta.clone());
         let ClientRequest::CallToolRequest(call) = request else { return None };
-        Some(ToolCallRequest { id, params: with_meta(call.params, meta) })
+        let mut params = call.params;
+        if params.meta.is_none() {
+            params.meta = meta;
+        }
+        Some(ToolCallRequest { id, params })
     }
 
     /// [`Self::parse`] for a 2026-07-28 stateless request sent with `version`: also `None` unless
@@ -295,17 +303,10 @@ impl ToolCallRequest {
     /// name accompany it (SEP-2243, which rmcp enforces). Names outside `[A-Za-z0-9_.-]` go to
     /// rmcp, whose header decoding (Base64 forms) the fast path does not repeat.
     pub(crate) fn parse_stateless(body: &Bytes, version: &str, headers: &HeaderMap) -> Option<Self> {
-        let JsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) =
-            serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
-        else {
-            return None;
-        };
-        // rmcp reads `params._meta` into the request's metadata, as its own check does.
-        let meta = request.get_meta().clone();
-        let ClientRequest::CallToolRequest(call) = request else { return None };
-        let call = ToolCallRequest { id, params: with_meta(call.params, meta.clone()) };
-        let same_version = meta.protocol_version().is_some_and(|v| v.as_str() == version);
-        let complete = meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty();
+        let call = Self::parse(body)?;
+        let meta = call.params.meta.as_ref();
+        let same_version = meta.and_then(|m| m.protocol_version()).is_some_and(|v| v.as_str() == version);
+        let complete = meta.is_some_and(|m| m.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty());
         let plain_name = !call.params.name.is_empty()
             && call.params.name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
         let only = |name: &str, expected: &str| {
@@ -319,15 +320,6 @@ impl ToolCallRequest {
             && only(NAME_HEADER, &call.params.name))
         .then_some(call)
     }
-}
-
-/// `params` with the request's `_meta`, which deserializing moved out of them: the call needs it
-/// (the caller's trace context and, on 2026-07-28, its client capabilities).
-fn with_meta(mut params: CallToolRequestParams, meta: rmcp::model::RequestMetaObject) -> CallToolRequestParams {
-    if params.meta.is_none() && !meta.is_empty() {
-        params.meta = Some(meta);
-    }
-    params
 }
 
 #[cfg(test)]

@@ -1032,6 +1032,22 @@ async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
     terminate(&mut child, Duration::from_secs(5));
 }
 
+/// A registry dir with server-everything over stdio as McpServer `everything` (`server` adds to
+/// its spec) and the McpProfile `p` over it (`profile` adds to its spec).
+fn everything_registry(dir: &Path, server: &str, profile: &str) {
+    let everything = mcp_servers::everything_stdio();
+    let args: Vec<String> = everything.args.iter().map(|a| format!("{a:?}")).collect();
+    let yaml = format!(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
+         transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  {server}\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
+         servers: [everything]\n  {profile}\n",
+        everything.program.to_string_lossy(),
+        args.join(", ")
+    );
+    std::fs::write(dir.join("registry.yaml"), yaml).expect("write the registry");
+}
+
 /// server-everything's resources and prompts through `/mcp` with the PyPI `mcp` client: listed
 /// under `spear://` URIs and `mcp__` names, read and got through every policy layer, refused
 /// with the layer's reason (and the URI in `data.uri`, SEP-2164), cut at the server's output
@@ -1039,23 +1055,14 @@ async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
 #[test]
 fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let everything = mcp_servers::everything_stdio();
-    let args: Vec<String> = everything.args.iter().map(|a| format!("{a:?}")).collect();
-    std::fs::write(
-        dir.path().join("registry.yaml"),
-        format!(
-            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
-             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [echo, get-structured-content]\n  \
-             allowedResources: [\"demo://resource/static/document/*\", \"demo://resource/dynamic/text/*\"]\n  \
-             deniedResources: [\"*/features.md\"]\n  allowedPrompts: [simple-prompt, args-prompt, completable-prompt]\n  \
-             budgets: {{maxToolOutputBytes: 200}}\n---\napiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\n\
-             metadata: {{name: p}}\nspec:\n  servers: [everything]\n  resourceDenylist: [\"*/startup.md\"]\n  \
-             promptDenylist: [args-prompt]\n",
-            everything.program.to_string_lossy(),
-            args.join(", ")
-        ),
-    )
-    .expect("write the registry");
+    everything_registry(
+        dir.path(),
+        "allowedTools: [echo, get-structured-content]\n  \
+         allowedResources: [\"demo://resource/static/document/*\", \"demo://resource/dynamic/text/*\"]\n  \
+         deniedResources: [\"*/features.md\"]\n  allowedPrompts: [simple-prompt, args-prompt, completable-prompt]\n  \
+         budgets: {maxToolOutputBytes: 200}",
+        "resourceDenylist: [\"*/startup.md\"]\n  promptDenylist: [args-prompt]",
+    );
     let audit = tempfile::NamedTempFile::new().expect("audit file");
     let audit_path = audit.path().to_str().expect("utf-8").to_string();
     let served = serve(dir, &["--audit-log", &audit_path]);
@@ -1186,21 +1193,11 @@ fn capabilities_are_only_what_the_servers_and_the_policy_offer() {
 #[tokio::test]
 async fn structured_output_that_does_not_fit_is_an_error_not_a_broken_result() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let everything = mcp_servers::everything_stdio();
-    let args: Vec<String> = everything.args.iter().map(|a| format!("{a:?}")).collect();
-    std::fs::write(
-        dir.path().join("registry.yaml"),
-        format!(
-            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
-             transport: stdio\n  stdio:\n    command: {:?}\n    args: [{}]\n  \
-             allowedTools: [echo, get-structured-content]\n  budgets: {{maxToolOutputBytes: 24}}\n---\n\
-             apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
-             servers: [everything]\n",
-            everything.program.to_string_lossy(),
-            args.join(", ")
-        ),
-    )
-    .expect("write the registry");
+    everything_registry(
+        dir.path(),
+        "allowedTools: [echo, get-structured-content]\n  budgets: {maxToolOutputBytes: 24}",
+        "",
+    );
     let served = serve(dir, &["--audit-log", "off"]);
     spear::install_crypto_provider();
     let http = reqwest::Client::new();
