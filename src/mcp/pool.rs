@@ -828,10 +828,7 @@ impl Pool {
                 peer.complete(params).await.map(|result| result.completion)
             })
             .await?;
-        if completion.values.len() > CompletionInfo::MAX_VALUES {
-            completion.values.truncate(CompletionInfo::MAX_VALUES);
-            completion.has_more = Some(true);
-        }
+        cap_completion(&mut completion);
         Ok(completion)
     }
 
@@ -1308,6 +1305,14 @@ impl Slot {
     }
 }
 
+/// At most the spec's 100 completion values, whatever a server sends; more is said by `hasMore`.
+fn cap_completion(completion: &mut CompletionInfo) {
+    if completion.values.len() > CompletionInfo::MAX_VALUES {
+        completion.values.truncate(CompletionInfo::MAX_VALUES);
+        completion.has_more = Some(true);
+    }
+}
+
 /// Sends `request` with `capabilities` as its `clientCapabilities` (2026-07-28 per-request
 /// `_meta`; rmcp would send the pool's own), and tells the server when the answer is no longer
 /// awaited (the caller went away, the budget ran out), as rmcp's own `*_once` calls do.
@@ -1372,6 +1377,33 @@ mod tests {
     use rmcp::model::ProtocolVersion;
 
     use super::*;
+
+    /// A server answering ten thousand completions gets the spec's hundred through.
+    #[test]
+    fn a_flood_of_completion_values_is_cut_to_the_specs_limit() {
+        let mut completion = CompletionInfo::default();
+        completion.values = (0..10_000).map(|i| i.to_string()).collect();
+        cap_completion(&mut completion);
+        assert_eq!((completion.values.len(), completion.has_more), (CompletionInfo::MAX_VALUES, Some(true)));
+    }
+
+    /// What `/mcp` passes on of a listed tool: title, annotations, outputSchema and icons, never
+    /// the tool's own `_meta` (the server's business with its direct clients).
+    #[test]
+    fn a_tools_metadata_is_passed_on_without_its_meta() {
+        let tool: Tool = serde_json::from_value(serde_json::json!({
+            "name": "t", "inputSchema": {"type": "object"}, "title": "T",
+            "annotations": {"readOnlyHint": true}, "outputSchema": {"type": "object"},
+            "_meta": {"internal": "do not relay"}
+        }))
+        .expect("a tool");
+        let metadata = tool_metadata(&tool).expect("metadata");
+        let keys: Vec<&str> = metadata.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["annotations", "outputSchema", "title"], "{metadata:?}");
+        let plain: Tool = serde_json::from_value(serde_json::json!({"name": "p", "inputSchema": {"type": "object"}}))
+            .expect("a tool");
+        assert_eq!(tool_metadata(&plain), None);
+    }
 
     #[test]
     fn a_start_speaks_the_revision_last_seen_and_probes_when_it_does_not_know() {
