@@ -178,7 +178,7 @@ impl ChatService {
     /// refuses the request before the model is asked.
     async fn read_attachments(&self, set: &EffectiveSet, ids: &[String]) -> Result<Value, ChatError> {
         let request_id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
-        let context = CallContext { door: Door::Chat, request_id: &request_id, session_id: None, input: None };
+        let context = CallContext::new(Door::Chat, &request_id, None);
         let reads = ids.iter().map(|id| self.inner.agent.read_resource(set, id, context));
         let mut attached = Vec::with_capacity(ids.len());
         for (id, read) in ids.iter().zip(futures::future::join_all(reads).await) {
@@ -302,7 +302,7 @@ impl ChatService {
         extension: &mut Extension,
         builtin: Option<&mut ToolOffer>,
     ) -> Vec<Value> {
-        let context = CallContext { door: Door::Chat, request_id, session_id: None, input: None };
+        let context = CallContext { door: Door::Chat, request_id, session_id: None, input: None, relay: None };
         let agent = &self.inner.agent;
         let mut found = Vec::new();
         let results = futures::future::join_all(round.run.iter().filter_map(|&i| calls.get(i)).map(|call| {

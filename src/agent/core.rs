@@ -144,6 +144,10 @@ impl ToolCall {
     }
 }
 
+/// Rounds of input a server may ask of a 2025 caller within one call (the bridge in
+/// `call_routed`): a loop that never completes is a server's fault, not a reason to hang.
+const MAX_INPUT_ROUNDS: usize = 8;
+
 /// Where a call comes from, for the audit line.
 #[derive(Clone, Copy, Debug)]
 pub struct CallContext<'a> {
@@ -156,6 +160,17 @@ pub struct CallContext<'a> {
     /// 2026-07-28 clients), with the client's answers to an earlier round, if any; `None`: a
     /// server asking for input ends the call with `mcp_approval_required`.
     pub input: Option<&'a crate::mcp::Continuation>,
+    /// Set by a door that passes on what a 2025 server sends during the call (progress, log
+    /// messages, sampling and elicitation requests); `None`: progress and logs stay with the
+    /// agent, elicitation is declined and sampling refused.
+    pub relay: Option<&'a crate::mcp::Relay>,
+}
+
+impl<'a> CallContext<'a> {
+    /// A call from a door that relays nothing (gRPC, the chat loop).
+    pub fn new(door: Door, request_id: &'a str, session_id: Option<&'a str>) -> Self {
+        CallContext { door, request_id, session_id, input: None, relay: None }
+    }
 }
 
 /// A call's arguments as a door read them: an object (or none), or why they are not one.
@@ -356,7 +371,8 @@ impl Agent {
             Ok(route) => {
                 call.server_id = Some(route.server.clone());
                 call.tool = Some(route.tool.clone());
-                self.call_routed(&used, &route, name, (arguments, context.input), started, &mut reached_pool).await
+                let doors = (context.input, context.relay);
+                self.call_routed(&used, &route, name, (arguments, doors), started, &mut reached_pool).await
             }
             Err((error, server)) => {
                 call.server_id = server;
@@ -521,7 +537,7 @@ impl Agent {
         set: &EffectiveSet,
         route: &Route,
         name: &str,
-        (arguments, input): (CallArguments, Option<&crate::mcp::Continuation>),
+        (arguments, (input, relay)): (CallArguments, (Option<&crate::mcp::Continuation>, Option<&crate::mcp::Relay>)),
         started: Instant,
         reached_pool: &mut bool,
     ) -> Result<ToolOutput, McpError> {
@@ -553,20 +569,46 @@ impl Agent {
         let timeout = Duration::from_millis(u64::from(budgets.tool_timeout_ms)).saturating_sub(started.elapsed());
         *reached_pool = true;
         let max_output = budgets.max_tool_output_bytes as usize;
-        match input {
-            Some(continuation) => {
-                let pool = &self.inner.pool;
-                pool.call_tool_continuing(
-                    &route.server,
-                    &route.tool,
-                    arguments,
-                    Some(continuation),
-                    timeout,
-                    max_output,
-                )
-                .await
+        let pool = &self.inner.pool;
+        match (input, relay) {
+            (None, None) => pool.call_tool(&route.server, &route.tool, arguments, timeout, max_output).await,
+            (Some(_), _) => {
+                pool.call_tool_continuing(&route.server, &route.tool, arguments, input, relay, timeout, max_output)
+                    .await
             }
-            None => self.inner.pool.call_tool(&route.server, &route.tool, arguments, timeout, max_output).await,
+            // A 2025 caller, which a 2026-07-28 server's rounds of input requests are bridged to:
+            // each request is put to it as a 2025 server would, and the call is sent again with
+            // its answers, within the call's one budget.
+            (None, Some(relay)) => {
+                let deadline = Instant::now() + timeout;
+                let capabilities = relay.answers_requests().then(|| relay.capabilities());
+                let mut continuation = crate::mcp::Continuation::new(None, None, capabilities);
+                for _ in 0..MAX_INPUT_ROUNDS {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let output = pool.call_tool_continuing(
+                        &route.server,
+                        &route.tool,
+                        arguments.clone(),
+                        Some(&continuation),
+                        Some(relay),
+                        left,
+                        max_output,
+                    );
+                    let output = output.await?;
+                    let Some(asked) = &output.input_required else { return Ok(output) };
+                    let refused = || crate::mcp::pool::input_required(&route.server, &route.tool, asked);
+                    let answered = tokio::time::timeout_at(deadline.into(), relay.answer_round(asked)).await;
+                    continuation.input_responses = Some(answered.ok().flatten().ok_or_else(refused)?);
+                    continuation.request_state = asked.request_state.clone();
+                }
+                Err(McpError::new(
+                    ErrorCode::McpUnavailable,
+                    format!(
+                        "'{}' on '{}' asked for input {MAX_INPUT_ROUNDS} times over; the call was ended",
+                        route.tool, route.server
+                    ),
+                ))
+            }
         }
     }
 

@@ -477,8 +477,7 @@ impl McpSessions for SessionsDoor {
         otel::continue_trace(&span, |key| request.metadata().get(key).and_then(|v| v.to_str().ok()));
         let pb::CallToolRequest { session_id, tool, args_json } = request.into_inner();
         let pinned = self.touch(&session_id)?;
-        let context =
-            CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id), input: None };
+        let context = CallContext::new(Door::Grpc, &request_id, Some(&session_id));
         let set = match self.agent.effective(Some(&pinned.scope), &[]) {
             Ok(set) => set,
             // A policy refusal of a call is tool output, like a refused tool: the session stays usable.
@@ -538,8 +537,7 @@ impl McpSessions for SessionsDoor {
         let request_id = request_id(&request);
         let pb::ReadResourceRequest { session_id, uri } = request.into_inner();
         let pinned = self.touch(&session_id)?;
-        let context =
-            CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id), input: None };
+        let context = CallContext::new(Door::Grpc, &request_id, Some(&session_id));
         let set = self.agent.effective(Some(&pinned.scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
         // The server's own URI names a resource of the session's server.
         let uri =
@@ -582,8 +580,7 @@ impl McpSessions for SessionsDoor {
         let request_id = request_id(&request);
         let pb::GetPromptRequest { session_id, prompt, args_json } = request.into_inner();
         let pinned = self.touch(&session_id)?;
-        let context =
-            CallContext { door: Door::Grpc, request_id: &request_id, session_id: Some(&session_id), input: None };
+        let context = CallContext::new(Door::Grpc, &request_id, Some(&session_id));
         let set = self.agent.effective(Some(&pinned.scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
         let mut reply = pb::GetPromptReply { registry_revision: set.revision.to_string(), ..Default::default() };
         let arguments = match arguments_from_json(&args_json) {

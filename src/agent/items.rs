@@ -40,6 +40,10 @@ pub(crate) struct ItemCapabilities {
     pub(crate) resources: bool,
     pub(crate) prompts: bool,
     pub(crate) completions: bool,
+    /// A server of the set offers logging (`logging/setLevel` is fanned out to those).
+    pub(crate) logging: bool,
+    /// A server whose resources the set may expose offers resource subscriptions.
+    pub(crate) subscribe: bool,
 }
 
 impl ItemCapabilities {
@@ -54,6 +58,8 @@ impl ItemCapabilities {
             declared.prompts |= prompts;
             // Completions complete a prompt's or a resource template's arguments.
             declared.completions |= (resources || prompts) && has(|c| c.completions.is_some());
+            declared.logging |= has(|c| c.logging.is_some());
+            declared.subscribe |= resources && has(|c| c.resources.as_ref().is_some_and(|r| r.subscribe == Some(true)));
         }
         declared
     }
@@ -216,6 +222,41 @@ impl Agent {
         out
     }
 
+    /// `logging/setLevel` to every server of `set` that offers logging, at once; a server that
+    /// fails is logged and skipped (the level is a preference, not a call).
+    #[allow(deprecated)] // logging is deprecated by SEP-2577, yet lives in 2025-11-25.
+    pub(crate) async fn set_log_level(&self, set: &EffectiveSet, level: rmcp::model::LoggingLevel) {
+        let sets = set.servers.iter().map(|server| async move {
+            let timeout = Duration::from_millis(u64::from(server.budgets.tool_timeout_ms));
+            if let Err(error) = self.pool().set_log_level(&server.id, level, timeout).await {
+                tracing::warn!(server_id = %server.id, error = %error, "logging/setLevel failed");
+            }
+        });
+        futures::future::join_all(sets).await;
+    }
+
+    /// Subscribes to (or unsubscribes from) an aggregated resource through the policy: the
+    /// owning server's subscription, which the caller's session then hears of.
+    pub(crate) async fn subscribe_resource(
+        &self,
+        set: &EffectiveSet,
+        id: &str,
+        subscribe: bool,
+    ) -> Result<(), McpError> {
+        let (server, uri) = items::parse_resource_id(id).ok_or_else(|| {
+            McpError::new(
+                ErrorCode::McpInvalidArguments,
+                format!("'{}' is not a resource of this agent (spear://<server>/<uri>)", audit::capped(id)),
+            )
+        })?;
+        set.item_decision(server, ItemKind::Resource, uri).map_err(refusal)?;
+        let budgets = set.servers.iter().find(|s| &*s.id == server).map(|s| s.budgets).ok_or_else(|| {
+            McpError::new(ErrorCode::McpPolicyDenied, format!("server '{server}' is not in this request's set"))
+        })?;
+        let timeout = Duration::from_millis(u64::from(budgets.tool_timeout_ms));
+        self.pool().subscribe_resource(server, uri, subscribe, timeout).await
+    }
+
     /// Reads an aggregated resource URI through the policy; audited.
     pub(crate) async fn read_resource(
         &self,
@@ -370,17 +411,26 @@ mod tests {
         );
         assert_eq!(
             declared(&[(true, false, Some(&everything))]),
-            ItemCapabilities { resources: true, prompts: false, completions: true }
+            ItemCapabilities { resources: true, prompts: false, completions: true, ..Default::default() }
         );
         assert_eq!(
             declared(&[(false, true, None)]),
-            ItemCapabilities { resources: false, prompts: true, completions: true },
-            "a server not connected yet may have them"
+            ItemCapabilities { resources: false, prompts: true, completions: true, logging: true, subscribe: false },
+            "a server not connected yet may have them (but its resources are not exposed: no subscribe)"
         );
         let prompts_no_completions = capabilities(false, true, false);
         assert_eq!(
             declared(&[(true, true, Some(&prompts_no_completions)), (true, true, Some(&tools_only))]),
-            ItemCapabilities { resources: false, prompts: true, completions: false }
+            ItemCapabilities { resources: false, prompts: true, completions: false, ..Default::default() }
         );
+        let mut logs_and_subscriptions = capabilities(true, false, false);
+        logs_and_subscriptions.logging = Some(Default::default());
+        if let Some(resources) = logs_and_subscriptions.resources.as_mut() {
+            resources.subscribe = Some(true);
+        }
+        let declared_now = declared(&[(true, false, Some(&logs_and_subscriptions))]);
+        assert!(declared_now.logging && declared_now.subscribe, "{declared_now:?}");
+        let hidden = declared(&[(false, false, Some(&logs_and_subscriptions))]);
+        assert!(hidden.logging && !hidden.subscribe, "resources not exposed: no subscriptions; {hidden:?}");
     }
 }

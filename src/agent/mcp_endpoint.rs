@@ -7,8 +7,13 @@
 //!            ──tools/list──▶ EffectiveSet (default scope) as rmcp Tools
 //!            ──tools/call──▶ Agent::call_tool ─▶ CallToolResult (errors: isError + the error object)
 //!            ──completion/complete──▶ the server owning the prompt or template (Agent::complete)
-//! capabilities: tools always; resources, prompts, completions only when a server of the set may
-//!     expose them (policy) and has them (or is not connected yet); the rest answer -32601
+//!            ──logging/setLevel──▶ each server that offers logging (the sessions' most verbose)
+//!            ──resources/(un)subscribe──▶ the owning server; its resources/updated ─▶ subscribers
+//! during a call: the server's progress, log messages, sampling and elicitation ─relay─▶ the
+//!     caller (`relaying`: on the call's stream; `crate::mcp::relay` says which call is whose)
+//! capabilities: tools always; resources, prompts, completions, logging and resource
+//!     subscriptions only when a server of the set may expose them (policy) and has them (or is
+//!     not connected yet); the rest answer -32601
 //! AgentState watch ──fingerprint changed──▶ notifications/tools/list_changed
 //!     (legacy sessions: one task for all, to each session's peer; 2026-07-28: to each
 //!      subscriptions/listen sink)
@@ -19,6 +24,9 @@
 //! costs the agent about 58 KiB resident, nearly all rmcp's: seven channels (tokio allocates 32
 //! slots for each up front, mostly of 360-400 byte messages) and three tasks (benches/sessions.rs).
 
+#![allow(deprecated)] // logging, sampling and resources/subscribe: deprecated by SEP-2577, live in 2025-11-25.
+
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -27,14 +35,17 @@ use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CompleteRequestMethod, CompleteRequestParams, CompleteResult,
     GetPromptRequestMethod, GetPromptRequestParams, GetPromptResponse, Implementation, InitializeResult,
     ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesRequestMethod, ListResourceTemplatesResult,
-    ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
-    ProtocolVersion, ReadResourceRequestMethod, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability,
-    ResultType, ServerCapabilities, SubscriptionFilter, Tool,
+    ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
+    PromptsCapability, ProtocolVersion, ReadResourceRequestMethod, ReadResourceRequestParams, ReadResourceResponse,
+    ResourcesCapability, ResultType, ServerCapabilities, SetLevelRequestMethod, SetLevelRequestParams,
+    SubscribeRequestMethod, SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestMethod,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -42,7 +53,8 @@ use super::audit::Door;
 use super::core::{Agent, CallContext};
 use super::mcp_fast_path::McpRoute;
 use super::mcp_keep_alive::SessionKeeper;
-use crate::mcp::{Continuation, ToolOutput};
+use crate::mcp::relay;
+use crate::mcp::{Continuation, Relay, Relayed, ToolOutput};
 use crate::telemetry::otel;
 
 /// `ttlMs` of a tools/list answer, with `cacheScope: private`. Private: the set is this pod's
@@ -88,11 +100,33 @@ struct SessionPeers {
     peers: parking_lot::Mutex<Vec<Peer<RoleServer>>>,
     /// The notifier task was started (with the first session).
     started: AtomicBool,
+    /// What each legacy session asked for, by session id (dropped with the session's peer).
+    asked: parking_lot::Mutex<HashMap<Arc<str>, SessionAsks>>,
+}
+
+/// What one legacy session asked of the agent beyond calls.
+#[derive(Clone, Debug, Default)]
+struct SessionAsks {
+    /// Its `logging/setLevel`; without one it gets no server log messages.
+    log_level: Option<LoggingLevel>,
+    /// Its client declared sampling or elicitation: its calls go through rmcp, which can send it
+    /// the servers' requests on the call's stream and route its answers back.
+    answers_requests: bool,
+    /// The resources it subscribed to (`spear://<server>/<uri>`).
+    subscribed: HashSet<String>,
+    /// Its peer, for resource updates.
+    peer: Option<Peer<RoleServer>>,
 }
 
 impl SessionPeers {
     /// Adds a session's peer; true for the first one ever, whose caller starts the notifier.
-    fn add(&self, peer: Peer<RoleServer>) -> bool {
+    fn add(&self, peer: Peer<RoleServer>, session: Option<Arc<str>>, answers_requests: bool) -> bool {
+        if let Some(session) = session {
+            let mut asked = self.asked.lock();
+            let entry = asked.entry(session).or_default();
+            entry.answers_requests = answers_requests;
+            entry.peer = Some(peer.clone());
+        }
         self.peers.lock().push(peer);
         !self.started.swap(true, Ordering::AcqRel)
     }
@@ -100,6 +134,7 @@ impl SessionPeers {
     /// Lets go of the peers whose session ended.
     fn prune(&self) {
         self.peers.lock().retain(|peer| !peer.is_transport_closed());
+        self.asked.lock().retain(|_, asks| asks.peer.as_ref().is_some_and(|peer| !peer.is_transport_closed()));
     }
 
     /// The peers of the sessions still open, to notify.
@@ -107,6 +142,43 @@ impl SessionPeers {
         let mut peers = self.peers.lock();
         peers.retain(|peer| !peer.is_transport_closed());
         peers.clone()
+    }
+
+    /// Records `session`'s log level; the most verbose level any open session asked for.
+    fn set_log_level(&self, session: &str, level: LoggingLevel) -> LoggingLevel {
+        let mut asked = self.asked.lock();
+        asked.entry(session.into()).or_default().log_level = Some(level);
+        asked.values().filter_map(|a| a.log_level).min_by_key(|l| relay::severity(*l)).unwrap_or(level)
+    }
+
+    fn log_level(&self, session: &str) -> Option<LoggingLevel> {
+        self.asked.lock().get(session).and_then(|a| a.log_level)
+    }
+
+    fn answers_requests(&self, session: &str) -> bool {
+        self.asked.lock().get(session).is_some_and(|a| a.answers_requests)
+    }
+
+    /// Records (or, with `subscribe` false, removes) `session`'s subscription to `resource`.
+    fn subscribe(&self, session: &str, resource: &str, subscribe: bool) {
+        let mut asked = self.asked.lock();
+        let subscribed = &mut asked.entry(session.into()).or_default().subscribed;
+        if subscribe {
+            subscribed.insert(resource.to_string());
+        } else {
+            subscribed.remove(resource);
+        }
+    }
+
+    /// Whether any other open session still subscribes to `resource`.
+    fn subscribed_elsewhere(&self, session: &str, resource: &str) -> bool {
+        self.asked.lock().iter().any(|(id, asks)| &**id != session && asks.subscribed.contains(resource))
+    }
+
+    /// The peers of the sessions subscribed to `resource`.
+    fn subscribers(&self, resource: &str) -> Vec<Peer<RoleServer>> {
+        let asked = self.asked.lock();
+        asked.values().filter(|a| a.subscribed.contains(resource)).filter_map(|a| a.peer.clone()).collect()
     }
 }
 
@@ -165,8 +237,9 @@ impl McpEndpoint {
         request_id: &str,
         session_id: Option<&str>,
         input: Option<&Continuation>,
+        relay: Option<&Relay>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let call_context = CallContext { door: Door::Mcp, request_id, session_id, input };
+        let call_context = CallContext { door: Door::Mcp, request_id, session_id, input, relay };
         let set = match self.agent.default_set() {
             Ok(set) => set,
             Err(e) => return Ok(self.agent.refuse_call(&e, name, call_context).to_call_tool_result().into()),
@@ -191,6 +264,35 @@ impl McpEndpoint {
                 None => Ok(error.to_call_tool_result().into()),
             },
         }
+    }
+
+    /// The relay of one call in `context`'s session: progress under the caller's token, log
+    /// messages at its session's level, and (a legacy session only: 2026-07-28 forbids requests
+    /// to the client) the servers' sampling and elicitation requests its client declared.
+    fn relay_for(
+        &self,
+        context: &RequestContext<RoleServer>,
+        meta: Option<&rmcp::model::RequestMetaObject>,
+        session: Option<&str>,
+    ) -> (Relay, mpsc::Receiver<Relayed>) {
+        let token = meta.and_then(|m| m.get_progress_token()).or_else(|| context.meta.get_progress_token());
+        let legacy = !is_modern(context);
+        let declared = context.peer.peer_info().map(|info| info.capabilities.clone()).unwrap_or_default();
+        let level = session.and_then(|s| self.listeners.log_level(s)).filter(|_| legacy);
+        let sampling = legacy && declared.sampling.is_some();
+        let elicitation = legacy && declared.elicitation.is_some();
+        Relay::channel(token, level, sampling, elicitation)
+    }
+
+    /// The log level `session` set with `logging/setLevel`, if any.
+    pub(crate) fn log_level(&self, session: &str) -> Option<LoggingLevel> {
+        self.listeners.log_level(session)
+    }
+
+    /// Whether `session`'s client can be sent the servers' requests (sampling, elicitation),
+    /// which only rmcp's path can do.
+    pub(crate) fn answers_requests(&self, session: &str) -> bool {
+        self.listeners.answers_requests(session)
     }
 
     /// The endpoint's instructions: each upstream server's own instructions in a delimited group,
@@ -277,6 +379,77 @@ impl McpEndpoint {
                 }
             }
         }
+    }
+}
+
+/// Runs `call` while passing what its server sends to the client through `peer`: notifications
+/// in order as they come, requests (sampling, elicitation) concurrently, each answered back to
+/// the server. All of it runs in the handler's own task, where rmcp knows the originating
+/// request, so its requests ride that request's stream. When the call ends, what is left of its
+/// notifications is passed on first; a request still unanswered is dropped (the server's wait
+/// ends with an error).
+async fn relaying<T>(
+    call: impl std::future::Future<Output = T>,
+    mut relayed: mpsc::Receiver<Relayed>,
+    peer: &Peer<RoleServer>,
+) -> T {
+    let mut asking = futures::stream::FuturesUnordered::new();
+    tokio::pin!(call);
+    loop {
+        tokio::select! {
+            biased;
+            output = &mut call => {
+                while let Ok(message) = relayed.try_recv() {
+                    notify(peer, message).await;
+                }
+                return output;
+            }
+            Some(message) = relayed.recv() => match message {
+                Relayed::Sampling(..) | Relayed::Elicitation(..) => asking.push(ask(peer.clone(), message)),
+                notification => notify(peer, notification).await,
+            },
+            Some(()) = futures::StreamExt::next(&mut asking), if !asking.is_empty() => {}
+        }
+    }
+}
+
+/// Passes a notification to the client (a request that got here is answered as refused).
+async fn notify(peer: &Peer<RoleServer>, message: Relayed) {
+    let _ = match message {
+        Relayed::Progress(params) => peer.notify_progress(params).await,
+        Relayed::Log(params) => peer.notify_logging_message(params).await,
+        request => {
+            ask(peer.clone(), request).await;
+            Ok(())
+        }
+    };
+}
+
+/// Sends a server's request to the client and its answer back to the server.
+async fn ask(peer: Peer<RoleServer>, message: Relayed) {
+    use rmcp::model::{ClientResult, CreateMessageRequest, ElicitRequest, ServerRequest};
+    let failed = |e: rmcp::service::ServiceError| match e {
+        rmcp::service::ServiceError::McpError(error) => error,
+        other => ErrorData::internal_error(format!("the caller did not answer: {other}"), None),
+    };
+    match message {
+        Relayed::Sampling(params, answer) => {
+            let asked = peer.send_request(ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params))).await;
+            let _ = answer.send(match asked {
+                Ok(ClientResult::CreateMessageResult(result)) => Ok(*result),
+                Ok(_) => Err(ErrorData::internal_error("the caller answered sampling with another result", None)),
+                Err(e) => Err(failed(e)),
+            });
+        }
+        Relayed::Elicitation(params, answer) => {
+            let asked = peer.send_request(ServerRequest::ElicitRequest(ElicitRequest::new(params))).await;
+            let _ = answer.send(match asked {
+                Ok(ClientResult::ElicitResult(result)) => Ok(result),
+                Ok(_) => Err(ErrorData::internal_error("the caller answered elicitation with another result", None)),
+                Err(e) => Err(failed(e)),
+            });
+        }
+        Relayed::Progress(_) | Relayed::Log(_) => {}
     }
 }
 
@@ -394,6 +567,14 @@ impl ServerHandler for McpEndpoint {
         if declared.completions {
             capabilities.completions = Some(serde_json::Map::new());
         }
+        if declared.logging {
+            capabilities.logging = Some(serde_json::Map::new());
+        }
+        if declared.subscribe
+            && let Some(resources) = capabilities.resources.as_mut()
+        {
+            resources.subscribe = Some(true);
+        }
         let mut info = InitializeResult::new(capabilities)
             .with_server_info(Implementation::new("spearlet", env!("CARGO_PKG_VERSION")));
         if let Some(instructions) = self.instructions() {
@@ -427,10 +608,9 @@ impl ServerHandler for McpEndpoint {
         // Boxed, as are the other calls into the core below: see `handler_futures_stay_small`.
         let headers = context.extensions.get::<axum::http::request::Parts>().map(|parts| &parts.headers);
         let span = call_span(request.meta.as_ref(), headers);
-        let response = Box::pin(
-            self.call(&request.name, request.arguments, &request_id, session.as_deref(), input).instrument(span),
-        )
-        .await?;
+        let (relay, relayed) = self.relay_for(&context, request.meta.as_ref(), session.as_deref());
+        let call = self.call(&request.name, request.arguments, &request_id, session.as_deref(), input, Some(&relay));
+        let response = Box::pin(relaying(call.instrument(span), relayed, &context.peer)).await?;
         Ok(match response {
             // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28
             // requires; rmcp strips `complete` again for a legacy peer.
@@ -481,8 +661,7 @@ impl ServerHandler for McpEndpoint {
             ErrorData::method_not_found::<ReadResourceRequestMethod>,
         )?;
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
-        let call_context =
-            CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input: None };
+        let call_context = CallContext::new(Door::Mcp, &request_id, session.as_deref());
         let read = Box::pin(self.agent.read_resource(&set, &request.uri, call_context));
         let mut result = read.await.map_err(|e| resource_error_data(e, &request.uri))?.result;
         forget_upstream_identity(&mut result.meta);
@@ -514,8 +693,13 @@ impl ServerHandler for McpEndpoint {
         let continuation =
             Continuation::new(request.input_responses, request.request_state, context.client_capabilities());
         let input = is_modern(&context).then_some(&continuation);
-        let call_context =
-            CallContext { door: Door::Mcp, request_id: &request_id, session_id: session.as_deref(), input };
+        let call_context = CallContext {
+            door: Door::Mcp,
+            request_id: &request_id,
+            session_id: session.as_deref(),
+            input,
+            relay: None,
+        };
         let get = Box::pin(self.agent.get_prompt(&set, &request.name, request.arguments, call_context));
         let read = get.await.map_err(error_data)?;
         if let Some(asked) = read.input_required {
@@ -540,9 +724,64 @@ impl ServerHandler for McpEndpoint {
         Ok(CompleteResult::new(complete.await.map_err(error_data)?))
     }
 
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let set = self.set()?;
+        offered(self.agent.item_capabilities(&set).logging, ErrorData::method_not_found::<SetLevelRequestMethod>)?;
+        let session = session_id(&context.extensions)
+            .ok_or_else(|| ErrorData::invalid_request("logging/setLevel needs a session (Mcp-Session-Id)", None))?;
+        // The servers log at the most verbose level any session asked for; each session gets
+        // only what is at or above its own (`Relay::log`).
+        let level = self.listeners.set_log_level(&session, request.level);
+        Box::pin(self.agent.set_log_level(&set, level)).await;
+        Ok(())
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let set = self.set()?;
+        offered(self.agent.item_capabilities(&set).subscribe, ErrorData::method_not_found::<SubscribeRequestMethod>)?;
+        let session = session_id(&context.extensions)
+            .ok_or_else(|| ErrorData::invalid_request("resources/subscribe needs a session (Mcp-Session-Id)", None))?;
+        let subscribe = Box::pin(self.agent.subscribe_resource(&set, &request.uri, true));
+        subscribe.await.map_err(|e| resource_error_data(e, &request.uri))?;
+        self.listeners.subscribe(&session, &request.uri, true);
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let set = self.set()?;
+        offered(self.agent.item_capabilities(&set).subscribe, ErrorData::method_not_found::<UnsubscribeRequestMethod>)?;
+        let session = session_id(&context.extensions).ok_or_else(|| {
+            ErrorData::invalid_request("resources/unsubscribe needs a session (Mcp-Session-Id)", None)
+        })?;
+        self.listeners.subscribe(&session, &request.uri, false);
+        // The server's subscription is shared by the sessions: it ends with the last of them.
+        if !self.listeners.subscribed_elsewhere(&session, &request.uri) {
+            let unsubscribe = Box::pin(self.agent.subscribe_resource(&set, &request.uri, false));
+            unsubscribe.await.map_err(|e| resource_error_data(e, &request.uri))?;
+        }
+        Ok(())
+    }
+
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Legacy (session) protocol: notifications go to the session's peer.
-        if self.listeners.add(context.peer) {
+        let session = session_id(&context.extensions).map(Arc::from);
+        let answers = context
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.sampling.is_some() || info.capabilities.elicitation.is_some());
+        if self.listeners.add(context.peer.clone(), session, answers) {
             tokio::spawn(notify_sessions(self.agent.clone(), self.listeners.clone(), self.shutdown.clone()));
         }
     }
@@ -565,6 +804,8 @@ impl ServerHandler for McpEndpoint {
 /// ended sessions every [`PEER_PRUNE_INTERVAL`].
 async fn notify_sessions(agent: Agent, sessions: Arc<SessionPeers>, shutdown: CancellationToken) {
     let mut changes = ChangeWatch::new(&agent);
+    let mut updates = agent.pool().resource_updates();
+    let mut updates_open = true;
     let mut prune = tokio::time::interval(PEER_PRUNE_INTERVAL);
     prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -588,6 +829,22 @@ async fn notify_sessions(agent: Agent, sessions: Arc<SessionPeers>, shutdown: Ca
                 };
                 futures::future::join_all(sessions.live().into_iter().map(notify)).await;
             }
+            update = updates.recv(), if updates_open => match update {
+                Ok((server, uri)) => {
+                    let resource = crate::policy::items::resource_id(&server, &uri);
+                    let notify = |peer: Peer<RoleServer>| {
+                        let params = rmcp::model::ResourceUpdatedNotificationParam::new(resource.clone());
+                        async move {
+                            let _ = tokio::time::timeout(NOTIFY_TIMEOUT, peer.notify_resource_updated(params)).await;
+                        }
+                    };
+                    futures::future::join_all(sessions.subscribers(&resource).into_iter().map(notify)).await;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "resource updates came faster than sessions took them; some were dropped");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => updates_open = false,
+            },
             _ = prune.tick() => sessions.prune(),
         }
     }

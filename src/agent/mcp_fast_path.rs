@@ -11,9 +11,14 @@
 //! Why: through rmcp each call crosses the session worker, a per-request SSE channel and the
 //! service task before reaching the handler; that hand-off was most of the agent's CPU per call
 //! under load (benches/agent.rs). The reply is what rmcp would send, as a JSON response, which the
-//! protocol allows for any request. A `progressToken` does not change that: the agent sends no
-//! progress notifications for its calls on either path (rmcp clients attach a token to every
-//! request).
+//! protocol allows for any request. When the server sends progress or log messages for the call
+//! before its result (`crate::mcp::relay`), the reply becomes an SSE stream at that moment: those
+//! messages, in order, then the result. A call that sends none (most; rmcp clients attach a
+//! `progressToken` to every request) stays one JSON reply.
+//!
+//! A session whose client declared sampling or elicitation never takes the fast path: a server's
+//! request to it must go out with an id rmcp knows, so that the client's answer (a POST of its
+//! own) reaches the call.
 //!
 //! rmcp still owns the session: a fast call counts as activity through
 //! [`super::mcp_keep_alive`], which keeps rmcp's idle timer from closing a session that only
@@ -39,7 +44,9 @@ use tracing::Instrument as _;
 use super::http_guard::host_allowed;
 use super::mcp_endpoint::McpEndpoint;
 use super::mcp_keep_alive::SessionKeeper;
-use crate::mcp::Continuation;
+use crate::mcp::{Continuation, Relay, Relayed};
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
 
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -91,26 +98,29 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
         Err(too_large) => return too_large,
     };
     if let Some(call) = ToolCallRequest::parse(&bytes)
+        && !route.endpoint.answers_requests(&session)
         && route.sessions.has_session(&session.as_str().into()).await.unwrap_or(false)
     {
-        let _in_flight = route.keeper.call_started(&session);
+        let in_flight = route.keeper.call_started(&session);
         let params = call.params;
         let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
-        let response = route
-            .endpoint
-            .call(&params.name, params.arguments, &call.id.to_string(), Some(&session), None)
-            .instrument(span)
-            .await;
-        // Without a continuation the core answers only `Complete`. A session speaks a
-        // 2025-era revision, whose results have no `resultType` (rmcp strips it the same way).
-        let response = response.map(|response| match response {
-            CallToolResponse::Complete(mut result) => {
-                result.result_type.take_if(|t| t.is_complete());
-                CallToolResponse::Complete(result)
-            }
-            other => other,
-        });
-        return reply(&call.id, response);
+        let token = params.meta.as_ref().and_then(|meta| meta.get_progress_token());
+        let (relay, relayed) = Relay::channel(token, route.endpoint.log_level(&session), false, false);
+        let (endpoint, id) = (route.endpoint.clone(), call.id.to_string());
+        let response = async move {
+            let _in_flight = in_flight;
+            let response = endpoint.call(&params.name, params.arguments, &id, Some(&session), None, Some(&relay));
+            // Without a continuation the core answers only `Complete`. A session speaks a
+            // 2025-era revision, whose results have no `resultType` (rmcp strips it the same way).
+            response.instrument(span).await.map(|response| match response {
+                CallToolResponse::Complete(mut result) => {
+                    result.result_type.take_if(|t| t.is_complete());
+                    CallToolResponse::Complete(result)
+                }
+                other => other,
+            })
+        };
+        return relay_reply(call.id, Box::pin(response), relayed).await;
     }
     forward(&route, Request::from_parts(parts, Body::from(bytes))).await
 }
@@ -122,9 +132,81 @@ async fn read_body(body: Body) -> Result<Bytes, Response> {
     })
 }
 
+/// A call in progress, as the fast path runs it.
+type PendingCall = BoxFuture<'static, Result<CallToolResponse, rmcp::ErrorData>>;
+
+/// The reply to `call`: one JSON reply when the call ends before its server sends anything to
+/// pass on (the common case, and the cheapest); else an SSE stream of what the server sent, in
+/// order, then the reply. The stream's task ends the call (cancelling it at the server) when
+/// the client goes away, as dropping the JSON reply's handler does.
+async fn relay_reply(id: RequestId, mut call: PendingCall, mut relayed: mpsc::Receiver<Relayed>) -> Response {
+    let first = tokio::select! {
+        biased;
+        response = &mut call => return reply(&id, response),
+        Some(message) = relayed.recv() => message,
+    };
+    let (events, body) = mpsc::channel::<Bytes>(crate::mcp::relay::RELAY_BUFFER);
+    tokio::spawn(async move {
+        let send = async |message: Relayed| match sse_notification(message) {
+            Some(event) => events.send(event).await.is_ok(),
+            None => true,
+        };
+        if !send(first).await {
+            return;
+        }
+        loop {
+            tokio::select! {
+                biased;
+                () = events.closed() => return,
+                response = &mut call => {
+                    while let Ok(message) = relayed.try_recv() {
+                        send(message).await;
+                    }
+                    let (_, reply) = reply_body(&id, response);
+                    let _ = events.send(sse_event(&reply)).await;
+                    return;
+                }
+                Some(message) = relayed.recv() => if !send(message).await { return },
+            }
+        }
+    });
+    let body = futures::stream::unfold(body, |mut body| async move {
+        body.recv().await.map(|event| (Ok::<_, std::convert::Infallible>(event), body))
+    });
+    let headers = [
+        (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+    ];
+    (headers, Body::from_stream(body)).into_response()
+}
+
+/// A relayed notification as one SSE event; `None` for a request, which the fast path never
+/// relays (its relays take none, so a request here is answered as refused when dropped).
+#[allow(deprecated)] // logging is deprecated by SEP-2577, yet lives in 2025-11-25.
+fn sse_notification(message: Relayed) -> Option<Bytes> {
+    let (method, params) = match message {
+        Relayed::Progress(params) => ("notifications/progress", serde_json::to_value(params)),
+        Relayed::Log(params) => ("notifications/message", serde_json::to_value(params)),
+        Relayed::Sampling(..) | Relayed::Elicitation(..) => return None,
+    };
+    let params = params.ok()?;
+    Some(sse_event(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params })))
+}
+
+/// One SSE `message` event carrying `message`.
+fn sse_event(message: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("event: message\ndata: {message}\n\n"))
+}
+
 /// One JSON-RPC reply carrying `response` (a result, a server's input request, or the error of
 /// a request the server refused), as JSON.
 fn reply(id: &RequestId, response: Result<CallToolResponse, rmcp::ErrorData>) -> Response {
+    let (status, reply) = reply_body(id, response);
+    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string()).into_response()
+}
+
+/// The status and body of [`reply`].
+fn reply_body(id: &RequestId, response: Result<CallToolResponse, rmcp::ErrorData>) -> (StatusCode, serde_json::Value) {
     let result = match response {
         Ok(CallToolResponse::Complete(result)) => serde_json::to_value(result),
         Ok(CallToolResponse::InputRequired(asked)) => serde_json::to_value(asked),
@@ -137,9 +219,7 @@ fn reply(id: &RequestId, response: Result<CallToolResponse, rmcp::ErrorData>) ->
             } else {
                 StatusCode::OK
             };
-            let reply = serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": refused });
-            let json = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
-            return (status, json, reply.to_string()).into_response();
+            return (status, serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": refused }));
         }
     };
     let reply = match result {
@@ -147,7 +227,7 @@ fn reply(id: &RequestId, response: Result<CallToolResponse, rmcp::ErrorData>) ->
         Err(e) => serde_json::json!({ "jsonrpc": "2.0", "id": id,
             "error": { "code": -32603, "message": format!("the result could not be encoded: {e}") } }),
     };
-    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], reply.to_string()).into_response()
+    (StatusCode::OK, reply)
 }
 
 /// A 2026-07-28 stateless request whose headers allow the fast path: answered here when its body
@@ -165,20 +245,23 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
         let declared = params.meta.as_ref().and_then(|meta| meta.client_capabilities());
         let continuation = Continuation::new(params.input_responses, params.request_state, declared);
         let request_id = call.id.to_string();
-        let response = route
-            .endpoint
-            .call(&params.name, params.arguments, &request_id, None, Some(&continuation))
-            .instrument(span)
-            .await;
-        // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
-        let response = response.map(|response| match response {
-            CallToolResponse::Complete(mut result) => {
-                result.result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
-                CallToolResponse::Complete(result)
-            }
-            other => other,
-        });
-        return reply(&call.id, response);
+        // Progress only: 2026-07-28 sends no requests to the client and no log messages.
+        let token = params.meta.as_ref().and_then(|meta| meta.get_progress_token());
+        let (relay, relayed) = Relay::channel(token, None, false, false);
+        let endpoint = route.endpoint.clone();
+        let response = async move {
+            let response =
+                endpoint.call(&params.name, params.arguments, &request_id, None, Some(&continuation), Some(&relay));
+            // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
+            response.instrument(span).await.map(|response| match response {
+                CallToolResponse::Complete(mut result) => {
+                    result.result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
+                    CallToolResponse::Complete(result)
+                }
+                other => other,
+            })
+        };
+        return relay_reply(call.id, Box::pin(response), relayed).await;
     }
     forward(route, Request::from_parts(parts, Body::from(bytes))).await
 }
@@ -328,6 +411,40 @@ mod tests {
 
     fn parse(body: &str) -> Option<ToolCallRequest> {
         ToolCallRequest::parse(&Bytes::from(body.to_string()))
+    }
+
+    /// A call that sends nothing before its result is one JSON reply; one whose server sends
+    /// progress first becomes an SSE stream: the progress under the caller's token, then the result.
+    #[tokio::test]
+    async fn the_reply_turns_into_a_stream_only_when_something_comes_before_the_result() {
+        use rmcp::model::{CallToolResult, NumberOrString, ProgressNotificationParam, ProgressToken};
+        let result = || Ok(CallToolResponse::Complete(CallToolResult::success(vec![])));
+        let (_relay, relayed) = Relay::channel(None, None, false, false);
+        let quiet = relay_reply(RequestId::Number(1), Box::pin(async move { result() }), relayed).await;
+        assert_eq!(quiet.headers()[header::CONTENT_TYPE], "application/json");
+
+        let token = ProgressToken(NumberOrString::String("caller".into()));
+        let (relay, relayed) = Relay::channel(Some(token), None, false, false);
+        let (proceed, proceeded) = tokio::sync::oneshot::channel::<()>();
+        let call = Box::pin(async move {
+            relay.progress(ProgressNotificationParam::new(ProgressToken(NumberOrString::Number(7)), 50.0));
+            let _ = proceeded.await;
+            result()
+        });
+        let streamed = relay_reply(RequestId::Number(2), call, relayed).await;
+        assert_eq!(streamed.headers()[header::CONTENT_TYPE], "text/event-stream");
+        let _ = proceed.send(());
+        let body = axum::body::to_bytes(streamed.into_body(), 1 << 20).await.expect("body");
+        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&body)
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .map(|data| serde_json::from_str(data).expect("an event's JSON"))
+            .collect();
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0]["method"], "notifications/progress");
+        assert_eq!(events[0]["params"]["progressToken"], "caller");
+        assert_eq!(events[1]["id"], 2);
+        assert!(events[1]["result"].is_object(), "{events:?}");
     }
 
     /// A request the server refused as invalid is answered as the JSON-RPC error it is, with the

@@ -20,6 +20,9 @@
 //! stream instead, flags it, and the pool answers that call with `mcp_output_too_large` and
 //! starts a fresh session for the next one.
 
+#![allow(deprecated)] // sampling and logging are deprecated by SEP-2577, yet live in 2025-11-25.
+
+use std::collections::HashMap;
 use std::path::Path;
 use std::pin::Pin;
 use std::process::Stdio;
@@ -28,10 +31,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use rmcp::ErrorData;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, ProtocolVersion, ServerNotification, SubscriptionFilter,
+    ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
+    ElicitResult, ElicitationCapability, FormElicitationCapability, Implementation, LoggingMessageNotificationParam,
+    ProgressNotificationParam, ProtocolVersion, SamplingCapability, ServerNotification, SubscriptionFilter,
 };
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::service::{InboundStreamOrigin, NotificationContext, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
@@ -46,6 +52,7 @@ use tracing::Instrument;
 use super::config::Endpoint;
 use super::error::{ErrorCode, McpError};
 use super::limits::{ListCut, ListLimits};
+use super::relay::{self, InFlight, Origin};
 use crate::api::ServerInfo;
 use crate::child::GroupGuard;
 use crate::telemetry::otel;
@@ -176,17 +183,40 @@ impl ListChanged {
 /// Where a session's list-change notifications are counted: its tools' (per server, so the
 /// pool re-lists that server), and resources' and prompts' (one count for the whole pool, which
 /// `/mcp` relays to its clients).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Watchers {
     pub(crate) tools: Arc<ListChanged>,
     pub(crate) items: Arc<ListChanged>,
+    /// `notifications/resources/updated`, pool-wide: (server id, the server's URI).
+    pub(crate) resource_updates: tokio::sync::broadcast::Sender<(Arc<str>, String)>,
 }
 
-/// The pool's rmcp client handler: identifies the agent, and records list_changed.
+impl Default for Watchers {
+    /// Watchers nobody reads (the operator's probe): a one-slot update channel.
+    fn default() -> Self {
+        Watchers {
+            tools: Arc::default(),
+            items: Arc::default(),
+            resource_updates: tokio::sync::broadcast::Sender::new(1),
+        }
+    }
+}
+
+/// The pool's rmcp client handler: identifies the agent, records list_changed, and passes what
+/// the server sends during a call to that call's relay (`relay.rs`).
 #[derive(Clone, Debug)]
 pub(crate) struct PoolHandler {
     server_id: Arc<str>,
     watchers: Watchers,
+    calls: Arc<InFlight>,
+}
+
+/// Where a server's request came from: the call whose response stream carried it, if any.
+fn origin(extensions: &rmcp::model::Extensions) -> Origin<'_> {
+    match extensions.get::<InboundStreamOrigin>() {
+        Some(InboundStreamOrigin::OutboundRequest(id)) => Origin::Request(id),
+        _ => Origin::Unknown,
+    }
 }
 
 impl ClientHandler for PoolHandler {
@@ -194,8 +224,51 @@ impl ClientHandler for PoolHandler {
         // The version offered by `initialize`, the handshake of the revisions before 2026-07-28
         // (rmcp's default, its latest, has no handshake: a 2025 server would be offered a
         // revision it cannot know). `server/discover` offers its own `preferred_versions`.
-        ClientConfig::new(ClientCapabilities::default(), Implementation::new("spear-mcp", env!("CARGO_PKG_VERSION")))
+        ClientConfig::new(relayed_capabilities(), Implementation::new("spear-mcp", env!("CARGO_PKG_VERSION")))
             .with_protocol_version(ProtocolVersion::V_2025_11_25)
+    }
+
+    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        if let Some(relay) = self.calls.by_progress_token(&params.progress_token) {
+            relay.progress(params);
+        }
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        context: NotificationContext<RoleClient>,
+    ) {
+        match self.calls.attribute(origin(&context.extensions)) {
+            Some(relay) => relay.log(params),
+            // Not a call's (or not one that can be named): the agent's own log keeps it.
+            None => tracing::debug!(server_id = %self.server_id, level = ?params.level, "server log message"),
+        }
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        match self.calls.attribute(origin(&context.extensions)) {
+            Some(relay) => relay.sample(params).await,
+            None => Err(relay::sampling_refused(
+                "no single call of this session can be named as the one asking, and the agent has no model of \
+                 the server's choosing to offer",
+            )),
+        }
+    }
+
+    async fn create_elicitation(
+        &self,
+        params: ElicitRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        match self.calls.attribute(origin(&context.extensions)) {
+            Some(relay) => relay.elicit(params).await,
+            None => Ok(relay::declined()),
+        }
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -208,10 +281,31 @@ impl ClientHandler for PoolHandler {
         self.watchers.items.bump();
     }
 
+    async fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        // No receiver (no /mcp session subscribed yet) is no error.
+        let _ = self.watchers.resource_updates.send((self.server_id.clone(), params.uri));
+    }
+
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::debug!(server_id = %self.server_id, "prompts/list_changed");
         self.watchers.items.bump();
     }
+}
+
+/// The capabilities the pool declares to a 2025 server: sampling and (form) elicitation, which
+/// it relays to the caller of the call that asks when that caller can answer (a `/mcp` client
+/// that declared them), and declines otherwise (see `relay.rs`).
+fn relayed_capabilities() -> ClientCapabilities {
+    let mut capabilities = ClientCapabilities::default();
+    capabilities.sampling = Some(SamplingCapability::default());
+    let mut elicitation = ElicitationCapability::default();
+    elicitation.form = Some(FormElicitationCapability::default());
+    capabilities.elicitation = Some(elicitation);
+    capabilities
 }
 
 // === Connection ===
@@ -228,6 +322,11 @@ pub(crate) struct Connection {
     pub(crate) oversized: Arc<AtomicBool>,
     /// Lines on the server's stdout that were not JSON-RPC (skipped, logged as warnings).
     pub(crate) garbage_lines: Arc<AtomicU64>,
+    /// The calls in flight, to which the server's progress, logs and requests are relayed.
+    pub(crate) calls: Arc<InFlight>,
+    /// A 2026-07-28 server's resource subscriptions (`subscriptions/listen`), by URI; removing
+    /// one ends its listen.
+    pub(crate) resource_listens: parking_lot::Mutex<HashMap<String, tokio_util::sync::DropGuard>>,
     /// The child's process group (stdio in local mode); dropping the connection stops it.
     child: parking_lot::Mutex<Option<GroupGuard>>,
     pid: Option<u32>,
@@ -309,7 +408,8 @@ pub(crate) async fn connect_with(
     http_client: Option<reqwest::Client>,
 ) -> Result<Connection, McpError> {
     let handler_watchers = watchers.clone();
-    let handler = PoolHandler { server_id: server_id.clone(), watchers };
+    let calls = Arc::new(InFlight::default());
+    let handler = PoolHandler { server_id: server_id.clone(), watchers, calls: calls.clone() };
     let oversized = Arc::new(AtomicBool::new(false));
     let garbage = Arc::new(AtomicU64::new(0));
     // Set when rmcp's probe gave up on `server/discover` and the answer came after all (a server
@@ -465,6 +565,8 @@ pub(crate) async fn connect_with(
         protocol,
         oversized,
         garbage_lines: garbage,
+        calls,
+        resource_listens: parking_lot::Mutex::default(),
         child: parking_lot::Mutex::new(child),
         pid,
     })

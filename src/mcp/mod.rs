@@ -23,6 +23,8 @@ pub mod health;
 pub mod limits;
 pub mod output;
 pub mod pool;
+pub mod relay;
 
 pub use error::{ErrorCode, McpError};
 pub use pool::{Continuation, Pool, PoolOptions, ServerStatus, ToolOutput};
+pub use relay::{Relay, Relayed};

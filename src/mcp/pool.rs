@@ -44,6 +44,7 @@ use super::error::{ErrorCode, McpError};
 use super::health::{Action, Health};
 use super::limits::{self, ListCut, ListLimits};
 use super::output::{self, Truncation};
+use super::relay::{InFlight, Relay};
 use crate::api::ServerInfo;
 use crate::policy::{ServerTools, Starting, ToolInfo, ToolList};
 use crate::registry::snapshot::Snapshot;
@@ -224,10 +225,13 @@ impl Continuation {
 
     /// The capabilities to send `server`'s session, when it takes them per request.
     fn capabilities_for(&self, protocol: &ProtocolVersion) -> Option<&ClientCapabilities> {
-        let per_request = protocol.as_str() >= ProtocolVersion::V_2026_07_28.as_str();
-        self.client_capabilities.as_ref().filter(|_| per_request)
+        self.client_capabilities.as_ref().filter(|_| is_modern(protocol))
     }
 }
+
+/// Resource updates held for a slow reader before the oldest are dropped (it then misses some,
+/// and a client re-reads what it watches anyway).
+const RESOURCE_UPDATES_BUFFER: usize = 256;
 
 /// A server's state as the pool sees it (for health endpoints, status and explain).
 #[derive(Clone, Debug, PartialEq)]
@@ -335,6 +339,8 @@ struct Inner {
     shutdown: CancellationToken,
     /// Counts resources/prompts list_changed from every server.
     items_changed: Arc<ListChanged>,
+    /// `notifications/resources/updated` from every server: (server id, the server's URI).
+    resource_updates: tokio::sync::broadcast::Sender<(Arc<str>, String)>,
 }
 
 /// The client pool. Cheap to clone; clones share sessions.
@@ -370,6 +376,7 @@ impl Pool {
             slots: RwLock::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             items_changed: Arc::new(ListChanged::default()),
+            resource_updates: tokio::sync::broadcast::Sender::new(RESOURCE_UPDATES_BUFFER),
         });
         if let Some(idle) = inner.options.idle_timeout {
             let weak = Arc::downgrade(&inner);
@@ -475,22 +482,25 @@ impl Pool {
         timeout: Duration,
         max_output_bytes: usize,
     ) -> Result<ToolOutput, McpError> {
-        let output = self.call_tool_continuing(server, tool, arguments, None, timeout, max_output_bytes).await?;
+        let output = self.call_tool_continuing(server, tool, arguments, None, None, timeout, max_output_bytes).await?;
         match &output.input_required {
             Some(asked) => Err(input_required(server, tool, asked)),
             None => Ok(output),
         }
     }
 
-    /// [`Self::call_tool`] for a door that relays input requests: `continuation` carries a
-    /// client's answers to an earlier round, and a server asking for input comes back as
-    /// `Ok` with [`ToolOutput::input_required`] set.
+    /// [`Self::call_tool`] for a door that relays: `continuation` carries a 2026-07-28 client's
+    /// answers to an earlier round, and a server asking for input comes back as `Ok` with
+    /// [`ToolOutput::input_required`] set; `relay` takes what a 2025 server sends during the call
+    /// (progress, log messages, sampling and elicitation requests).
+    #[allow(clippy::too_many_arguments)]
     pub async fn call_tool_continuing(
         &self,
         server: &str,
         tool: &str,
         arguments: Option<Map<String, Value>>,
         continuation: Option<&Continuation>,
+        relay: Option<&Relay>,
         timeout: Duration,
         max_output_bytes: usize,
     ) -> Result<ToolOutput, McpError> {
@@ -542,17 +552,19 @@ impl Pool {
             // no model of the server's choosing to offer), see `input_required`.
             let peer = live.conn.service.peer();
             let caller = continuation.and_then(|c| c.capabilities_for(&live.conn.protocol));
-            Ok(match caller {
-                Some(capabilities) => {
-                    let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-                    send_as_caller(peer, request, capabilities).await.and_then(|result| match result {
-                        ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
-                        ServerResult::InputRequiredResult(asked) => Ok(CallToolResponse::InputRequired(asked)),
-                        _ => Err(ServiceError::UnexpectedResponse),
-                    })
-                }
-                None => peer.call_tool_once(params).await,
-            })
+            let mut meta = caller.map(caller_meta);
+            // A 2026-07-28 server sends log messages only to a request that asks for them.
+            if let Some(level) = relay.and_then(Relay::log_level).filter(|_| is_modern(&live.conn.protocol)) {
+                meta.get_or_insert_with(RequestMetaObject::new).set_log_level(level);
+            }
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+            let in_flight = Some((&live.conn.calls, relay));
+            Ok(send_call(peer, request, meta, in_flight).await.and_then(|result| match result {
+                ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+                ServerResult::InputRequiredResult(asked) => Ok(CallToolResponse::InputRequired(asked)),
+                ServerResult::CreateTaskResult(task) => Ok(CallToolResponse::Task(task)),
+                _ => Err(ServiceError::UnexpectedResponse),
+            }))
         };
         let outcome = tokio::time::timeout(timeout, work).instrument(span.clone()).await;
         let latency = started.elapsed();
@@ -832,6 +844,127 @@ impl Pool {
         Ok(completion)
     }
 
+    /// Sets `server`'s log level (`logging/setLevel`) when it offers logging; else nothing.
+    #[allow(deprecated)] // logging is deprecated by SEP-2577, yet lives in 2025-11-25.
+    pub async fn set_log_level(
+        &self,
+        server: &str,
+        level: rmcp::model::LoggingLevel,
+        timeout: Duration,
+    ) -> Result<(), McpError> {
+        let offered = |c: &ServerCapabilities| c.logging.is_some();
+        self.request(
+            server,
+            "logging/setLevel",
+            timeout,
+            offered,
+            || (),
+            |peer| async move {
+                // A 2026-07-28 server has no setLevel: each call asks for its own level.
+                match peer.peer_info().is_some_and(|info| is_modern(&info.protocol_version)) {
+                    true => Ok(()),
+                    false => peer.set_level(rmcp::model::SetLevelRequestParams::new(level)).await,
+                }
+            },
+        )
+        .await
+    }
+
+    /// Subscribes to (or unsubscribes from) `server`'s resource `uri`; an error when the server
+    /// offers no subscriptions.
+    #[allow(deprecated)] // resources/subscribe is the 2025 revisions' (2026-07-28 listens).
+    pub async fn subscribe_resource(
+        &self,
+        server: &str,
+        uri: &str,
+        subscribe: bool,
+        timeout: Duration,
+    ) -> Result<(), McpError> {
+        let offered = |c: &ServerCapabilities| c.resources.as_ref().is_some_and(|r| r.subscribe == Some(true));
+        let what = if subscribe { "resources/subscribe" } else { "resources/unsubscribe" };
+        let slot = self.slot(server)?;
+        let live = tokio::time::timeout(timeout, Slot::session(&slot, &self.inner)).await.map_err(|_| {
+            McpError::new(ErrorCode::McpTimeout, format!("{what} on '{server}': the server did not start"))
+        })??;
+        if is_modern(&live.conn.protocol) {
+            return self.listen_to_resource(&live, server, uri, subscribe, timeout).await;
+        }
+        let uri = uri.to_string();
+        let done = self
+            .request(
+                server,
+                what,
+                timeout,
+                offered,
+                || false,
+                |peer| async move {
+                    if subscribe {
+                        peer.subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await
+                    } else {
+                        peer.unsubscribe(rmcp::model::UnsubscribeRequestParams::new(uri)).await
+                    }
+                    .map(|()| true)
+                },
+            )
+            .await?;
+        if done {
+            Ok(())
+        } else {
+            Err(McpError::new(ErrorCode::McpInvalidArguments, format!("'{server}' offers no resource subscriptions")))
+        }
+    }
+
+    /// [`Self::subscribe_resource`] on a 2026-07-28 session, which has no `resources/subscribe`:
+    /// a `subscriptions/listen` for the one URI, held until unsubscribed or the session ends,
+    /// whose updates join every other server's.
+    async fn listen_to_resource(
+        &self,
+        live: &Live,
+        server: &str,
+        uri: &str,
+        subscribe: bool,
+        timeout: Duration,
+    ) -> Result<(), McpError> {
+        if !subscribe {
+            live.conn.resource_listens.lock().remove(uri);
+            return Ok(());
+        }
+        let mut filter = rmcp::model::SubscriptionFilter::new();
+        filter.resource_subscriptions = Some(vec![uri.to_string()]);
+        let peer = live.conn.service.peer();
+        let listened = tokio::time::timeout(timeout, peer.listen(filter)).await.map_err(|_| {
+            McpError::new(ErrorCode::McpTimeout, format!("subscriptions/listen on '{server}' was not acknowledged"))
+        })?;
+        let mut subscription = listened.map_err(|e| {
+            McpError::new(ErrorCode::McpUnavailable, format!("'{server}' refused to listen to '{uri}': {e}"))
+        })?;
+        let (ended, updates, server_id) =
+            (CancellationToken::new(), self.inner.resource_updates.clone(), Arc::<str>::from(server));
+        let until = ended.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    () = until.cancelled() => return,
+                    next = subscription.next() => next,
+                };
+                match next {
+                    Ok(Some(rmcp::model::ServerNotification::ResourceUpdatedNotification(updated))) => {
+                        let _ = updates.send((server_id.clone(), updated.params.uri));
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => return,
+                }
+            }
+        });
+        live.conn.resource_listens.lock().insert(uri.to_string(), ended.drop_guard());
+        Ok(())
+    }
+
+    /// `notifications/resources/updated` from every server, as (server id, the server's URI).
+    pub(crate) fn resource_updates(&self) -> tokio::sync::broadcast::Receiver<(Arc<str>, String)> {
+        self.inner.resource_updates.subscribe()
+    }
+
     /// The capabilities `server` declared, when its session is up (without waiting for it).
     pub fn server_capabilities(&self, server: &str) -> Option<ServerCapabilities> {
         let slot = self.slot(server).ok()?;
@@ -969,7 +1102,7 @@ const MAX_ASKED_QUOTE: usize = 200;
 /// The error of a call whose server asked for input (2026-07-28 `InputRequiredResult`): the agent
 /// has no human to ask and offers no sampling, so the call ends here, naming what was asked,
 /// instead of hanging or retrying.
-fn input_required(server: &str, tool: &str, asked: &InputRequiredResult) -> McpError {
+pub(crate) fn input_required(server: &str, tool: &str, asked: &InputRequiredResult) -> McpError {
     let mut what: Vec<String> = Vec::new();
     for request in asked.input_requests.iter().flat_map(|requests| requests.values()) {
         what.push(match request {
@@ -1138,8 +1271,11 @@ impl Slot {
                 let started = Instant::now();
                 let list_limits = pool.options.list_limits;
                 let start = async {
-                    let watchers =
-                        connect::Watchers { tools: owner.list_changed.clone(), items: pool.items_changed.clone() };
+                    let watchers = connect::Watchers {
+                        tools: owner.list_changed.clone(),
+                        items: pool.items_changed.clone(),
+                        resource_updates: pool.resource_updates.clone(),
+                    };
                     let conn =
                         connect::connect(&owner.config.id, &endpoint, watchers, frame_limit, budget, lifecycle).await?;
                     let left = budget.saturating_sub(started.elapsed());
@@ -1321,14 +1457,47 @@ async fn send_as_caller(
     request: ClientRequest,
     capabilities: &ClientCapabilities,
 ) -> Result<ServerResult, ServiceError> {
+    send_call(peer, request, Some(caller_meta(capabilities)), None).await
+}
+
+/// The `_meta` that declares a caller's `capabilities` to a 2026-07-28 server.
+fn caller_meta(capabilities: &ClientCapabilities) -> RequestMetaObject {
     let mut meta = RequestMetaObject::new();
     meta.set_client_capabilities(capabilities.clone());
+    meta
+}
+
+/// Whether a session speaks 2026-07-28 or later (per-request capabilities and log levels).
+fn is_modern(protocol: &ProtocolVersion) -> bool {
+    protocol.as_str() >= ProtocolVersion::V_2026_07_28.as_str()
+}
+
+/// Sends `request` (with `meta` added to its `_meta`: a caller's capabilities, a log level) and
+/// waits for its answer; a request abandoned before it (the caller's budget ran out) is
+/// cancelled at the server. With `in_flight`, the request is one of the session's calls for as
+/// long as it runs, so what the server sends meanwhile reaches the call's relay (see `relay`).
+async fn send_call(
+    peer: &rmcp::service::Peer<rmcp::RoleClient>,
+    request: ClientRequest,
+    meta: Option<RequestMetaObject>,
+    in_flight: Option<(&Arc<InFlight>, Option<&Relay>)>,
+) -> Result<ServerResult, ServiceError> {
     let mut options = PeerRequestOptions::no_options();
-    options.meta = Some(meta);
+    options.meta = meta;
     let handle = peer.send_request_with_option(request, options).await?;
+    let _call = in_flight.map(|(calls, relay)| match relay {
+        Some(relay) => calls.enter(handle.id.clone(), handle.progress_token.clone(), relay.clone()),
+        None => calls.enter_unrelayed(),
+    });
+    let relays = in_flight.is_some_and(|(_, relay)| relay.is_some());
     let mut abandoned = CancelWhenAbandoned { peer: peer.clone(), id: Some(handle.id.clone()) };
     let result = handle.await_response().await;
     abandoned.id = None;
+    if relays {
+        // rmcp handles each notification in a task of its own: give those the server sent just
+        // before its answer a turn to reach the relay before the call leaves the session.
+        tokio::task::yield_now().await;
+    }
     result
 }
 

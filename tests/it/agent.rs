@@ -11,7 +11,7 @@ use spear::testing::mcp_servers;
 use crate::support::start_agent;
 
 fn ctx() -> CallContext<'static> {
-    CallContext { door: Door::Grpc, request_id: "test", session_id: None, input: None }
+    CallContext::new(Door::Grpc, "test", None)
 }
 
 #[tokio::test]

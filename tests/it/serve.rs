@@ -1263,3 +1263,113 @@ fn a_registry_edit_reaches_mcp_clients_as_resource_and_prompt_list_changed() {
     assert!(!resources.iter().any(|r| r.as_str().is_some_and(|r| r.ends_with("instructions.md"))), "{resources:?}");
     assert!(child.wait().expect("client exit").success());
 }
+
+/// What servers send during a call reaches the `/mcp` client that made it (PyPI `mcp`, a
+/// 2025-11-25 session declaring sampling and elicitation), from a 2025 server over its session
+/// (server-everything: progress, sampling, elicitation requests) and from a 2026-07-28 server
+/// (the conformance fixture: log messages asked for per request; its input rounds bridged to
+/// the session's requests); resource subscriptions reach either server (resources/subscribe on
+/// the 2025 one, `subscriptions/listen` on the other).
+#[test]
+fn a_servers_progress_logs_and_requests_reach_the_caller_of_the_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let everything = mcp_servers::everything_stdio();
+    let yaml = format!(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
+         transport: stdio\n  stdio:\n    command: {}\n    args: {}\n  allowedTools: [\"*\"]\n  \
+         allowedResources: [\"*\"]\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: conf}}\nspec:\n  \
+         transport: stdio\n  stdio:\n    command: {}\n    args: [{}]\n  allowedTools: [\"*\"]\n  \
+         allowedResources: [\"*\"]\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
+         servers: [everything, conf]\n  defaultServers: [everything, conf]\n",
+        json!(everything.program.to_string_lossy()),
+        json!(everything.args),
+        json!(mcp_servers::python().to_string_lossy()),
+        json!(script("conformance_fixture.py").to_string_lossy()),
+    );
+    std::fs::write(dir.path().join("registry.yaml"), yaml).expect("write the registry");
+    let served = serve(dir, &["--audit-log", "off"]);
+    let calls = [
+        r#"mcp__everything__trigger-long-running-operation={"duration": 1, "steps": 3}"#,
+        r#"mcp__everything__trigger-sampling-request={"prompt": "capital of France?", "maxTokens": 20}"#,
+        "mcp__everything__trigger-elicitation-request",
+        "mcp__conf__test_tool_with_logging",
+        r#"mcp__conf__test_sampling={"prompt": "capital of Peru?"}"#,
+        "mcp__conf__test_elicitation",
+    ];
+    let mut client = Command::new(mcp_servers::python());
+    client.arg(script("mcp_relay_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
+    client.args(["--log-level", "info"]);
+    client.args(["--subscribe", "spear://everything/demo://resource/static/document/instructions.md"]);
+    client.args(["--subscribe", "spear://conf/test://watched-resource"]);
+    for call in calls {
+        client.args(["--call", call]);
+    }
+    let output = client.output().expect("run the Python MCP client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert!(got["capabilities"]["logging"].is_object(), "both servers log: {}", got["capabilities"]);
+    assert_eq!(got["capabilities"]["resources"]["subscribe"], true, "{}", got["capabilities"]);
+    for (uri, error) in got["subscribe"].as_object().expect("subscriptions") {
+        assert!(error.is_null(), "subscribing to {uri}: {error}");
+    }
+    let call = |i: usize| &got["calls"][calls[i]];
+    let texts = |i: usize| call(i)["texts"].to_string();
+
+    let progress: Vec<f64> =
+        call(0)["progress"].as_array().expect("progress").iter().filter_map(|p| p["progress"].as_f64()).collect();
+    assert_eq!(progress, [1.0, 2.0, 3.0], "progress under the caller's token, in order: {}", call(0));
+
+    assert_eq!(
+        call(1)["asked"],
+        json!([{"sampling": "Resource trigger-sampling-request context: capital of France?"}])
+    );
+    assert!(texts(1).contains("sampled: Resource trigger-sampling-request"), "the server got the answer: {}", call(1));
+    assert_eq!(call(2)["asked"].as_array().map(Vec::len), Some(1), "{}", call(2));
+    assert!(texts(2).contains("Ada") && texts(2).contains("ada@example.org"), "{}", call(2));
+
+    let logs: Vec<&str> = call(3)["logs"].as_array().expect("logs").iter().filter_map(|l| l["data"].as_str()).collect();
+    assert_eq!(logs, ["tool execution started", "tool execution processing", "tool execution completed"]);
+    // A 2026-07-28 server asks with InputRequiredResult; the agent asks this 2025 caller as a
+    // 2025 server would, and sends the call again with the answer.
+    assert_eq!(call(4)["asked"], json!([{"sampling": "capital of Peru?"}]), "{}", call(4));
+    assert!(texts(4).contains("LLM response: sampled: capital of Peru?"), "{}", call(4));
+    assert!(texts(5).contains("action=accept") && texts(5).contains("Ada"), "{}", call(5));
+    for i in 0..calls.len() {
+        if i != 3 {
+            assert_eq!(call(i)["logs"], json!([]), "no other call's log lines: {}", call(i));
+        }
+    }
+}
+
+/// The attack the relay's attribution stops: with a call of one `/mcp` session in flight on a
+/// stdio server, another session's call makes that server ask for input. Nothing on the wire
+/// says which call asked, so neither caller is asked: the first session, whose client would
+/// accept anything, never sees the other's elicitation or sampling request; the server is told
+/// declined, and refused (-1).
+#[test]
+fn a_servers_request_is_never_put_to_another_callers_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    everything_registry(dir.path(), "allowedTools: [\"*\"]", "");
+    let served = serve(dir, &["--audit-log", "off"]);
+    let output = Command::new(mcp_servers::python())
+        .arg(script("mcp_relay_client.py"))
+        .args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)])
+        .args(["--during", r#"mcp__everything__trigger-long-running-operation={"duration": 4, "steps": 8}"#])
+        .args(["--call", "mcp__everything__trigger-elicitation-request"])
+        .args(["--call", r#"mcp__everything__trigger-sampling-request={"prompt": "x", "maxTokens": 5}"#])
+        .output()
+        .expect("run the Python MCP client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let during = &got["during"];
+    assert_eq!(during["first_asked"], json!([]), "the session in flight was asked another's question: {during}");
+    let second = during["second"].as_object().expect("the second session's calls");
+    let [elicited, sampled] = [0, 1].map(|i| second.values().nth(i).expect("two calls").clone());
+    assert_eq!(elicited["asked"], json!([]), "{elicited}");
+    assert!(elicited["texts"].to_string().contains("decline"), "the server was told declined: {elicited}");
+    assert!(sampled["texts"].to_string().contains("sampling refused by spearlet"), "{sampled}");
+}

@@ -13,6 +13,7 @@ Built on the PyPI `mcp` SDK's low-level `Server`, which speaks 2025-11-25 sessio
 """
 
 import base64
+import contextvars
 import hashlib
 import hmac
 import json
@@ -121,8 +122,25 @@ async def error_handling(ctx, arguments):
     raise ToolFailed("This tool fails on purpose, to show how a tool error looks.")
 
 
+# The call's request, for the tools that ask a 2026-07-28 client for input with an
+# InputRequiredResult (that revision forbids requests from server to client); 2025 sessions are
+# asked over the session, as before.
+CALL_PARAMS: contextvars.ContextVar = contextvars.ContextVar("call_params")
+
+
+def asked_before(key: str):
+    """The 2026-07-28 client's answer to `key` in this call's retry, if it gave one."""
+    return answers_of(CALL_PARAMS.get()).get(key)
+
+
 async def sampling(ctx, arguments):
     prompt = (arguments or {}).get("prompt", "")
+    if is_modern(ctx):
+        answer = asked_before("sampling")
+        if answer is None:
+            return input_required({"sampling": ask_model(prompt, 100)})
+        content = getattr(answer, "content", None)
+        return [text(f"LLM response: {getattr(content, 'text', content)}")]
     message = types.SamplingMessage(role="user", content=text(prompt))
     try:
         result = await ctx.session.create_message([message], max_tokens=100, related_request_id=ctx.request_id)
@@ -134,6 +152,12 @@ async def sampling(ctx, arguments):
 
 
 async def elicit(ctx, arguments, message: str, schema: dict):
+    if is_modern(ctx):
+        answer = asked_before("elicitation")
+        if answer is None:
+            params = types.ElicitRequestFormParams(message=message, requested_schema=schema)
+            return input_required({"elicitation": types.ElicitRequest(params=params)})
+        return [text(f"User response: action={answer.action}, content={json.dumps(answer.content)}")]
     try:
         result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
     except MCPError as error:
@@ -456,10 +480,13 @@ async def call_tool(ctx, params: types.CallToolRequestParams):
     if params.name not in TOOLS:
         raise MCPError(types.INVALID_PARAMS, f"unknown tool: {params.name}")
     _, _, handler = TOOLS[params.name]
+    CALL_PARAMS.set(params)
     try:
         content = await handler(ctx, params.arguments or {})
     except ToolFailed as failure:
         return types.CallToolResult(content=[text(str(failure))], is_error=True)
+    if isinstance(content, types.InputRequiredResult):
+        return content
     return types.CallToolResult(content=content)
 
 
