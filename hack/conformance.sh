@@ -70,6 +70,7 @@ NODE="$SUITE/node_modules/$NODE_PKG/bin/node"
 # --- spearlet and the fixture ---
 eval "$(hack/mcp-servers.sh || echo exit 1)"
 PYTHON="$SPEAR_MCP_SERVERS_DIR/venv/bin/python"
+export PYTHON
 log "building spearlet (cargo build --bin spearlet)"
 cargo build --quiet --bin spearlet
 SPEARLET="$(realpath "${CARGO_TARGET_DIR:-target}/debug/spearlet")"

@@ -3,8 +3,9 @@
 # runs for a scenario, with the scenario's test server URL as the last argument. spearlet is
 # started with that server as its only McpServer (`sut`, Streamable HTTP), so its pool is the
 # MCP client the suite judges; then every tool the server lists is called once through spearlet's
-# gRPC door (arguments from the scenario's MCP_CONFORMANCE_CONTEXT `toolCalls` when it gives
-# them; `add_numbers` gets a=5, b=3), and spearlet is stopped.
+# /mcp by one session of tests/servers/mcp_relay_client.py (arguments from the scenario's
+# MCP_CONFORMANCE_CONTEXT `toolCalls` when it gives them; `add_numbers` gets a=5, b=3), and
+# spearlet is stopped.
 #   SPEARLET=path/to/spearlet hack/conformance/client.sh http://localhost:PORT/mcp
 set -euo pipefail
 URL="${*: -1}"
@@ -38,6 +39,7 @@ wait_ready 15 || true
 GRPC="127.0.0.1:$GRPC_PORT"
 # NAME is the first column of the table; the header and the `sut` server's failures are skipped.
 mapfile -t TOOLS < <("$SPEARLET" tools list --grpc-addr "$GRPC" 2>/dev/null | awk 'NR > 1 && $1 ~ /^mcp__sut__/ { print $1 }')
+CALLS=()
 for tool in "${TOOLS[@]}"; do
   own="${tool#mcp__sut__}"
   args="$(python3 - "$own" <<'PY'
@@ -48,5 +50,11 @@ given = [c.get("arguments", {}) for c in calls if c.get("name") == name]
 print(json.dumps(given[0] if given else {"a": 5, "b": 3} if name == "add_numbers" else {}))
 PY
 )"
-  "$SPEARLET" tools call "$tool" --grpc-addr "$GRPC" --args "$args" || true
+  CALLS+=(--call "$tool=$args")
 done
+# One /mcp session calls them in turn, declaring sampling and elicitation: what the test server
+# asks of the pool reaches it through the relay (a 2026-07-28 server's input rounds through the
+# bridge), and it accepts every form as shown (--accept-as-shown: the fields the server pre-fills
+# with defaults are the pool's to send, SEP-1034). It stands for the person the agent lacks.
+[[ ${#CALLS[@]} -eq 0 ]] || "${PYTHON:-python3}" "$(dirname "$0")/../../tests/servers/mcp_relay_client.py" \
+  --url "http://127.0.0.1:$HTTP_PORT/mcp" --accept-as-shown "${CALLS[@]}" >/dev/null || true

@@ -133,11 +133,16 @@ impl Relay {
         if !self.elicitation {
             return Ok(declined());
         }
+        let defaults = params_defaults(&params);
         let (answer, answered) = oneshot::channel();
         if self.sender.try_send(Relayed::Elicitation(params, answer)).is_err() {
             return Ok(ElicitResult::new(ElicitationAction::Cancel));
         }
-        answered.await.unwrap_or_else(|_| Ok(ElicitResult::new(ElicitationAction::Cancel)))
+        let answer = answered.await.unwrap_or_else(|_| Ok(ElicitResult::new(ElicitationAction::Cancel)));
+        answer.map(|mut answer| {
+            apply_defaults(&defaults, &mut answer);
+            answer
+        })
     }
 }
 
@@ -180,6 +185,35 @@ impl Relay {
             responses.insert(key.clone(), answer);
         }
         Some(responses)
+    }
+}
+
+/// The `default` of each property of a form elicitation's schema (SEP-1034).
+fn params_defaults(params: &ElicitRequestParams) -> serde_json::Map<String, Value> {
+    let ElicitRequestParams::FormElicitationParams { requested_schema, .. } = params else {
+        return serde_json::Map::new();
+    };
+    let schema = serde_json::to_value(requested_schema).unwrap_or_default();
+    let properties = schema.get("properties").and_then(Value::as_object);
+    properties
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, property)| property.get("default").map(|d| (name.clone(), d.clone())))
+        .collect()
+}
+
+/// SEP-1034 as the server's client: an accepted form carries the schema's default for each field
+/// the caller left out, as a form shown pre-filled and submitted unchanged would. A caller that
+/// declines or cancels sends nothing, and a field it filled is never changed.
+fn apply_defaults(defaults: &serde_json::Map<String, Value>, answer: &mut ElicitResult) {
+    if answer.action != ElicitationAction::Accept || defaults.is_empty() {
+        return;
+    }
+    let content = answer.content.get_or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if let Value::Object(content) = content {
+        for (name, default) in defaults {
+            content.entry(name.clone()).or_insert_with(|| default.clone());
+        }
     }
 }
 
@@ -414,6 +448,40 @@ mod tests {
             held += 1;
         }
         assert_eq!(held, RELAY_BUFFER);
+    }
+
+    #[tokio::test]
+    async fn an_accepted_form_gets_the_schemas_defaults_for_what_the_caller_left_out() {
+        let params: ElicitRequestParams = serde_json::from_value(serde_json::json!({
+            "mode": "form", "message": "defaults?",
+            "requestedSchema": {"type": "object", "properties": {
+                "name": {"type": "string", "default": "John Doe"},
+                "age": {"type": "integer", "default": 30},
+                "score": {"type": "number", "default": 95.5},
+                "status": {"type": "string", "enum": ["active", "inactive"], "default": "active"},
+                "verified": {"type": "boolean", "default": true},
+                "nickname": {"type": "string"}
+            }}
+        }))
+        .expect("params");
+        let (relay, mut rx) = Relay::channel(None, None, false, true);
+        let answering = tokio::spawn(async move {
+            let Some(Relayed::Elicitation(_, answer)) = rx.recv().await else { panic!("no elicitation") };
+            let accepted = ElicitResult::new(ElicitationAction::Accept).with_content(serde_json::json!({"age": 41}));
+            let _ = answer.send(Ok(accepted));
+            let Some(Relayed::Elicitation(_, answer)) = rx.recv().await else { panic!("no elicitation") };
+            let _ = answer.send(Ok(ElicitResult::new(ElicitationAction::Decline)));
+        });
+        let accepted = relay.elicit(params.clone()).await.expect("answer");
+        assert_eq!(
+            accepted.content,
+            Some(
+                serde_json::json!({"name": "John Doe", "age": 41, "score": 95.5, "status": "active", "verified": true})
+            )
+        );
+        let declined = relay.elicit(params).await.expect("answer");
+        assert_eq!((declined.action, declined.content), (ElicitationAction::Decline, None));
+        answering.await.expect("the caller");
     }
 
     #[tokio::test]

@@ -5,7 +5,8 @@
         [--subscribe URI ...] --call NAME[=JSON] ...
 
 The calls run one after another. Sampling requests are answered "sampled: <the request's first
-text>", elicitation requests are accepted with {"name": "Ada", "email": "ada@example.org"}.
+text>", elicitation requests are accepted with {"name": "Ada", "email": "ada@example.org"} (with
+--accept-as-shown: with no field filled in, as a person submitting the form as shown).
 Prints one JSON object on stdout: the capabilities the agent declared; for each call its result
 texts (or its JSON-RPC error), the progress values and messages seen during it, the log messages
 seen during it, and the sampling and elicitation messages the client was asked; and the error of
@@ -34,6 +35,8 @@ async def run(args):
 
     async def on_elicitation(context, params):
         seen["asked"].append({"elicitation": params.message})
+        if args.accept_as_shown:
+            return types.ElicitResult(action="accept", content={})
         return types.ElicitResult(action="accept", content={"name": "Ada", "email": "ada@example.org"})
 
     async def on_log(params):
@@ -132,6 +135,7 @@ def main():
     parser.add_argument("--subscribe", action="append", default=[])
     parser.add_argument("--call", action="append", default=[])
     parser.add_argument("--during")
+    parser.add_argument("--accept-as-shown", action="store_true")
     args = parser.parse_args()
     anyio.run(run, args)
 
