@@ -544,18 +544,19 @@ impl Agent {
         let server = set.servers.iter().find(|s| s.id == route.server).ok_or_else(|| {
             McpError::new(ErrorCode::McpPolicyDenied, format!("server '{}' is not in use", route.server))
         })?;
-        let approval = server
-            .tools
-            .as_ref()
-            .and_then(|tools| tools.iter().find(|t| t.tool.name == route.tool))
-            .map_or(ApprovalMode::Never, |t| t.approval);
-        if approval == ApprovalMode::Always {
+        let tool = server.tools.as_ref().and_then(|tools| tools.iter().find(|t| t.tool.name == route.tool));
+        let approval = tool.map_or(ApprovalMode::Never, |t| t.approval);
+        let annotations = tool.and_then(|t| t.tool.metadata.as_ref()).and_then(|m| m.get("annotations"));
+        if crate::policy::approval::needs_approval(approval, annotations) {
+            let why = match approval {
+                ApprovalMode::DestructiveHint => {
+                    " (approvalPolicy destructiveHint: its annotations do not say readOnlyHint or destructiveHint: false)"
+                }
+                _ => " (approvalPolicy)",
+            };
             return Err(McpError::new(
                 ErrorCode::McpApprovalRequired,
-                format!(
-                    "'{}' on '{}' needs approval (approvalPolicy) and no approver is configured",
-                    route.tool, route.server
-                ),
+                format!("'{}' on '{}' needs approval{why} and no approver is configured", route.tool, route.server),
             ));
         }
         let arguments = arguments.map_err(|reason| {

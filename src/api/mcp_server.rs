@@ -280,6 +280,11 @@ pub enum ApprovalMode {
     Never,
     /// Every call needs approval.
     Always,
+    /// A call needs approval unless the tool's own annotations say it changes nothing
+    /// (`readOnlyHint: true`) or nothing irreversibly (`destructiveHint: false`); a tool without
+    /// annotations needs approval (MCP's defaults: not read-only, destructive). The annotations
+    /// are the server's claims: use `always` for a server you do not trust to make them honestly.
+    DestructiveHint,
 }
 
 /// Per-call limits of a server.

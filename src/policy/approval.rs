@@ -1,4 +1,10 @@
-//! Approval policy lookup: which mode (`never` / `always`) applies to a tool.
+//! Approval policy lookup: which mode (`never` / `always` / `destructiveHint`) applies to a tool,
+//! and whether a call of it needs approval ([`needs_approval`]).
+//!
+//! `destructiveHint` reads the tool's MCP annotations, which are the server's claims: they can
+//! only spare a call the approval this mode asks for, never allow a tool the policy does not
+//! expose, and never loosen `always`. A tool that makes no claim is treated as MCP's defaults
+//! describe it (not read-only, destructive), so it needs approval.
 //!
 //! Most specific wins: an exact tool name beats every pattern; among matching patterns, the one
 //! with more literal (non-wildcard) characters wins, then the longer one, then the one that
@@ -67,12 +73,39 @@ impl CompiledApproval {
     }
 }
 
+/// Whether a call of a tool under `mode` needs approval, given the tool's `annotations` (the
+/// `annotations` object its server listed, if any).
+pub(crate) fn needs_approval(mode: ApprovalMode, annotations: Option<&serde_json::Value>) -> bool {
+    match mode {
+        ApprovalMode::Never => false,
+        ApprovalMode::Always => true,
+        ApprovalMode::DestructiveHint => {
+            let hint = |name: &str| annotations.and_then(|a| a.get(name)).and_then(serde_json::Value::as_bool);
+            !(hint("readOnlyHint") == Some(true) || hint("destructiveHint") == Some(false))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use ApprovalMode::{Always, Never};
+    use ApprovalMode::{Always, DestructiveHint, Never};
+
+    #[test]
+    fn destructive_hint_spares_only_tools_that_claim_to_be_harmless() {
+        let annotated = |json: serde_json::Value| needs_approval(DestructiveHint, Some(&json));
+        assert!(!annotated(serde_json::json!({"readOnlyHint": true})), "read-only");
+        assert!(!annotated(serde_json::json!({"destructiveHint": false})), "additive only");
+        assert!(annotated(serde_json::json!({"destructiveHint": true})));
+        assert!(annotated(serde_json::json!({"readOnlyHint": false})), "MCP's default: destructive");
+        assert!(annotated(serde_json::json!({"readOnlyHint": "true", "destructiveHint": 0})), "not booleans: no claim");
+        assert!(needs_approval(DestructiveHint, None), "no annotations: no claim");
+        // The other modes ignore the claims.
+        assert!(needs_approval(Always, Some(&serde_json::json!({"readOnlyHint": true}))));
+        assert!(!needs_approval(Never, Some(&serde_json::json!({"destructiveHint": true}))));
+    }
 
     fn policy(default: ApprovalMode, tools: &[(&str, ApprovalMode)]) -> CompiledApproval {
         let tools: BTreeMap<String, ApprovalMode> = tools.iter().map(|(p, m)| (p.to_string(), *m)).collect();

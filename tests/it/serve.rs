@@ -1344,6 +1344,53 @@ fn a_servers_progress_logs_and_requests_reach_the_caller_of_the_call() {
     }
 }
 
+/// `approvalPolicy: destructiveHint`: server-everything's `echo` says it is read-only and runs;
+/// the conformance fixture's tools make no claim, so they need approval (none is configured:
+/// `mcp_approval_required`), as does one listed `always` whatever it claims.
+#[test]
+fn approval_follows_destructive_hint_and_never_loosens_always() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let everything = mcp_servers::everything_stdio();
+    let yaml = format!(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
+         transport: stdio\n  stdio:\n    command: {}\n    args: {}\n  allowedTools: [\"*\"]\n  \
+         approvalPolicy: {{default: destructiveHint, tools: {{get-sum: always}}}}\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: conf}}\nspec:\n  \
+         transport: stdio\n  stdio:\n    command: {}\n    args: [{}]\n  allowedTools: [\"*\"]\n  \
+         approvalPolicy: {{default: destructiveHint}}\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
+         servers: [everything, conf]\n  defaultServers: [everything, conf]\n",
+        json!(everything.program.to_string_lossy()),
+        json!(everything.args),
+        json!(mcp_servers::python().to_string_lossy()),
+        json!(script("conformance_fixture.py").to_string_lossy()),
+    );
+    std::fs::write(dir.path().join("registry.yaml"), yaml).expect("write the registry");
+    let served = serve(dir, &["--audit-log", "off"]);
+    let calls = [
+        r#"mcp__everything__echo={"message": "hi"}"#,
+        r#"mcp__everything__get-sum={"a": 1, "b": 2}"#,
+        "mcp__conf__test_simple_text",
+    ];
+    let mut client = Command::new(mcp_servers::python());
+    client.arg(script("mcp_relay_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
+    for call in calls {
+        client.args(["--call", call]);
+    }
+    let output = client.output().expect("run the Python MCP client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let call = |i: usize| &got["calls"][calls[i]];
+    assert_eq!(call(0)["isError"], false, "echo claims readOnlyHint: {}", call(0));
+    assert!(call(0)["texts"].to_string().contains("hi"), "{}", call(0));
+    for (i, why) in [(1, "(approvalPolicy)"), (2, "destructiveHint")] {
+        assert_eq!(call(i)["isError"], true, "{}", call(i));
+        let text = call(i)["texts"].to_string();
+        assert!(text.contains("mcp_approval_required") && text.contains(why), "{}", call(i));
+    }
+}
+
 /// The attack the relay's attribution stops: with a call of one `/mcp` session in flight on a
 /// stdio server, another session's call makes that server ask for input. Nothing on the wire
 /// says which call asked, so neither caller is asked: the first session, whose client would
