@@ -22,6 +22,7 @@ pub mod error;
 pub mod health;
 pub mod limits;
 pub mod output;
+pub(crate) mod output_schema;
 pub mod pool;
 pub mod relay;
 

@@ -326,7 +326,12 @@ struct Slot {
     list_cut: Mutex<Option<ListCut>>,
     list_changed: Arc<ListChanged>,
     tools: tokio::sync::Mutex<ToolsCache>,
+    /// Compiled outputSchemas by tool, with the listed schema they were compiled from.
+    validators: Mutex<HashMap<String, OutputValidator>>,
 }
+
+/// A listed outputSchema and its validator (or why it cannot be used).
+type OutputValidator = (Arc<rmcp::model::JsonObject>, Arc<Result<jsonschema::Validator, String>>);
 
 type EnvLookup = dyn Fn(&str) -> Option<String> + Send + Sync;
 
@@ -613,7 +618,8 @@ impl Pool {
                 let output = cap_result(result, max_output_bytes, latency)?;
                 // A tool with an outputSchema must answer structuredContent that conforms; one
                 // the cap had to drop cannot be passed on as a valid result.
-                if structured && output.result.structured_content.is_none() && slot.declares_output_schema(tool) {
+                let validator = slot.output_validator(tool);
+                if structured && output.result.structured_content.is_none() && validator.is_some() {
                     return Err(McpError::new(
                         ErrorCode::McpOutputTooLarge,
                         format!(
@@ -622,6 +628,14 @@ impl Pool {
                              does not fit",
                             output.bytes
                         ),
+                    ));
+                }
+                if let Some(Ok(validator)) = validator.as_deref()
+                    && let Err(violation) = super::output_schema::check(validator, &output.result)
+                {
+                    return Err(McpError::new(
+                        ErrorCode::McpUnavailable,
+                        format!("'{tool}' on '{server}' broke its own outputSchema: {violation}"),
                     ));
                 }
                 Ok(output)
@@ -1168,12 +1182,30 @@ fn lifecycle_for(known: Option<&(Instant, rmcp::model::ProtocolVersion)>) -> rmc
 // === impl Slot ===
 
 impl Slot {
-    /// Whether the server's last tool list gives `tool` an outputSchema (without waiting for
-    /// the list: a list being fetched right now counts as no).
-    fn declares_output_schema(&self, tool: &str) -> bool {
-        let Ok(cache) = self.tools.try_lock() else { return false };
-        let Some((_, _, Ok(tools), _)) = cache.entry.as_ref() else { return false };
-        tools.iter().any(|t| t.name == tool && t.output_schema.is_some())
+    /// The validator of the outputSchema the server's last tool list gives `tool`, if it gives
+    /// one (without waiting for the list: a list being fetched right now counts as none). Each
+    /// listed schema is compiled once; a schema that does not compile is `Err` (logged once),
+    /// and results of that tool pass unchecked (`output_schema.rs`).
+    fn output_validator(&self, tool: &str) -> Option<Arc<Result<jsonschema::Validator, String>>> {
+        let schema = {
+            let cache = self.tools.try_lock().ok()?;
+            let Some((_, _, Ok(tools), _)) = cache.entry.as_ref() else { return None };
+            tools.iter().find(|t| t.name == tool)?.output_schema.clone()?
+        };
+        let mut validators = self.validators.lock();
+        if let Some((listed, validator)) = validators.get(tool)
+            && Arc::ptr_eq(listed, &schema)
+        {
+            return Some(validator.clone());
+        }
+        let validator = Arc::new(super::output_schema::compile(&schema));
+        if let Err(why) = validator.as_ref() {
+            tracing::warn!(server_id = %self.config.id, tool, error = %why, "outputSchema cannot be checked");
+        }
+        // One entry per tool of the list: a tool that left the list leaves with the next list.
+        validators.retain(|_, (listed, _)| Arc::strong_count(listed) > 1);
+        validators.insert(tool.to_string(), (schema, validator.clone()));
+        Some(validator)
     }
 
     fn new(config: ServerConfig) -> Self {
@@ -1187,6 +1219,7 @@ impl Slot {
             list_cut: Mutex::new(None),
             list_changed: Arc::new(ListChanged::default()),
             tools: tokio::sync::Mutex::new(ToolsCache::default()),
+            validators: Mutex::new(HashMap::new()),
             startup: Arc::new(Mutex::new(None)),
             start_failure: Arc::new(Mutex::new(None)),
             revision: Arc::new(Mutex::new(None)),

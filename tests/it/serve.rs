@@ -1264,6 +1264,21 @@ fn a_registry_edit_reaches_mcp_clients_as_resource_and_prompt_list_changed() {
     assert!(child.wait().expect("client exit").success());
 }
 
+/// Runs `tests/servers/mcp_relay_client.py` against `served`'s `/mcp` with `options` and one
+/// `--call` per entry of `calls`; its JSON report.
+fn relay_client(served: &Served, options: &[&str], calls: &[&str]) -> Value {
+    let mut client = Command::new(mcp_servers::python());
+    client.arg(script("mcp_relay_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
+    client.args(options);
+    for call in calls {
+        client.args(["--call", call]);
+    }
+    let output = client.output().expect("run the Python MCP client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
 /// What servers send during a call reaches the `/mcp` client that made it (PyPI `mcp`, a
 /// 2025-11-25 session declaring sampling and elicitation), from a 2025 server over its session
 /// (server-everything: progress, sampling, elicitation requests) and from a 2026-07-28 server
@@ -1298,18 +1313,13 @@ fn a_servers_progress_logs_and_requests_reach_the_caller_of_the_call() {
         r#"mcp__conf__test_sampling={"prompt": "capital of Peru?"}"#,
         "mcp__conf__test_elicitation",
     ];
-    let mut client = Command::new(mcp_servers::python());
-    client.arg(script("mcp_relay_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
-    client.args(["--log-level", "info"]);
-    client.args(["--subscribe", "spear://everything/demo://resource/static/document/instructions.md"]);
-    client.args(["--subscribe", "spear://conf/test://watched-resource"]);
-    for call in calls {
-        client.args(["--call", call]);
-    }
-    let output = client.output().expect("run the Python MCP client");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let subscriptions = [
+        "--subscribe",
+        "spear://everything/demo://resource/static/document/instructions.md",
+        "--subscribe",
+        "spear://conf/test://watched-resource",
+    ];
+    let got = relay_client(&served, &[&["--log-level", "info"][..], &subscriptions].concat(), &calls);
     assert!(got["capabilities"]["logging"].is_object(), "both servers log: {}", got["capabilities"]);
     assert_eq!(got["capabilities"]["resources"]["subscribe"], true, "{}", got["capabilities"]);
     for (uri, error) in got["subscribe"].as_object().expect("subscriptions") {
@@ -1372,15 +1382,7 @@ fn approval_follows_destructive_hint_and_never_loosens_always() {
         r#"mcp__everything__get-sum={"a": 1, "b": 2}"#,
         "mcp__conf__test_simple_text",
     ];
-    let mut client = Command::new(mcp_servers::python());
-    client.arg(script("mcp_relay_client.py")).args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)]);
-    for call in calls {
-        client.args(["--call", call]);
-    }
-    let output = client.output().expect("run the Python MCP client");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let got = relay_client(&served, &[], &calls);
     let call = |i: usize| &got["calls"][calls[i]];
     assert_eq!(call(0)["isError"], false, "echo claims readOnlyHint: {}", call(0));
     assert!(call(0)["texts"].to_string().contains("hi"), "{}", call(0));
@@ -1388,6 +1390,37 @@ fn approval_follows_destructive_hint_and_never_loosens_always() {
         assert_eq!(call(i)["isError"], true, "{}", call(i));
         let text = call(i)["texts"].to_string();
         assert!(text.contains("mcp_approval_required") && text.contains(why), "{}", call(i));
+    }
+}
+
+/// A server whose answers break the outputSchema it lists: the conforming answer passes, the
+/// other two reach the caller as errors naming the violation (`mcp_unavailable`), never as
+/// results that seem to conform.
+#[test]
+fn structured_output_that_breaks_its_output_schema_is_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: liar}}\nspec:\n  transport: stdio\n  \
+         stdio:\n    command: {}\n    args: [{}, \"--lying-output\"]\n  allowedTools: [\"*\"]\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  servers: [liar]\n",
+        json!(mcp_servers::python().to_string_lossy()),
+        json!(script("hostile_server.py").to_string_lossy()),
+    );
+    std::fs::write(dir.path().join("registry.yaml"), yaml).expect("write the registry");
+    let served = serve(dir, &["--audit-log", "off"]);
+    let calls = [
+        r#"mcp__liar__weather={"answer": "good"}"#,
+        r#"mcp__liar__weather={"answer": "bad"}"#,
+        r#"mcp__liar__weather={"answer": "none"}"#,
+    ];
+    let got = relay_client(&served, &[], &calls);
+    let call = |i: usize| &got["calls"][calls[i]];
+    assert_eq!(call(0)["isError"], false, "{}", call(0));
+    for (i, what) in [(1, "/temperature"), (2, "no structuredContent")] {
+        assert_eq!(call(i)["isError"], true, "{}", call(i));
+        let text = call(i)["texts"].to_string();
+        assert!(text.contains("broke its own outputSchema") && text.contains(what), "{}", call(i));
+        assert!(text.contains("mcp_unavailable"), "{}", call(i));
     }
 }
 
@@ -1401,17 +1434,12 @@ fn a_servers_request_is_never_put_to_another_callers_session() {
     let dir = tempfile::tempdir().expect("tempdir");
     everything_registry(dir.path(), "allowedTools: [\"*\"]", "");
     let served = serve(dir, &["--audit-log", "off"]);
-    let output = Command::new(mcp_servers::python())
-        .arg(script("mcp_relay_client.py"))
-        .args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)])
-        .args(["--during", r#"mcp__everything__trigger-long-running-operation={"duration": 4, "steps": 8}"#])
-        .args(["--call", "mcp__everything__trigger-elicitation-request"])
-        .args(["--call", r#"mcp__everything__trigger-sampling-request={"prompt": "x", "maxTokens": 5}"#])
-        .output()
-        .expect("run the Python MCP client");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let during = ["--during", r#"mcp__everything__trigger-long-running-operation={"duration": 4, "steps": 8}"#];
+    let calls = [
+        "mcp__everything__trigger-elicitation-request",
+        r#"mcp__everything__trigger-sampling-request={"prompt": "x", "maxTokens": 5}"#,
+    ];
+    let got = relay_client(&served, &during, &calls);
     let during = &got["during"];
     assert_eq!(during["first_asked"], json!([]), "the session in flight was asked another's question: {during}");
     let second = during["second"].as_object().expect("the second session's calls");

@@ -8,6 +8,9 @@ not use one), then tries to make the agent hold as much memory as it can:
     python hostile_server.py --huge-reply     tools/call `blast` answers one 15 MiB line
     python hostile_server.py --endless-line   tools/call `blast` starts an answer and never ends
                                               the line (200 MiB, then it waits)
+    python hostile_server.py --lying-output   `weather` declares an outputSchema; called with
+                                              {"answer": "good" | "bad" | "none"} it answers
+                                              conforming, non-conforming or no structuredContent
 """
 
 import json
@@ -24,6 +27,15 @@ def result(request_id, value: dict) -> None:
 
 
 BLAST = {"name": "blast", "description": "answers too much", "inputSchema": {"type": "object"}}
+WEATHER = {
+    "name": "weather", "description": "says the temperature", "inputSchema": {"type": "object"},
+    "outputSchema": {"type": "object", "properties": {"temperature": {"type": "number"}}, "required": ["temperature"]},
+}
+WEATHER_ANSWERS = {
+    "good": {"content": [{"type": "text", "text": "21"}], "structuredContent": {"temperature": 21}},
+    "bad": {"content": [{"type": "text", "text": "warm"}], "structuredContent": {"temperature": "warm"}},
+    "none": {"content": [{"type": "text", "text": "no idea"}]},
+}
 
 
 def flood_page(page: int) -> dict:
@@ -54,8 +66,13 @@ def main() -> None:
             if mode == "--flood-list":
                 cursor = (message.get("params") or {}).get("cursor")
                 result(request_id, flood_page(int(cursor or 0)))
+            elif mode == "--lying-output":
+                result(request_id, {"tools": [WEATHER]})
             else:
                 result(request_id, {"tools": [BLAST]})
+        elif method == "tools/call" and mode == "--lying-output":
+            answer = ((message.get("params") or {}).get("arguments") or {}).get("answer", "good")
+            result(request_id, WEATHER_ANSWERS.get(answer, WEATHER_ANSWERS["good"]))
         elif method == "tools/call" and mode == "--huge-reply":
             text = "x" * (15 << 20)
             result(request_id, {"content": [{"type": "text", "text": text}]})
