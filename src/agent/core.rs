@@ -580,10 +580,27 @@ impl Agent {
             // A 2025 caller, which a 2026-07-28 server's rounds of input requests are bridged to:
             // each request is put to it as a 2025 server would, and the call is sent again with
             // its answers, within the call's one budget.
+            // A caller that can answer no input request: one round, as for a 2026-07-28 caller
+            // (its arguments are moved, not copied for a retry that cannot come).
+            (None, Some(relay)) if !relay.answers_requests() => {
+                let output = pool.call_tool_continuing(
+                    &route.server,
+                    &route.tool,
+                    arguments,
+                    None,
+                    Some(relay),
+                    timeout,
+                    max_output,
+                );
+                let output = output.await?;
+                match &output.input_required {
+                    Some(asked) => Err(crate::mcp::pool::input_required(&route.server, &route.tool, asked)),
+                    None => Ok(output),
+                }
+            }
             (None, Some(relay)) => {
                 let deadline = Instant::now() + timeout;
-                let capabilities = relay.answers_requests().then(|| relay.capabilities());
-                let mut continuation = crate::mcp::Continuation::new(None, None, capabilities);
+                let mut continuation = crate::mcp::Continuation::new(None, None, Some(relay.capabilities()));
                 for _ in 0..MAX_INPUT_ROUNDS {
                     let left = deadline.saturating_duration_since(Instant::now());
                     let output = pool.call_tool_continuing(

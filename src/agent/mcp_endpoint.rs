@@ -277,10 +277,11 @@ impl McpEndpoint {
     ) -> (Relay, mpsc::Receiver<Relayed>) {
         let token = meta.and_then(|m| m.get_progress_token()).or_else(|| context.meta.get_progress_token());
         let legacy = !is_modern(context);
-        let declared = context.peer.peer_info().map(|info| info.capabilities.clone()).unwrap_or_default();
+        let info = context.peer.peer_info();
+        let declared = info.as_ref().map(|info| &info.capabilities);
         let level = session.and_then(|s| self.listeners.log_level(s)).filter(|_| legacy);
-        let sampling = legacy && declared.sampling.is_some();
-        let elicitation = legacy && declared.elicitation.is_some();
+        let sampling = legacy && declared.is_some_and(|c| c.sampling.is_some());
+        let elicitation = legacy && declared.is_some_and(|c| c.elicitation.is_some());
         Relay::channel(token, level, sampling, elicitation)
     }
 
@@ -544,6 +545,12 @@ pub(crate) fn call_span(
     span
 }
 
+/// The session of a request that only a session can make (it sets something for the session).
+fn session_for(context: &RequestContext<RoleServer>, method: &str) -> Result<String, ErrorData> {
+    session_id(&context.extensions)
+        .ok_or_else(|| ErrorData::invalid_request(format!("{method} needs a session (Mcp-Session-Id)"), None))
+}
+
 fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
     let parts = extensions.get::<axum::http::request::Parts>()?;
     parts.headers.get("mcp-session-id")?.to_str().ok().map(str::to_string)
@@ -731,8 +738,7 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<(), ErrorData> {
         let set = self.set()?;
         offered(self.agent.item_capabilities(&set).logging, ErrorData::method_not_found::<SetLevelRequestMethod>)?;
-        let session = session_id(&context.extensions)
-            .ok_or_else(|| ErrorData::invalid_request("logging/setLevel needs a session (Mcp-Session-Id)", None))?;
+        let session = session_for(&context, "logging/setLevel")?;
         // The servers log at the most verbose level any session asked for; each session gets
         // only what is at or above its own (`Relay::log`).
         let level = self.listeners.set_log_level(&session, request.level);
@@ -747,8 +753,7 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<(), ErrorData> {
         let set = self.set()?;
         offered(self.agent.item_capabilities(&set).subscribe, ErrorData::method_not_found::<SubscribeRequestMethod>)?;
-        let session = session_id(&context.extensions)
-            .ok_or_else(|| ErrorData::invalid_request("resources/subscribe needs a session (Mcp-Session-Id)", None))?;
+        let session = session_for(&context, "resources/subscribe")?;
         let subscribe = Box::pin(self.agent.subscribe_resource(&set, &request.uri, true));
         subscribe.await.map_err(|e| resource_error_data(e, &request.uri))?;
         self.listeners.subscribe(&session, &request.uri, true);
@@ -762,9 +767,7 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<(), ErrorData> {
         let set = self.set()?;
         offered(self.agent.item_capabilities(&set).subscribe, ErrorData::method_not_found::<UnsubscribeRequestMethod>)?;
-        let session = session_id(&context.extensions).ok_or_else(|| {
-            ErrorData::invalid_request("resources/unsubscribe needs a session (Mcp-Session-Id)", None)
-        })?;
+        let session = session_for(&context, "resources/unsubscribe")?;
         self.listeners.subscribe(&session, &request.uri, false);
         // The server's subscription is shared by the sessions: it ends with the last of them.
         if !self.listeners.subscribed_elsewhere(&session, &request.uri) {

@@ -34,8 +34,8 @@ use std::time::Duration;
 use rmcp::ErrorData;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
-    ElicitResult, ElicitationCapability, FormElicitationCapability, Implementation, LoggingMessageNotificationParam,
-    ProgressNotificationParam, ProtocolVersion, SamplingCapability, ServerNotification, SubscriptionFilter,
+    ElicitResult, Implementation, LoggingMessageNotificationParam, ProgressNotificationParam, ProtocolVersion,
+    ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{InboundStreamOrigin, NotificationContext, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -300,12 +300,7 @@ impl ClientHandler for PoolHandler {
 /// it relays to the caller of the call that asks when that caller can answer (a `/mcp` client
 /// that declared them), and declines otherwise (see `relay.rs`).
 fn relayed_capabilities() -> ClientCapabilities {
-    let mut capabilities = ClientCapabilities::default();
-    capabilities.sampling = Some(SamplingCapability::default());
-    let mut elicitation = ElicitationCapability::default();
-    elicitation.form = Some(FormElicitationCapability::default());
-    capabilities.elicitation = Some(elicitation);
-    capabilities
+    relay::answering(true, true)
 }
 
 // === Connection ===

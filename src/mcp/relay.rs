@@ -149,16 +149,7 @@ impl Relay {
 impl Relay {
     /// What the caller can answer, as the capabilities a 2026-07-28 server is told per request.
     pub fn capabilities(&self) -> ClientCapabilities {
-        let mut capabilities = ClientCapabilities::default();
-        if self.sampling {
-            capabilities.sampling = Some(SamplingCapability::default());
-        }
-        if self.elicitation {
-            let mut elicitation = ElicitationCapability::default();
-            elicitation.form = Some(FormElicitationCapability::default());
-            capabilities.elicitation = Some(elicitation);
-        }
-        capabilities
+        answering(self.sampling, self.elicitation)
     }
 
     /// Whether the caller can answer any request at all.
@@ -215,6 +206,20 @@ fn apply_defaults(defaults: &serde_json::Map<String, Value>, answer: &mut Elicit
             content.entry(name.clone()).or_insert_with(|| default.clone());
         }
     }
+}
+
+/// The client capabilities that say a client answers sampling and (form) elicitation requests.
+pub fn answering(sampling: bool, elicitation: bool) -> ClientCapabilities {
+    let mut capabilities = ClientCapabilities::default();
+    if sampling {
+        capabilities.sampling = Some(SamplingCapability::default());
+    }
+    if elicitation {
+        let mut form = ElicitationCapability::default();
+        form.form = Some(FormElicitationCapability::default());
+        capabilities.elicitation = Some(form);
+    }
+    capabilities
 }
 
 /// A server's sampling request nobody can answer: the MCP spec's "user rejected" code (-1), with

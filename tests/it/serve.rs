@@ -1264,6 +1264,26 @@ fn a_registry_edit_reaches_mcp_clients_as_resource_and_prompt_list_changed() {
     assert!(child.wait().expect("client exit").success());
 }
 
+/// A registry of server-everything (`everything`, 2025-11-25 over stdio) and the conformance
+/// fixture (`conf`, 2026-07-28 over stdio), all tools allowed, each with its `extra` spec line,
+/// and profile `p` using both.
+fn everything_and_fixture_registry(dir: &Path, everything_extra: &str, conf_extra: &str) {
+    let everything = mcp_servers::everything_stdio();
+    let yaml = format!(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
+         transport: stdio\n  stdio:\n    command: {}\n    args: {}\n  allowedTools: [\"*\"]\n  {everything_extra}\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: conf}}\nspec:\n  \
+         transport: stdio\n  stdio:\n    command: {}\n    args: [{}]\n  allowedTools: [\"*\"]\n  {conf_extra}\n---\n\
+         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
+         servers: [everything, conf]\n  defaultServers: [everything, conf]\n",
+        json!(everything.program.to_string_lossy()),
+        json!(everything.args),
+        json!(mcp_servers::python().to_string_lossy()),
+        json!(script("conformance_fixture.py").to_string_lossy()),
+    );
+    std::fs::write(dir.join("registry.yaml"), yaml).expect("write the registry");
+}
+
 /// Runs `tests/servers/mcp_relay_client.py` against `served`'s `/mcp` with `options` and one
 /// `--call` per entry of `calls`; its JSON report.
 fn relay_client(served: &Served, options: &[&str], calls: &[&str]) -> Value {
@@ -1288,22 +1308,7 @@ fn relay_client(served: &Served, options: &[&str], calls: &[&str]) -> Value {
 #[test]
 fn a_servers_progress_logs_and_requests_reach_the_caller_of_the_call() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let everything = mcp_servers::everything_stdio();
-    let yaml = format!(
-        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
-         transport: stdio\n  stdio:\n    command: {}\n    args: {}\n  allowedTools: [\"*\"]\n  \
-         allowedResources: [\"*\"]\n---\n\
-         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: conf}}\nspec:\n  \
-         transport: stdio\n  stdio:\n    command: {}\n    args: [{}]\n  allowedTools: [\"*\"]\n  \
-         allowedResources: [\"*\"]\n---\n\
-         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
-         servers: [everything, conf]\n  defaultServers: [everything, conf]\n",
-        json!(everything.program.to_string_lossy()),
-        json!(everything.args),
-        json!(mcp_servers::python().to_string_lossy()),
-        json!(script("conformance_fixture.py").to_string_lossy()),
-    );
-    std::fs::write(dir.path().join("registry.yaml"), yaml).expect("write the registry");
+    everything_and_fixture_registry(dir.path(), "allowedResources: [\"*\"]", "allowedResources: [\"*\"]");
     let served = serve(dir, &["--audit-log", "off"]);
     let calls = [
         r#"mcp__everything__trigger-long-running-operation={"duration": 1, "steps": 3}"#,
@@ -1360,22 +1365,11 @@ fn a_servers_progress_logs_and_requests_reach_the_caller_of_the_call() {
 #[test]
 fn approval_follows_destructive_hint_and_never_loosens_always() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let everything = mcp_servers::everything_stdio();
-    let yaml = format!(
-        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: everything}}\nspec:\n  \
-         transport: stdio\n  stdio:\n    command: {}\n    args: {}\n  allowedTools: [\"*\"]\n  \
-         approvalPolicy: {{default: destructiveHint, tools: {{get-sum: always}}}}\n---\n\
-         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: conf}}\nspec:\n  \
-         transport: stdio\n  stdio:\n    command: {}\n    args: [{}]\n  allowedTools: [\"*\"]\n  \
-         approvalPolicy: {{default: destructiveHint}}\n---\n\
-         apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {{name: p}}\nspec:\n  \
-         servers: [everything, conf]\n  defaultServers: [everything, conf]\n",
-        json!(everything.program.to_string_lossy()),
-        json!(everything.args),
-        json!(mcp_servers::python().to_string_lossy()),
-        json!(script("conformance_fixture.py").to_string_lossy()),
+    everything_and_fixture_registry(
+        dir.path(),
+        "approvalPolicy: {default: destructiveHint, tools: {get-sum: always}}",
+        "approvalPolicy: {default: destructiveHint}",
     );
-    std::fs::write(dir.path().join("registry.yaml"), yaml).expect("write the registry");
     let served = serve(dir, &["--audit-log", "off"]);
     let calls = [
         r#"mcp__everything__echo={"message": "hi"}"#,
