@@ -298,9 +298,11 @@ SOCK="$RUN/containerd/containerd.sock"
 KUBELET_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops
                  kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
 # Host paths that the parts create outside --root-dir etc. whatever the flags (hardcoded
-# upstream). `up` notes the ones that did not exist; `down` removes exactly those.
+# upstream). `up` notes the ones that did not exist; `down` removes exactly those. /run/mount is
+# libmount's (util-linux mount/umount, which the kubelet runs for tmpfs volumes): on a machine
+# that never ran them, the first mount creates it for its utab lock.
 HOST_PATHS=(/var/lib/kubelet /var/lib/cni /run/containerd /var/log/containers /var/log/pods
-            /usr/libexec/kubernetes /opt/containerd /etc/cni /opt/cni)
+            /usr/libexec/kubernetes /opt/containerd /etc/cni /opt/cni /run/mount)
 CP_BIN=""  # set by build_all: what hack/control-plane.sh prints
 CTR=("$BIN/ctr" --address "$SOCK" -n k8s.io)
 

@@ -15,6 +15,9 @@
 #   c1  suite 0.1.16: initialize, tools_call, elicitation-sep1034-client-defaults, sse-retry
 #   c2  suite 0.2.0-alpha.12, the same four at --spec-version 2025-11-25
 #   c3  suite 0.2.0-alpha.12, the 2026-07-28 requirement set's client scenarios but auth
+#   a1  suite 0.2.0-alpha.12, the auth scenarios a headless client can pass (client credentials
+#       with a secret and with private_key_jwt, the workload-identity JWT-bearer grant); the
+#       others need a person at a browser and are listed with the reason in expected.txt
 #
 # What is behind spearlet: tests/servers/conformance_fixture.py, our own server with the names and
 # behaviour the scenarios check, as the stdio McpServer `conf` in a temporary registry dir. The
@@ -29,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-if (($#)); then LEGS=("$@"); else LEGS=(s1 s2 s3 c1 c2 c3); fi
+if (($#)); then LEGS=("$@"); else LEGS=(s1 s2 s3 c1 c2 c3 a1); fi
 
 CACHE_ROOT="${SPEAR_CACHE_DIR:-$HOME/.cache/spear-mcp}"
 log() { echo "conformance: $*" >&2; }
@@ -130,6 +133,7 @@ run_client_leg() { # leg suite-package spec-version scenario...
   log "$leg: $# client scenarios ($(($(date +%s) - start)) s)"
 }
 CLIENT_2025=(initialize tools_call elicitation-sep1034-client-defaults sse-retry)
+CLIENT_AUTH=(auth/client-credentials-basic auth/client-credentials-jwt auth/wif-jwt-bearer)
 CLIENT_2026=(tools_call request-metadata sep-2322-client-request-state http-standard-headers http-custom-headers
   http-invalid-tool-headers json-schema-ref-no-deref)
 for leg in "${LEGS[@]}"; do
@@ -140,7 +144,8 @@ for leg in "${LEGS[@]}"; do
     c1) run_client_leg c1 conformance-0.1 "" "${CLIENT_2025[@]}" ;;
     c2) run_client_leg c2 conformance-0.2 2025-11-25 "${CLIENT_2025[@]}" ;;
     c3) run_client_leg c3 conformance-0.2 2026-07-28 "${CLIENT_2026[@]}" ;;
-    *) log "unknown leg '$leg' (s1 s2 s3 c1 c2 c3)"; exit 1 ;;
+    a1) run_client_leg a1 conformance-0.2 "" "${CLIENT_AUTH[@]}" ;;
+    *) log "unknown leg '$leg' (s1 s2 s3 c1 c2 c3 a1)"; exit 1 ;;
   esac
 done
 [[ -z "${SPEAR_CONFORMANCE_OUT:-}" ]] || cp "$WORK/spearlet.log" "$OUT/"

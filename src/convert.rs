@@ -183,6 +183,7 @@ fn to_mcp_server(legacy: LegacyServer) -> Result<McpServer, ConvertError> {
             .into_iter()
             .map(|(name, value)| HttpHeader { name, value: Some(value), value_from: None })
             .collect(),
+        auth: None,
     });
     let budgets = legacy.budgets.map(|b| ServerBudgets {
         tool_timeout_ms: b.tool_timeout_ms,

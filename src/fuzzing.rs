@@ -638,3 +638,25 @@ pub fn parse_resource_id(id: &str) -> Option<(String, String)> {
 pub fn resource_id(server: &str, uri: &str) -> String {
     crate::policy::items::resource_id(server, uri)
 }
+
+/// `mcp::oauth::parse_token_response`: `Ok((access_token, expires_in seconds))` or the error text.
+pub fn parse_token_response(status: u16, body: &[u8]) -> Result<(String, Option<u64>), String> {
+    crate::mcp::oauth::parse_token_response(status, body).map(|t| (t.access_token, t.expires_in.map(|d| d.as_secs())))
+}
+
+/// `mcp::oauth::request_scopes`.
+pub fn request_scopes(asked: &[String], allowed: &[String]) -> Vec<String> {
+    crate::mcp::oauth::request_scopes(asked, allowed)
+}
+
+/// `mcp::oauth::grant_refusal` over a JSON text of `grant_types_supported` (`None` when it is not
+/// JSON).
+pub fn grant_refusal(grant_types_supported: &str, grant: &str) -> Option<Option<String>> {
+    let value: Value = serde_json::from_str(grant_types_supported).ok()?;
+    Some(crate::mcp::oauth::grant_refusal(Some(&value), grant))
+}
+
+/// `mcp::oauth::quote`.
+pub fn quote(text: &str) -> String {
+    crate::mcp::oauth::quote(text)
+}

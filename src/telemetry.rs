@@ -139,6 +139,15 @@ struct ToolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    server_id: String,
+    /// `initial`, `expiry` (a renewal before it expires) or `rejected` (after a 401).
+    reason: String,
+    /// `ok` or `error`.
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     server_id: String,
     tool: String,
@@ -182,6 +191,7 @@ pub struct PoolMetrics {
     errors: Family<ErrorLabels, Counter>,
     latency: Family<ToolLabels, Histogram, fn() -> Histogram>,
     output_bytes: Family<ToolLabels, Histogram, fn() -> Histogram>,
+    token_fetches: Family<TokenLabels, Counter>,
 }
 
 impl Default for PoolMetrics {
@@ -192,6 +202,7 @@ impl Default for PoolMetrics {
             errors: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
             output_bytes: Family::new_with_constructor(output_histogram),
+            token_fetches: Family::default(),
         }
     }
 }
@@ -206,7 +217,19 @@ impl PoolMetrics {
         registry.register("mcp_tool_call_error", "Tool calls that failed, by error code", metrics.errors.clone());
         registry.register("mcp_tool_call_latency_ms", "Tool call latency in milliseconds", metrics.latency.clone());
         registry.register("mcp_tool_call_output_bytes", "Size of tool results in bytes", metrics.output_bytes.clone());
+        registry.register(
+            "mcp_auth_token_fetch",
+            "Access-token requests for servers with http.auth, by reason (initial, expiry, rejected) and outcome",
+            metrics.token_fetches.clone(),
+        );
         metrics
+    }
+
+    /// An access token for `server` was requested (`reason`: see `TokenLabels`).
+    pub(crate) fn token_fetch(&self, server: &str, reason: &str, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" }.to_string();
+        let labels = TokenLabels { server_id: server.to_string(), reason: reason.to_string(), outcome };
+        self.token_fetches.get_or_create(&labels).inc();
     }
 
     /// A session with `server` was established.

@@ -19,7 +19,28 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-mkdir -p "$WORK/registry"
+mkdir -p "$WORK/registry" "$WORK/tokens"
+# An auth scenario's credentials (its MCP_CONFORMANCE_CONTEXT) become the McpServer's
+# http.auth, the secrets the env vars local mode reads for them (what the webhook sets in a pod),
+# a workload JWT the token file of the server (what the webhook's projected volume holds).
+AUTH_YAML="$(python3 - "$WORK/tokens" <<'PY'
+import json, os, sys
+ctx = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+ref = '{secretKeyRef: {name: sut, key: value}}'
+if "private_key_pem" in ctx:
+    alg = ctx.get("signing_algorithm", "ES256")
+    print(f'    auth: {{clientCredentials: {{clientId: {json.dumps(ctx["client_id"])}, privateKey: {{secretKeyRef: {{name: sut, key: value}}, algorithm: {alg}}}}}}}')
+elif "client_secret" in ctx and "idp_client_id" not in ctx:
+    print(f'    auth: {{clientCredentials: {{clientId: {json.dumps(ctx["client_id"])}, clientSecret: {ref}}}}}')
+elif "valid_jwt" in ctx:
+    with open(os.path.join(sys.argv[1], "sut"), "w") as f:
+        f.write(ctx["valid_jwt"])
+    print(f'    auth: {{tokenExchange: {{audience: conformance, grant: jwtBearer, clientId: {json.dumps(ctx["client_id"])}}}}}')
+PY
+)"
+CTX_SECRET="$(python3 -c 'import json, os; c = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}"); print(c.get("private_key_pem") or c.get("client_secret") or "")')"
+[[ -z "$CTX_SECRET" ]] || export SPEAR_SECRET_SUT_AUTH_CLIENTSECRET="$CTX_SECRET" SPEAR_SECRET_SUT_AUTH_PRIVATEKEY="$CTX_SECRET"
+export SPEAR_AUTH_TOKEN_DIR="$WORK/tokens"
 cat >"$WORK/registry/sut.yaml" <<YAML
 apiVersion: mcp.spear.dev/v1alpha1
 kind: McpServer
@@ -29,6 +50,7 @@ spec:
   transport: streamableHttp
   http:
     url: "$URL"
+$AUTH_YAML
   allowedTools: ["*"]
 YAML
 source "$(dirname "$0")/lib.sh"

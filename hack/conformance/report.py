@@ -36,12 +36,15 @@ def scenario_status(checks: list[dict]) -> tuple[str, list[str]]:
 
 def results(leg_dir: Path) -> dict[str, tuple[str, list[str]]]:
     found = {}
-    for checks_file in sorted(leg_dir.glob("*/checks.json")):
+    # Auth scenarios are named auth/<name>: their results are a directory further down.
+    for checks_file in sorted([*leg_dir.glob("*/checks.json"), *leg_dir.glob("*/*/checks.json")]):
         match = SCENARIO_DIR.match(checks_file.parent.name)
         if not match:
             continue
+        group = checks_file.parent.parent
+        scenario = match["scenario"] if group == leg_dir else f"{group.name}/{match['scenario']}"
         checks = json.loads(checks_file.read_text(encoding="utf-8"))
-        found[match["scenario"]] = scenario_status(checks)
+        found[scenario] = scenario_status(checks)
     return found
 
 

@@ -55,6 +55,14 @@ pub(crate) const VOLUME_BIN: &str = "spear-bin";
 pub(crate) const SOCKET_VOLUME_PREFIX: &str = "mcp-sock-";
 /// An empty volume mounted over the service-account token path of server sidecars.
 pub(crate) const VOLUME_NO_TOKEN: &str = "spear-no-token";
+/// The projected volume of the service-account tokens `http.auth` needs (one per server, each
+/// with that server's audience), mounted into the agent only.
+pub(crate) const VOLUME_AUTH_TOKENS: &str = "spear-auth-tokens";
+/// Where the agent finds them: `<AUTH_TOKEN_DIR>/<server>`. Local mode reads
+/// `SPEAR_AUTH_TOKEN_DIR` instead.
+pub const AUTH_TOKEN_DIR: &str = "/var/run/secrets/mcp.spear.dev/tokens";
+/// Overrides [`AUTH_TOKEN_DIR`] (local mode: a directory of token files named by server).
+pub const ENV_AUTH_TOKEN_DIR: &str = "SPEAR_AUTH_TOKEN_DIR";
 /// Where the kubelet mounts a container's service-account token.
 pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 pub const BIN_DIR: &str = "/spear/bin";

@@ -221,7 +221,200 @@ pub struct HttpSpec {
         extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
     )]
     pub headers: Vec<HttpHeader>,
+
+    /// How the agent authenticates to the server: the MCP authorization flow for a client with
+    /// no human at hand (OAuth 2.1 client credentials), or the pod's own service-account token,
+    /// sent as is or exchanged. Unset: no authentication beyond `headers`; a server that then
+    /// answers 401 is reported as `AuthRequired`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<HttpAuth>,
 }
+
+/// How the agent obtains the bearer token it sends to a Streamable HTTP server. Exactly one
+/// mode is set. Tokens are cached per server until shortly before they expire and fetched again
+/// (single-flight) on expiry or when the server rejects one (a 401 is retried once).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("[has(self.clientCredentials), has(self.serviceAccountToken), has(self.tokenExchange)].exists_one(x, x)")
+        .message("set exactly one of clientCredentials, serviceAccountToken and tokenExchange")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpAuth {
+    /// OAuth 2.1 client credentials grant at the authorization server the MCP server names in
+    /// its protected-resource metadata (RFC 9728), with the server's URL as the RFC 8707
+    /// resource indicator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_credentials: Option<ClientCredentialsAuth>,
+
+    /// Send the pod's projected service-account token (audience `audience`) as the bearer
+    /// token, for servers that trust the cluster's issuer (they validate it with the cluster's
+    /// OIDC discovery document and JWKS). The webhook mounts the token into the agent only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_token: Option<ServiceAccountTokenAuth>,
+
+    /// Exchange the pod's projected service-account token for an access token at the server's
+    /// authorization server: RFC 8693 token exchange, or the RFC 7523 JWT-bearer grant
+    /// (workload identity federation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_exchange: Option<TokenExchangeAuth>,
+
+    /// The scopes the agent may request. The agent requests what the server asks for (its
+    /// `WWW-Authenticate` scope, else its metadata's `scopes_supported`) narrowed to this list;
+    /// when the server asks for nothing, this list. Empty: whatever the server asks for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "set"))]
+    pub scopes: Vec<String>,
+}
+
+/// An OAuth client registered at the authorization server (pre-registration): its id, and a
+/// client secret or a private key to authenticate with.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("has(self.clientSecret) != has(self.privateKey)")
+        .message("set exactly one of clientSecret and privateKey")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCredentialsAuth {
+    /// The client id.
+    #[schemars(length(min = 1, max = 1024))]
+    pub client_id: String,
+
+    /// The client secret, from a Secret key (delivered like header `valueFrom`: only when the
+    /// Secret allows this server). Sent with `client_secret_basic` when that is the only method
+    /// the authorization server advertises, else `client_secret_post`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<HeaderValueSource>,
+
+    /// A PEM private key (PKCS#8 RSA or EC), from a Secret key: the agent authenticates with a
+    /// signed JWT assertion (`private_key_jwt`, RFC 7523).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<PrivateKeySource>,
+}
+
+/// A private key for `private_key_jwt`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrivateKeySource {
+    /// A key of a Secret in the server's namespace holding the PEM key.
+    pub secret_key_ref: SecretKeySelector,
+
+    /// The JWS algorithm of the assertion (default `ES256`).
+    #[serde(default)]
+    pub algorithm: JwtAlgorithm,
+}
+
+/// A JWS algorithm for client assertions.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum JwtAlgorithm {
+    #[default]
+    ES256,
+    ES384,
+    RS256,
+    RS384,
+    RS512,
+}
+
+/// The pod's projected service-account token as the credential.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAccountTokenAuth {
+    /// The token's audience (`aud`): the identifier the receiving server (or, for
+    /// `tokenExchange`, its authorization server) expects. One token per server.
+    #[schemars(length(min = 1, max = 1024))]
+    pub audience: String,
+
+    /// Requested lifetime of the token; the kubelet rotates it at 80 % of that. Default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 600, max = 86400))]
+    pub expiration_seconds: Option<i64>,
+}
+
+/// Token exchange with the pod's service-account token as the subject (or assertion).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenExchangeAuth {
+    /// The audience of the service-account token: the authorization server's identifier.
+    #[schemars(length(min = 1, max = 1024))]
+    pub audience: String,
+
+    /// `tokenExchange` (RFC 8693, default) or `jwtBearer` (RFC 7523 JWT-bearer grant, as in
+    /// the MCP workload identity federation extension).
+    #[serde(default)]
+    pub grant: TokenGrant,
+
+    /// A client id to send with the request, when the authorization server wants one (no
+    /// client secret: the service-account token is the credential).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub client_id: Option<String>,
+
+    /// Requested lifetime of the service-account token (see `serviceAccountToken`). Default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 600, max = 86400))]
+    pub expiration_seconds: Option<i64>,
+}
+
+/// The grant a token exchange uses.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TokenGrant {
+    #[default]
+    TokenExchange,
+    JwtBearer,
+}
+
+/// Default lifetime requested for a projected service-account token.
+pub const DEFAULT_SA_TOKEN_SECONDS: i64 = 3600;
+
+/// Which auth secrets a server has, as (field id, `spec` path, selector). The field id names the
+/// value in `SPEAR_SECRET_REFS` and its env var; it holds `:`, which no header name can.
+impl HttpAuth {
+    pub fn secret_values(&self) -> Vec<(&'static str, &'static str, &SecretKeySelector)> {
+        let mut out = Vec::new();
+        if let Some(cc) = &self.client_credentials {
+            if let Some(secret) = &cc.client_secret {
+                out.push((
+                    AUTH_CLIENT_SECRET,
+                    "spec.http.auth.clientCredentials.clientSecret.secretKeyRef",
+                    &secret.secret_key_ref,
+                ));
+            }
+            if let Some(key) = &cc.private_key {
+                out.push((
+                    AUTH_PRIVATE_KEY,
+                    "spec.http.auth.clientCredentials.privateKey.secretKeyRef",
+                    &key.secret_key_ref,
+                ));
+            }
+        }
+        out
+    }
+
+    /// The service-account token this mode needs, as (audience, lifetime in seconds).
+    pub fn service_account_token(&self) -> Option<(&str, i64)> {
+        if let Some(sa) = &self.service_account_token {
+            return Some((&sa.audience, sa.expiration_seconds.unwrap_or(DEFAULT_SA_TOKEN_SECONDS)));
+        }
+        let te = self.token_exchange.as_ref()?;
+        Some((&te.audience, te.expiration_seconds.unwrap_or(DEFAULT_SA_TOKEN_SECONDS)))
+    }
+
+    /// The mode's name, for `explain` and status lines.
+    pub fn mode(&self) -> &'static str {
+        match (&self.client_credentials, &self.service_account_token, &self.token_exchange) {
+            (Some(cc), _, _) if cc.private_key.is_some() => "oauth client credentials (private_key_jwt)",
+            (Some(_), _, _) => "oauth client credentials (client secret)",
+            (_, Some(_), _) => "service-account token",
+            (_, _, Some(te)) if te.grant == TokenGrant::JwtBearer => "service-account token, jwt-bearer grant",
+            _ => "service-account token, token exchange",
+        }
+    }
+}
+
+/// Field id of `auth.clientCredentials.clientSecret`.
+pub const AUTH_CLIENT_SECRET: &str = "auth:clientSecret";
+/// Field id of `auth.clientCredentials.privateKey`.
+pub const AUTH_PRIVATE_KEY: &str = "auth:privateKey";
 
 /// One HTTP header: a literal value (which may use `${ENV:NAME}` references) or a Secret key.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]

@@ -85,6 +85,9 @@ pub fn server_secret_refs(server: &McpServer) -> Vec<SecretRef> {
             refs.push(SecretRef { field, secret: source.secret_key_ref.name.clone() });
         }
     }
+    for (_, field, selector) in server.spec.http.iter().flat_map(|h| &h.auth).flat_map(|a| a.secret_values()) {
+        refs.push(SecretRef { field: field.to_string(), secret: selector.name.clone() });
+    }
     refs
 }
 

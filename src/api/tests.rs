@@ -118,7 +118,7 @@ fn full_http_server() -> McpServer {
                 headers: vec![
                     HttpHeader { name: "X-Region".into(), value: Some("${ENV:REGION:-eu}".into()), value_from: None },
                     HttpHeader {
-                        name: "Authorization".into(),
+                        name: "X-Api-Key".into(),
                         value: None,
                         value_from: Some(HeaderValueSource {
                             secret_key_ref: SecretKeySelector {
@@ -129,6 +129,22 @@ fn full_http_server() -> McpServer {
                         }),
                     },
                 ],
+                auth: Some(HttpAuth {
+                    client_credentials: Some(ClientCredentialsAuth {
+                        client_id: "spear".into(),
+                        client_secret: None,
+                        private_key: Some(PrivateKeySource {
+                            secret_key_ref: SecretKeySelector {
+                                name: "web".into(),
+                                key: "key.pem".into(),
+                                optional: None,
+                            },
+                            algorithm: JwtAlgorithm::RS256,
+                        }),
+                    }),
+                    scopes: vec!["mcp:read".into()],
+                    ..Default::default()
+                }),
             }),
             allowed_tools: vec!["*".into()],
             ..Default::default()

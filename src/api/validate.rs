@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::ObjectMeta;
 
 use super::env_ref;
-use super::{ApprovalPolicy, HttpSpec, McpProfile, McpServer, StdioSpec, Transport};
+use super::{ApprovalPolicy, HttpAuth, HttpSpec, McpProfile, McpServer, StdioSpec, Transport};
 
 /// One problem in a resource: the field path (`spec.http.url`), what is wrong, and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -381,7 +381,7 @@ fn validate_http(p: &mut Problems, http: &HttpSpec) {
                 format!("'{}' is set by the MCP transport itself", header.name),
                 "remove this header",
             );
-        } else if !seen.insert(lower) {
+        } else if !seen.insert(lower.clone()) {
             p.push(
                 format!("{field}.name"),
                 format!("'{}' is set twice (header names are case-insensitive)", header.name),
@@ -395,6 +395,78 @@ fn validate_http(p: &mut Problems, http: &HttpSpec) {
             }
             (Some(value), None) => check_template(p, &format!("{field}.value"), value),
             (None, Some(_)) => {}
+        }
+        if http.auth.is_some() && lower == "authorization" {
+            p.push(
+                format!("{field}.name"),
+                "spec.http.auth sets the Authorization header itself",
+                "remove this header, or remove spec.http.auth",
+            );
+        }
+    }
+    if let Some(auth) = &http.auth {
+        validate_auth(p, auth);
+    }
+}
+
+/// What the schema's CEL rules say too (for local mode, which has no API server), and what
+/// they cannot: scope syntax and non-empty identifiers.
+fn validate_auth(p: &mut Problems, auth: &HttpAuth) {
+    let modes =
+        [auth.client_credentials.is_some(), auth.service_account_token.is_some(), auth.token_exchange.is_some()];
+    if modes.iter().filter(|m| **m).count() != 1 {
+        p.push(
+            "spec.http.auth",
+            "needs exactly one mode",
+            "set one of clientCredentials, serviceAccountToken and tokenExchange",
+        );
+    }
+    p.max_items("spec.http.auth.scopes", &auth.scopes, bounds::HEADERS);
+    for (i, scope) in auth.scopes.iter().enumerate() {
+        // RFC 6749 section 3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
+        let valid = !scope.is_empty()
+            && scope.len() <= 256
+            && scope.bytes().all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b));
+        if !valid {
+            p.push(
+                format!("spec.http.auth.scopes[{i}]"),
+                format!("{scope:?} is not an OAuth scope token"),
+                "use printable ASCII without spaces, quotes or backslashes (for example mcp:read)",
+            );
+        }
+    }
+    if let Some(cc) = &auth.client_credentials {
+        if cc.client_id.trim().is_empty() {
+            p.push(
+                "spec.http.auth.clientCredentials.clientId",
+                "is empty",
+                "set the id the authorization server registered",
+            );
+        }
+        if cc.client_secret.is_some() == cc.private_key.is_some() {
+            p.push(
+                "spec.http.auth.clientCredentials",
+                "needs exactly one credential",
+                "set clientSecret.secretKeyRef or privateKey.secretKeyRef",
+            );
+        }
+    }
+    let audiences = [
+        auth.service_account_token
+            .as_ref()
+            .map(|a| ("spec.http.auth.serviceAccountToken", &a.audience, a.expiration_seconds)),
+        auth.token_exchange.as_ref().map(|a| ("spec.http.auth.tokenExchange", &a.audience, a.expiration_seconds)),
+    ];
+    for (field, audience, seconds) in audiences.into_iter().flatten() {
+        if audience.trim().is_empty() {
+            p.push(format!("{field}.audience"), "is empty", "set the identifier the receiving server expects in `aud`");
+        }
+        if let Some(seconds) = seconds.filter(|s| !(600..=86_400).contains(s)) {
+            p.push(
+                format!("{field}.expirationSeconds"),
+                format!("{seconds} is out of range"),
+                "use 600 to 86400 (the kubelet's bounds for projected tokens)",
+            );
         }
     }
 }
@@ -594,11 +666,49 @@ mod tests {
         s.spec.transport = Transport::StreamableHttp;
         s.spec.stdio = None;
         assert_eq!(fields(&s.validate()), ["spec.http"]);
-        s.spec.http = Some(HttpSpec { url: "https://user:pw@example.com/mcp".into(), headers: vec![] });
+        s.spec.http = Some(HttpSpec { url: "https://user:pw@example.com/mcp".into(), headers: vec![], auth: None });
         let errors = s.validate();
         assert_eq!(fields(&errors), ["spec.http.url"]);
         assert!(errors[0].message.contains("credentials"), "{errors:?}");
         assert!(!errors[0].message.contains("pw"), "a credential leaked into the message: {errors:?}");
+    }
+
+    #[test]
+    fn auth_needs_one_mode_valid_scopes_and_owns_the_authorization_header() {
+        let mut s = stdio_server("web");
+        s.spec.transport = Transport::StreamableHttp;
+        s.spec.stdio = None;
+        let header = HttpHeader { name: "Authorization".into(), value: Some("Bearer x".into()), value_from: None };
+        s.spec.http = Some(HttpSpec {
+            url: "https://mcp.example.com/mcp".into(),
+            headers: vec![header],
+            auth: Some(crate::api::HttpAuth {
+                service_account_token: Some(crate::api::ServiceAccountTokenAuth {
+                    audience: "mcp.example.com".into(),
+                    expiration_seconds: Some(60),
+                }),
+                token_exchange: Some(crate::api::TokenExchangeAuth { audience: " ".into(), ..Default::default() }),
+                scopes: vec!["mcp:read".into(), "two words".into()],
+                ..Default::default()
+            }),
+        });
+        assert_eq!(
+            fields(&s.validate()),
+            [
+                "spec.http.headers[0].name",
+                "spec.http.auth",
+                "spec.http.auth.scopes[1]",
+                "spec.http.auth.serviceAccountToken.expirationSeconds",
+                "spec.http.auth.tokenExchange.audience",
+            ]
+        );
+        let auth = s.spec.http.as_mut().and_then(|h| h.auth.as_mut()).expect("auth");
+        auth.token_exchange = None;
+        auth.scopes = vec!["mcp:read".into()];
+        auth.service_account_token =
+            Some(crate::api::ServiceAccountTokenAuth { audience: "a".into(), expiration_seconds: None });
+        s.spec.http.as_mut().expect("http").headers.clear();
+        assert_eq!(fields(&s.validate()), Vec::<String>::new());
     }
 
     #[test]
@@ -610,6 +720,7 @@ mod tests {
         s.spec.http = Some(HttpSpec {
             url: "http://127.0.0.1:9000/mcp".into(),
             headers: vec![h("X-Key"), h("x-key"), h("Mcp-Session-Id")],
+            auth: None,
         });
         assert_eq!(fields(&s.validate()), ["spec.http.headers[1].name", "spec.http.headers[2].name"]);
     }

@@ -26,7 +26,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::api::env_ref::{self, MissingEnv, Template};
-use crate::api::{McpServer, ServerBudgets, Transport};
+use crate::api::keys::{AUTH_TOKEN_DIR, ENV_AUTH_TOKEN_DIR};
+use crate::api::{
+    AUTH_CLIENT_SECRET, AUTH_PRIVATE_KEY, HttpAuth, JwtAlgorithm, McpServer, ServerBudgets, TokenGrant, Transport,
+};
 use crate::registry::snapshot::short_hash;
 
 /// Where stdio servers run.
@@ -152,7 +155,114 @@ pub(crate) enum TransportConfig {
         headers: Vec<(String, Value)>,
         /// Whether header templates may read the process environment (local mode only).
         templates_read_env: bool,
+        /// `http.auth`.
+        auth: Option<AuthConfig>,
     },
+}
+
+/// `http.auth`, secrets unread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AuthConfig {
+    mode: AuthModeConfig,
+    scopes: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AuthModeConfig {
+    ClientSecret {
+        client_id: String,
+        secret: Value,
+    },
+    PrivateKeyJwt {
+        client_id: String,
+        key: Value,
+        algorithm: JwtAlgorithm,
+    },
+    /// The pod's token, sent as is (`grant` `None`) or exchanged.
+    ServiceAccountToken {
+        grant: Option<(TokenGrant, Option<String>)>,
+    },
+}
+
+/// `http.auth`, resolved: what the pool's token source works from. Its `Debug` redacts secrets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AuthEndpoint {
+    pub(crate) mode: AuthMode,
+    /// The McpServer's `auth.scopes`: what a token request may ask for (empty: anything the
+    /// server asks for).
+    pub(crate) scopes: Vec<String>,
+}
+
+/// See [`AuthEndpoint`].
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum AuthMode {
+    /// OAuth client credentials with a client secret.
+    ClientSecret { client_id: String, secret: String },
+    /// OAuth client credentials with `private_key_jwt`.
+    PrivateKeyJwt { client_id: String, key_pem: String, algorithm: JwtAlgorithm },
+    /// The projected service-account token at `file`: sent as the bearer token (`grant` `None`),
+    /// or the subject of a grant (with an optional client id).
+    ServiceAccountToken { file: PathBuf, grant: Option<(TokenGrant, Option<String>)> },
+}
+
+impl std::fmt::Debug for AuthMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Secrets are left out; the token file's path is not one.
+        match self {
+            AuthMode::ClientSecret { client_id, .. } => write!(f, "ClientSecret({client_id})"),
+            AuthMode::PrivateKeyJwt { client_id, algorithm, .. } => {
+                write!(f, "PrivateKeyJwt({client_id}, {algorithm:?})")
+            }
+            AuthMode::ServiceAccountToken { file, grant } => {
+                write!(f, "ServiceAccountToken({}, {grant:?})", file.display())
+            }
+        }
+    }
+}
+
+impl AuthConfig {
+    fn new(server: &str, auth: &HttpAuth, mode: &Mode) -> Self {
+        let secret = |field_id: &str| match mode {
+            Mode::Sidecar { secret_refs: Some(delivered), .. }
+                if !delivered.contains(&secret_ref_id(server, field_id)) =>
+            {
+                Value::NotDelivered(secret_env_var(server, field_id))
+            }
+            _ => Value::FromEnv(secret_env_var(server, field_id)),
+        };
+        let mode = match (&auth.client_credentials, &auth.token_exchange) {
+            (Some(cc), _) if cc.private_key.is_some() => AuthModeConfig::PrivateKeyJwt {
+                client_id: cc.client_id.clone(),
+                key: secret(AUTH_PRIVATE_KEY),
+                algorithm: cc.private_key.as_ref().map(|k| k.algorithm).unwrap_or_default(),
+            },
+            (Some(cc), _) => {
+                AuthModeConfig::ClientSecret { client_id: cc.client_id.clone(), secret: secret(AUTH_CLIENT_SECRET) }
+            }
+            (None, Some(te)) => AuthModeConfig::ServiceAccountToken { grant: Some((te.grant, te.client_id.clone())) },
+            (None, None) => AuthModeConfig::ServiceAccountToken { grant: None },
+        };
+        AuthConfig { mode, scopes: auth.scopes.clone() }
+    }
+
+    fn resolve(&self, server: &str, lookup: &impl Fn(&str) -> Option<String>) -> Result<AuthEndpoint, MissingEnv> {
+        let none = |_: &str| None;
+        let mode = match &self.mode {
+            AuthModeConfig::ClientSecret { client_id, secret } => {
+                AuthMode::ClientSecret { client_id: client_id.clone(), secret: secret.resolve(&none, lookup)? }
+            }
+            AuthModeConfig::PrivateKeyJwt { client_id, key, algorithm } => AuthMode::PrivateKeyJwt {
+                client_id: client_id.clone(),
+                key_pem: key.resolve(&none, lookup)?,
+                algorithm: *algorithm,
+            },
+            AuthModeConfig::ServiceAccountToken { grant } => {
+                let dir = lookup(ENV_AUTH_TOKEN_DIR).unwrap_or_else(|| AUTH_TOKEN_DIR.to_string());
+                AuthMode::ServiceAccountToken { file: Path::new(&dir).join(server), grant: grant.clone() }
+            }
+        };
+        Ok(AuthEndpoint { mode, scopes: self.scopes.clone() })
+    }
 }
 
 /// How to reach a server, values expanded: what a connector uses. Its `Debug` redacts values.
@@ -182,6 +292,8 @@ pub(crate) enum Endpoint {
         url: String,
         /// Headers, expanded.
         headers: Vec<(String, String)>,
+        /// `http.auth`, resolved.
+        auth: Option<AuthEndpoint>,
     },
 }
 
@@ -215,10 +327,11 @@ impl std::fmt::Debug for Endpoint {
                 f.debug_struct("Socket").field("path", path).field("peer_uid", peer_uid).finish()
             }
             Endpoint::MissingSidecar => f.write_str("MissingSidecar"),
-            Endpoint::Http { url, headers } => f
+            Endpoint::Http { url, headers, auth } => f
                 .debug_struct("Http")
                 .field("url", url)
                 .field("headers", &headers.iter().map(|(k, _)| k).collect::<Vec<_>>())
+                .field("auth", auth)
                 .finish(),
         }
     }
@@ -303,6 +416,7 @@ impl ServerConfig {
                     url: http.url.clone(),
                     headers,
                     templates_read_env: matches!(mode, Mode::Local),
+                    auth: http.auth.as_ref().map(|auth| AuthConfig::new(&id, auth, mode)),
                 }
             }
         };
@@ -339,7 +453,7 @@ impl ServerConfig {
             }
             TransportConfig::Socket { path, peer_uid } => Endpoint::Socket { path: path.clone(), peer_uid: *peer_uid },
             TransportConfig::MissingSidecar => Endpoint::MissingSidecar,
-            TransportConfig::Http { url, headers, templates_read_env } => {
+            TransportConfig::Http { url, headers, templates_read_env, auth } => {
                 let nothing = |_: &str| None;
                 let templates: &dyn Fn(&str) -> Option<String> =
                     if *templates_read_env { &unreserved } else { &nothing };
@@ -349,6 +463,7 @@ impl ServerConfig {
                         .iter()
                         .map(|(name, value)| Ok((name.clone(), value.resolve(&templates, &lookup)?)))
                         .collect::<Result<_, MissingEnv>>()?,
+                    auth: auth.as_ref().map(|auth| auth.resolve(&self.id, &lookup)).transpose()?,
                 }
             }
         })
@@ -505,6 +620,61 @@ mod tests {
         assert!(matches!(resolved, Endpoint::Http { headers, .. } if headers[0].1 == "victim-secret"));
         let err = ServerConfig::new(&thief, &pod).expect("config").resolve(lookup).expect_err("not delivered");
         assert_eq!(err.name, "SPEAR_SECRET_MY_SERVER_TOKEN");
+    }
+
+    #[test]
+    fn auth_secrets_come_only_when_delivered_and_tokens_from_the_token_dir() {
+        use crate::api::{ClientCredentialsAuth, HeaderValueSource, HttpAuth, ServiceAccountTokenAuth};
+        let secret = HeaderValueSource {
+            secret_key_ref: SecretKeySelector { name: "s".into(), key: "k".into(), optional: None },
+        };
+        let cc = HttpAuth {
+            client_credentials: Some(ClientCredentialsAuth {
+                client_id: "agent".into(),
+                client_secret: Some(secret),
+                private_key: None,
+            }),
+            scopes: vec!["mcp:read".into()],
+            ..Default::default()
+        };
+        let server = McpServer::test("remote").http("https://mcp.example.com/mcp").auth(cc);
+        let var = secret_env_var("remote", AUTH_CLIENT_SECRET);
+        assert_eq!(var, "SPEAR_SECRET_REMOTE_AUTH_CLIENTSECRET");
+        let lookup = |name: &str| (name == "SPEAR_SECRET_REMOTE_AUTH_CLIENTSECRET").then(|| "cs-value".to_string());
+        let pod = |refs: &[&str]| Mode::Sidecar {
+            socket_dir: "/spear/run".into(),
+            sidecars: None,
+            secret_refs: Some(refs.iter().map(|r| r.to_string()).collect()),
+            peer_uids: Default::default(),
+        };
+        let missing =
+            ServerConfig::new(&server, &pod(&[])).expect("config").resolve(lookup).expect_err("not delivered");
+        assert_eq!(missing.name, var);
+        let delivered = ServerConfig::new(&server, &pod(&["remote/auth:clientSecret"])).expect("config");
+        let endpoint = delivered.resolve(lookup).expect("delivered");
+        let Endpoint::Http { auth: Some(auth), .. } = &endpoint else { panic!("auth") };
+        assert_eq!(auth.mode, AuthMode::ClientSecret { client_id: "agent".into(), secret: "cs-value".into() });
+        assert_eq!(auth.scopes, ["mcp:read"]);
+        assert!(!format!("{endpoint:?}").contains("cs-value"));
+
+        let sa = HttpAuth {
+            service_account_token: Some(ServiceAccountTokenAuth {
+                audience: "mcp.example.com".into(),
+                expiration_seconds: None,
+            }),
+            ..Default::default()
+        };
+        let server = McpServer::test("remote").http("https://mcp.example.com/mcp").auth(sa);
+        let dir = |name: &str| (name == ENV_AUTH_TOKEN_DIR).then(|| "/tmp/tokens".to_string());
+        let local = ServerConfig::new(&server, &Mode::Local).expect("config").resolve(dir).expect("resolved");
+        let Endpoint::Http { auth: Some(auth), .. } = local else { panic!("auth") };
+        assert_eq!(auth.mode, AuthMode::ServiceAccountToken { file: "/tmp/tokens/remote".into(), grant: None });
+        let in_pod = ServerConfig::new(&server, &pod(&[])).expect("config").resolve(|_| None).expect("resolved");
+        let Endpoint::Http { auth: Some(auth), .. } = in_pod else { panic!("auth") };
+        assert_eq!(
+            auth.mode,
+            AuthMode::ServiceAccountToken { file: Path::new(AUTH_TOKEN_DIR).join("remote"), grant: None }
+        );
     }
 
     #[test]

@@ -52,7 +52,9 @@ use tracing::Instrument;
 use super::config::Endpoint;
 use super::error::{ErrorCode, McpError};
 use super::limits::{ListCut, ListLimits};
+use super::oauth;
 use super::relay::{self, InFlight, Origin};
+use super::token_source::TokenSource;
 use crate::api::ServerInfo;
 use crate::child::GroupGuard;
 use crate::telemetry::otel;
@@ -377,8 +379,10 @@ pub(crate) async fn connect(
     frame_limit: usize,
     timeout: Duration,
     lifecycle: ClientLifecycleMode,
+    auth: Option<&Arc<TokenSource>>,
 ) -> Result<Connection, McpError> {
-    connect_with(server_id, endpoint, watchers, frame_limit, timeout, lifecycle, None).await
+    let http = HttpParts { client: None, auth: auth.cloned() };
+    connect_with(server_id, endpoint, watchers, frame_limit, timeout, lifecycle, http).await
 }
 
 /// The lifecycle that speaks whichever revision a server speaks: a `server/discover` probe at
@@ -391,6 +395,15 @@ pub(crate) fn probe_lifecycle() -> ClientLifecycleMode {
     }
 }
 
+/// What a Streamable HTTP session uses besides its endpoint.
+#[derive(Default)]
+pub(crate) struct HttpParts {
+    /// The client; `None`: rmcp's default one.
+    pub(crate) client: Option<reqwest::Client>,
+    /// The server's tokens (`http.auth`).
+    pub(crate) auth: Option<Arc<TokenSource>>,
+}
+
 /// [`connect`], with `http_client` for a Streamable HTTP endpoint instead of rmcp's default one
 /// (same-origin redirects, system proxy); the operator's prober brings its own.
 pub(crate) async fn connect_with(
@@ -400,8 +413,9 @@ pub(crate) async fn connect_with(
     frame_limit: usize,
     timeout: Duration,
     lifecycle: ClientLifecycleMode,
-    http_client: Option<reqwest::Client>,
+    http: HttpParts,
 ) -> Result<Connection, McpError> {
+    let HttpParts { client: http_client, auth } = http;
     let handler_watchers = watchers.clone();
     let calls = Arc::new(InFlight::default());
     let handler = PoolHandler { server_id: server_id.clone(), watchers, calls: calls.clone() };
@@ -487,7 +501,7 @@ pub(crate) async fn connect_with(
                 retryable: false,
                 refused_by_server: None,
             }),
-            Endpoint::Http { url, headers } => {
+            Endpoint::Http { url, headers, auth: _ } => {
                 let http_client = http_client.clone();
                 let mut custom = std::collections::HashMap::new();
                 for (name, value) in headers {
@@ -502,25 +516,15 @@ pub(crate) async fn connect_with(
                 config.custom_headers = custom;
                 config.max_sse_event_size = frame_limit;
                 config.reinit_on_expired_session = true;
-                // Tracing on: the same client, wrapped to send the trace context as headers.
-                let service = match (http_client, otel::active()) {
-                    (Some(client), false) => {
-                        let transport = StreamableHttpClientTransport::with_client(client, config);
-                        handler.serve_with_lifecycle(transport, lifecycle).await
-                    }
-                    (None, false) => {
-                        let transport = StreamableHttpClientTransport::from_config(config);
-                        handler.serve_with_lifecycle(transport, lifecycle).await
-                    }
-                    (client, true) => {
-                        let client = TraceHeaders(client.map_or_else(rmcp_default_client, Ok).map_err(|e| {
-                            unavailable(format!("building the HTTP client: {}", crate::telemetry::error_chain(&e)))
-                        })?);
-                        let transport = StreamableHttpClientTransport::with_client(client, config);
-                        handler.serve_with_lifecycle(transport, lifecycle).await
-                    }
-                }
-                .map_err(init_failed)?;
+                let client = match http_client {
+                    Some(client) => client,
+                    None => rmcp_default_client().map_err(|e| {
+                        unavailable(format!("building the HTTP client: {}", crate::telemetry::error_chain(&e)))
+                    })?,
+                };
+                let client = PoolHttp { client, trace: otel::active(), auth: auth.clone() };
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                let service = handler.serve_with_lifecycle(transport, lifecycle).await.map_err(init_failed)?;
                 Ok((service, None))
             }
         }
@@ -567,16 +571,26 @@ pub(crate) async fn connect_with(
     })
 }
 
-// === TraceHeaders ===
+// === PoolHttp ===
 
-/// A Streamable HTTP client that also sends a call's W3C trace context (the `traceparent` and
-/// `tracestate` of its `_meta`, set by the pool when tracing is on) as headers, so a server
-/// whose HTTP stack is instrumented continues the trace without reading `_meta`. Everything else
-/// is rmcp's reqwest client as is.
+/// The pool's Streamable HTTP client: rmcp's reqwest client, plus
+/// - with tracing on, a call's W3C trace context (the `traceparent` and `tracestate` of its
+///   `_meta`, set by the pool) as headers, so a server whose HTTP stack is instrumented
+///   continues the trace without reading `_meta`;
+/// - with `http.auth`, the bearer token of the server's [`TokenSource`]: on a 401 the source
+///   renews it (following the server's challenge) and the request is sent again, once;
+/// - without `http.auth`, a 401 becomes an error that says how to configure auth.
 #[derive(Clone)]
-struct TraceHeaders(reqwest::Client);
+struct PoolHttp {
+    client: reqwest::Client,
+    trace: bool,
+    auth: Option<Arc<TokenSource>>,
+}
 
 type HeaderMapOf = std::collections::HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
+/// rmcp's SSE event cap for the calls that name none (its constant is crate-private).
+const RMCP_DEFAULT_MAX_SSE_EVENT_SIZE: usize = 16 * 1024 * 1024;
+type HttpResult<T> = Result<T, StreamableHttpError<reqwest::Error>>;
 
 /// Adds the trace-context entries of `message`'s `_meta` (a `tools/call` only) to `headers`.
 fn add_trace_headers(message: &rmcp::model::ClientJsonRpcMessage, headers: &mut HeaderMapOf) {
@@ -589,7 +603,45 @@ fn add_trace_headers(message: &rmcp::model::ClientJsonRpcMessage, headers: &mut 
     }
 }
 
-impl StreamableHttpClient for TraceHeaders {
+fn auth_failed(message: String) -> StreamableHttpError<reqwest::Error> {
+    StreamableHttpError::Auth(rmcp::transport::auth::AuthError::AuthorizationFailed(message))
+}
+
+impl PoolHttp {
+    /// Runs `call` with the server's token, renewing it and calling again once on a 401.
+    async fn authorized<T, F, Fut>(&self, call: F) -> HttpResult<T>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = HttpResult<T>>,
+    {
+        let Some(source) = &self.auth else {
+            return match call(None).await {
+                Err(StreamableHttpError::AuthRequired(c)) => {
+                    Err(auth_failed(oauth::unconfigured_auth_message(&c.www_authenticate_header)))
+                }
+                other => other,
+            };
+        };
+        let token = source.current().await.map_err(|e| auth_failed(e.0))?;
+        match call(token.clone()).await {
+            Err(StreamableHttpError::AuthRequired(c)) => {
+                let fresh =
+                    source.renew(token.as_deref(), &c.www_authenticate_header).await.map_err(|e| auth_failed(e.0))?;
+                match call(Some(fresh)).await {
+                    Err(StreamableHttpError::AuthRequired(c)) => Err(auth_failed(format!(
+                        "the server rejected a freshly issued access token too (WWW-Authenticate: {}); check the \
+                         scopes and audience the authorization server grants this client",
+                        oauth::quote(&c.www_authenticate_header)
+                    ))),
+                    other => other,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+impl StreamableHttpClient for PoolHttp {
     type Error = reqwest::Error;
 
     fn post_message(
@@ -597,11 +649,17 @@ impl StreamableHttpClient for TraceHeaders {
         uri: Arc<str>,
         message: rmcp::model::ClientJsonRpcMessage,
         session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        mut custom_headers: HeaderMapOf,
-    ) -> impl Future<Output = Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>>> + Send + '_ {
-        add_trace_headers(&message, &mut custom_headers);
-        self.0.post_message(uri, message, session_id, auth_header, custom_headers)
+        _auth_header: Option<String>,
+        custom_headers: HeaderMapOf,
+    ) -> impl Future<Output = HttpResult<StreamableHttpPostResponse>> + Send + '_ {
+        self.post_message_with_max_sse_event_size(
+            uri,
+            message,
+            session_id,
+            None,
+            custom_headers,
+            RMCP_DEFAULT_MAX_SSE_EVENT_SIZE,
+        )
     }
 
     fn post_message_with_max_sse_event_size(
@@ -609,29 +667,56 @@ impl StreamableHttpClient for TraceHeaders {
         uri: Arc<str>,
         message: rmcp::model::ClientJsonRpcMessage,
         session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
+        _auth_header: Option<String>,
         mut custom_headers: HeaderMapOf,
         max_sse_event_size: usize,
-    ) -> impl Future<Output = Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>>> + Send + '_ {
-        add_trace_headers(&message, &mut custom_headers);
-        self.0.post_message_with_max_sse_event_size(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            custom_headers,
-            max_sse_event_size,
-        )
+    ) -> impl Future<Output = HttpResult<StreamableHttpPostResponse>> + Send + '_ {
+        if self.trace {
+            add_trace_headers(&message, &mut custom_headers);
+        }
+        async move {
+            if self.auth.is_none() {
+                // No token, no retry: the message is moved, not copied.
+                let sent = self.client.post_message_with_max_sse_event_size(
+                    uri,
+                    message,
+                    session_id,
+                    None,
+                    custom_headers,
+                    max_sse_event_size,
+                );
+                return match sent.await {
+                    Err(StreamableHttpError::AuthRequired(c)) => {
+                        Err(auth_failed(oauth::unconfigured_auth_message(&c.www_authenticate_header)))
+                    }
+                    other => other,
+                };
+            }
+            self.authorized(|token| {
+                self.client.post_message_with_max_sse_event_size(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                    max_sse_event_size,
+                )
+            })
+            .await
+        }
     }
 
-    fn delete_session(
+    async fn delete_session(
         &self,
         uri: Arc<str>,
         session_id: Arc<str>,
-        auth_header: Option<String>,
+        _auth_header: Option<String>,
         custom_headers: HeaderMapOf,
-    ) -> impl Future<Output = Result<(), StreamableHttpError<Self::Error>>> + Send + '_ {
-        self.0.delete_session(uri, session_id, auth_header, custom_headers)
+    ) -> HttpResult<()> {
+        self.authorized(|token| {
+            self.client.delete_session(uri.clone(), session_id.clone(), token, custom_headers.clone())
+        })
+        .await
     }
 
     fn get_stream(
@@ -639,29 +724,39 @@ impl StreamableHttpClient for TraceHeaders {
         uri: Arc<str>,
         session_id: Option<Arc<str>>,
         last_event_id: Option<String>,
-        auth_header: Option<String>,
+        _auth_header: Option<String>,
         custom_headers: HeaderMapOf,
-    ) -> impl Future<Output = Result<SseStream, StreamableHttpError<Self::Error>>> + Send + '_ {
-        self.0.get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+    ) -> impl Future<Output = HttpResult<SseStream>> + Send + '_ {
+        self.get_stream_with_max_sse_event_size(
+            uri,
+            session_id,
+            last_event_id,
+            None,
+            custom_headers,
+            RMCP_DEFAULT_MAX_SSE_EVENT_SIZE,
+        )
     }
 
-    fn get_stream_with_max_sse_event_size(
+    async fn get_stream_with_max_sse_event_size(
         &self,
         uri: Arc<str>,
         session_id: Option<Arc<str>>,
         last_event_id: Option<String>,
-        auth_header: Option<String>,
+        _auth_header: Option<String>,
         custom_headers: HeaderMapOf,
         max_sse_event_size: usize,
-    ) -> impl Future<Output = Result<SseStream, StreamableHttpError<Self::Error>>> + Send + '_ {
-        self.0.get_stream_with_max_sse_event_size(
-            uri,
-            session_id,
-            last_event_id,
-            auth_header,
-            custom_headers,
-            max_sse_event_size,
-        )
+    ) -> HttpResult<SseStream> {
+        self.authorized(|token| {
+            self.client.get_stream_with_max_sse_event_size(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                token,
+                custom_headers.clone(),
+                max_sse_event_size,
+            )
+        })
+        .await
     }
 }
 

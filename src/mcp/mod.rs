@@ -21,10 +21,12 @@ pub mod connect;
 pub mod error;
 pub mod health;
 pub mod limits;
+pub(crate) mod oauth;
 pub mod output;
 pub(crate) mod output_schema;
 pub mod pool;
 pub mod relay;
+pub(crate) mod token_source;
 
 pub use error::{ErrorCode, McpError};
 pub use pool::{Continuation, Pool, PoolOptions, ServerStatus, ToolOutput};

@@ -45,6 +45,7 @@ use super::health::{Action, Health};
 use super::limits::{self, ListCut, ListLimits};
 use super::output::{self, Truncation};
 use super::relay::{InFlight, Relay};
+use super::token_source::TokenSource;
 use crate::api::ServerInfo;
 use crate::policy::{ServerTools, Starting, ToolInfo, ToolList};
 use crate::registry::snapshot::Snapshot;
@@ -328,6 +329,9 @@ struct Slot {
     tools: tokio::sync::Mutex<ToolsCache>,
     /// Compiled outputSchemas by tool, with the listed schema they were compiled from.
     validators: Mutex<HashMap<String, OutputValidator>>,
+    /// The server's access tokens (`http.auth`), kept across its sessions while the resolved
+    /// auth config is the same.
+    tokens: Arc<Mutex<Option<Arc<TokenSource>>>>,
 }
 
 /// A listed outputSchema and its validator (or why it cannot be used).
@@ -1224,7 +1228,20 @@ impl Slot {
             start_failure: Arc::new(Mutex::new(None)),
             revision: Arc::new(Mutex::new(None)),
             start_ended: Arc::new(ListChanged::default()),
+            tokens: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// The token source for `endpoint`'s auth, reused while its config is unchanged.
+    fn token_source(&self, endpoint: &super::config::Endpoint, metrics: &PoolMetrics) -> Option<Arc<TokenSource>> {
+        let super::config::Endpoint::Http { url, auth: Some(auth), .. } = endpoint else { return None };
+        let mut tokens = self.tokens.lock();
+        if let Some(source) = tokens.as_ref().filter(|s| s.auth() == auth) {
+            return Some(source.clone());
+        }
+        let source = Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics.clone()));
+        *tokens = Some(source.clone());
+        Some(source)
     }
 
     /// Same connection, new budgets: the session, a start in progress, health and list
@@ -1238,6 +1255,7 @@ impl Slot {
         slot.health = old.health.clone();
         slot.list_changed = old.list_changed.clone();
         slot.start_ended = old.start_ended.clone();
+        slot.tokens = old.tokens.clone();
         slot
     }
 
@@ -1298,6 +1316,7 @@ impl Slot {
         let facts = Starting { what: endpoint.kind(), since: std::time::SystemTime::now(), budget };
         let frame_limit = limits::frame_limit(slot.config.budgets.max_tool_output_bytes(), inner.options.frame_limit);
         let lifecycle = lifecycle_for(slot.revision.lock().as_ref().filter(|(at, _)| at.elapsed() < REVISION_TTL));
+        let tokens = slot.token_source(&endpoint, &inner.options.metrics);
         let (owner, pool) = (slot.clone(), inner.clone());
         let task = tokio::spawn(
             async move {
@@ -1309,8 +1328,16 @@ impl Slot {
                         items: pool.items_changed.clone(),
                         resource_updates: pool.resource_updates.clone(),
                     };
-                    let conn =
-                        connect::connect(&owner.config.id, &endpoint, watchers, frame_limit, budget, lifecycle).await?;
+                    let conn = connect::connect(
+                        &owner.config.id,
+                        &endpoint,
+                        watchers,
+                        frame_limit,
+                        budget,
+                        lifecycle,
+                        tokens.as_ref(),
+                    )
+                    .await?;
                     let left = budget.saturating_sub(started.elapsed());
                     let first =
                         tokio::time::timeout(left, conn.list_tools_capped(&list_limits)).await.map_err(|_| {

@@ -71,6 +71,11 @@
 //!   (`api::secret_grant`); a refused one is left out with an admission warning, so the server
 //!   is unavailable (`env_missing`) rather than the pod refused: a registry author cannot stop
 //!   a workload from starting, nor read a Secret not granted to them.
+//! - **Auth.** `http.auth` client secrets and private keys are delivered like header
+//!   `secretKeyRef`s (`SPEAR_SECRET_<SERVER>_AUTH_CLIENTSECRET` / `_AUTH_PRIVATEKEY`, same grant
+//!   check). A mode that uses the pod's identity gets a projected service-account token with the
+//!   server's audience, `<AUTH_TOKEN_DIR>/<server>`, in one projected volume mounted read-only
+//!   into the agent only; the kubelet rotates it, and the agent reads it on every use.
 //! - **Copy command.** `/spearlet install --to /spear/bin/spearlet`: the spearlet copies itself
 //!   (atomically, so a rerun after a sandbox restart replaces the earlier copy whole). The
 //!   spearlet image's contract is only the static binary at `/spearlet`: no `cp`, no shell, so
@@ -86,8 +91,8 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Pod, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, Volume,
-    VolumeMount,
+    ObjectFieldSelector, Pod, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -96,11 +101,11 @@ use thiserror::Error;
 
 use crate::api::env_ref::{self, Segment};
 use crate::api::keys::{
-    ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR,
-    ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
+    ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, AUTH_TOKEN_DIR,
+    BIN_DIR, ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
     ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER,
     INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX,
-    SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX, VOLUME_BIN, VOLUME_NO_TOKEN,
+    SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX, VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
 use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
 use crate::api::validate::is_dns1123_subdomain;
@@ -428,6 +433,7 @@ impl Plan {
         let mut sidecar_servers: Vec<(&str, i64, String)> = Vec::new();
         let mut secret_env: BTreeMap<String, (String, SecretKeySelector)> = BTreeMap::new();
         let mut secret_refs = Vec::new();
+        let mut auth_tokens = Vec::new();
         for (&name, server) in &servers {
             if let Some(stdio) = &server.spec.stdio {
                 let Some(image) = stdio.image.as_deref().filter(|i| !i.is_empty()) else {
@@ -464,6 +470,36 @@ impl Plan {
                 let owner = format!("McpServer {name:?} header {:?}", header.name);
                 insert_secret(&mut secret_env, var, owner, source.secret_key_ref.clone())?;
             }
+            let auth = server.spec.http.as_ref().and_then(|h| h.auth.as_ref());
+            for (field_id, field, selector) in auth.iter().flat_map(|a| a.secret_values()) {
+                let reference = SecretRef { field: field.to_string(), secret: selector.name.clone() };
+                if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
+                    warnings.push(format!("{refusal}; it was not injected"));
+                    continue;
+                }
+                secret_refs.push(secret_ref_id(name, field_id));
+                let owner = format!("McpServer {name:?} {field}");
+                insert_secret(&mut secret_env, secret_env_var(name, field_id), owner, selector.clone())?;
+            }
+            if let Some((audience, seconds)) = auth.and_then(|a| a.service_account_token()) {
+                auth_tokens.push(VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some(audience.to_string()),
+                        expiration_seconds: Some(seconds),
+                        path: name.to_string(),
+                    }),
+                    ..VolumeProjection::default()
+                });
+            }
+        }
+        // One projected volume, one token per server (its own audience), mounted into the agent
+        // only: no sidecar, and not the app, sees a token meant for a remote server.
+        if !auth_tokens.is_empty() {
+            volumes.push(Volume {
+                name: VOLUME_AUTH_TOKENS.to_string(),
+                projected: Some(ProjectedVolumeSource { sources: Some(auth_tokens), default_mode: Some(0o400) }),
+                ..Volume::default()
+            });
         }
         let upstream_key =
             profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref()).and_then(|u| u.api_key_secret_ref.as_ref());
@@ -483,7 +519,10 @@ impl Plan {
         if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
             volumes.push(empty_dir(VOLUME_NO_TOKEN));
         }
-        let agent = agent_container(profile_name, &sidecar_servers, &secret_refs, secret_env.collect(), config);
+        let mut agent = agent_container(profile_name, &sidecar_servers, &secret_refs, secret_env.collect(), config);
+        if volumes.iter().any(|v| v.name == VOLUME_AUTH_TOKENS) {
+            agent.volume_mounts.get_or_insert_default().push(mount(VOLUME_AUTH_TOKENS, AUTH_TOKEN_DIR, true));
+        }
 
         let mut init_containers = vec![init_container(config)];
         let mut containers = Vec::new();

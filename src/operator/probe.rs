@@ -377,7 +377,7 @@ async fn list(
     client: reqwest::Client,
     timeout: Duration,
 ) -> Result<(Vec<String>, crate::api::ServerInfo, Option<String>), String> {
-    let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone() };
+    let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone(), auth: None };
     let id: Arc<str> = Arc::from(server_id);
     let conn = connect::connect_with(
         &id,
@@ -386,7 +386,7 @@ async fn list(
         target.frame_limit,
         timeout,
         connect::probe_lifecycle(),
-        Some(client),
+        connect::HttpParts { client: Some(client), auth: None },
     )
     .await
     .map_err(|e| e.message)?;

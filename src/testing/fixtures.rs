@@ -18,8 +18,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::{
-    ApprovalMode, ApprovalPolicy, ChatSpec, HeaderValueSource, HttpHeader, McpProfile, McpProfileSpec, McpServer,
-    McpServerSpec, ProfileBudgets, SecretKeyRef, ServerBudgets, StdioSpec, ToolSelection, Transport, UpstreamSpec,
+    ApprovalMode, ApprovalPolicy, ChatSpec, HeaderValueSource, HttpAuth, HttpHeader, McpProfile, McpProfileSpec,
+    McpServer, McpServerSpec, ProfileBudgets, SecretKeyRef, ServerBudgets, StdioSpec, ToolSelection, Transport,
+    UpstreamSpec,
 };
 use crate::testing::mcp_servers::Command;
 
@@ -119,6 +120,12 @@ impl McpServer {
     /// Transport `streamableHttp` at `http://127.0.0.1:{port}/mcp`, where the test servers listen.
     pub fn http_at(self, port: u16) -> Self {
         self.http(format!("http://127.0.0.1:{port}/mcp"))
+    }
+
+    /// Sets `spec.http.auth`.
+    pub fn auth(mut self, auth: HttpAuth) -> Self {
+        self.spec.http.get_or_insert_default().auth = Some(auth);
+        self
     }
 
     /// Adds a header with a literal value.
@@ -340,6 +347,7 @@ mod tests {
             Some(HttpSpec {
                 url: "https://mcp.example.com/mcp".into(),
                 headers: vec![HttpHeader { name: "X-Tenant".into(), value: Some("acme".into()), value_from: None }],
+                auth: None,
             })
         );
 

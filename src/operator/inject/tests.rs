@@ -684,3 +684,50 @@ fn a_pod_sharing_its_process_namespace_is_denied() {
     spec_mut(&mut p).share_process_namespace = Some(true);
     assert!(denied(&run(&p, Some(&profile), &servers, true)).contains("shareProcessNamespace"));
 }
+
+#[test]
+fn auth_secrets_reach_the_agent_and_service_account_tokens_only_the_agent() {
+    use crate::api::{ClientCredentialsAuth, HeaderValueSource, HttpAuth, ServiceAccountTokenAuth};
+    let secret_key_ref = SecretKeySelector { name: "remote-client".into(), key: "secret".into(), optional: None };
+    let cc = HttpAuth {
+        client_credentials: Some(ClientCredentialsAuth {
+            client_id: "agent".into(),
+            client_secret: Some(HeaderValueSource { secret_key_ref }),
+            private_key: None,
+        }),
+        ..HttpAuth::default()
+    };
+    let sa = HttpAuth {
+        service_account_token: Some(ServiceAccountTokenAuth {
+            audience: "https://tools.example.com".into(),
+            expiration_seconds: None,
+        }),
+        ..HttpAuth::default()
+    };
+    let remote = McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]).auth(cc);
+    let cluster = McpServer::test("cluster").http("https://tools.example.com/mcp").allowing(["*"]).auth(sa);
+    let fs = stdio_server("fs");
+    let profile = profile(&[&remote, &cluster, &fs]);
+    let decision = run(&with_profile(), Some(&profile), &[remote, cluster, fs], true);
+    let (_, out, warnings) = patched(&decision);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let spec = out.spec.as_ref().expect("spec");
+    let containers: Vec<&Container> = spec.init_containers.iter().flatten().chain(spec.containers.iter()).collect();
+    let agent = containers.iter().find(|c| c.name == AGENT_CONTAINER).expect("agent");
+    let secret = env_of(agent, "SPEAR_SECRET_REMOTE_AUTH_CLIENTSECRET").expect("client secret env");
+    let from = secret.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()).expect("secretKeyRef");
+    assert_eq!((from.name.as_str(), from.key.as_str()), ("remote-client", "secret"));
+    assert_eq!(env_of(agent, ENV_SECRET_REFS).and_then(|e| e.value.as_deref()), Some("remote/auth:clientSecret"));
+    let volume = spec.volumes.iter().flatten().find(|v| v.name == VOLUME_AUTH_TOKENS).expect("token volume");
+    let sources = volume.projected.as_ref().and_then(|p| p.sources.as_ref()).expect("sources");
+    let tokens: Vec<_> = sources.iter().filter_map(|s| s.service_account_token.as_ref()).collect();
+    assert_eq!(tokens.len(), 1);
+    assert_eq!(
+        (tokens[0].audience.as_deref(), tokens[0].path.as_str()),
+        (Some("https://tools.example.com"), "cluster")
+    );
+    for c in &containers {
+        let mounted = c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_AUTH_TOKENS);
+        assert_eq!(mounted, c.name == AGENT_CONTAINER, "container {} and the token volume", c.name);
+    }
+}

@@ -1,0 +1,231 @@
+//! Decisions of the agent's OAuth client that take what a server or an authorization server
+//! sent (untrusted): which scopes to request, whether a grant is offered, whether an endpoint
+//! may receive a credential, what a token response says, when a token is due. Pure; the I/O is
+//! `mcp::token_source`, discovery and the client-credentials request are rmcp's.
+//!
+//! - **Scopes.** A server's challenge or metadata says what it needs; the McpServer's
+//!   `auth.scopes` is what the platform team allows. The request is their intersection (in the
+//!   server's order), the allowed list when the server names none, and never `offline_access`:
+//!   a headless client gets a new token with its credential, it has no use for a refresh token.
+//! - **Endpoints.** A credential (client secret, assertion, service-account token) goes only to
+//!   an `https` endpoint, or to a loopback `http` one when the MCP server is on loopback too
+//!   (rmcp's rule for `private_key_jwt`, applied to every grant): a server's metadata cannot
+//!   send the credential in clear text across a network.
+//! - **Expiry.** A token is renewed 60 s before it expires, or at 90 % of its lifetime when
+//!   that is later (a 30 s token after 27 s, not at once); one with no `expires_in` is kept
+//!   until the server rejects it.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The scope a headless client never asks for (see the module header).
+const OFFLINE_ACCESS: &str = "offline_access";
+/// Renew this long before expiry...
+const RENEW_BEFORE: Duration = Duration::from_secs(60);
+/// ...but not before this share of the lifetime (per mille).
+const RENEW_AT_PER_MILLE: u32 = 900;
+/// Bytes of a server's challenge or error text kept in a message.
+const MAX_QUOTED_BYTES: usize = 300;
+
+/// The scopes to request: `asked` (the server's, in its order) narrowed to `allowed` (the
+/// McpServer's `auth.scopes`; empty allows all), or `allowed` when the server asks for none.
+pub(crate) fn request_scopes(asked: &[String], allowed: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = if asked.is_empty() {
+        allowed.to_vec()
+    } else if allowed.is_empty() {
+        asked.to_vec()
+    } else {
+        asked.iter().filter(|s| allowed.contains(s)).cloned().collect()
+    };
+    out.retain(|s| s != OFFLINE_ACCESS);
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|s| seen.insert(s.clone()));
+    out
+}
+
+/// Whether `endpoint` may receive a credential for the MCP server at `resource` (see the module
+/// header).
+pub(crate) fn may_receive_credential(resource: &url::Url, endpoint: &url::Url) -> bool {
+    let loopback = |u: &url::Url| match u.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    endpoint.scheme() == "https" || (endpoint.scheme() == "http" && loopback(resource) && loopback(endpoint))
+}
+
+/// Why a grant cannot be used at an authorization server.
+pub(crate) fn grant_refusal(grant_types_supported: Option<&serde_json::Value>, grant: &str) -> Option<String> {
+    let offered: Vec<&str> = grant_types_supported?.as_array()?.iter().filter_map(|g| g.as_str()).collect();
+    if offered.is_empty() || offered.contains(&grant) {
+        return None;
+    }
+    let interactive_only = offered.iter().all(|g| matches!(*g, "authorization_code" | "refresh_token" | "implicit"));
+    Some(if interactive_only {
+        format!(
+            "the authorization server offers only interactive grants ({}), which need a person at a browser; \
+             a pod cannot complete them: register a client for the client_credentials grant, or use \
+             serviceAccountToken or tokenExchange if the server trusts the cluster's issuer",
+            offered.join(", ")
+        )
+    } else {
+        format!("the authorization server does not offer the {grant} grant (it offers {})", offered.join(", "))
+    })
+}
+
+/// A token endpoint's answer (RFC 6749 section 5.1 and 5.2, RFC 8693 section 2.2).
+#[derive(Deserialize)]
+pub(crate) struct TokenResponse {
+    #[serde(default)]
+    access_token: Option<String>,
+    #[serde(default)]
+    token_type: Option<String>,
+    #[serde(default)]
+    expires_in: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    error_description: Option<String>,
+}
+
+/// A token, and how long it lives.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct IssuedToken {
+    pub(crate) access_token: String,
+    pub(crate) expires_in: Option<Duration>,
+}
+
+impl std::fmt::Debug for IssuedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedToken").field("expires_in", &self.expires_in).finish_non_exhaustive()
+    }
+}
+
+/// Reads a token endpoint's answer (`status` its HTTP status). The error names what the
+/// authorization server said, never a token.
+pub(crate) fn parse_token_response(status: u16, body: &[u8]) -> Result<IssuedToken, String> {
+    let parsed: TokenResponse = serde_json::from_slice(body).map_err(|e| {
+        format!("the token endpoint answered HTTP {status} with a body that is not a token response ({e})")
+    })?;
+    if let Some(error) = parsed.error.as_deref() {
+        let description = parsed.error_description.as_deref().map(|d| format!(": {}", quote(d))).unwrap_or_default();
+        return Err(format!("the token endpoint refused (HTTP {status}): {}{description}", quote(error)));
+    }
+    if !(200..300).contains(&status) {
+        return Err(format!("the token endpoint answered HTTP {status}"));
+    }
+    let access_token = parsed.access_token.filter(|t| !t.is_empty()).ok_or("the token response has no access_token")?;
+    if let Some(kind) = parsed.token_type.as_deref().filter(|t| !t.eq_ignore_ascii_case("bearer")) {
+        return Err(format!(
+            "the token endpoint issued a token of type {} (only Bearer tokens are supported)",
+            quote(kind)
+        ));
+    }
+    // Some servers send the number as a string.
+    let expires_in = match parsed.expires_in {
+        Some(serde_json::Value::Number(n)) => n.as_u64(),
+        Some(serde_json::Value::String(s)) => s.parse().ok(),
+        _ => None,
+    };
+    Ok(IssuedToken { access_token, expires_in: expires_in.map(Duration::from_secs) })
+}
+
+/// How long after issue a token with lifetime `expires_in` is renewed; `None`: not before the
+/// server rejects it.
+pub(crate) fn renew_after(expires_in: Option<Duration>) -> Option<Duration> {
+    let lifetime = expires_in?;
+    let by_share = lifetime * RENEW_AT_PER_MILLE / 1000;
+    Some(by_share.max(lifetime.saturating_sub(RENEW_BEFORE)))
+}
+
+/// What a challenge a server sent (`WWW-Authenticate`) says, shortened, for an error message.
+pub(crate) fn quote(text: &str) -> String {
+    let mut end = text.len().min(MAX_QUOTED_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut: String = text[..end].chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if end < text.len() { format!("{cut:?}...") } else { format!("{cut:?}") }
+}
+
+/// The error for a server that demands authorization the McpServer does not configure.
+pub(crate) fn unconfigured_auth_message(challenge: &str) -> String {
+    format!(
+        "the server requires authorization (HTTP 401, WWW-Authenticate: {}); set spec.http.auth on the McpServer \
+         (clientCredentials for a registered OAuth client, serviceAccountToken or tokenExchange for the pod's \
+         identity). The interactive authorization-code flow is not available to a pod",
+        quote(challenge)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn scopes_are_what_the_server_asks_narrowed_by_the_mcpserver() {
+        assert_eq!(request_scopes(&v(&["a", "b", "offline_access"]), &[]), v(&["a", "b"]));
+        assert_eq!(request_scopes(&v(&["a", "b", "c"]), &v(&["c", "a"])), v(&["a", "c"]));
+        assert_eq!(request_scopes(&[], &v(&["x"])), v(&["x"]));
+        assert_eq!(request_scopes(&v(&["admin"]), &v(&["read"])), Vec::<String>::new());
+        assert_eq!(request_scopes(&v(&["a", "a"]), &[]), v(&["a"]));
+    }
+
+    #[test]
+    fn credentials_go_to_https_or_loopback_only() {
+        let u = |s: &str| url::Url::parse(s).expect("url");
+        assert!(may_receive_credential(&u("https://mcp.example.com/mcp"), &u("https://as.example.com/token")));
+        assert!(may_receive_credential(&u("http://127.0.0.1:1/mcp"), &u("http://localhost:2/token")));
+        assert!(!may_receive_credential(&u("https://mcp.example.com/mcp"), &u("http://as.example.com/token")));
+        assert!(!may_receive_credential(&u("http://127.0.0.1:1/mcp"), &u("http://10.0.0.1/token")));
+        assert!(!may_receive_credential(&u("http://10.0.0.2/mcp"), &u("http://127.0.0.1/token")));
+    }
+
+    #[test]
+    fn an_authorization_server_without_the_grant_is_named_and_interactive_ones_explained() {
+        let offered = serde_json::json!(["authorization_code", "refresh_token"]);
+        let why = grant_refusal(Some(&offered), "client_credentials").expect("refused");
+        assert!(why.contains("need a person") && why.contains("authorization_code"), "{why}");
+        let offered = serde_json::json!(["client_credentials"]);
+        assert_eq!(grant_refusal(Some(&offered), "client_credentials"), None);
+        assert_eq!(grant_refusal(None, "client_credentials"), None);
+        let offered = serde_json::json!(["client_credentials"]);
+        let why = grant_refusal(Some(&offered), "urn:ietf:params:oauth:grant-type:token-exchange").expect("refused");
+        assert!(why.contains("does not offer"), "{why}");
+    }
+
+    #[test]
+    fn token_responses_are_read_and_errors_never_echo_a_token() {
+        let ok = parse_token_response(200, br#"{"access_token":"tok","token_type":"bearer","expires_in":"120"}"#);
+        assert_eq!(ok, Ok(IssuedToken { access_token: "tok".into(), expires_in: Some(Duration::from_secs(120)) }));
+        let refused = parse_token_response(400, br#"{"error":"invalid_grant","error_description":"expired"}"#);
+        assert_eq!(refused, Err("the token endpoint refused (HTTP 400): \"invalid_grant\": \"expired\"".into()));
+        let dpop = parse_token_response(200, br#"{"access_token":"secret-value","token_type":"DPoP"}"#);
+        assert!(dpop.as_ref().is_err_and(|e| !e.contains("secret-value")), "{dpop:?}");
+        assert!(parse_token_response(200, b"<html>").is_err());
+        assert!(parse_token_response(200, br#"{"token_type":"Bearer"}"#).is_err());
+        assert!(!format!("{:?}", ok).contains("tok\""));
+    }
+
+    #[test]
+    fn tokens_are_renewed_before_they_expire() {
+        assert_eq!(renew_after(Some(Duration::from_secs(3600))), Some(Duration::from_secs(3540)));
+        assert_eq!(renew_after(Some(Duration::from_secs(30))), Some(Duration::from_secs(27)));
+        assert_eq!(renew_after(Some(Duration::from_secs(100))), Some(Duration::from_secs(90)));
+        assert_eq!(renew_after(None), None);
+    }
+
+    #[test]
+    fn quoted_server_text_is_bounded_and_has_no_control_characters() {
+        let long = "é".repeat(400);
+        let q = quote(&long);
+        assert!(q.len() < 320 && q.ends_with("..."), "{q}");
+        assert_eq!(quote("a\nb"), "\"a b\"");
+    }
+}
