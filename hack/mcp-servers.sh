@@ -4,7 +4,8 @@
 #   node/  npm packages @modelcontextprotocol/server-everything and server-filesystem
 #          (a local `npm install --prefix`, run with `node` at test time: no global install, no npx)
 #   venv/  a Python venv with the PyPI `mcp` SDK (runs tests/servers/fixture_server.py), `openai`, and the
-#          OpenTelemetry SDK with its OTLP/HTTP exporter (tests/servers/traced_server.py; REVISION r2)
+#          OpenTelemetry SDK with its OTLP/HTTP exporter (tests/servers/traced_server.py; REVISION r2),
+#          and authlib, the OAuth authorization server of tests/servers/oauth_server.py (REVISION r3)
 # A no-op when that directory exists and its python runs. Prints shell `export` lines on stdout:
 #   eval "$(hack/mcp-servers.sh)"
 # sets SPEAR_MCP_SERVERS_DIR; the Rust tests (src/testing/mcp_servers.rs) also find the default
@@ -18,7 +19,8 @@ FILESYSTEM_VERSION="2026.8.31" # npm @modelcontextprotocol/server-filesystem
 MCP_VERSION="2.3.0"            # PyPI mcp (the Python SDK; brings httpx2, starlette, uvicorn)
 OPENAI_VERSION="3.54.0"        # PyPI openai
 OTEL_PY_VERSION="1.45.2"       # PyPI opentelemetry-sdk + opentelemetry-exporter-otlp-proto-http (tests/servers/traced_server.py)
-REVISION="r2"
+AUTHLIB_VERSION="1.9.10"       # PyPI authlib (tests/servers/oauth_server.py)
+REVISION="r3"
 
 CACHE_ROOT="${SPEAR_CACHE_DIR:-$HOME/.cache/spear-mcp}"
 KEY="everything-$EVERYTHING_VERSION-filesystem-$FILESYSTEM_VERSION-mcp-$MCP_VERSION-openai-$OPENAI_VERSION-$REVISION"
@@ -71,18 +73,19 @@ npm install --prefix "$TMP/node" --no-audit --no-fund --omit=dev --loglevel=erro
   "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" \
   "@modelcontextprotocol/server-filesystem@$FILESYSTEM_VERSION" >&2
 
-log "python: venv ($("$PYTHON" -V 2>&1)) with mcp==$MCP_VERSION openai==$OPENAI_VERSION opentelemetry-sdk==$OTEL_PY_VERSION"
+log "python: venv ($("$PYTHON" -V 2>&1)) with mcp==$MCP_VERSION openai==$OPENAI_VERSION opentelemetry-sdk==$OTEL_PY_VERSION authlib==$AUTHLIB_VERSION"
 "$PYTHON" -m venv "$TMP/venv"
 "$TMP/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
   "mcp==$MCP_VERSION" "openai==$OPENAI_VERSION" \
-  "opentelemetry-sdk==$OTEL_PY_VERSION" "opentelemetry-exporter-otlp-proto-http==$OTEL_PY_VERSION" >&2
+  "opentelemetry-sdk==$OTEL_PY_VERSION" "opentelemetry-exporter-otlp-proto-http==$OTEL_PY_VERSION" \
+  "authlib==$AUTHLIB_VERSION" >&2
 
 # Prove the install before publishing it.
 for pkg in server-everything server-filesystem; do
   [[ -f "$TMP/node/node_modules/@modelcontextprotocol/$pkg/package.json" ]] \
     || { log "npm did not install @modelcontextprotocol/$pkg"; exit 1; }
 done
-"$TMP/venv/bin/python" -c 'import mcp.server, openai, uvicorn, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter' \
+"$TMP/venv/bin/python" -c 'import mcp.server, openai, uvicorn, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter, authlib.oauth2.rfc6749' \
   || { log "the venv cannot import mcp/openai/uvicorn/opentelemetry"; exit 1; }
 
 if mv -T "$TMP" "$OUT" 2>/dev/null; then

@@ -28,7 +28,7 @@ pub const MCP_VERSION: &str = "2.3.0";
 /// PyPI `openai` version in the venv; must match `hack/mcp-servers.sh`.
 pub const OPENAI_VERSION: &str = "3.54.0";
 /// Layout revision of the install; must match `REVISION` in `hack/mcp-servers.sh`.
-pub const REVISION: &str = "r2";
+pub const REVISION: &str = "r3";
 /// Env var naming the install directory, overriding the default cache path.
 pub const ENV_DIR: &str = "SPEAR_MCP_SERVERS_DIR";
 

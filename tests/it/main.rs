@@ -15,6 +15,7 @@ mod cli;
 mod fixtures;
 mod grpc;
 mod mcp_servers;
+mod oauth;
 mod pool;
 mod registry;
 mod serve;
@@ -31,5 +32,6 @@ mod cluster {
     mod explain;
     mod kube_source;
     mod metrics;
+    mod oauth;
     mod webhook;
 }

@@ -1,0 +1,348 @@
+"""A protected MCP server and its OAuth authorization server, for the agent's OAuth client tests.
+
+- Authorization server: authlib's `AuthorizationServer` (PyPI `authlib`) with its
+  client-credentials grant, client_secret_basic / client_secret_post client authentication and
+  its bearer token generator; plus the RFC 8693 token-exchange grant, whose subject token is a
+  Kubernetes service-account token verified with `authlib.jose` against the cluster's JWKS
+  (`--jwks FILE`, `--sa-issuer`, `--sa-audience`). Metadata at
+  /.well-known/oauth-authorization-server (RFC 8414).
+- Protected resource: the PyPI `mcp` SDK's MCPServer with auth settings: protected-resource
+  metadata (RFC 9728), 401 challenges, bearer verification against the tokens issued here
+  (unknown, expired, revoked or issued for another resource: refused). One tool, `whoami`.
+- For the test: POST /admin/revoke revokes every token issued so far; GET /admin/requests lists
+  the token requests (grant type, client, how it authenticated, scope, resource, subject, outcome);
+  GET /admin/tokens the tokens issued (so the test can look for them where they must not be).
+- `--sa-direct-audience AUD`: the MCP server also accepts the cluster's service-account tokens
+  with that audience as they are (verified against `--jwks`, `--sa-issuer`).
+
+`--interactive-only` advertises only the authorization-code grant (and refuses others), as a
+server built for people at browsers does.
+
+    python oauth_server.py --port P --client-id ID --client-secret S [--token-lifetime SECONDS]
+        [--interactive-only] [--jwks FILE --sa-issuer ISS --sa-audience AUD --exchange-client ID]
+"""
+
+import argparse
+import json
+import os
+import secrets
+import time
+
+# authlib refuses http URLs unless told: this server listens on loopback only.
+os.environ["AUTHLIB_INSECURE_TRANSPORT"] = "1"
+
+import warnings
+
+import uvicorn
+
+with warnings.catch_warnings():
+    # authlib.jose points to joserfc for new code; it is authlib's own and fine here.
+    warnings.simplefilter("ignore")
+    from authlib.jose import JsonWebKey, JsonWebToken
+from authlib.oauth2.rfc6749 import AuthorizationServer, ClientMixin, OAuth2Request
+from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
+from authlib.oauth2.rfc6749 import grants
+from authlib.oauth2.rfc6749.errors import InvalidGrantError, InvalidRequestError, UnsupportedGrantTypeError
+from authlib.oauth2.rfc6750 import BearerTokenGenerator
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+SCOPES = ["mcp:tools", "mcp:admin"]
+TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
+JWT_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:jwt"
+
+
+class FormRequest(OAuth2Request):
+    """A token request as authlib reads it (what its Flask and Django integrations build)."""
+
+    def __init__(self, url, headers, form):
+        super().__init__("POST", url, headers=headers)
+        self.payload = BasicOAuth2Payload(form)
+        self._form = form
+
+    @property
+    def form(self):
+        return self._form
+
+    @property
+    def args(self):
+        return {}
+
+
+class Client(ClientMixin):
+    def __init__(self, client_id, secret, methods, grant_types):
+        self.client_id, self.secret, self.methods, self.grant_types = client_id, secret, methods, grant_types
+
+    def get_client_id(self):
+        return self.client_id
+
+    def get_default_redirect_uri(self):
+        return None
+
+    def get_allowed_scope(self, scope):
+        return " ".join(s for s in (scope or "").split() if s in SCOPES)
+
+    def check_redirect_uri(self, redirect_uri):
+        return False
+
+    def check_client_secret(self, client_secret):
+        return self.secret is not None and secrets.compare_digest(self.secret, client_secret)
+
+    def check_endpoint_auth_method(self, method, endpoint):
+        return method in self.methods
+
+    def check_response_type(self, response_type):
+        return False
+
+    def check_grant_type(self, grant_type):
+        return grant_type in self.grant_types
+
+
+class ClientCredentialsGrant(grants.ClientCredentialsGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ["client_secret_basic", "client_secret_post"]
+
+
+class TokenExchangeGrant(grants.BaseGrant, grants.TokenEndpointMixin):
+    """RFC 8693 with a service-account token as the subject (the client is public: the subject
+    token is the credential)."""
+
+    GRANT_TYPE = TOKEN_EXCHANGE
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none"]
+
+    def validate_token_request(self):
+        form = self.request.payload.data
+        if form.get("subject_token_type") != JWT_TOKEN_TYPE or not form.get("subject_token"):
+            raise InvalidRequestError("subject_token of type jwt is required")
+        client = self.authenticate_token_endpoint_client()
+        if not client.check_grant_type(self.GRANT_TYPE):
+            raise UnsupportedGrantTypeError(self.GRANT_TYPE)
+        state = self.server.state
+        try:
+            claims = JsonWebToken(["ES256", "RS256"]).decode(
+                form["subject_token"],
+                state["jwks"],
+                claims_options={
+                    "iss": {"essential": True, "value": state["sa_issuer"]},
+                    "aud": {"essential": True, "value": state["sa_audience"]},
+                    "exp": {"essential": True},
+                },
+            )
+            claims.validate()
+        except Exception as error:  # authlib raises several JoseError kinds
+            raise InvalidGrantError(f"subject_token: {type(error).__name__}") from error
+        self.request.client = client
+        self.request.user = claims["sub"]
+
+    def create_token_response(self):
+        scope = self.request.client.get_allowed_scope(self.request.payload.scope)
+        token = self.generate_token(user=self.request.user, scope=scope, include_refresh_token=False)
+        self.save_token(token)
+        return 200, token, self.TOKEN_RESPONSE_HEADER
+
+
+class Server(AuthorizationServer):
+    def __init__(self, state):
+        super().__init__(scopes_supported=SCOPES)
+        self.state = state
+
+    def query_client(self, client_id):
+        return self.state["clients"].get(client_id)
+
+    def save_token(self, token, request):
+        user = request.user if isinstance(request.user, str) else None
+        self.state["tokens"][token["access_token"]] = {
+            "client_id": request.client.get_client_id(),
+            "scopes": (token.get("scope") or "").split(),
+            "expires_at": int(time.time()) + int(token.get("expires_in", 0)),
+            "resource": request.payload.data.get("resource"),
+            "subject": user,
+        }
+
+    def send_signal(self, name, *args, **kwargs):
+        pass
+
+    def create_oauth2_request(self, request):
+        return request
+
+    def handle_response(self, status, body, headers):
+        return JSONResponse(body, status_code=status, headers=dict(headers))
+
+
+class Verifier:
+    """What the MCP server accepts: a token issued here, unexpired, unrevoked."""
+
+    def __init__(self, state):
+        self.state = state
+
+    async def verify_token(self, token):
+        issued = self.state["tokens"].get(token)
+        if issued is None and self.state["direct_audience"]:
+            return self.service_account_token(token)
+        if issued is None or token in self.state["revoked"] or issued["expires_at"] <= time.time():
+            return None
+        return AccessToken(
+            token=token,
+            client_id=issued["client_id"],
+            scopes=issued["scopes"],
+            expires_at=issued["expires_at"],
+            resource=issued["resource"],
+            subject=issued["subject"],
+        )
+
+
+    def service_account_token(self, token):
+        """`--sa-direct-audience`: a service-account token of the cluster, sent as is."""
+        try:
+            claims = JsonWebToken(["ES256", "RS256"]).decode(
+                token,
+                self.state["jwks"],
+                claims_options={
+                    "iss": {"essential": True, "value": self.state["sa_issuer"]},
+                    "aud": {"essential": True, "value": self.state["direct_audience"]},
+                    "exp": {"essential": True},
+                },
+            )
+            claims.validate()
+        except Exception:
+            return None
+        self.state["direct"].append(claims["sub"])
+        return AccessToken(
+            token=token,
+            client_id="kubernetes",
+            scopes=["mcp:tools"],
+            expires_at=int(claims["exp"]),
+            resource=self.state["resource"],
+            subject=claims["sub"],
+        )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--client-id", default="spear")
+    parser.add_argument("--client-secret", required=True)
+    parser.add_argument("--token-lifetime", type=int, default=3600)
+    parser.add_argument("--interactive-only", action="store_true")
+    parser.add_argument("--jwks")
+    parser.add_argument("--sa-issuer")
+    parser.add_argument("--sa-audience")
+    parser.add_argument("--exchange-client", default="spear-exchange")
+    parser.add_argument("--sa-direct-audience")
+    args = parser.parse_args()
+
+    base = f"http://127.0.0.1:{args.port}"
+    state = {
+        "clients": {
+            args.client_id: Client(
+                args.client_id, args.client_secret, ["client_secret_basic", "client_secret_post"], ["client_credentials"]
+            ),
+            args.exchange_client: Client(args.exchange_client, None, ["none"], [TOKEN_EXCHANGE]),
+        },
+        "tokens": {},
+        "revoked": set(),
+        "requests": [],
+        "jwks": JsonWebKey.import_key_set(json.load(open(args.jwks))) if args.jwks else None,
+        "sa_issuer": args.sa_issuer,
+        "sa_audience": args.sa_audience,
+        "direct_audience": args.sa_direct_audience,
+        "direct": [],
+        "resource": f"{base}/mcp",
+    }
+    server = Server(state)
+    server.register_token_generator(
+        "default",
+        BearerTokenGenerator(
+            access_token_generator=lambda **_: secrets.token_urlsafe(32),
+            expires_generator=lambda client, grant_type: args.token_lifetime,
+        ),
+    )
+    if not args.interactive_only:
+        server.register_grant(ClientCredentialsGrant)
+        if state["jwks"] is not None:
+            server.register_grant(TokenExchangeGrant)
+
+    grant_types = ["authorization_code", "refresh_token"] if args.interactive_only else ["client_credentials", TOKEN_EXCHANGE]
+
+    async def as_metadata(_request: Request):
+        return JSONResponse(
+            {
+                "issuer": base,
+                "authorization_endpoint": f"{base}/authorize",
+                "token_endpoint": f"{base}/token",
+                "grant_types_supported": grant_types,
+                "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
+                "scopes_supported": SCOPES,
+                "response_types_supported": ["code"],
+                "code_challenge_methods_supported": ["S256"],
+            }
+        )
+
+    async def token(request: Request):
+        form = dict(await request.form())
+        # Starlette's headers: case-insensitive, as authlib's lookups expect.
+        oauth_request = FormRequest(str(request.url), request.headers, form)
+        response = server.create_token_response(oauth_request)
+        entry = {
+            "grant_type": form.get("grant_type"),
+            "client_id": oauth_request.client.get_client_id() if oauth_request.client else None,
+            "auth_method": oauth_request.auth_method,
+            "scope": form.get("scope"),
+            "resource": form.get("resource"),
+            "subject": oauth_request.user if isinstance(oauth_request.user, str) else None,
+            "status": response.status_code,
+        }
+        state["requests"].append(entry)
+        return response
+
+    async def revoke(_request: Request):
+        state["revoked"].update(state["tokens"].keys())
+        return JSONResponse({"revoked": len(state["revoked"])})
+
+    async def requests(_request: Request):
+        return JSONResponse(state["requests"])
+
+    async def issued(_request: Request):
+        return JSONResponse({"tokens": list(state["tokens"].keys()), "direct_subjects": state["direct"]})
+
+    async def authorize(_request: Request):
+        return Response("a person would sign in here", status_code=200)
+
+    mcp = MCPServer(
+        "oauth-protected",
+        token_verifier=Verifier(state),
+        auth=AuthSettings(
+            issuer_url=base,
+            resource_server_url=f"{base}/mcp",
+            required_scopes=["mcp:tools"],
+            validate_token_resource=True,
+        ),
+    )
+
+    @mcp.tool()
+    def whoami() -> str:
+        """Who the server thinks the caller is."""
+        from mcp.server.auth.middleware.auth_context import get_access_token
+
+        token = get_access_token()
+        return json.dumps({"client_id": token.client_id, "subject": token.subject, "scopes": token.scopes})
+
+    app = mcp.streamable_http_app()
+    app.router.routes.extend(
+        [
+            Route("/.well-known/oauth-authorization-server", as_metadata, methods=["GET"]),
+            Route("/token", token, methods=["POST"]),
+            Route("/authorize", authorize, methods=["GET"]),
+            Route("/admin/revoke", revoke, methods=["POST"]),
+            Route("/admin/requests", requests, methods=["GET"]),
+            Route("/admin/tokens", issued, methods=["GET"]),
+        ]
+    )
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
