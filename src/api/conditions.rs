@@ -23,6 +23,9 @@ pub mod reasons {
     pub(crate) const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
     /// The probe failed; `lastError` says why.
     pub(crate) const PROBE_FAILED: &str = "ProbeFailed";
+    /// The server answered the probe with 401: it requires authorization (the message says what
+    /// it asked for and whether `spec.http.auth` is set).
+    pub(crate) const AUTH_REQUIRED: &str = "AuthRequired";
     /// The operator does not probe this server (`--probe-namespaces`); the message says why.
     pub(crate) const PROBE_SKIPPED: &str = "ProbeSkipped";
     /// All referenced servers exist.

@@ -381,7 +381,7 @@ pub(crate) async fn connect(
     lifecycle: ClientLifecycleMode,
     auth: Option<&Arc<TokenSource>>,
 ) -> Result<Connection, McpError> {
-    let http = HttpParts { client: None, auth: auth.cloned() };
+    let http = HttpParts { client: None, auth: auth.cloned(), challenge: None };
     connect_with(server_id, endpoint, watchers, frame_limit, timeout, lifecycle, http).await
 }
 
@@ -402,7 +402,13 @@ pub(crate) struct HttpParts {
     pub(crate) client: Option<reqwest::Client>,
     /// The server's tokens (`http.auth`).
     pub(crate) auth: Option<Arc<TokenSource>>,
+    /// Where to note the server's `WWW-Authenticate` challenge when it answers 401 and there is
+    /// no `auth` (the operator's probe reports it).
+    pub(crate) challenge: Option<ChallengeSlot>,
 }
+
+/// The last 401 challenge a server sent.
+pub(crate) type ChallengeSlot = Arc<parking_lot::Mutex<Option<String>>>;
 
 /// [`connect`], with `http_client` for a Streamable HTTP endpoint instead of rmcp's default one
 /// (same-origin redirects, system proxy); the operator's prober brings its own.
@@ -415,7 +421,7 @@ pub(crate) async fn connect_with(
     lifecycle: ClientLifecycleMode,
     http: HttpParts,
 ) -> Result<Connection, McpError> {
-    let HttpParts { client: http_client, auth } = http;
+    let HttpParts { client: http_client, auth, challenge } = http;
     let handler_watchers = watchers.clone();
     let calls = Arc::new(InFlight::default());
     let handler = PoolHandler { server_id: server_id.clone(), watchers, calls: calls.clone() };
@@ -522,7 +528,8 @@ pub(crate) async fn connect_with(
                         unavailable(format!("building the HTTP client: {}", crate::telemetry::error_chain(&e)))
                     })?,
                 };
-                let client = PoolHttp { client, trace: otel::active(), auth: auth.clone() };
+                let client =
+                    PoolHttp { client, trace: otel::active(), auth: auth.clone(), challenge: challenge.clone() };
                 let transport = StreamableHttpClientTransport::with_client(client, config);
                 let service = handler.serve_with_lifecycle(transport, lifecycle).await.map_err(init_failed)?;
                 Ok((service, None))
@@ -585,6 +592,7 @@ struct PoolHttp {
     client: reqwest::Client,
     trace: bool,
     auth: Option<Arc<TokenSource>>,
+    challenge: Option<ChallengeSlot>,
 }
 
 type HeaderMapOf = std::collections::HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
@@ -608,6 +616,14 @@ fn auth_failed(message: String) -> StreamableHttpError<reqwest::Error> {
 }
 
 impl PoolHttp {
+    /// A 401 to a request sent without auth: noted, and the error that says to configure it.
+    fn unauthorized(&self, challenge: &str) -> StreamableHttpError<reqwest::Error> {
+        if let Some(slot) = &self.challenge {
+            *slot.lock() = Some(challenge.to_string());
+        }
+        auth_failed(oauth::unconfigured_auth_message(challenge))
+    }
+
     /// Runs `call` with the server's token, renewing it and calling again once on a 401.
     async fn authorized<T, F, Fut>(&self, call: F) -> HttpResult<T>
     where
@@ -616,9 +632,7 @@ impl PoolHttp {
     {
         let Some(source) = &self.auth else {
             return match call(None).await {
-                Err(StreamableHttpError::AuthRequired(c)) => {
-                    Err(auth_failed(oauth::unconfigured_auth_message(&c.www_authenticate_header)))
-                }
+                Err(StreamableHttpError::AuthRequired(c)) => Err(self.unauthorized(&c.www_authenticate_header)),
                 other => other,
             };
         };
@@ -686,9 +700,7 @@ impl StreamableHttpClient for PoolHttp {
                     max_sse_event_size,
                 );
                 return match sent.await {
-                    Err(StreamableHttpError::AuthRequired(c)) => {
-                        Err(auth_failed(oauth::unconfigured_auth_message(&c.www_authenticate_header)))
-                    }
+                    Err(StreamableHttpError::AuthRequired(c)) => Err(self.unauthorized(&c.www_authenticate_header)),
                     other => other,
                 };
             }

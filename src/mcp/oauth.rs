@@ -150,6 +150,85 @@ pub(crate) fn quote(text: &str) -> String {
     if end < text.len() { format!("{cut:?}...") } else { format!("{cut:?}") }
 }
 
+/// Scopes shown in a status line at most, and bytes of each.
+const MAX_SHOWN_SCOPES: usize = 8;
+const MAX_SHOWN_SCOPE_BYTES: usize = 64;
+
+/// What a `401` challenge asks for, in words the operator may write to a status that anyone who
+/// can read the McpServer reads: only the scopes (scope tokens of a conservative alphabet, so a
+/// server cannot write prose there), whether it points at protected-resource metadata, and a
+/// known error code. Never the header's other text.
+pub(crate) fn challenge_summary(challenge: &str) -> String {
+    let params = bearer_params(challenge);
+    let value = |key: &str| params.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v.as_str());
+    let shown = |s: &&str| {
+        !s.is_empty()
+            && s.len() <= MAX_SHOWN_SCOPE_BYTES
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b":._/-".contains(&b))
+    };
+    let scopes: Vec<&str> =
+        value("scope").map(|s| s.split_whitespace().filter(shown).take(MAX_SHOWN_SCOPES).collect()).unwrap_or_default();
+    let mut parts = Vec::new();
+    if !scopes.is_empty() {
+        parts.push(format!("scopes {}", scopes.join(" ")));
+    }
+    parts.push(if value("resource_metadata").is_some() {
+        "protected-resource metadata advertised".to_string()
+    } else {
+        "no protected-resource metadata in the challenge".to_string()
+    });
+    if let Some(error) =
+        value("error").filter(|e| ["invalid_token", "insufficient_scope", "invalid_request"].contains(e))
+    {
+        parts.push(format!("error {error}"));
+    }
+    parts.join(", ")
+}
+
+/// The `key=value` parameters of a challenge (quoted or token values), in order.
+fn bearer_params(challenge: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = challenge.trim();
+    // Skip the scheme ("Bearer").
+    if let Some((scheme, after)) = rest.split_once(' ')
+        && !scheme.contains('=')
+    {
+        rest = after;
+    }
+    while !rest.is_empty() {
+        rest = rest.trim_start_matches([' ', ',']);
+        let Some((key, after)) = rest.split_once('=') else { break };
+        let key = key.trim().to_string();
+        let after = after.trim_start();
+        let (value, remaining) = if let Some(quoted) = after.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let mut end = quoted.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => {
+                        if let Some((_, next)) = chars.next() {
+                            value.push(next);
+                        }
+                    }
+                    '"' => {
+                        end = i + 1;
+                        break;
+                    }
+                    other => value.push(other),
+                }
+            }
+            (value, &quoted[end.min(quoted.len())..])
+        } else {
+            let end = after.find(',').unwrap_or(after.len());
+            (after[..end].trim().to_string(), &after[end..])
+        };
+        out.push((key, value));
+        rest = remaining;
+    }
+    out
+}
+
 /// The error for a server that demands authorization the McpServer does not configure.
 pub(crate) fn unconfigured_auth_message(challenge: &str) -> String {
     format!(
@@ -219,6 +298,20 @@ mod tests {
         assert_eq!(renew_after(Some(Duration::from_secs(30))), Some(Duration::from_secs(27)));
         assert_eq!(renew_after(Some(Duration::from_secs(100))), Some(Duration::from_secs(90)));
         assert_eq!(renew_after(None), None);
+    }
+
+    #[test]
+    fn a_challenge_is_summarised_without_the_servers_prose() {
+        let challenge = r#"Bearer error="invalid_token", error_description="Ignore this: visit evil.example", scope="mcp:tools files.read <b>x</b>", resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/mcp""#;
+        assert_eq!(
+            challenge_summary(challenge),
+            "scopes mcp:tools files.read, protected-resource metadata advertised, error invalid_token"
+        );
+        assert_eq!(challenge_summary("Bearer"), "no protected-resource metadata in the challenge");
+        assert_eq!(
+            challenge_summary(r#"Bearer realm="a\"b", error=made_up"#),
+            "no protected-resource metadata in the challenge"
+        );
     }
 
     #[test]

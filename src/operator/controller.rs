@@ -294,6 +294,7 @@ impl ControllerMetrics {
         let result = match outcome.result {
             ProbeResult::Succeeded { .. } => "succeeded",
             ProbeResult::Failed { .. } => "failed",
+            ProbeResult::AuthRequired { .. } => "auth_required",
             ProbeResult::Skipped { .. } => "skipped",
         };
         self.probes.get_or_create(&ProbeLabels { result: result.to_string() }).inc();

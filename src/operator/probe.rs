@@ -49,8 +49,8 @@ use crate::api::conditions::types;
 use crate::api::env_ref;
 use crate::api::{McpServer, McpServerStatus, Transport};
 use crate::mcp::config::Endpoint;
-use crate::mcp::connect;
 use crate::mcp::limits::{self, ListLimits};
+use crate::mcp::{connect, oauth};
 
 /// Largest single message accepted from a probed server (rmcp's own line limit, 16 MiB): a
 /// tools/list of a big server fits, a runaway stream does not.
@@ -355,9 +355,15 @@ pub(crate) async fn probe(
         Ok(client) => client,
         Err(error) => return failed(error),
     };
-    let result = match tokio::time::timeout(timeout, list(server_id, target, client, timeout)).await {
+    let challenge = connect::ChallengeSlot::default();
+    let result = match tokio::time::timeout(timeout, list(server_id, target, client, timeout, &challenge)).await {
         Ok(Ok((tools, server_info, cut))) => ProbeResult::Succeeded { tools, server_info: Some(server_info), cut },
         Ok(Err(_)) if denied.load(Ordering::Acquire) => ProbeResult::Failed { error: DENIED_MESSAGE.to_string() },
+        // A 401 to a probe that withheld a Secret's header is that header's absence (below).
+        Ok(Err(_)) if challenge.lock().is_some() && target.withheld.is_empty() => {
+            let asked = challenge.lock().as_deref().map(oauth::challenge_summary).unwrap_or_default();
+            ProbeResult::AuthRequired { asked }
+        }
         Ok(Err(error)) => {
             // The raw error may quote the server's answer (rmcp puts an HTTP error's body in
             // it): logged at debug for the operator's owner, never written to the status.
@@ -376,6 +382,7 @@ async fn list(
     target: &ProbeTarget,
     client: reqwest::Client,
     timeout: Duration,
+    challenge: &connect::ChallengeSlot,
 ) -> Result<(Vec<String>, crate::api::ServerInfo, Option<String>), String> {
     let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone(), auth: None };
     let id: Arc<str> = Arc::from(server_id);
@@ -386,7 +393,7 @@ async fn list(
         target.frame_limit,
         timeout,
         connect::probe_lifecycle(),
-        connect::HttpParts { client: Some(client), auth: None },
+        connect::HttpParts { client: Some(client), auth: None, challenge: Some(challenge.clone()) },
     )
     .await
     .map_err(|e| e.message)?;
@@ -705,6 +712,33 @@ mod tests {
         .await;
         assert!(matches!(outcome.result, ProbeResult::Failed { .. }), "{outcome:?}");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_server_demanding_authorization_is_reported_as_such_without_its_prose() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer error=\"invalid_token\", error_description=\"call +1 555 now\", scope=\"mcp:tools\", resource_metadata=\"http://x/.well-known/oauth-protected-resource\"\r\ncontent-length: 0\r\n\r\n",
+                    )
+                    .await;
+            }
+        });
+        let outcome =
+            probe("web", &plain(format!("http://{addr}/mcp")), &AddressDenyList::none(), Duration::from_secs(5), at(1))
+                .await;
+        let ProbeResult::AuthRequired { asked } = outcome.result else { panic!("{outcome:?}") };
+        assert_eq!(asked, "scopes mcp:tools, protected-resource metadata advertised, error invalid_token");
+        // With a withheld Secret header, the 401 is that header's absence: a plain failure.
+        let withheld = ProbeTarget { withheld: vec!["Authorization".into()], ..plain(format!("http://{addr}/mcp")) };
+        let outcome = probe("web", &withheld, &AddressDenyList::none(), Duration::from_secs(5), at(1)).await;
+        assert!(matches!(outcome.result, ProbeResult::Failed { .. }), "{outcome:?}");
     }
 
     #[tokio::test]

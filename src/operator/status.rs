@@ -69,6 +69,11 @@ pub(crate) enum ProbeResult {
         /// this is written to the status as given.
         error: String,
     },
+    /// The server answered 401: it requires authorization, which the operator never holds.
+    AuthRequired {
+        /// What its challenge asked for (`mcp::oauth::challenge_summary`: no server prose).
+        asked: String,
+    },
     /// Not probed, by the operator's configuration (`--probe-namespaces`): the earlier results
     /// are dropped, since they may be from before the namespace left the probed ones.
     Skipped {
@@ -124,6 +129,32 @@ pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, no
                 status.conditions.push(cond(types::READY, FALSE, reasons::PROBE_FAILED, error.clone()));
                 status.last_probe_time = Some(whole_seconds(time));
                 status.last_error = Some(error);
+            }
+            Some(ProbeOutcome { time, result: ProbeResult::AuthRequired { asked } }) => {
+                // The agents authenticate; the operator stops at the server's door. With
+                // `http.auth` that is as expected (Unknown: reachable, not checked past the 401);
+                // without it the agents are refused too (False).
+                let (state, message) = match server.spec.http.as_ref().and_then(|h| h.auth.as_ref()) {
+                    Some(auth) => (
+                        UNKNOWN,
+                        format!(
+                            "the server requires authorization ({asked}); agents authenticate with spec.http.auth \
+                             ({}); the operator holds no credentials and does not list its tools",
+                            auth.mode()
+                        ),
+                    ),
+                    None => (
+                        FALSE,
+                        format!(
+                            "the server requires authorization ({asked}) and spec.http.auth is not set, so agents \
+                             are refused too: set spec.http.auth (clientCredentials, serviceAccountToken or \
+                             tokenExchange)"
+                        ),
+                    ),
+                };
+                status.conditions.push(cond(types::READY, state, reasons::AUTH_REQUIRED, message.clone()));
+                status.last_probe_time = Some(whole_seconds(time));
+                status.last_error = Some(message);
             }
             Some(ProbeOutcome { result: ProbeResult::Skipped { message }, .. }) => {
                 status.conditions.push(cond(types::READY, UNKNOWN, reasons::PROBE_SKIPPED, message.clone()));

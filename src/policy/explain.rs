@@ -219,6 +219,7 @@ pub(crate) fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool
                 "deniedResources": spec.denied_resources,
                 "allowedPrompts": spec.allowed_prompts,
                 "deniedPrompts": spec.denied_prompts,
+                "auth": server_auth(&spec),
                 "tools": s.tools.as_ref().map(|tools| tools.iter().map(|t| serde_json::json!({
                     "name": &*t.name, "tool": &*t.tool.name,
                 })).collect::<Vec<_>>()),
@@ -262,6 +263,17 @@ pub(crate) fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: boo
             s.id, s.server_part, b.tool_timeout_ms, b.max_tool_output_bytes, b.max_concurrency
         );
     }
+    let authenticated: Vec<(&str, String)> = set
+        .servers
+        .iter()
+        .filter_map(|s| snapshot.server(&s.id).and_then(|v| server_auth(&v.object.spec)).map(|a| (&*s.id, a)))
+        .collect();
+    if !authenticated.is_empty() {
+        let _ = writeln!(out, "AUTH");
+        for (server, mode) in authenticated {
+            let _ = writeln!(out, "  {server:<40} {mode}");
+        }
+    }
     let decisions = set.decisions();
     if !decisions.is_empty() {
         let _ = writeln!(out, "EXCLUDED");
@@ -278,6 +290,17 @@ pub(crate) fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: boo
     let _ =
         writeln!(out, "loop budgets: maxIterations {}, maxTotalToolCalls {}", l.max_iterations, l.max_total_tool_calls);
     out
+}
+
+/// How the agent authenticates to a Streamable HTTP server (`http.auth`'s mode, or `headers`
+/// when it sends configured headers only); `None` for stdio servers and servers with neither.
+fn server_auth(spec: &crate::api::McpServerSpec) -> Option<String> {
+    let http = spec.http.as_ref()?;
+    match &http.auth {
+        Some(auth) => Some(auth.mode().to_string()),
+        None if !http.headers.is_empty() => Some("headers".to_string()),
+        None => None,
+    }
 }
 
 fn join_or_dash(items: &[String]) -> String {

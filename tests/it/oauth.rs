@@ -217,3 +217,42 @@ fn client_credentials_discover_renew_replace_a_revoked_token_and_leak_nothing() 
         assert!(!said.contains(token), "an access token leaked");
     }
 }
+
+#[test]
+fn explain_says_how_each_server_authenticates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut yaml = server_yaml(
+        "remote",
+        1,
+        "    auth:\n      clientCredentials: {clientId: a, privateKey: {secretKeyRef: {name: s, key: k}}}\n",
+    );
+    yaml.push_str(&server_yaml("cluster", 2, "    auth:\n      tokenExchange: {audience: sso, grant: jwtBearer}\n"));
+    yaml.push_str(&server_yaml("open", 3, ""));
+    yaml.push_str("apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [remote, cluster, open]\n");
+    std::fs::write(dir.path().join("registry.yaml"), yaml).expect("write");
+    let explain = |format: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["explain", "--profile", "p", "--output", format, "--registry-dir"])
+            .arg(dir.path())
+            .output()
+            .expect("spearlet explain");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = explain("table");
+    assert!(table.contains("AUTH\n"), "{table}");
+    assert!(table.contains("oauth client credentials (private_key_jwt)"), "{table}");
+    assert!(table.contains("service-account token, jwt-bearer grant"), "{table}");
+    let json: Value = serde_json::from_str(&explain("json")).expect("JSON");
+    let auth: Vec<(String, Value)> = json["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .map(|s| (s["id"].as_str().unwrap_or_default().to_string(), s["auth"].clone()))
+        .collect();
+    assert!(auth.contains(&("open".to_string(), Value::Null)), "{auth:?}");
+    assert!(
+        auth.contains(&("cluster".to_string(), Value::from("service-account token, jwt-bearer grant"))),
+        "{auth:?}"
+    );
+}

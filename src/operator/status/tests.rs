@@ -299,3 +299,32 @@ fn a_secret_that_does_not_allow_the_server_shows_as_ref_not_permitted() {
     assert_eq!(refs.reason, reasons::MISSING_SERVERS);
     assert!(refs.message.contains("gone") && refs.message.contains("\"key\""), "{}", refs.message);
 }
+
+#[test]
+fn a_server_requiring_authorization_is_auth_required_false_without_auth_unknown_with_it() {
+    let asked = ProbeOutcome {
+        time: at(100),
+        result: ProbeResult::AuthRequired { asked: "scopes mcp:tools, protected-resource metadata advertised".into() },
+    };
+    let bare = server_status(&http("web"), Some(&asked), at(100));
+    let ready = get(&bare.conditions, types::READY);
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::AUTH_REQUIRED));
+    assert!(
+        ready.message.contains("scopes mcp:tools") && ready.message.contains("set spec.http.auth"),
+        "{}",
+        ready.message
+    );
+
+    let auth = crate::api::HttpAuth {
+        service_account_token: Some(crate::api::ServiceAccountTokenAuth {
+            audience: "a".into(),
+            expiration_seconds: None,
+        }),
+        ..Default::default()
+    };
+    let configured = server_status(&http("web").auth(auth), Some(&asked), at(100));
+    let ready = get(&configured.conditions, types::READY);
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("Unknown", reasons::AUTH_REQUIRED));
+    assert!(ready.message.contains("service-account token"), "{}", ready.message);
+    assert_eq!(configured.last_error.as_deref(), Some(ready.message.as_str()));
+}
