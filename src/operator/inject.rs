@@ -591,6 +591,14 @@ impl Plan {
         extend(&mut ops, &["spec", "initContainers"], init.map(Vec::len), true, to_values(&self.init_containers)?);
         let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
         extend(&mut ops, &["spec", "containers"], Some(containers.len()), false, to_values(&self.containers)?);
+        // A projected service-account token needs the pod's service account named: the API
+        // server's ServiceAccount admission plugin names `default` when the pod does not, but
+        // it may be off (or run after this webhook on some distributions), and the pod is then
+        // refused ("must not be specified when serviceAccountName is not set").
+        let names_account = spec.is_some_and(|s| s.service_account_name.is_some() || s.service_account.is_some());
+        if !names_account && self.volumes.iter().any(|v| v.name == VOLUME_AUTH_TOKENS) {
+            add(&mut ops, &["spec", "serviceAccountName"], Value::String("default".into()));
+        }
 
         // The pod's own containers keep their indexes: injected init containers went in front
         // of its init containers, so theirs moved by that many.

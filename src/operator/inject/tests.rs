@@ -718,6 +718,9 @@ fn auth_secrets_reach_the_agent_and_service_account_tokens_only_the_agent() {
     let from = secret.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()).expect("secretKeyRef");
     assert_eq!((from.name.as_str(), from.key.as_str()), ("remote-client", "secret"));
     assert_eq!(env_of(agent, ENV_SECRET_REFS).and_then(|e| e.value.as_deref()), Some("remote/auth:clientSecret"));
+    // The projection needs a named service account; the pod named none: `default`, as the API
+    // server's ServiceAccount admission would.
+    assert_eq!(spec.service_account_name.as_deref(), Some("default"));
     let volume = spec.volumes.iter().flatten().find(|v| v.name == VOLUME_AUTH_TOKENS).expect("token volume");
     let sources = volume.projected.as_ref().and_then(|p| p.sources.as_ref()).expect("sources");
     let tokens: Vec<_> = sources.iter().filter_map(|s| s.service_account_token.as_ref()).collect();

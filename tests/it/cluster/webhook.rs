@@ -31,7 +31,7 @@ use spear::api::keys::{
     ENV_SIDECAR_SERVERS, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
 };
 use spear::api::secret_grant::{ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, SecretGrants};
-use spear::api::{McpProfile, McpServer};
+use spear::api::{HttpAuth, McpProfile, McpServer, ServiceAccountTokenAuth};
 use spear::operator::certs::{self, CertResolver, CertSource, SECRET_CA_CERT, SECRET_TLS_CERT, SelfSigned};
 use spear::operator::client_auth::ClientAuth;
 use spear::operator::inject::{self, Decision, InjectConfig, Ports, SIDECAR_TMP};
@@ -219,7 +219,15 @@ async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
     let servers = [
         filesystem("fs"),
         McpServer::test("fixture").stdio("python", ["fixture_server.py"]).image("python:3.13-slim").allowing(["*"]),
-        McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]),
+        // The pod's identity as its credential: a projected token for the agent alone (the API
+        // server checks the schema's CEL rule on the McpServer and the projection on the pod).
+        McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]).auth(HttpAuth {
+            service_account_token: Some(ServiceAccountTokenAuth {
+                audience: "https://mcp.example.com".into(),
+                expiration_seconds: Some(3600),
+            }),
+            ..Default::default()
+        }),
         // Not in the profile: must not be injected.
         filesystem("other"),
     ];
@@ -261,6 +269,14 @@ async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
     );
     let annotations = admitted.metadata.annotations.clone().unwrap_or_default();
     assert!(annotations.contains_key(ANNOTATION_INJECTED), "{annotations:?}");
+    let tokens = spec.volumes.iter().flatten().find(|v| v.name == "spear-auth-tokens").expect("the token volume");
+    let projected = tokens.projected.as_ref().and_then(|p| p.sources.as_ref()).expect("projected sources");
+    let token = projected[0].service_account_token.as_ref().expect("a service-account token");
+    assert_eq!((token.audience.as_deref(), token.path.as_str()), (Some("https://mcp.example.com"), "remote"));
+    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let mounted = c.volume_mounts.iter().flatten().any(|m| m.name == "spear-auth-tokens");
+        assert_eq!(mounted, c.name == AGENT_CONTAINER, "{} and the token volume", c.name);
+    }
 
     // A profile that selects by label gets the labelled server only.
     let mut fixture = ns.api::<McpServer>().get("fixture").await.expect("the fixture server exists");
