@@ -16,7 +16,8 @@
 #     docker build --build-context base="$base" --build-context mcp-rootfs="$(hack/images.sh rootfs mcp-rootfs)" \
 #       --target mcp-servers -t spear.local/mcp-servers:e2e .
 #     docker build --build-context base="$base" --build-context app-rootfs="$(hack/images.sh rootfs app-rootfs)" \
-#       --build-context app-src=e2e/app --target e2e-app -t spear.local/e2e-app:e2e .
+#       --build-context app-src=e2e/app --build-context servers-src=tests/servers --target e2e-app \
+#       -t spear.local/e2e-app:e2e .
 #
 # - hack/oci-image.py, without Docker or a registry (the development machines): it interprets
 #   this file (only the instructions used here: FROM scratch, COPY [--from --chown --chmod], USER,
@@ -81,12 +82,14 @@ CMD ["/usr/local/bin/mcp-server-everything", "stdio"]
 
 # --- e2e-app (e2e): the test workload and the scripted chat upstream ---------------------------
 # Debian's python3.11 (minimal + stdlib), PyPI mcp and openai (with httpx, pydantic, ...) in
-# /usr/local/lib/python3.11/dist-packages, busybox's /bin/sh for debugging, and e2e/app/ at /e2e/.
-# Pods run `python3 /e2e/driver.py` (the default) or `python3 /e2e/upstream.py`.
+# /usr/local/lib/python3.11/dist-packages, busybox's /bin/sh for debugging, and e2e/app/ at /e2e/
+# with tests/servers/oauth_server.py (and PyPI authlib). Pods run `python3 /e2e/driver.py` (the
+# default), `python3 /e2e/upstream.py` or `python3 /e2e/oauth_server.py`.
 FROM scratch AS e2e-app
 COPY --from=base / /
 COPY --from=app-rootfs / /
 COPY --from=app-src / /e2e/
+COPY --from=servers-src /oauth_server.py /e2e/oauth_server.py
 WORKDIR /e2e
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 65532:65532

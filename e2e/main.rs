@@ -38,7 +38,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -546,12 +546,90 @@ async fn namespace_checks(
         report.ok("measurements (SPEAR_E2E_MEASURE=1)");
     }
 
-    // 8. Faults in the pod.
+    // 8. The pod's identity as the credential of a remote server.
+    identity_checks(client, images, ns, report).await?;
+
+    // 9. Faults in the pod.
     fault_checks(&driver, &pods, images, report).await?;
     operator_outage(client, &images.app, ns, other, report).await?;
 
-    // 9. Pod deletion during a call: the call completes, sidecars stop after the app.
+    // 10. Pod deletion during a call: the call completes, sidecars stop after the app.
     graceful_delete(&driver, &pods, &long_tool, report).await?;
+    Ok(())
+}
+
+/// `http.auth.serviceAccountToken` in a real pod: a remote MCP server (tests/servers/oauth_server.py
+/// in its own pod) that trusts the cluster's issuer, checking tokens against the cluster's JWKS
+/// (read here from the API server, given to it in a ConfigMap) and audience. The webhook projects
+/// the token, the kubelet mounts it into the agent only, the agent sends it: the server sees the
+/// pod's service account.
+async fn identity_checks(client: &kube::Client, images: &Images, ns: &str, report: &mut Report) -> Result<()> {
+    const PORT: u16 = 8090;
+    const AUDIENCE: &str = "spear-e2e-identity";
+    let get =
+        |path: &str| -> Result<axum::http::Request<Vec<u8>>> { Ok(axum::http::Request::get(path).body(Vec::new())?) };
+    let discovery: Value =
+        serde_json::from_str(&client.request_text(get("/.well-known/openid-configuration")?).await?)?;
+    let issuer = discovery["issuer"].as_str().context("the cluster's OIDC discovery names an issuer")?.to_string();
+    let jwks = client.request_text(get("/openid/v1/jwks")?).await?;
+    let config_map: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "e2e-jwks"}, "data": {"jwks.json": jwks}}))?;
+    Api::<ConfigMap>::namespaced(client.clone(), ns).create(&PostParams::default(), &config_map).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let server: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-identity", "labels": {"app": "e2e-identity"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "server", "image": images.app, "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "/e2e/oauth_server.py", "--host", "0.0.0.0", "--port", PORT.to_string(),
+                            "--public-url", format!("http://$(POD_IP):{PORT}"), "--client-secret", "unused",
+                            "--jwks", "/jwks/jwks.json", "--sa-issuer", issuer, "--sa-direct-audience", AUDIENCE],
+                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "ports": [{"containerPort": PORT}],
+                "readinessProbe": {"httpGet": {"path": "/.well-known/oauth-authorization-server", "port": PORT}, "periodSeconds": 1},
+                "volumeMounts": [{"name": "jwks", "mountPath": "/jwks", "readOnly": true}],
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false},
+            }],
+            "volumes": [{"name": "jwks", "configMap": {"name": "e2e-jwks"}}],
+        },
+    }))?;
+    pods.create(&PostParams::default(), &server).await?;
+    let server = ready_pod(&pods, "app=e2e-identity", POD_READY_TIMEOUT).await?;
+    let ip = server.status.and_then(|s| s.pod_ip).context("the identity server has an IP")?;
+
+    let mcp_server: McpServer = serde_json::from_value(json!({
+        "apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "identity"},
+        "spec": {"transport": "streamableHttp",
+                 "http": {"url": format!("http://{ip}:{PORT}/mcp"), "auth": {"serviceAccountToken": {"audience": AUDIENCE}}},
+                 "allowedTools": ["*"]},
+    }))?;
+    Api::<McpServer>::namespaced(client.clone(), ns).create(&PostParams::default(), &mcp_server).await?;
+    let profile: McpProfile = serde_json::from_value(json!({
+        "apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpProfile", "metadata": {"name": "identity"},
+        "spec": {"servers": ["identity"]},
+    }))?;
+    Api::<McpProfile>::namespaced(client.clone(), ns).create(&PostParams::default(), &profile).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    deployments.create(&PostParams::default(), &app_deployment_of("e2e-identity-app", &images.app, "identity")).await?;
+    let pod = ready_pod(&pods, "app=e2e-identity-app", POD_READY_TIMEOUT).await?;
+    let spec = pod.spec.clone().context("a pod has a spec")?;
+    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let mounted = c.volume_mounts.iter().flatten().any(|m| m.name == "spear-auth-tokens");
+        ensure!(mounted == (c.name == AGENT_CONTAINER), "container {} and the token volume: mounted {mounted}", c.name);
+    }
+    let driver =
+        Driver { client: client.clone(), ns: ns.to_string(), pod: pod.metadata.name.clone().context("a name")? };
+    let answer = driver.call("mcp__identity__whoami", &json!({})).await?;
+    let subject = format!("system:serviceaccount:{ns}:default");
+    ensure!(
+        answer["is_error"] == false && answer["text"].as_str().is_some_and(|t| t.contains(&subject)),
+        "the server did not see the pod's service account: {answer}"
+    );
+    report.ok(&format!(
+        "http.auth.serviceAccountToken: the kubelet's projected token (audience {AUDIENCE}, agent only) reaches a server that checks it against the cluster's JWKS: it sees {subject}"
+    ));
     Ok(())
 }
 
@@ -624,13 +702,18 @@ async fn kubectl_spear_explain(ns: &str, pod: &str) -> Result<(String, usize, us
 }
 
 fn app_deployment(name: &str, image: &str) -> Deployment {
+    app_deployment_of(name, image, PROFILE)
+}
+
+/// [`app_deployment`] annotated with `profile`.
+fn app_deployment_of(name: &str, image: &str, profile: &str) -> Deployment {
     serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": {"app": name}, "annotations": {ANNOTATION_PROFILE: PROFILE}},
+                "metadata": {"labels": {"app": name}, "annotations": {ANNOTATION_PROFILE: profile}},
                 "spec": {
                     "terminationGracePeriodSeconds": 30,
                     "containers": [{

@@ -6,7 +6,8 @@
 #   spear.local/spearlet:e2e        target spearlet     base + the static spearlet
 #   spear.local/spear-operator:e2e  target operator     base + the static spear-operator
 #   spear.local/mcp-servers:e2e     target mcp-servers  base + Debian's nodejs 18 + the npm MCP servers
-#   spear.local/e2e-app:e2e         target e2e-app      base + Debian's python3.11 + PyPI mcp, openai + e2e/app
+#   spear.local/e2e-app:e2e         target e2e-app      base + Debian's python3.11 + PyPI mcp, openai, authlib
+#                                                       + e2e/app + tests/servers/oauth_server.py
 #
 #   eval "$(hack/images.sh)"        # exports SPEAR_E2E_*_IMAGE and SPEAR_E2E_IMAGE_TARS
 #   hack/images.sh rootfs NAME      # only builds (or finds) one rootfs context, prints its directory:
@@ -35,6 +36,7 @@ EVERYTHING_VERSION="2026.8.31" # npm @modelcontextprotocol/server-everything
 FILESYSTEM_VERSION="2026.8.31" # npm @modelcontextprotocol/server-filesystem
 MCP_VERSION="2.3.0"            # PyPI mcp
 OPENAI_VERSION="3.54.0"        # PyPI openai
+AUTHLIB_VERSION="1.9.10"       # PyPI authlib (tests/servers/oauth_server.py, the e2e's identity server)
 REVISION="r1"
 SUITES=(bookworm bookworm-updates bookworm-security)
 
@@ -192,7 +194,7 @@ rootfs_key() {
     case "$name" in
       base) echo "${BASE_PACKAGES[*]}" ;;
       mcp-rootfs) echo "${NODE_PACKAGES[*]} ${NODE_PICK[*]} $EVERYTHING_VERSION $FILESYSTEM_VERSION" ;;
-      app-rootfs) echo "${PYTHON_PACKAGES[*]} ${APP_EXTRA_PACKAGES[*]} $MCP_VERSION $OPENAI_VERSION" ;;
+      app-rootfs) echo "${PYTHON_PACKAGES[*]} ${APP_EXTRA_PACKAGES[*]} $MCP_VERSION $OPENAI_VERSION $AUTHLIB_VERSION" ;;
     esac
   } | sha256sum | cut -c1-16
 }
@@ -288,7 +290,7 @@ build_app() {
   ln -s busybox "$dir/bin/sh"
   # Wheels only, for Debian's CPython 3.11 on glibc 2.36, whatever the host's python is (listing
   # the manylinux tags: pip 23 does not widen a `--platform` to older glibc versions by itself).
-  log "pip: mcp==$MCP_VERSION openai==$OPENAI_VERSION (wheels for CPython 3.11, manylinux <= glibc 2.36)"
+  log "pip: mcp==$MCP_VERSION openai==$OPENAI_VERSION authlib==$AUTHLIB_VERSION (wheels for CPython 3.11, manylinux <= glibc 2.36)"
   local platforms=() tag
   for tag in manylinux2014 manylinux_2_17 manylinux_2_28 manylinux_2_31 manylinux_2_34 manylinux_2_35 manylinux_2_36; do
     platforms+=(--platform "${tag}_x86_64")
@@ -297,7 +299,7 @@ build_app() {
     --no-warn-conflicts --root-user-action=ignore \
     --target "$dir$SITE" --only-binary=:all: --implementation cp --python-version 3.11 \
     --abi cp311 --abi abi3 --abi none "${platforms[@]}" \
-    "mcp==$MCP_VERSION" "openai==$OPENAI_VERSION" >&2
+    "mcp==$MCP_VERSION" "openai==$OPENAI_VERSION" "authlib==$AUTHLIB_VERSION" >&2
   rm -rf "$dir$SITE/bin" # console scripts with the host's interpreter in their shebang
   (cd "$dir$SITE" && ls -d *.dist-info | sed 's/\.dist-info$//' | LC_ALL=C sort) |
     sed 's/^/pypi /' >>"$dir.packages"
@@ -380,7 +382,7 @@ build_image operator spear.local/spear-operator:e2e spear-operator --context bas
 build_image spearlet spear.local/spearlet:e2e spearlet --context base="$base" --context bin="$bin"
 build_image mcp-servers spear.local/mcp-servers:e2e mcp-servers --context base="$base" --context mcp-rootfs="$mcp"
 build_image e2e-app spear.local/e2e-app:e2e e2e-app --context base="$base" --context app-rootfs="$app" \
-  --context app-src="$REPO/e2e/app"
+  --context app-src="$REPO/e2e/app" --context servers-src="$REPO/tests/servers"
 python3 "$OCI" --verify "${tars[@]}" >&2
 for tar in "${tars[@]}"; do log "$(du -h "$tar" | cut -f1) $tar"; done
 log "done in $(($(date +%s) - start))s"

@@ -493,11 +493,14 @@ impl Plan {
             }
         }
         // One projected volume, one token per server (its own audience), mounted into the agent
-        // only: no sidecar, and not the app, sees a token meant for a remote server.
+        // only: no sidecar, and not the app, sees a token meant for a remote server. The mount
+        // is the boundary, not the mode: the kubelet writes the files as root (it gives them to
+        // a container's uid only when every container of the pod runs as that one uid), so
+        // they are world-readable, as the kubelet's own default (0644) is, minus writes.
         if !auth_tokens.is_empty() {
             volumes.push(Volume {
                 name: VOLUME_AUTH_TOKENS.to_string(),
-                projected: Some(ProjectedVolumeSource { sources: Some(auth_tokens), default_mode: Some(0o400) }),
+                projected: Some(ProjectedVolumeSource { sources: Some(auth_tokens), default_mode: Some(0o444) }),
                 ..Volume::default()
             });
         }

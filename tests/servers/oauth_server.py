@@ -18,7 +18,7 @@
 `--interactive-only` advertises only the authorization-code grant (and refuses others), as a
 server built for people at browsers does.
 
-    python oauth_server.py --port P --client-id ID --client-secret S [--token-lifetime SECONDS]
+    python oauth_server.py --port P [--host H --public-url URL] --client-id ID --client-secret S [--token-lifetime SECONDS]
         [--interactive-only] [--jwks FILE --sa-issuer ISS --sa-audience AUD --exchange-client ID]
 """
 
@@ -223,6 +223,8 @@ class Verifier:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--public-url", help="the base URL clients use (default http://127.0.0.1:PORT)")
     parser.add_argument("--client-id", default="spear")
     parser.add_argument("--client-secret", required=True)
     parser.add_argument("--token-lifetime", type=int, default=3600)
@@ -234,7 +236,7 @@ def main():
     parser.add_argument("--sa-direct-audience")
     args = parser.parse_args()
 
-    base = f"http://127.0.0.1:{args.port}"
+    base = (args.public_url or f"http://127.0.0.1:{args.port}").rstrip("/")
     state = {
         "clients": {
             args.client_id: Client(
@@ -330,7 +332,9 @@ def main():
         token = get_access_token()
         return json.dumps({"client_id": token.client_id, "subject": token.subject, "scopes": token.scopes})
 
-    app = mcp.streamable_http_app()
+    # Bound to loopback, the SDK also checks Host and Origin (DNS rebinding); in a pod it is
+    # reached by its IP.
+    app = mcp.streamable_http_app(host=args.host)
     app.router.routes.extend(
         [
             Route("/.well-known/oauth-authorization-server", as_metadata, methods=["GET"]),
@@ -341,7 +345,7 @@ def main():
             Route("/admin/tokens", issued, methods=["GET"]),
         ]
     )
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
