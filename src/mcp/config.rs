@@ -96,6 +96,17 @@ pub(crate) fn secret_ref_id(server: &str, header: &str) -> String {
     format!("{server}/{header}")
 }
 
+/// The secret-backed value `field` (a header name or an auth field id) of `server`: its env var,
+/// or, in a pod whose webhook did not deliver it for this server, not delivered.
+fn secret_value(server: &str, field: &str, mode: &Mode) -> Value {
+    match mode {
+        Mode::Sidecar { secret_refs: Some(delivered), .. } if !delivered.contains(&secret_ref_id(server, field)) => {
+            Value::NotDelivered(secret_env_var(server, field))
+        }
+        _ => Value::FromEnv(secret_env_var(server, field)),
+    }
+}
+
 /// A configured value: a template over the agent's environment, or a secret delivered as an env
 /// var.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,14 +233,7 @@ impl std::fmt::Debug for AuthMode {
 
 impl AuthConfig {
     fn new(server: &str, auth: &HttpAuth, mode: &Mode) -> Self {
-        let secret = |field_id: &str| match mode {
-            Mode::Sidecar { secret_refs: Some(delivered), .. }
-                if !delivered.contains(&secret_ref_id(server, field_id)) =>
-            {
-                Value::NotDelivered(secret_env_var(server, field_id))
-            }
-            _ => Value::FromEnv(secret_env_var(server, field_id)),
-        };
+        let secret = |field_id: &str| secret_value(server, field_id, mode);
         let mode = match (&auth.client_credentials, &auth.token_exchange) {
             (Some(cc), _) if cc.private_key.is_some() => AuthModeConfig::PrivateKeyJwt {
                 client_id: cc.client_id.clone(),
@@ -401,14 +405,7 @@ impl ServerConfig {
                 for h in &http.headers {
                     let value = match (&h.value, &h.value_from) {
                         (Some(v), _) => template(&id, &format!("spec.http.headers[{}]", h.name), v)?,
-                        (None, _) => match mode {
-                            Mode::Sidecar { secret_refs: Some(delivered), .. }
-                                if !delivered.contains(&secret_ref_id(&id, &h.name)) =>
-                            {
-                                Value::NotDelivered(secret_env_var(&id, &h.name))
-                            }
-                            _ => Value::FromEnv(secret_env_var(&id, &h.name)),
-                        },
+                        (None, _) => secret_value(&id, &h.name, mode),
                     };
                     headers.push((h.name.clone(), value));
                 }

@@ -200,12 +200,12 @@ impl TokenSource {
         let Some((manager, metadata)) = state.manager.as_mut() else {
             return Err(TokenError("no authorization server was found".into()));
         };
-        let grant = match &self.auth.mode {
+        let grant_type = match &self.auth.mode {
             AuthMode::ClientSecret { .. } | AuthMode::PrivateKeyJwt { .. } => GRANT_CLIENT_CREDENTIALS,
             AuthMode::ServiceAccountToken { grant: Some((TokenGrant::JwtBearer, _)), .. } => GRANT_JWT_BEARER,
             AuthMode::ServiceAccountToken { .. } => GRANT_TOKEN_EXCHANGE,
         };
-        if let Some(why) = oauth::grant_refusal(metadata.additional_fields.get("grant_types_supported"), grant) {
+        if let Some(why) = oauth::grant_refusal(metadata.additional_fields.get("grant_types_supported"), grant_type) {
             return Err(TokenError(why));
         }
         let resource = url::Url::parse(&self.url).map_err(|e| TokenError(format!("the server URL: {e}")))?;
@@ -219,6 +219,7 @@ impl TokenSource {
         }
         let asked = manager.select_scopes(challenge_scope(challenge).as_deref(), &[]);
         let scopes = oauth::request_scopes(&asked, &self.auth.scopes);
+        let scope = scopes.join(" ");
         match &self.auth.mode {
             AuthMode::ClientSecret { client_id, secret } => {
                 let config = ClientCredentialsConfig::ClientSecret {
@@ -236,7 +237,6 @@ impl TokenSource {
                 // RFC 7523 section 3: the audience is the authorization server (its issuer).
                 let audience = metadata.issuer.clone().unwrap_or_else(|| token_endpoint.to_string());
                 let assertion = client_assertion(client_id, &audience, key_pem, *algorithm)?;
-                let scope = scopes.join(" ");
                 let mut form: Vec<(&str, &str)> = vec![
                     ("grant_type", GRANT_CLIENT_CREDENTIALS),
                     ("client_assertion_type", ASSERTION_TYPE_JWT_BEARER),
@@ -251,8 +251,8 @@ impl TokenSource {
             AuthMode::ServiceAccountToken { file, grant } => {
                 let subject = read_token_file(file).await?;
                 let client_id = grant.as_ref().and_then(|(_, id)| id.as_deref());
-                let mut form: Vec<(&str, &str)> = vec![("grant_type", grant_name(grant))];
-                if grant_name(grant) == GRANT_JWT_BEARER {
+                let mut form: Vec<(&str, &str)> = vec![("grant_type", grant_type)];
+                if grant_type == GRANT_JWT_BEARER {
                     form.push(("assertion", &subject));
                 } else {
                     form.extend([
@@ -262,7 +262,6 @@ impl TokenSource {
                     ]);
                 }
                 form.push(("resource", &self.url));
-                let scope = scopes.join(" ");
                 if !scope.is_empty() {
                     form.push(("scope", &scope));
                 }
@@ -302,13 +301,6 @@ impl TokenSource {
         let status = response.status().as_u16();
         let bytes = read_capped(response, MAX_TOKEN_RESPONSE_BYTES).await?;
         oauth::parse_token_response(status, &bytes).map_err(TokenError)
-    }
-}
-
-fn grant_name(grant: &Option<(TokenGrant, Option<String>)>) -> &'static str {
-    match grant {
-        Some((TokenGrant::JwtBearer, _)) => GRANT_JWT_BEARER,
-        _ => GRANT_TOKEN_EXCHANGE,
     }
 }
 
