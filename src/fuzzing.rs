@@ -656,6 +656,11 @@ pub fn grant_refusal(grant_types_supported: &str, grant: &str) -> Option<Option<
     Some(crate::mcp::oauth::grant_refusal(Some(&value), grant))
 }
 
+/// `mcp::oauth::challenge_summary`.
+pub fn challenge_summary(challenge: &str) -> String {
+    crate::mcp::oauth::challenge_summary(challenge)
+}
+
 /// `mcp::oauth::quote`.
 pub fn quote(text: &str) -> String {
     crate::mcp::oauth::quote(text)

@@ -8,12 +8,14 @@
 //! - the requested scopes are drawn from what the server asked and what the McpServer allows:
 //!   within `allowed` when it is not empty, never `offline_access`, no duplicates;
 //! - a grant refusal names a grant the server offered, never the one asked for as offered;
-//! - quoted server text is bounded and free of control characters.
+//! - quoted server text is bounded and free of control characters;
+//! - a `WWW-Authenticate` challenge's summary (written to status by the operator) holds only its
+//!   fixed words, scope tokens of the safe alphabet and a known error code: no server prose.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use spear::fuzzing::{grant_refusal, parse_token_response, quote, request_scopes};
+use spear::fuzzing::{challenge_summary, grant_refusal, parse_token_response, quote, request_scopes};
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -59,6 +61,20 @@ fuzz_target!(|input: Input| {
     if let Some(Some(why)) = grant_refusal(&input.grants, &input.grant) {
         assert!(!why.is_empty());
     }
+
+    let summary = challenge_summary(&input.text);
+    assert!(summary.len() <= 8 * 65 + 120, "{} bytes", summary.len());
+    assert!(
+        summary.bytes().all(|b| b.is_ascii_alphanumeric() || b" ,:._/-".contains(&b)),
+        "outside the safe alphabet: {summary}"
+    );
+    let words = summary.split(", ").all(|part| {
+        part.starts_with("scopes ")
+            || part == "protected-resource metadata advertised"
+            || part == "no protected-resource metadata in the challenge"
+            || ["error invalid_token", "error insufficient_scope", "error invalid_request"].contains(&part)
+    });
+    assert!(words, "unexpected summary: {summary}");
 
     let quoted = quote(&input.text);
     assert!(quoted.len() <= 2 * 300 * 4 + 8, "{} bytes", quoted.len());
