@@ -89,19 +89,21 @@ pub(crate) struct TokenSource {
     server: Arc<str>,
     url: String,
     auth: AuthEndpoint,
-    http: reqwest::Client,
+    /// Token requests follow no redirect (one would carry the credential elsewhere); an
+    /// error here (the TLS backend could not start) fails each request rather than falling back
+    /// to a client that follows redirects.
+    http: Result<reqwest::Client, String>,
     metrics: PoolMetrics,
     state: tokio::sync::Mutex<State>,
 }
 
 impl TokenSource {
     pub(crate) fn new(server: Arc<str>, url: String, auth: AuthEndpoint, metrics: PoolMetrics) -> Self {
-        // Token requests follow no redirect: a redirect would carry the credential elsewhere.
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(TOKEN_REQUEST_TIMEOUT)
             .build()
-            .unwrap_or_default();
+            .map_err(|e| crate::telemetry::error_chain(&e));
         TokenSource { server, url, auth, http, metrics, state: tokio::sync::Mutex::default() }
     }
 
@@ -289,6 +291,8 @@ impl TokenSource {
         let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(form).finish();
         let response = self
             .http
+            .as_ref()
+            .map_err(|e| TokenError(format!("building the HTTP client for token requests: {e}")))?
             .post(endpoint.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .header(reqwest::header::ACCEPT, "application/json")
