@@ -23,9 +23,12 @@ if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "
   exit 1
 fi
 
+# SPEAR_STATIC_PROFILE picks the cargo profile: `release` (default; what images ship) or CI's
+# quicker `ci-static` (Cargo.toml says why).
+profile="${SPEAR_STATIC_PROFILE:-release}"
 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
-  cargo build --release --target "$target" --bin spearlet --bin spear-operator >&2
+  cargo build --profile "$profile" --target "$target" --bin spearlet --bin spear-operator >&2
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
-echo "$target_dir/$target/release/spearlet"
+echo "$target_dir/$target/$profile/spearlet"

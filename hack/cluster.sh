@@ -98,6 +98,10 @@ RUN="$CACHE_ROOT/cluster/run"
 
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
+# A command that fails under `set -e` would otherwise end the script without a word.
+trap 'rc=$?; [[ $rc == 0 || $BASH_COMMAND == exit* ]] || log "failed (exit $rc): $BASH_COMMAND"' EXIT
+# Runs a chatty tool (openssl) with no stdin, showing its output only when it fails.
+quiet() { local out; out=$("$@" 2>&1 </dev/null) || { log "$1 failed: $out"; return 1; }; }
 now_ms() { date +%s%3N; }
 vlog() { [[ -z "${SPEAR_CLUSTER_VERBOSE:-}" ]] || log "$*"; }
 secs_since() { local t=$(( $(now_ms) - $1 )); printf '%d.%01ds' $((t / 1000)) $(( (t % 1000) / 100 )); }
@@ -511,19 +515,18 @@ cluster_down() {
 # --- up -------------------------------------------------------------------------------------
 
 pki_ca() { # name common-name
-  openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -sha256 -days 3650 \
+  quiet openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -sha256 -days 3650 \
     -keyout "$PKI/$1.key" -out "$PKI/$1.crt" -subj "/CN=$2" \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-    2>/dev/null
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
 }
 
 pki_cert() { # name ca subject extendedKeyUsage [subjectAltName]
   local ext="basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=$4\n"
   [[ -n "${5:-}" ]] && ext+="subjectAltName=$5\n"
-  openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -keyout "$PKI/$1.key" \
-    -out "$PKI/$1.csr" -subj "$3" 2>/dev/null
-  openssl x509 -req -sha256 -days 3650 -in "$PKI/$1.csr" -CA "$PKI/$2.crt" -CAkey "$PKI/$2.key" \
-    -set_serial "0x$(openssl rand -hex 16)" -out "$PKI/$1.crt" -extfile <(printf "$ext") 2>/dev/null
+  quiet openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -keyout "$PKI/$1.key" \
+    -out "$PKI/$1.csr" -subj "$3"
+  quiet openssl x509 -req -sha256 -days 3650 -in "$PKI/$1.csr" -CA "$PKI/$2.crt" -CAkey "$PKI/$2.key" \
+    -set_serial "0x$(openssl rand -hex 16)" -out "$PKI/$1.crt" -extfile <(printf "$ext")
   rm -f "$PKI/$1.csr"
 }
 
@@ -542,8 +545,8 @@ write_pki() {
   pki_cert kubelet-serving ca "/CN=$NODE_NAME" serverAuth "IP:$BRIDGE_IP,IP:127.0.0.1,DNS:$NODE_NAME,DNS:localhost"
   pki_cert front-proxy-client front-proxy-ca /CN=front-proxy-client clientAuth
   pki_cert webhook-client webhook-client-ca /CN=kube-apiserver-webhook-client clientAuth
-  openssl genrsa -out "$PKI/service-account.key" 2048 2>/dev/null
-  openssl rsa -in "$PKI/service-account.key" -pubout -out "$PKI/service-account.pub" 2>/dev/null
+  quiet openssl genrsa -out "$PKI/service-account.key" 2048
+  quiet openssl rsa -in "$PKI/service-account.key" -pubout -out "$PKI/service-account.pub"
   # The API server's client certificate towards every webhook (user "*"), as the Rust test
   # control plane does: what `spear-operator run --webhook-client-ca-file` checks.
   cat >"$PKI/webhook-kubeconfig.yaml" <<EOF
