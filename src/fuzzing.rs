@@ -641,7 +641,9 @@ pub fn resource_id(server: &str, uri: &str) -> String {
 
 /// `mcp::oauth::parse_token_response`: `Ok((access_token, expires_in seconds))` or the error text.
 pub fn parse_token_response(status: u16, body: &[u8]) -> Result<(String, Option<u64>), String> {
-    crate::mcp::oauth::parse_token_response(status, body).map(|t| (t.access_token, t.expires_in.map(|d| d.as_secs())))
+    crate::mcp::oauth::parse_token_response(status, body)
+        .map(|t| (t.access_token, t.expires_in.map(|d| d.as_secs())))
+        .map_err(|e| e.message)
 }
 
 /// `mcp::oauth::request_scopes`.

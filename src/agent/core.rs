@@ -489,16 +489,20 @@ impl Agent {
                 );
                 return (current, Err((error, None)));
             };
-            if let Listing::EnvMissing(variable) = &unlisted.listing {
-                let error = McpError {
-                    code: ErrorCode::McpUnavailable,
-                    message: format!(
-                        "server '{}' needs the variable {variable}, which is not set in the agent's environment",
-                        unlisted.server
-                    ),
-                    retryable: false,
-                    refused_by_server: None,
-                };
+            // Refusals only a configuration change ends: at once, not after the tool timeout.
+            let refusal = match &unlisted.listing {
+                Listing::EnvMissing(variable) => Some(format!(
+                    "server '{}' needs the variable {variable}, which is not set in the agent's environment",
+                    unlisted.server
+                )),
+                Listing::Failed { message, lasting: true } => {
+                    Some(format!("server '{}' cannot be used: {message}", unlisted.server))
+                }
+                _ => None,
+            };
+            if let Some(message) = refusal {
+                let error =
+                    McpError { code: ErrorCode::McpUnavailable, message, retryable: false, refused_by_server: None };
                 return (current, Err((error, Some(unlisted.server))));
             }
             // The first time, look at the state published since the door computed `set`;
@@ -825,7 +829,7 @@ fn profile_problem(snapshot: &Snapshot, error: &PolicyError) -> String {
 /// retryable, naming the server and its state, so a client retries instead of giving up.
 fn unlisted_error(name: &str, unlisted: &Unlisted, health: Option<&Health>, waited: Duration) -> McpError {
     let listing = match &unlisted.listing {
-        Listing::Failed(message) => format!("its last tools/list failed ({message})"),
+        Listing::Failed { message, .. } => format!("its last tools/list failed ({message})"),
         _ => "its tools are not listed yet".to_string(),
     };
     let server_state = match health {

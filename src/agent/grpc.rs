@@ -675,7 +675,7 @@ fn listing_fields(listing: Option<&Listing>) -> pb::Server {
     };
     let mut fields = pb::Server { state: listing.name().to_string(), ..Default::default() };
     match listing {
-        Listing::Failed(detail) | Listing::EnvMissing(detail) => fields.state_detail = detail.clone(),
+        Listing::Failed { message: detail, .. } | Listing::EnvMissing(detail) => fields.state_detail = detail.clone(),
         Listing::Starting(starting) => {
             fields.state_detail = starting.what.clone();
             fields.starting_since_unix_ms = starting

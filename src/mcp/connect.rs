@@ -410,6 +410,10 @@ pub(crate) struct HttpParts {
 /// The last 401 challenge a server sent.
 pub(crate) type ChallengeSlot = Arc<parking_lot::Mutex<Option<String>>>;
 
+/// Why a session's authorization failed for good (an [`oauth::TokenError`] that is `lasting`,
+/// or a 401 with no `http.auth`): a start that failed for it is not retryable.
+type RefusalSlot = Arc<parking_lot::Mutex<Option<String>>>;
+
 /// [`connect`], with `http_client` for a Streamable HTTP endpoint instead of rmcp's default one
 /// (same-origin redirects, system proxy); the operator's prober brings its own.
 pub(crate) async fn connect_with(
@@ -422,6 +426,7 @@ pub(crate) async fn connect_with(
     http: HttpParts,
 ) -> Result<Connection, McpError> {
     let HttpParts { client: http_client, auth, challenge } = http;
+    let refusal = RefusalSlot::default();
     let handler_watchers = watchers.clone();
     let calls = Arc::new(InFlight::default());
     let handler = PoolHandler { server_id: server_id.clone(), watchers, calls: calls.clone() };
@@ -528,8 +533,13 @@ pub(crate) async fn connect_with(
                         unavailable(format!("building the HTTP client: {}", crate::telemetry::error_chain(&e)))
                     })?,
                 };
-                let client =
-                    PoolHttp { client, trace: otel::active(), auth: auth.clone(), challenge: challenge.clone() };
+                let client = PoolHttp {
+                    client,
+                    trace: otel::active(),
+                    auth: auth.clone(),
+                    challenge: challenge.clone(),
+                    refusal: refusal.clone(),
+                };
                 let transport = StreamableHttpClientTransport::with_client(client, config);
                 let service = handler.serve_with_lifecycle(transport, lifecycle).await.map_err(init_failed)?;
                 Ok((service, None))
@@ -553,7 +563,17 @@ pub(crate) async fn connect_with(
             .await
             .map_err(|_| no_session())?;
     }
-    let (service, child) = established?;
+    // An authorization refused for good is the start's error, not retryable: only a change to the
+    // McpServer (or to the server's authorization server) helps, so calls are refused at once.
+    let (service, child) = established.map_err(|e| match refusal.lock().take() {
+        Some(why) => McpError {
+            code: ErrorCode::McpUnavailable,
+            message: format!("initialize failed: {why}"),
+            retryable: false,
+            refused_by_server: None,
+        },
+        None => e,
+    })?;
     let info = service
         .peer_info()
         .map(|peer| ServerInfo {
@@ -593,6 +613,7 @@ struct PoolHttp {
     trace: bool,
     auth: Option<Arc<TokenSource>>,
     challenge: Option<ChallengeSlot>,
+    refusal: RefusalSlot,
 }
 
 type HeaderMapOf = std::collections::HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
@@ -621,7 +642,18 @@ impl PoolHttp {
         if let Some(slot) = &self.challenge {
             *slot.lock() = Some(challenge.to_string());
         }
-        auth_failed(oauth::unconfigured_auth_message(challenge))
+        self.refused(oauth::unconfigured_auth_message(challenge))
+    }
+
+    /// An authorization failure that repeats until the configuration changes: noted for the
+    /// start's error (see [`RefusalSlot`]).
+    fn refused(&self, message: String) -> StreamableHttpError<reqwest::Error> {
+        *self.refusal.lock() = Some(message.clone());
+        auth_failed(message)
+    }
+
+    fn token_failed(&self, error: oauth::TokenError) -> StreamableHttpError<reqwest::Error> {
+        if error.lasting { self.refused(error.message) } else { auth_failed(error.message) }
     }
 
     /// Runs `call` with the server's token, renewing it and calling again once on a 401.
@@ -636,13 +668,15 @@ impl PoolHttp {
                 other => other,
             };
         };
-        let token = source.current().await.map_err(|e| auth_failed(e.0))?;
+        let token = source.current().await.map_err(|e| self.token_failed(e))?;
         match call(token.clone()).await {
             Err(StreamableHttpError::AuthRequired(c)) => {
-                let fresh =
-                    source.renew(token.as_deref(), &c.www_authenticate_header).await.map_err(|e| auth_failed(e.0))?;
+                let fresh = source
+                    .renew(token.as_deref(), &c.www_authenticate_header)
+                    .await
+                    .map_err(|e| self.token_failed(e))?;
                 match call(Some(fresh)).await {
-                    Err(StreamableHttpError::AuthRequired(c)) => Err(auth_failed(format!(
+                    Err(StreamableHttpError::AuthRequired(c)) => Err(self.refused(format!(
                         "the server rejected a freshly issued access token too (WWW-Authenticate: {}); check the \
                          scopes and audience the authorization server grants this client",
                         oauth::quote(&c.www_authenticate_header)

@@ -14,10 +14,48 @@
 //! - **Expiry.** A token is renewed 60 s before it expires, or at 90 % of its lifetime when
 //!   that is later (a 30 s token after 27 s, not at once); one with no `expires_in` is kept
 //!   until the server rejects it.
+//! - **Lasting refusals.** A failure only a configuration change ends (the authorization server
+//!   refuses the client or its grant, offers only interactive grants, a token type the agent
+//!   cannot use) is marked `lasting`: the pool then refuses calls to the server at once instead
+//!   of letting each wait its tool timeout for a start that cannot succeed. Network errors, 5xx
+//!   and `invalid_grant` (an expired subject token, replaced at the next rotation) are not.
 
 use std::time::Duration;
 
 use serde::Deserialize;
+
+/// OAuth error codes (RFC 6749 section 5.2, RFC 8693 section 2.2.2) that repeat until the
+/// client's registration or the McpServer changes.
+const LASTING_ERRORS: [&str; 5] =
+    ["invalid_client", "unauthorized_client", "unsupported_grant_type", "invalid_scope", "invalid_target"];
+
+/// Why a token could not be had. The text names the server's or the authorization server's
+/// answer, never a secret; `lasting`: only a configuration change helps (module header).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub(crate) struct TokenError {
+    pub(crate) message: String,
+    pub(crate) lasting: bool,
+}
+
+impl TokenError {
+    /// A failure that may pass (network, the authorization server's own trouble).
+    pub(crate) fn transient(message: impl Into<String>) -> Self {
+        TokenError { message: message.into(), lasting: false }
+    }
+
+    /// A failure that repeats until the configuration changes.
+    pub(crate) fn lasting(message: impl Into<String>) -> Self {
+        TokenError { message: message.into(), lasting: true }
+    }
+}
+
+/// A token request's error as rmcp words it (its text carries the authorization server's error
+/// code): lasting when that code is one of [`LASTING_ERRORS`].
+pub(crate) fn refusal_in_text(text: String) -> TokenError {
+    let lasting = LASTING_ERRORS.iter().any(|code| text.contains(code));
+    TokenError { message: text, lasting }
+}
 
 /// The scope a headless client never asks for (see the module header).
 const OFFLINE_ACCESS: &str = "offline_access";
@@ -105,23 +143,39 @@ impl std::fmt::Debug for IssuedToken {
 
 /// Reads a token endpoint's answer (`status` its HTTP status). The error names what the
 /// authorization server said, never a token.
-pub(crate) fn parse_token_response(status: u16, body: &[u8]) -> Result<IssuedToken, String> {
+pub(crate) fn parse_token_response(status: u16, body: &[u8]) -> Result<IssuedToken, TokenError> {
     let parsed: TokenResponse = serde_json::from_slice(body).map_err(|e| {
-        format!("the token endpoint answered HTTP {status} with a body that is not a token response ({e})")
+        let message =
+            format!("the token endpoint answered HTTP {status} with a body that is not a token response ({e})");
+        // 401/403 without an OAuth error body: the client is refused all the same.
+        if matches!(status, 401 | 403) { TokenError::lasting(message) } else { TokenError::transient(message) }
     })?;
     if let Some(error) = parsed.error.as_deref() {
         let description = parsed.error_description.as_deref().map(|d| format!(": {}", quote(d))).unwrap_or_default();
-        return Err(format!("the token endpoint refused (HTTP {status}): {}{description}", quote(error)));
+        let message = format!("the token endpoint refused (HTTP {status}): {}{description}", quote(error));
+        return Err(if LASTING_ERRORS.contains(&error) || matches!(status, 401 | 403) {
+            TokenError::lasting(message)
+        } else {
+            TokenError::transient(message)
+        });
     }
     if !(200..300).contains(&status) {
-        return Err(format!("the token endpoint answered HTTP {status}"));
+        let message = format!("the token endpoint answered HTTP {status}");
+        return Err(if matches!(status, 401 | 403) {
+            TokenError::lasting(message)
+        } else {
+            TokenError::transient(message)
+        });
     }
-    let access_token = parsed.access_token.filter(|t| !t.is_empty()).ok_or("the token response has no access_token")?;
+    let access_token = parsed
+        .access_token
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| TokenError::transient("the token response has no access_token"))?;
     if let Some(kind) = parsed.token_type.as_deref().filter(|t| !t.eq_ignore_ascii_case("bearer")) {
-        return Err(format!(
+        return Err(TokenError::lasting(format!(
             "the token endpoint issued a token of type {} (only Bearer tokens are supported)",
             quote(kind)
-        ));
+        )));
     }
     // Some servers send the number as a string.
     let expires_in = match parsed.expires_in {
@@ -284,12 +338,37 @@ mod tests {
         let ok = parse_token_response(200, br#"{"access_token":"tok","token_type":"bearer","expires_in":"120"}"#);
         assert_eq!(ok, Ok(IssuedToken { access_token: "tok".into(), expires_in: Some(Duration::from_secs(120)) }));
         let refused = parse_token_response(400, br#"{"error":"invalid_grant","error_description":"expired"}"#);
-        assert_eq!(refused, Err("the token endpoint refused (HTTP 400): \"invalid_grant\": \"expired\"".into()));
+        assert_eq!(
+            refused,
+            Err(TokenError::transient("the token endpoint refused (HTTP 400): \"invalid_grant\": \"expired\""))
+        );
         let dpop = parse_token_response(200, br#"{"access_token":"secret-value","token_type":"DPoP"}"#);
-        assert!(dpop.as_ref().is_err_and(|e| !e.contains("secret-value")), "{dpop:?}");
+        assert!(dpop.as_ref().is_err_and(|e| !e.message.contains("secret-value") && e.lasting), "{dpop:?}");
         assert!(parse_token_response(200, b"<html>").is_err());
         assert!(parse_token_response(200, br#"{"token_type":"Bearer"}"#).is_err());
         assert!(!format!("{:?}", ok).contains("tok\""));
+    }
+
+    #[test]
+    fn refusals_that_only_a_configuration_change_ends_are_lasting() {
+        let lasting = |status: u16, body: &str| parse_token_response(status, body.as_bytes()).map_err(|e| e.lasting);
+        // The client, its grant or its scopes are refused: the same request is refused again.
+        assert_eq!(lasting(401, r#"{"error":"invalid_client"}"#), Err(true));
+        assert_eq!(lasting(400, r#"{"error":"unauthorized_client"}"#), Err(true));
+        assert_eq!(lasting(400, r#"{"error":"unsupported_grant_type"}"#), Err(true));
+        assert_eq!(lasting(400, r#"{"error":"invalid_scope"}"#), Err(true));
+        assert_eq!(lasting(400, r#"{"error":"invalid_target"}"#), Err(true));
+        assert_eq!(lasting(403, "forbidden"), Err(true));
+        // An expired subject token is replaced at the next rotation; the server's own trouble passes.
+        assert_eq!(lasting(400, r#"{"error":"invalid_grant"}"#), Err(false));
+        assert_eq!(lasting(503, r#"{"error":"temporarily_unavailable"}"#), Err(false));
+        assert_eq!(lasting(502, "<html>bad gateway</html>"), Err(false));
+        assert_eq!(lasting(500, "{}"), Err(false));
+        // rmcp's wording of the client-credentials request.
+        assert!(
+            refusal_in_text("Token exchange failed: Server returned error response: invalid_client".into()).lasting
+        );
+        assert!(!refusal_in_text("Token exchange failed: Request failed: connection refused".into()).lasting);
     }
 
     #[test]

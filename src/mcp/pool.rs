@@ -245,6 +245,9 @@ pub struct ServerStatus {
     pub pid: Option<u32>,
     /// A required variable that is not set, if that is why the server is unavailable.
     pub(crate) env_missing: Option<String>,
+    /// Why its last start failed for good (authorization refused, no sidecar in this pod), until
+    /// a start succeeds: calls are refused at once rather than waiting for a retry.
+    pub(crate) refused: Option<String>,
     /// Lines of the current session's stdout that were not JSON-RPC (skipped and warned about).
     pub garbage_lines: u64,
     /// What the caps cut from the last tool list (`None`: nothing, or not listed yet).
@@ -324,6 +327,7 @@ struct Slot {
     start_ended: Arc<ListChanged>,
     health: Arc<Mutex<Health>>,
     env_missing: Mutex<Option<String>>,
+    refused: Mutex<Option<String>>,
     list_cut: Mutex<Option<ListCut>>,
     list_changed: Arc<ListChanged>,
     tools: tokio::sync::Mutex<ToolsCache>,
@@ -725,8 +729,10 @@ impl Pool {
             }
             Err(e) => match self.status(server) {
                 Some(ServerStatus { env_missing: Some(variable), .. }) => ServerTools::EnvMissing { variable },
+                // Before `starting`: the retry in progress cannot succeed either.
+                Some(ServerStatus { refused: Some(message), .. }) => ServerTools::ListFailed { message, lasting: true },
                 Some(ServerStatus { starting: Some(starting), .. }) => ServerTools::Starting(starting),
-                _ => ServerTools::ListFailed { message: e.message },
+                _ => ServerTools::ListFailed { message: e.message, lasting: false },
             },
         }
     }
@@ -760,6 +766,7 @@ impl Pool {
             info: live.as_ref().map(|l| l.conn.info.clone()),
             pid: live.as_ref().and_then(|l| l.conn.pid()),
             env_missing: slot.env_missing.lock().clone(),
+            refused: slot.refused.lock().clone(),
             garbage_lines: live.as_ref().map_or(0, |l| l.conn.garbage_lines.load(std::sync::atomic::Ordering::Relaxed)),
             list_cut: slot.list_cut.lock().clone(),
             starting: slot.starting(),
@@ -1220,6 +1227,7 @@ impl Slot {
             session: Arc::new(tokio::sync::Mutex::new(None)),
             health: Arc::new(Mutex::new(Health::default())),
             env_missing: Mutex::new(None),
+            refused: Mutex::new(None),
             list_cut: Mutex::new(None),
             list_changed: Arc::new(ListChanged::default()),
             tools: tokio::sync::Mutex::new(ToolsCache::default()),
@@ -1380,12 +1388,15 @@ impl Slot {
                 tracing::info!(server_id = %self.config.id, pid = ?live.conn.pid(), server = ?live.conn.info.name, protocol = %live.conn.protocol, "session established");
                 *self.revision.lock() = Some((Instant::now(), live.conn.protocol.clone()));
                 self.health.lock().connected();
+                self.refused.lock().take();
                 inner.options.metrics.connected(&self.config.id);
                 *current = Some(live.clone());
             }
             Err(e) => {
                 tracing::warn!(server_id = %self.config.id, error = %e, "session failed");
                 self.health.lock().down(&e.message);
+                // Every start error is retryable but the ones only a configuration change ends.
+                *self.refused.lock() = (!e.retryable).then(|| e.message.clone());
                 *self.start_failure.lock() = Some(e.clone());
                 // Perhaps the server was redeployed speaking another revision: probe next time.
                 self.revision.lock().take();

@@ -25,7 +25,7 @@ use rmcp::transport::auth::{AuthorizationManager, AuthorizationMetadata, ClientC
 use tokio::time::Instant;
 
 use super::config::{AuthEndpoint, AuthMode};
-use super::oauth::{self, IssuedToken};
+use super::oauth::{self, IssuedToken, TokenError};
 use crate::api::{JwtAlgorithm, TokenGrant};
 use crate::telemetry::PoolMetrics;
 
@@ -41,12 +41,6 @@ const GRANT_TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-excha
 const GRANT_JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 const TOKEN_TYPE_JWT: &str = "urn:ietf:params:oauth:token-type:jwt";
 const TOKEN_TYPE_ACCESS: &str = "urn:ietf:params:oauth:token-type:access_token";
-
-/// Why a token could not be had. The text names the server's or authorization server's answer,
-/// never a secret.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct TokenError(pub(crate) String);
 
 /// Why a token was fetched, for the metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,7 +130,7 @@ impl TokenSource {
             // The kubelet may have rotated it since; if not, the server does not accept it.
             let token = read_token_file(file).await?;
             if Some(token.as_str()) == rejected {
-                return Err(TokenError(format!(
+                return Err(TokenError::lasting(format!(
                     "the server rejected the pod's service-account token (WWW-Authenticate: {}); check that it \
                      trusts the cluster's issuer and expects the audience in spec.http.auth.serviceAccountToken",
                     oauth::quote(challenge)
@@ -191,16 +185,18 @@ impl TokenSource {
         if state.manager.is_none() {
             let manager = AuthorizationManager::new_allowing_private_addresses(self.url.as_str())
                 .await
-                .map_err(|e| TokenError(format!("OAuth discovery for {}: {e}", self.url)))?;
+                .map_err(|e| TokenError::transient(format!("OAuth discovery for {}: {e}", self.url)))?;
             let resolution = manager.resolve_metadata_from_challenge(challenge).await.map_err(|e| {
-                TokenError(format!("OAuth discovery (protected-resource and authorization-server metadata): {e}"))
+                TokenError::transient(format!(
+                    "OAuth discovery (protected-resource and authorization-server metadata): {e}"
+                ))
             })?;
             let mut manager = manager;
             manager.set_metadata(resolution.metadata.clone());
             state.manager = Some((manager, resolution.metadata));
         }
         let Some((manager, metadata)) = state.manager.as_mut() else {
-            return Err(TokenError("no authorization server was found".into()));
+            return Err(TokenError::lasting("no authorization server was found"));
         };
         let grant_type = match &self.auth.mode {
             AuthMode::ClientSecret { .. } | AuthMode::PrivateKeyJwt { .. } => GRANT_CLIENT_CREDENTIALS,
@@ -208,13 +204,14 @@ impl TokenSource {
             AuthMode::ServiceAccountToken { .. } => GRANT_TOKEN_EXCHANGE,
         };
         if let Some(why) = oauth::grant_refusal(metadata.additional_fields.get("grant_types_supported"), grant_type) {
-            return Err(TokenError(why));
+            return Err(TokenError::lasting(why));
         }
-        let resource = url::Url::parse(&self.url).map_err(|e| TokenError(format!("the server URL: {e}")))?;
-        let token_endpoint = url::Url::parse(&metadata.token_endpoint)
-            .map_err(|e| TokenError(format!("the token endpoint {}: {e}", oauth::quote(&metadata.token_endpoint))))?;
+        let resource = url::Url::parse(&self.url).map_err(|e| TokenError::lasting(format!("the server URL: {e}")))?;
+        let token_endpoint = url::Url::parse(&metadata.token_endpoint).map_err(|e| {
+            TokenError::lasting(format!("the token endpoint {}: {e}", oauth::quote(&metadata.token_endpoint)))
+        })?;
         if !oauth::may_receive_credential(&resource, &token_endpoint) {
-            return Err(TokenError(format!(
+            return Err(TokenError::lasting(format!(
                 "the token endpoint {token_endpoint} is not https: the credential is not sent in clear text \
                  (only loopback servers may use http)"
             )));
@@ -234,7 +231,7 @@ impl TokenSource {
             }
             AuthMode::PrivateKeyJwt { client_id, key_pem, algorithm } => {
                 if let Some(why) = private_key_jwt_refusal(metadata, *algorithm) {
-                    return Err(TokenError(why));
+                    return Err(TokenError::lasting(why));
                 }
                 // RFC 7523 section 3: the audience is the authorization server (its issuer).
                 let audience = metadata.issuer.clone().unwrap_or_else(|| token_endpoint.to_string());
@@ -280,9 +277,10 @@ impl TokenSource {
         manager: &mut AuthorizationManager,
         config: &ClientCredentialsConfig,
     ) -> Result<IssuedToken, TokenError> {
-        manager.validate_client_credentials_metadata(config).map_err(|e| TokenError(e.to_string()))?;
-        manager.configure_client_credentials(config).map_err(|e| TokenError(e.to_string()))?;
-        let response = manager.exchange_client_credentials(config).await.map_err(|e| TokenError(e.to_string()))?;
+        manager.validate_client_credentials_metadata(config).map_err(|e| TokenError::lasting(e.to_string()))?;
+        manager.configure_client_credentials(config).map_err(|e| TokenError::lasting(e.to_string()))?;
+        let response =
+            manager.exchange_client_credentials(config).await.map_err(|e| oauth::refusal_in_text(e.to_string()))?;
         use oauth2::TokenResponse as _;
         Ok(IssuedToken { access_token: response.access_token().secret().clone(), expires_in: response.expires_in() })
     }
@@ -292,7 +290,7 @@ impl TokenSource {
         let response = self
             .http
             .as_ref()
-            .map_err(|e| TokenError(format!("building the HTTP client for token requests: {e}")))?
+            .map_err(|e| TokenError::transient(format!("building the HTTP client for token requests: {e}")))?
             .post(endpoint.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .header(reqwest::header::ACCEPT, "application/json")
@@ -300,11 +298,14 @@ impl TokenSource {
             .send()
             .await
             .map_err(|e| {
-                TokenError(format!("the token request to {endpoint} failed: {}", crate::telemetry::error_chain(&e)))
+                TokenError::transient(format!(
+                    "the token request to {endpoint} failed: {}",
+                    crate::telemetry::error_chain(&e)
+                ))
             })?;
         let status = response.status().as_u16();
         let bytes = read_capped(response, MAX_TOKEN_RESPONSE_BYTES).await?;
-        oauth::parse_token_response(status, &bytes).map_err(TokenError)
+        oauth::parse_token_response(status, &bytes)
     }
 }
 
@@ -355,7 +356,7 @@ fn client_assertion(
     };
     // The key's parse error says nothing of the key itself.
     let key = key.map_err(|e| {
-        TokenError(format!(
+        TokenError::lasting(format!(
             "spec.http.auth.clientCredentials.privateKey is not a PEM {algorithm:?} key ({e}): store a PKCS#8 \
              PEM of the algorithm's type in the Secret, or set privateKey.algorithm"
         ))
@@ -370,7 +371,7 @@ fn client_assertion(
         "jti": uuid::Uuid::new_v4().to_string(),
     });
     jsonwebtoken::encode(&Header::new(alg), &claims, &key)
-        .map_err(|e| TokenError(format!("signing the client assertion: {e}")))
+        .map_err(|e| TokenError::lasting(format!("signing the client assertion: {e}")))
 }
 
 /// The `scope` parameter of a Bearer challenge.
@@ -382,10 +383,10 @@ fn challenge_scope(challenge: Option<&str>) -> Option<String> {
 async fn read_capped(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, TokenError> {
     let mut body = Vec::new();
     while let Some(chunk) =
-        response.chunk().await.map_err(|e| TokenError(format!("reading the token response: {e}")))?
+        response.chunk().await.map_err(|e| TokenError::transient(format!("reading the token response: {e}")))?
     {
         if body.len() + chunk.len() > max {
-            return Err(TokenError(format!("the token response is larger than {max} bytes")));
+            return Err(TokenError::transient(format!("the token response is larger than {max} bytes")));
         }
         body.extend_from_slice(&chunk);
     }
@@ -397,7 +398,7 @@ async fn read_capped(mut response: reqwest::Response, max: usize) -> Result<Vec<
 async fn read_token_file(file: &Path) -> Result<String, TokenError> {
     use tokio::io::AsyncReadExt as _;
     let missing = |e: std::io::Error| {
-        TokenError(format!(
+        TokenError::lasting(format!(
             "cannot read the service-account token at {} ({e}); in a pod the webhook mounts it (the pod must be \
              injected after spec.http.auth was set: restart it); in local mode set SPEAR_AUTH_TOKEN_DIR to a \
              directory with a token file named after the server",
@@ -409,7 +410,7 @@ async fn read_token_file(file: &Path) -> Result<String, TokenError> {
     handle.take(MAX_TOKEN_FILE_BYTES).read_to_string(&mut text).await.map_err(missing)?;
     let token = text.trim();
     if token.is_empty() {
-        return Err(TokenError(format!("the service-account token at {} is empty", file.display())));
+        return Err(TokenError::transient(format!("the service-account token at {} is empty", file.display())));
     }
     Ok(token.to_string())
 }

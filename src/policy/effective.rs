@@ -106,6 +106,9 @@ pub enum ServerTools {
     ListFailed {
         /// Why (no secret values).
         message: String,
+        /// The server's start failed for a reason only a configuration change ends (its
+        /// authorization is refused, it has no sidecar here): calls are refused at once.
+        lasting: bool,
     },
     /// Being started (spawned or connected, initialized, listed), within its startup budget.
     Starting(Starting),
@@ -128,7 +131,7 @@ impl Listing {
         match self {
             Listing::Listed => format!("listed, {} tools", tools.unwrap_or(0)),
             Listing::NotYet => "not listed yet".to_string(),
-            Listing::Failed(message) => format!("tools/list failed: {message}"),
+            Listing::Failed { message, .. } => format!("tools/list failed: {message}"),
             Listing::EnvMissing(variable) => format!("needs the variable {variable}, which is not set"),
             Listing::DenyAll => "allowedTools is empty: nothing is exposed".to_string(),
             Listing::Starting(starting) => starting.describe(now),
@@ -140,7 +143,7 @@ impl Listing {
         match self {
             Listing::Listed => "listed",
             Listing::NotYet => "not_listed",
-            Listing::Failed(_) => "list_failed",
+            Listing::Failed { .. } => "list_failed",
             Listing::EnvMissing(_) => "env_missing",
             Listing::DenyAll => "deny_all",
             Listing::Starting(_) => "starting",
@@ -164,8 +167,9 @@ pub(crate) enum Listing {
     Listed,
     /// Not listed yet (the agent is starting, or the server is being connected and listed).
     NotYet,
-    /// The last `tools/list` failed; the agent retries with backoff.
-    Failed(String),
+    /// The last `tools/list` failed; the agent retries with backoff. `lasting`: the start failed
+    /// for a reason only a configuration change ends, and calls are refused meanwhile.
+    Failed { message: String, lasting: bool },
     /// Being started; its tools are listed when the start ends.
     Starting(Starting),
     /// A variable the server's configuration needs is not set: only a configuration change helps.
@@ -544,10 +548,10 @@ impl CompiledProfile {
                         entry.usable = false;
                         entry.listing = Listing::Starting(starting);
                     }
-                    ServerTools::ListFailed { message } => {
+                    ServerTools::ListFailed { message, lasting } => {
                         decisions.push(decision(id, None, Reason::ListFailed, Some(message.clone())));
                         entry.usable = false;
-                        entry.listing = Listing::Failed(message);
+                        entry.listing = Listing::Failed { message, lasting };
                     }
                     ServerTools::Listed(list) => {
                         let exposed =

@@ -191,11 +191,14 @@ fn client_credentials_discover_renew_replace_a_revoked_token_and_leak_nothing() 
         assert_eq!(request["scope"], "mcp:tools", "{request}");
     }
 
-    // A server that wants a person, and one whose McpServer has no auth: clear errors.
+    // A server that wants a person, and one whose McpServer has no auth: clear errors, at once
+    // (a lasting refusal), not after the tool timeout with the last listing's failure.
     let (ok, said) = agent.call("interactive/whoami");
     assert!(!ok && said.contains("need a person at a browser"), "{said}");
+    assert!(said.contains("server 'interactive' cannot be used") && !said.contains("last tools/list failed"), "{said}");
     let (ok, said) = agent.call("plain/whoami");
     assert!(!ok && said.contains("set spec.http.auth"), "{said}");
+    assert!(said.contains("server 'plain' cannot be used") && !said.contains("last tools/list failed"), "{said}");
 
     let metrics = http_get(agent.admin, "/metrics").expect("metrics").1;
     // Renewals at expiry go on while the session lives (its requests keep coming): at least one.

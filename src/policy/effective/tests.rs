@@ -127,7 +127,7 @@ fn env_missing_and_list_failed_exclude_the_server_with_details() {
     );
     let tools = |id: &str| match id {
         "a" => ServerTools::EnvMissing { variable: "API_TOKEN".into() },
-        "b" => ServerTools::ListFailed { message: "connection refused".into() },
+        "b" => ServerTools::ListFailed { message: "connection refused".into(), lasting: false },
         _ => ServerTools::Unknown,
     };
     let set = compile(&snap, "dev").effective(tools, None, &[]).expect("set");
@@ -548,7 +548,7 @@ fn a_name_of_a_server_not_listed_yet_is_unlisted_not_denied() {
         vec![p],
     );
     let tools = |id: &str| match id {
-        "b" => ServerTools::ListFailed { message: "connection refused".into() },
+        "b" => ServerTools::ListFailed { message: "connection refused".into(), lasting: false },
         "c" => ServerTools::EnvMissing { variable: "TOKEN".into() },
         "e" => ServerTools::Listed(Arc::new(ToolList::new("e", vec![ToolInfo::named("x")]))),
         _ => ServerTools::Unknown,
@@ -560,7 +560,10 @@ fn a_name_of_a_server_not_listed_yet_is_unlisted_not_denied() {
     assert_eq!(set.unlisted("mcp__a__read").map(|u| u.budgets.tool_timeout_ms), Some(700));
     assert_eq!(listing("mcp.a.read.file"), Some(("a".into(), Listing::NotYet)), "dotted form");
     assert_eq!(listing(&name::base_name("a", &"t".repeat(100))), Some(("a".into(), Listing::NotYet)), "shortened");
-    assert_eq!(listing("mcp__b__x"), Some(("b".into(), Listing::Failed("connection refused".into()))));
+    assert_eq!(
+        listing("mcp__b__x"),
+        Some(("b".into(), Listing::Failed { message: "connection refused".into(), lasting: false }))
+    );
     assert_eq!(listing("mcp__c__x"), Some(("c".into(), Listing::EnvMissing("TOKEN".into()))));
     // Policy refusals: no list to come changes them.
     assert_eq!(listing("mcp__d__x"), None, "deny-all server");

@@ -662,6 +662,7 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
     let admin_addr = free_addr();
     // As the webhook left it when the profile only had `early`.
     let config = run_config(control_plane, &ns.name, socket_dir.path(), admin_addr, Some(vec!["early".into()]));
+    let grpc_addr = config.agent.grpc_addr;
     let cancel = CancellationToken::new();
     let run = tokio::spawn(run_in_pod(config, cancel.clone()));
 
@@ -680,6 +681,20 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
     // Why its tools are missing, in the operator's words.
     let (_, effective) = admin_get(admin_addr, "/debug/effective").await.expect("effective");
     assert!(effective.contains("has no sidecar in this pod") && effective.contains("restart the pod"), "{effective}");
+    // A call is refused at once with that reason (no start can succeed), not after the tool
+    // timeout with "its last tools/list failed".
+    let said = tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["tools", "call", "late/echo", "--args", r#"{"text":"x"}"#, "--grpc-addr", &grpc_addr.to_string()])
+            .output()
+            .expect("spearlet tools call");
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    })
+    .await
+    .expect("join");
+    assert!(said.contains("server 'late' cannot be used") && said.contains("restart the pod"), "{said}");
+    assert!(!said.contains("last tools/list failed"), "{said}");
 
     cancel.cancel();
     let outcome = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
