@@ -940,7 +940,10 @@ cluster_selftest() {
   [[ "$ip" == 10.212.0.* ]] || { log "FAIL: the pod has no address on the bridge network"; failed=1; }
   # From inside the pod's network namespace: the kubernetes Service, via the DNAT.
   pod_uid=$(api /api/v1/namespaces/default/pods/selftest | jq -r .metadata.uid)
-  pid=$(find /sys/fs/cgroup/pids/kubepods -path "*pod$pod_uid*" -name cgroup.procs -exec cat {} + 2>/dev/null | head -n1)
+  # (`|| true`: under pipefail, `head` closing the pipe early fails the pipeline, which would end
+  # the script here without a word.)
+  pid=$(find /sys/fs/cgroup/pids/kubepods -path "*pod$pod_uid*" -name cgroup.procs -exec cat {} + 2>/dev/null \
+        | head -n1 || true)
   if [[ -n "$pid" ]]; then
     reply=$(nsenter --net="/proc/$pid/ns/net" curl -s --max-time 5 --cacert "$PKI/ca.crt" \
             "https://$KUBERNETES_SVC_IP:443/healthz" || true)
