@@ -144,28 +144,24 @@ impl std::fmt::Debug for IssuedToken {
 /// Reads a token endpoint's answer (`status` its HTTP status). The error names what the
 /// authorization server said, never a token.
 pub(crate) fn parse_token_response(status: u16, body: &[u8]) -> Result<IssuedToken, TokenError> {
+    // 401 and 403 refuse the client itself, whatever the body says (or lacks).
+    let refused = |message: String, lasting_code: bool| TokenError {
+        message,
+        lasting: lasting_code || matches!(status, 401 | 403),
+    };
     let parsed: TokenResponse = serde_json::from_slice(body).map_err(|e| {
-        let message =
-            format!("the token endpoint answered HTTP {status} with a body that is not a token response ({e})");
-        // 401/403 without an OAuth error body: the client is refused all the same.
-        if matches!(status, 401 | 403) { TokenError::lasting(message) } else { TokenError::transient(message) }
+        refused(
+            format!("the token endpoint answered HTTP {status} with a body that is not a token response ({e})"),
+            false,
+        )
     })?;
     if let Some(error) = parsed.error.as_deref() {
         let description = parsed.error_description.as_deref().map(|d| format!(": {}", quote(d))).unwrap_or_default();
         let message = format!("the token endpoint refused (HTTP {status}): {}{description}", quote(error));
-        return Err(if LASTING_ERRORS.contains(&error) || matches!(status, 401 | 403) {
-            TokenError::lasting(message)
-        } else {
-            TokenError::transient(message)
-        });
+        return Err(refused(message, LASTING_ERRORS.contains(&error)));
     }
     if !(200..300).contains(&status) {
-        let message = format!("the token endpoint answered HTTP {status}");
-        return Err(if matches!(status, 401 | 403) {
-            TokenError::lasting(message)
-        } else {
-            TokenError::transient(message)
-        });
+        return Err(refused(format!("the token endpoint answered HTTP {status}"), false));
     }
     let access_token = parsed
         .access_token
