@@ -1,5 +1,6 @@
 //! Compiles `proto/` into Rust (tonic + prost) with protox: no system `protoc` is needed.
 //! Also writes the encoded descriptor set, which the agent serves through gRPC reflection.
+#![allow(clippy::disallowed_macros, reason = "a build script talks to cargo through stdout")]
 
 use std::path::PathBuf;
 

@@ -14,6 +14,7 @@
 //!
 //! Run: `cargo bench --bench webhook` (needs the test control plane: `hack/control-plane.sh`).
 //! Without `--bench` (under `cargo test --all-targets`) it is a short smoke run of the harness.
+#![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -2,25 +2,29 @@
 //! the operator's metrics port), with the limits `axum::serve` does not have.
 //!
 //! ```text
-//! Listener::accept ──▶ over max_connections? ── yes ─▶ closed at once (counted)
-//!                          │ no: a permit, held by the connection's task
+//! Listener::accept ──▶ over max_connections, or over its source's share? ── yes ─▶ closed (no answer)
+//!                          │ no: a permit (and a source slot), held by the connection's task
 //!                          ▼
 //!   hyper-util auto (HTTP/1.1 + h2) ─▶ the router (ConnectInfo<addr> in every request)
-//!      · HTTP/1: the whole request head within header_read_timeout, which hyper also applies
-//!        to an idle keep-alive connection waiting for its next request
+//!      · HTTP/1: the whole request head within header_read_timeout
+//!      · every connection, h2 included: no request in flight for header_read_timeout ─▶ closed
+//!        gracefully (h2: GOAWAY; a response still streaming finishes)
 //!      · h2: keep-alive pings; a peer that does not answer within the timeout is dropped
 //! shutdown ──▶ stop accepting; each connection finishes its in-flight requests (graceful)
 //! ```
 //!
-//! Why: without a timer a client that sends a request head one byte a minute (slowloris), or
-//! opens connections and never writes, holds a task and a socket each forever; enough of them
-//! exhaust file descriptors and stop `/healthz`, so the kubelet restarts a pod that was only
-//! being attacked. The limits are per listener, so a flood on one port never starves another.
-//! Refusing at the cap (rather than waiting for a slot) keeps the accept queue moving: a
-//! legitimate client retries, and the header timeout frees slotted attackers within seconds.
+//! Why: a client that sends a head one byte a minute (slowloris), or opens connections and
+//! never asks anything (an h2 peer answers pings and so is never "dead"), would hold a task and
+//! a socket each forever, and enough of them stop `/healthz`, so the kubelet restarts a pod that
+//! was only being attacked. The limits are per listener (a flood on one port never starves
+//! another) and per source address (one peer never takes more than a quarter of a port).
+//! Refusing at the cap rather than waiting keeps the accept queue moving.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -29,18 +33,22 @@ use axum::serve::Listener;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::sync::Semaphore;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
-/// How long a client may take to send a request head, and how long a keep-alive connection may
-/// sit idle: 10 s covers any real client on a slow link (nginx's `client_header_timeout` is 60 s,
-/// but its clients are browsers on phones; ours are pods, the API server and scrapers).
+/// How long a client may take to send a request head, and how long a connection may sit with no
+/// request in flight: 10 s covers any real client on a slow link (nginx's
+/// `client_header_timeout` is 60 s, but its clients are browsers on phones; ours are pods, the
+/// API server and scrapers).
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections per listener: far above what one pod's app or the API server opens (the
 /// benches peak at 64), far below the default fd limit (1,024 soft; each connection is one fd).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// One source address may hold this share of a listener's connections (1/4: the kubelet's
+/// probes and the API server always find room beside one noisy peer).
+const PER_SOURCE_DIVISOR: usize = 4;
 /// h2 keep-alive: a ping every 20 s, and a peer silent for 10 s more is gone.
 const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,16 +68,96 @@ impl Default for ConnectionLimits {
     }
 }
 
+impl ConnectionLimits {
+    fn per_source(&self) -> usize {
+        (self.max_connections / PER_SOURCE_DIVISOR).max(1)
+    }
+}
+
+/// Open connections per source address; a slot gives its place back when dropped.
+#[derive(Default)]
+struct Sources(Mutex<HashMap<IpAddr, usize>>);
+
+struct SourceSlot {
+    sources: Arc<Sources>,
+    ip: IpAddr,
+}
+
+impl Sources {
+    fn take(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<SourceSlot> {
+        let mut open = self.0.lock();
+        let count = open.entry(ip).or_default();
+        if *count >= cap {
+            return None;
+        }
+        *count += 1;
+        Some(SourceSlot { sources: self.clone(), ip })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.sources.0.lock();
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Requests in flight on one connection, and a wake-up when that changes.
+#[derive(Default)]
+struct Activity {
+    in_flight: AtomicUsize,
+    changed: Notify,
+}
+
+struct InFlight(Arc<Activity>);
+
+impl Activity {
+    fn start(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        InFlight(self.clone())
+    }
+
+    /// Returns once no request has been in flight for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                changed.await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(timeout) => return,
+                () = changed => {}
+            }
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown`; then stops accepting and returns once every
 /// connection has finished its in-flight requests (callers bound that with their grace period).
-/// Every request carries `ConnectInfo<L::Addr>`, as `into_make_service_with_connect_info` gives.
+/// Every request carries `ConnectInfo<SocketAddr>`, as `into_make_service_with_connect_info` gives.
 pub async fn serve<L>(mut listener: L, router: Router, limits: ConnectionLimits, shutdown: CancellationToken)
 where
-    L: Listener,
-    L::Addr: Clone + Send + Sync + std::fmt::Debug + 'static,
+    L: Listener<Addr = SocketAddr>,
 {
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    let max_connections = limits.max_connections.max(1);
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let sources = Arc::new(Sources::default());
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     builder
@@ -84,29 +172,55 @@ where
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::debug!(?peer, max = limits.max_connections, "connection refused: too many open connections");
-            drop(io);
             continue;
         };
+        let Some(source) = sources.take(peer.ip(), limits.per_source()) else {
+            tracing::debug!(?peer, max = limits.per_source(), "connection refused: too many from this source");
+            continue;
+        };
+        let activity = Arc::new(Activity::default());
+        let counted = activity.clone();
         let service = router.clone().map_request(move |mut request: axum::http::Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer.clone()));
+            request.extensions_mut().insert(ConnectInfo(peer));
             request
         });
         let service = hyper::service::service_fn(move |request| {
             let service = service.clone();
-            async move { Ok::<_, Infallible>(service.oneshot(request).await.unwrap_or_else(|never| match never {})) }
+            let in_flight = counted.start();
+            async move {
+                let response = service.oneshot(request).await.unwrap_or_else(|never| match never {});
+                drop(in_flight);
+                Ok::<_, Infallible>(response)
+            }
         });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
-        let connection = graceful.watch(connection);
+        let (shutdown, idle_timeout) = (shutdown.clone(), limits.header_read_timeout);
         tokio::spawn(async move {
+            tokio::pin!(connection);
+            let mut closing = false;
+            let ended = loop {
+                tokio::select! {
+                    ended = connection.as_mut() => break ended,
+                    () = shutdown.cancelled(), if !closing => {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = activity.idle_for(idle_timeout), if !closing => {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+            };
             // Errors are the peer's doing (reset, timeout, malformed request): nothing to act on.
-            if let Err(error) = connection.await {
+            if let Err(error) = ended {
                 tracing::trace!(%error, "connection ended with an error");
             }
-            drop(permit);
+            drop((permit, source));
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Every connection holds a permit until it ends: all of them back means all ended.
+    let _ = slots.acquire_many(u32::try_from(max_connections).unwrap_or(u32::MAX)).await;
 }
 
 #[cfg(test)]
@@ -163,6 +277,60 @@ mod tests {
         assert!(get_peer(addr).await.contains("127.0.0.1"), "a real client is served once the slots are free");
         stop.cancel();
         task.await.expect("serve returns after shutdown");
+    }
+
+    /// An HTTP/2 peer that answers pings but never asks anything (prior knowledge, as a
+    /// plain-text client may) is closed after the idle timeout like an HTTP/1 one, and its slot
+    /// freed; a connection with a request in flight is not.
+    #[tokio::test]
+    async fn idle_http2_connections_are_closed_and_their_slots_freed() {
+        let limits = ConnectionLimits { header_read_timeout: Duration::from_millis(300), max_connections: 8 };
+        let (addr, stop, task) = start(limits).await;
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
+            let (sender, connection) =
+                hyper::client::conn::http2::handshake::<_, _, axum::body::Body>(TokioExecutor::new(), io)
+                    .await
+                    .expect("h2 handshake");
+            // The connection task answers pings and settings; nothing is ever sent.
+            idle.push((sender, tokio::spawn(connection)));
+        }
+        for (_sender, connection) in idle {
+            let ended = tokio::time::timeout(Duration::from_secs(5), connection).await;
+            assert!(ended.is_ok(), "an idle h2 connection must be closed by the server");
+        }
+        assert!(get_peer(addr).await.contains("127.0.0.1"), "the slots are free again");
+        stop.cancel();
+        task.await.expect("serve returns after shutdown");
+    }
+
+    /// One source address holds at most a quarter of a listener's connections: the rest of the
+    /// port stays open to others (here: the cap of 8 leaves a source 2).
+    #[tokio::test]
+    async fn one_source_takes_at_most_its_share_of_the_connections() {
+        let limits = ConnectionLimits { header_read_timeout: Duration::from_secs(5), max_connections: 8 };
+        let (addr, stop, _task) = start(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\n").await.expect("partial head");
+            held.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        let mut buf = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_millis(500), third.read(&mut buf)).await;
+        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "over its share: closed at once, got {closed:?}");
+        // Another source (127.0.0.2 is loopback too) still gets in.
+        let other = tokio::net::TcpSocket::new_v4().expect("socket");
+        other.bind("127.0.0.2:0".parse().expect("addr")).expect("bind 127.0.0.2");
+        let mut other = other.connect(addr).await.expect("connect from 127.0.0.2");
+        other.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+        let mut body = String::new();
+        other.read_to_string(&mut body).await.expect("read");
+        assert!(body.contains("127.0.0.2"), "{body}");
+        stop.cancel();
     }
 
     /// An idle keep-alive connection is closed too (hyper starts the header timer again after

@@ -3,8 +3,13 @@
 //! that serves health, readiness and metrics.
 //!
 //! stderr only: an MCP stdio stream (the bridge's stdout) must never carry a log line.
+//!
+//! Log lines go through a bounded, lossy queue to one writer thread: a stalled stderr (a full
+//! pipe nobody reads) must never block the thread that logs, which is the runtime's worker and
+//! with it every door and `/healthz`. Lines past the queue are dropped and counted in
+//! `spear_log_dropped_lines_total`. The audit writer has its own thread and queue (`agent::audit`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::http::{StatusCode, header};
@@ -17,6 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
 
@@ -50,12 +56,25 @@ pub(crate) struct LogArgs {
     pub(crate) log_format: LogFormat,
 }
 
+/// Log lines waiting for the writer thread; past this, lines are dropped and counted. About a
+/// second of the busiest logging seen (a flapping server's stderr at debug level), and a few MiB
+/// at most: every line the agent writes is bounded (server stderr comes in capped pieces).
+const LOG_QUEUE_LINES: usize = 8_192;
+
+/// The dropped-lines count of the process's log writer, once [`LogArgs::init`] installed it.
+static LOG_DROPS: OnceLock<ErrorCounter> = OnceLock::new();
+
+/// Keeps the log writer thread; dropping it writes out what is queued (waiting at most a second:
+/// a stalled stderr must not hold the process's exit either).
+#[must_use = "dropping the guard ends the log writer"]
+pub(crate) struct LogGuard(#[allow(dead_code, reason = "held for its Drop")] WorkerGuard);
+
 impl LogArgs {
     /// Installs the global subscriber. An invalid filter is an error naming the flag.
     /// With an `OTEL_EXPORTER_OTLP_*` endpoint in the environment, also installs the trace
     /// exporter (`otel`), named after the executable (`spearlet`, `spear-operator`) unless
     /// `OTEL_SERVICE_NAME` names it.
-    pub(crate) fn init(&self) -> anyhow::Result<()> {
+    pub(crate) fn init(&self) -> anyhow::Result<LogGuard> {
         use tracing_subscriber::layer::SubscriberExt as _;
         use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -66,11 +85,16 @@ impl LogArgs {
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let executable = std::env::args_os().next().map(std::path::PathBuf::from);
         let service = executable.as_ref().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or("spear");
+        let (writer, guard) = NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(LOG_QUEUE_LINES)
+            .thread_name("spear-log")
+            .finish(std::io::stderr());
+        let _ = LOG_DROPS.set(writer.error_counter());
         let installed = match otel::layer_from_env(service)? {
             // Tracing off: the log subscriber alone, its filter global (no per-layer filtering cost).
             None => {
-                let builder =
-                    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+                let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(ansi);
                 match self.log_format {
                     LogFormat::Plain => builder.try_init(),
                     LogFormat::Json => builder.json().try_init(),
@@ -78,7 +102,7 @@ impl LogArgs {
             }
             // Each layer filters for itself: the log filter must not hide the trace spans.
             Some(trace) => {
-                let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+                let fmt = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
                 let fmt = match self.log_format {
                     LogFormat::Plain => fmt.boxed(),
                     LogFormat::Json => fmt.json().boxed(),
@@ -86,7 +110,32 @@ impl LogArgs {
                 tracing_subscriber::registry().with(trace).with(fmt.with_filter(filter)).try_init().map_err(Into::into)
             }
         };
-        installed.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
+        installed.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
+        Ok(LogGuard(guard))
+    }
+}
+
+/// Registers `spear_log_dropped_lines_total`: log lines dropped because stderr could not take
+/// them. Zero until [`LogArgs::init`] ran (tests, library use).
+pub(crate) fn register_log_drops(registry: &mut Registry) {
+    registry.register_collector(Box::new(LogDrops));
+}
+
+#[derive(Debug)]
+struct LogDrops;
+
+impl prometheus_client::collector::Collector for LogDrops {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric as _;
+        let dropped = LOG_DROPS.get().map_or(0, ErrorCounter::dropped_lines) as u64;
+        let counter = prometheus_client::metrics::counter::ConstCounter::new(dropped);
+        let metric = encoder.encode_descriptor(
+            "spear_log_dropped_lines",
+            "Log lines dropped because stderr could not take them (a stalled pipe or collector)",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
     }
 }
 

@@ -969,7 +969,10 @@ mod tests {
         let handle = future_size(|r: ClientRequest, c: Context| rmcp::Service::handle_request(&endpoint, r, c));
         let serve =
             future_size(|t: WorkerTransport<LocalSessionWorker>, (): ()| rmcp::serve_server(endpoint.clone(), t));
-        println!("handle_request: {handle} B, serve_server: {serve} B");
+        #[allow(clippy::disallowed_macros, reason = "a figure for the record, shown with --nocapture")]
+        {
+            println!("handle_request: {handle} B, serve_server: {serve} B");
+        }
     }
 
     #[test]

@@ -228,6 +228,7 @@ async fn run(
     let pool_metrics = PoolMetrics::register(&mut metrics);
     let registry_metrics = RegistryMetrics::register(&mut metrics);
     audit.register(&mut metrics);
+    crate::telemetry::register_log_drops(&mut metrics);
     // The agent keeps its sessions: a pod's servers stay connected while the pod lives.
     let pool = Pool::new(PoolOptions {
         mode,

@@ -119,12 +119,14 @@ pub(crate) const MAX_MANIFEST_BYTES: usize = 8 << 20;
 /// Deepest nesting of mappings and sequences in a document. The resource types nest about eight
 /// levels at most (label selector expressions); the rest is headroom.
 pub(crate) const MAX_DEPTH: usize = 64;
-/// Nodes in one document, alias expansions included: far above any real resource (a server
+// The budgets below hold for one parse (a file or stdin, every document in it): a document
+// under them repeated many times in one file must not multiply what is held.
+/// Nodes in one parse, alias expansions included: far above any real registry file (a server
 /// with a thousand tool patterns is a few thousand nodes).
 pub(crate) const MAX_NODES: usize = 200_000;
-/// Scalar bytes in one document, alias expansions included.
+/// Scalar bytes in one parse, alias expansions included (four times the largest text).
 pub(crate) const MAX_SCALAR_BYTES: usize = 32 << 20;
-/// Bytes of field paths in one document's line index (a long key repeats in every path below it).
+/// Bytes of field paths in one parse's line indexes (a long key repeats in every path below it).
 pub(crate) const MAX_PATH_BYTES: usize = 32 << 20;
 
 /// Reads every document of `text`; nothing that fails is returned as an object.
@@ -327,9 +329,9 @@ struct Builder {
     /// Anchors of the containers being built, set when they close, with the document's cost
     /// when they opened.
     open_anchors: Vec<(usize, Cost)>,
-    /// The current document's cost so far.
+    /// What the documents so far have cost.
     cost: Cost,
-    /// Bytes of field paths in the current document's line index and frames.
+    /// Bytes of field paths in the line indexes and frames so far.
     path_bytes: usize,
     /// Set when the document went past a cap: parsing stops with this problem.
     over_limit: Option<Problem>,
@@ -400,11 +402,11 @@ impl Builder {
         let exceeded = if self.stack.len() > MAX_DEPTH {
             Some(format!("mappings and sequences nest deeper than {MAX_DEPTH} levels"))
         } else if self.cost.nodes > MAX_NODES {
-            Some(format!("the document has more than {MAX_NODES} nodes (aliases count as copies)"))
+            Some(format!("the file has more than {MAX_NODES} nodes (aliases count as copies)"))
         } else if self.cost.scalar_bytes > MAX_SCALAR_BYTES {
-            Some(format!("the document's values exceed {MAX_SCALAR_BYTES} bytes (aliases count as copies)"))
+            Some(format!("the file's values exceed {MAX_SCALAR_BYTES} bytes (aliases count as copies)"))
         } else if self.path_bytes > MAX_PATH_BYTES {
-            Some(format!("the document's field paths exceed {MAX_PATH_BYTES} bytes (very long keys, deeply nested)"))
+            Some(format!("the file's field paths exceed {MAX_PATH_BYTES} bytes (very long keys, deeply nested)"))
         } else {
             None
         };
@@ -444,8 +446,7 @@ impl MarkedEventReceiver for Builder {
                 self.stack.clear();
                 self.anchors.clear();
                 self.open_anchors.clear();
-                self.cost = Cost::default();
-                self.path_bytes = 0;
+                // `cost` and `path_bytes` carry on: the budget is the file's, not the document's.
             }
             Event::DocumentEnd => self.docs.push(std::mem::take(&mut self.current)),
             Event::Scalar(text, style, anchor, _) => {
@@ -678,6 +679,24 @@ spec:
         assert_eq!(parsed.problems, vec![]);
         let Object::Server(s) = &parsed.documents[0].object else { panic!("a server") };
         assert_eq!(s.spec.denied_tools, ["read_*"]);
+    }
+
+    /// The attack: one document just under every cap (a 13 kB anchored string aliased 2,500
+    /// times), repeated in one file, held a copy per document: 1 MB of text took 1.42 GiB.
+    #[test]
+    fn a_document_under_the_caps_repeated_in_one_file_is_one_problem() {
+        let value = "x".repeat(13_000);
+        let aliases = "*v, ".repeat(2_500);
+        let document = format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: x}}\nv: &v {value}\nw: [{aliases}]\n"
+        );
+        assert!(parse(&document).problems.iter().all(|p| !p.message.contains("aliases count as copies")));
+        let file = vec![document; 40].join("---\n");
+        assert!(file.len() < 1 << 20, "{}", file.len());
+        let parsed = parse(&file);
+        assert_eq!(parsed.documents, vec![]);
+        let over = parsed.problems.iter().filter(|p| p.message.contains("the file's values exceed")).count();
+        assert_eq!(over, 1, "{:?}", parsed.problems.iter().map(|p| &p.message).collect::<Vec<_>>());
     }
 
     #[test]

@@ -34,7 +34,6 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 #[error("{0}")]
 pub(crate) struct UsageError(pub String);
 
-/// A usage error with `message`.
 /// `text` safe to print on a terminal: control characters other than newline and tab (ESC and
 /// the rest of C0, DEL, C1) and bidirectional overrides are shown as `\u{..}` escapes. Tool
 /// names, descriptions and outputs come from MCP servers, which must not be able to rewrite
@@ -57,6 +56,31 @@ pub(crate) fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// A usage error with `message`.
+// === output ===
+// Everything the commands print goes through these three: text for a person is made
+// [`terminal_safe`] (it carries names and values from manifests, servers and pods), and only
+// documents a serializer wrote (JSON, YAML: control characters escaped) are printed as they are.
+
+/// Prints `text` for a person on stdout, as is but for escape sequences.
+#[allow(clippy::disallowed_macros, reason = "the one way the commands print for a person")]
+pub(crate) fn say(text: &str) {
+    print!("{}", terminal_safe(text));
+}
+
+/// Prints one line for a person on stderr (warnings, progress, errors), as [`say`] does.
+#[allow(clippy::disallowed_macros, reason = "the one way the commands print for a person")]
+pub(crate) fn tell(line: std::fmt::Arguments<'_>) {
+    eprintln!("{}", terminal_safe(&line.to_string()));
+}
+
+/// Prints a document a serializer wrote (JSON, YAML) on stdout, byte for byte.
+#[allow(clippy::disallowed_macros, reason = "serialized documents escape control characters")]
+pub(crate) fn emit(document: &str) {
+    print!("{document}");
+}
+
+/// A usage error with `message`.
 pub(crate) fn usage(message: impl std::fmt::Display) -> anyhow::Error {
     UsageError(message.to_string()).into()
 }
@@ -67,7 +91,7 @@ pub fn exit(outcome: anyhow::Result<ExitCode>) -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            tell(format_args!("error: {error:#}"));
             if error.is::<UsageError>() { ExitCode::from(EXIT_USAGE) } else { ExitCode::FAILURE }
         }
     }

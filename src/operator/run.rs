@@ -88,6 +88,7 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
     let namespace = config.namespace.unwrap_or_else(|| client.default_namespace().to_string());
 
     let mut registry = Registry::default();
+    crate::telemetry::register_log_drops(&mut registry);
     let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("spear_operator"));
     let webhook_metrics = WebhookMetrics::register(registry.sub_registry_with_prefix("spear_operator_webhook"));
     let identity = leader::default_identity();

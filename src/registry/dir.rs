@@ -254,7 +254,12 @@ impl DirSource {
             return true;
         }
         let read_at = SystemTime::now();
-        let bytes = match fs::read(path) {
+        // Read with the cap too: the file may have grown since its metadata was taken.
+        let read = fs::File::open(path).and_then(|file| {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut io::Read::take(file, MAX_FILE_BYTES + 1), &mut bytes).map(|_| bytes)
+        });
+        let bytes = match read {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
             Err(e) => {

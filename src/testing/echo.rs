@@ -51,6 +51,7 @@ impl ServerHandler for Echo {
 /// rather than the agent into the benches' figures. Anything else (a terminal) falls back to
 /// tokio's blocking stdio, which [`StdioMode::TokioBlocking`] also asks for: how servers on rmcp's
 /// `transport::stdio()` read, measured beside the fast fixture.
+#[allow(clippy::disallowed_macros, reason = "a fixture server without a log subscriber: stderr is its log")]
 pub fn serve_stdio(mode: StdioMode) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         eprintln!("echo: no runtime");

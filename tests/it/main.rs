@@ -5,9 +5,11 @@
 //! under `cluster::`; nothing outside it starts one. So:
 //! - `cargo test --test it cluster::` runs only the control-plane tests;
 //! - `cargo test --test it -- --skip cluster::` runs the rest, without `SPEAR_CONTROL_PLANE_BIN`.
+#![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 mod agent;
 mod alerts;
+mod attacks;
 mod bridge;
 mod chart;
 mod chat;

@@ -98,6 +98,11 @@ pub fn serve_ready(dir: tempfile::TempDir, extra: &[&str]) -> Served {
 
 /// Starts `spearlet serve` over `dir` (already filled) with `extra` flags and returns at once.
 pub fn spawn_serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
+    spawn_serve_with_stderr(dir, extra, Stdio::inherit())
+}
+
+/// [`spawn_serve`] with the agent's stderr going to `stderr`.
+pub fn spawn_serve_with_stderr(dir: tempfile::TempDir, extra: &[&str], stderr: Stdio) -> Served {
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_spearlet"))
         .arg("serve")
@@ -109,6 +114,7 @@ pub fn spawn_serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
         .args(["--shutdown-grace-seconds", "3"])
         .args(extra)
         .stdin(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("spawn spearlet serve");
     Served { child, http, grpc, admin, dir }
@@ -531,7 +537,7 @@ fn the_readmes_first_command_lists_the_example_servers_tools_on_an_empty_npm_cac
 
 /// One JSON-RPC POST to `/mcp` as a Streamable HTTP client sends it: (status, content type,
 /// session id header, body).
-async fn mcp_post(
+pub async fn mcp_post(
     http: &reqwest::Client,
     port: u16,
     session: Option<&str>,
@@ -559,7 +565,7 @@ async fn mcp_post(
 
 /// The JSON-RPC message of a reply, whether sent as JSON or as the data of an SSE event.
 /// A 2025-06-18 session on `/mcp` at `port`, initialized: its id.
-async fn open_session(http: &reqwest::Client, port: u16, client: &str) -> String {
+pub async fn open_session(http: &reqwest::Client, port: u16, client: &str) -> String {
     let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": client, "version": "1"}}});
     let (status, _, session, body) = mcp_post(http, port, None, None, initialize).await;
@@ -570,7 +576,7 @@ async fn open_session(http: &reqwest::Client, port: u16, client: &str) -> String
     session
 }
 
-fn jsonrpc_message(content_type: &str, body: &str) -> Value {
+pub fn jsonrpc_message(content_type: &str, body: &str) -> Value {
     let text = if content_type.starts_with("text/event-stream") {
         body.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| d.starts_with('{')).unwrap_or("")
     } else {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 use crate::api::{crd, keys};
+use crate::cli::{emit, tell};
 
 /// Print the CustomResourceDefinitions generated from the Rust types (for `kubectl apply -f -`).
 #[derive(clap::Args, Debug)]
@@ -20,14 +21,14 @@ impl CrdsArgs {
         let rendered = crd::render().context("rendering CRDs")?;
         let Some(dir) = self.output_dir else {
             for (_, yaml) in rendered {
-                print!("---\n{yaml}");
+                emit(&format!("---\n{yaml}"));
             }
             return Ok(ExitCode::SUCCESS);
         };
         for (file, yaml) in rendered {
             let path = dir.join(file);
             std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("wrote {}", path.display());
+            tell(format_args!("wrote {}", path.display()));
         }
         Ok(ExitCode::SUCCESS)
     }

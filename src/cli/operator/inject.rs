@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::api::keys::{self, INJECTION_ENABLED, LABEL_INJECTION};
 use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
 use crate::api::{McpProfile, McpServer};
+use crate::cli::{emit, tell};
 use crate::operator::inject::{self, Decision, InjectConfig};
 use crate::operator::webhook::profile_servers;
 use crate::registry::dir::DirSource;
@@ -69,7 +70,7 @@ impl InjectArgs {
         let snapshot = DirSource::load(&self.registry_dir)
             .with_context(|| format!("--registry-dir {}", self.registry_dir.display()))?;
         for problem in snapshot.problems() {
-            eprintln!("registry: {problem}");
+            tell(format_args!("registry: {problem}"));
         }
         let wanted = pod.metadata.annotations.as_ref().and_then(|a| a.get(keys::ANNOTATION_PROFILE));
         let profile: Option<McpProfile> = wanted.and_then(|name| snapshot.profile(name)).map(|v| (*v.object).clone());
@@ -84,12 +85,12 @@ impl InjectArgs {
         referenced.sort();
         referenced.dedup();
         if !referenced.is_empty() {
-            eprintln!(
+            tell(format_args!(
                 "note: offline, Secrets are taken to grant their use; in the cluster these must name the servers (and profile) in their {} / {} annotations: {}",
                 crate::api::secret_grant::ANNOTATION_ALLOWED_SERVERS,
                 crate::api::secret_grant::ANNOTATION_ALLOWED_PROFILES,
                 referenced.join(", ")
-            );
+            ));
         }
         let grants = SecretGrants::allow_all(referenced.iter().map(String::as_str));
         let labels = BTreeMap::from([(LABEL_INJECTION.to_string(), INJECTION_ENABLED.to_string())]);
@@ -99,24 +100,24 @@ impl InjectArgs {
         let decision = inject::mutate(&pod, &labels, profile.as_ref(), &servers, &grants, &config)?;
         let out = match decision {
             Decision::Deny { message } => {
-                eprintln!("denied: {message}");
+                tell(format_args!("denied: {message}"));
                 return Ok(ExitCode::from(1));
             }
             Decision::Skip { reason } => {
-                eprintln!("not injected: {reason}");
+                tell(format_args!("not injected: {reason}"));
                 pod
             }
             Decision::Patch { pod, warnings, .. } => {
                 for warning in warnings {
-                    eprintln!("warning: {warning}");
+                    tell(format_args!("warning: {warning}"));
                 }
                 *pod
             }
         };
         if self.json {
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
         } else {
-            print!("{}", serde_yaml::to_string(&out)?);
+            emit(&serde_yaml::to_string(&out)?);
         }
         Ok(ExitCode::SUCCESS)
     }

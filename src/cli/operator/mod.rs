@@ -36,7 +36,7 @@ impl Args {
     /// Runs the selected subcommand and returns the process's exit status.
     pub fn run(self) -> ExitCode {
         let Self { log, command } = self;
-        let code = exit(log.init().map_err(usage).and_then(|()| match command {
+        let code = exit(log.init().map_err(usage).and_then(|_logs| match command {
             Command::Crds(args) => args.run(),
             Command::Inject(args) => args.run(),
             Command::Run(args) => args.run(),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::api::keys;
-use crate::cli::{EXIT_INVALID, usage};
+use crate::cli::{EXIT_INVALID, emit, tell, usage};
 use crate::convert;
 
 /// Convert file-based registry configs (TOML or JSON, one server per file) into McpServer YAML.
@@ -37,7 +37,7 @@ impl ConvertArgs {
             let mut server = match convert::convert(&text, format) {
                 Ok(server) => server,
                 Err(e) => {
-                    eprintln!("{}: {e}", file.display());
+                    tell(format_args!("{}: {e}", file.display()));
                     failed = true;
                     continue;
                 }
@@ -46,21 +46,21 @@ impl ConvertArgs {
             let yaml = match convert::to_yaml(&server, &file.display().to_string()) {
                 Ok(yaml) => yaml,
                 Err(e) => {
-                    eprintln!("{}: rendering YAML: {e}", file.display());
+                    tell(format_args!("{}: rendering YAML: {e}", file.display()));
                     failed = true;
                     continue;
                 }
             };
             match &self.output_dir {
-                None => print!("---\n{yaml}"),
+                None => emit(&format!("---\n{yaml}")),
                 Some(dir) => {
                     let name = server.metadata.name.as_deref().unwrap_or("server");
                     let out = dir.join(format!("{name}.yaml"));
                     if let Err(e) = std::fs::write(&out, yaml) {
-                        eprintln!("{}: {e}", out.display());
+                        tell(format_args!("{}: {e}", out.display()));
                         failed = true;
                     } else {
-                        eprintln!("{} -> {}", file.display(), out.display());
+                        tell(format_args!("{} -> {}", file.display(), out.display()));
                     }
                 }
             }

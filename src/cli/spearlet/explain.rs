@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use serde_json::Value;
 
 use crate::api::keys;
-use crate::cli::{block_on, terminal_safe, usage};
+use crate::cli::{block_on, emit, say, tell, usage};
 use crate::mcp::{Pool, PoolOptions};
 use crate::policy::explain::{
     ExplainRequest, ListedItems, explain_items, explain_json, explain_selection, explain_table, items_table,
@@ -207,7 +207,7 @@ impl ExplainArgs {
                 for (key, value) in extra {
                     json[key] = value;
                 }
-                println!("{json}");
+                emit(&format!("{json}\n"));
             }
             OutputFormat::Table => {
                 let mut table: String = heading.iter().map(|line| format!("{line}\n")).collect();
@@ -216,7 +216,7 @@ impl ExplainArgs {
                     table.push_str("LIVE (the pod's agent, /debug/effective)\n");
                     table.push_str(&live);
                 }
-                print!("{}", terminal_safe(&table));
+                say(&table);
             }
         }
     }
@@ -230,7 +230,7 @@ struct Explained {
 
 fn warn_problems(snapshot: &Snapshot) {
     for problem in snapshot.problems() {
-        eprintln!("warning: registry problem (last good objects are used): {problem}");
+        tell(format_args!("warning: registry problem (last good objects are used): {problem}"));
     }
 }
 
@@ -280,7 +280,7 @@ async fn list_all_tools(
     const ITEMS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
     let pool = Pool::new(PoolOptions { idle_timeout: None, ..PoolOptions::default() });
     for error in pool.apply(snapshot).await {
-        eprintln!("warning: {error}");
+        tell(format_args!("warning: {error}"));
     }
     let lists = compiled.servers().map(|(id, part)| {
         let pool = pool.clone();
@@ -289,7 +289,7 @@ async fn list_all_tools(
             let resources = pool.list_resources(id, ITEMS_TIMEOUT).await;
             let prompts = pool.list_prompts(id, ITEMS_TIMEOUT).await;
             for error in [resources.as_ref().err(), prompts.as_ref().err()].into_iter().flatten() {
-                eprintln!("warning: {id}: {error}");
+                tell(format_args!("warning: {id}: {error}"));
             }
             let resources = resources.unwrap_or_default().into_iter().map(|r| r.uri.clone()).collect();
             let prompts = prompts.unwrap_or_default().into_iter().map(|p| p.name).collect();

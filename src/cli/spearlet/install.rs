@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::api::keys;
-use crate::cli::usage;
+use crate::cli::{tell, usage};
 use crate::install::install_self;
 
 /// Copy this executable to PATH (the webhook's init container: `/spearlet install --to
@@ -25,7 +25,7 @@ impl InstallArgs {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         match install_self(&self.to) {
             Ok(bytes) => {
-                eprintln!("installed {} ({bytes} bytes)", self.to.display());
+                tell(format_args!("installed {} ({bytes} bytes)", self.to.display()));
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) if e.is_usage() => Err(usage(format!("--to {}: {e}", self.to.display()))),

@@ -57,7 +57,7 @@ impl Args {
     /// Runs the selected subcommand and returns the process's exit status.
     pub fn run(self) -> ExitCode {
         let Self { log, command } = self;
-        let code = exit(log.init().map_err(usage).and_then(|()| match command {
+        let code = exit(log.init().map_err(usage).and_then(|_logs| match command {
             Command::Serve(args) => args.run(),
             Command::Run(args) => args.run(),
             Command::Tools { command } => command.run(),
@@ -99,7 +99,7 @@ impl PluginArgs {
     /// Runs the selected subcommand and returns the process's exit status.
     pub fn run(self) -> ExitCode {
         let Self { log, command } = self;
-        exit(log.init().map_err(usage).and_then(|()| match command {
+        exit(log.init().map_err(usage).and_then(|_logs| match command {
             PluginCommand::Explain(args) => args.run(),
         }))
     }

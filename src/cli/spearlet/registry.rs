@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::keys;
-use crate::cli::{EXIT_INVALID, run_until_signal, usage};
+use crate::cli::{EXIT_INVALID, run_until_signal, say, usage};
 use crate::registry::describe::{describe, describe_change};
 use crate::registry::dir::{DirOptions, DirSource};
 use crate::registry::view::RegistryView;
@@ -35,7 +35,7 @@ impl RegistryArgs {
             return run_until_signal(1, |cancel| watch(dir, cancel));
         }
         let snapshot = DirSource::load(&dir).map_err(usage)?;
-        print!("{}", describe(&dir, &snapshot));
+        say(&describe(&dir, &snapshot));
         Ok(if snapshot.is_degraded() { ExitCode::from(EXIT_INVALID) } else { ExitCode::SUCCESS })
     }
 }
@@ -45,8 +45,8 @@ async fn watch(dir: PathBuf, cancel: CancellationToken) -> anyhow::Result<ExitCo
     let mut source = DirSource::watch(dir, DirOptions::default()).map_err(usage)?;
     let mut rx = source.watch();
     let mut current = rx.borrow_and_update().clone();
-    print!("{}", describe(dir, &current));
-    println!("watching {} (Ctrl-C to stop)", dir.display());
+    say(&describe(dir, &current));
+    say(&format!("watching {} (Ctrl-C to stop)\n", dir.display()));
     loop {
         tokio::select! {
             changed = rx.changed() => {
@@ -54,7 +54,7 @@ async fn watch(dir: PathBuf, cancel: CancellationToken) -> anyhow::Result<ExitCo
                     break;
                 }
                 let next = rx.borrow_and_update().clone();
-                print!("{}", describe_change(&current, &next));
+                say(&describe_change(&current, &next));
                 current = next;
             }
             result = source.finished() => {

@@ -21,7 +21,7 @@ use crate::agent::grpc::pb;
 use crate::agent::grpc::pb::mcp_registry_client::McpRegistryClient;
 use crate::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
 use crate::api::keys::{ENV_GRPC_ADDR, ENV_TOOLS_ARGS, ENV_TOOLS_SERVER, PORT_GRPC};
-use crate::cli::{EXIT_INVALID, block_on, terminal_safe, usage};
+use crate::cli::{EXIT_INVALID, block_on, say, tell, usage};
 use crate::telemetry::error_chain;
 
 /// How long to wait for the agent to accept the connection: it is on loopback, so a slow
@@ -200,7 +200,7 @@ async fn list(grpc: &GrpcArgs, only: Option<&str>) -> Result<ExitCode, Failure> 
             Ok(tools) => tools,
             Err(failure @ Failure::Refused(_)) => {
                 // One unusable server should not hide the others' tools.
-                eprintln!("error: {failure}");
+                tell(format_args!("error: {failure}"));
                 failed = true;
                 continue;
             }
@@ -213,12 +213,12 @@ async fn list(grpc: &GrpcArgs, only: Option<&str>) -> Result<ExitCode, Failure> 
             rows.push([tool.name, server.id.clone(), tool.server_tool, first_line(&tool.description)]);
         }
     }
-    print!("{}", terminal_safe(&table(&rows)));
+    say(&table(&rows));
     for line in &why_empty {
-        eprintln!("{}", terminal_safe(line));
+        tell(format_args!("{line}"));
     }
     if rows.len() == 1 {
-        eprintln!("no tools are available to this workload (registry revision {})", listed.registry_revision);
+        tell(format_args!("no tools are available to this workload (registry revision {})", listed.registry_revision));
     }
     Ok(if failed { ExitCode::from(EXIT_INVALID) } else { ExitCode::SUCCESS })
 }
@@ -348,12 +348,12 @@ async fn call(grpc: &GrpcArgs, name: &str, args: &str) -> Result<ExitCode, Failu
 /// Prints a call's outcome and returns its exit status.
 fn print_reply(reply: &pb::CallToolReply) -> ExitCode {
     if let Some(error) = &reply.error {
-        eprintln!("error: {}: {}", error.code, terminal_safe(&error.message));
+        tell(format_args!("error: {}: {}", error.code, error.message));
         return ExitCode::from(EXIT_INVALID);
     }
-    println!("{}", terminal_safe(&reply.text));
+    say(&format!("{}\n", reply.text));
     if reply.truncated {
-        eprintln!("warning: the output was truncated to the output budget (mcp_output_too_large)");
+        tell(format_args!("warning: the output was truncated to the output budget (mcp_output_too_large)"));
     }
     if reply.is_error { ExitCode::from(EXIT_INVALID) } else { ExitCode::SUCCESS }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::api::manifest;
-use crate::cli::{EXIT_INVALID, usage};
+use crate::cli::{EXIT_INVALID, say, tell, usage};
 
 /// Validate McpServer/McpProfile manifests offline (for CI and GitOps pipelines).
 ///
@@ -28,14 +28,14 @@ impl ValidateArgs {
             objects += parsed.documents.len();
             problems += parsed.problems.len();
             for problem in &parsed.problems {
-                println!("{name}:{problem}");
+                say(&format!("{name}:{problem}\n"));
             }
         }
         if problems > 0 {
-            eprintln!("{problems} problem(s) in {} file(s)", inputs.len());
+            tell(format_args!("{problems} problem(s) in {} file(s)", inputs.len()));
             Ok(ExitCode::from(EXIT_INVALID))
         } else {
-            eprintln!("ok: {objects} object(s) in {} file(s)", inputs.len());
+            tell(format_args!("ok: {objects} object(s) in {} file(s)", inputs.len()));
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -70,13 +70,14 @@ fn collect_inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, Option<PathB
     Ok(inputs)
 }
 
+/// The text of a file or stdin, at most one byte past what a manifest may have: `manifest::parse`
+/// reports the size, and an endless stdin (`< /dev/zero`) is not read into memory first.
 fn read_input(source: Option<&Path>) -> std::io::Result<String> {
-    match source {
-        Some(path) => std::fs::read_to_string(path),
-        None => {
-            let mut text = String::new();
-            std::io::stdin().read_to_string(&mut text)?;
-            Ok(text)
-        }
-    }
+    let reader: Box<dyn Read> = match source {
+        Some(path) => Box::new(std::fs::File::open(path)?),
+        None => Box::new(std::io::stdin()),
+    };
+    let mut bytes = Vec::new();
+    reader.take(manifest::MAX_MANIFEST_BYTES as u64 + 1).read_to_end(&mut bytes)?;
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
