@@ -204,3 +204,44 @@ fn an_endless_stdin_is_not_read_into_memory() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("at most 8388608 are read"), "{out:?}");
 }
+
+/// HTTP/2 peers that send the preface, answer every PING and never ask anything, on every port
+/// of the agent: each is closed after the idle timeout (they were held forever, and 20 of them
+/// kept `/healthz` from answering), and the ports serve again.
+#[tokio::test]
+async fn idle_http2_connections_cannot_hold_the_ports() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve(
+        dir,
+        &["--audit-log", "off", "--header-read-timeout-seconds", "1", "--max-connections", "16"],
+    );
+    let mut idle = Vec::new();
+    for port in [served.http, served.admin] {
+        for _ in 0..16 {
+            let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { continue };
+            let handshake = hyper::client::conn::http2::handshake::<_, _, axum::body::Body>(
+                TokioExecutor::new(),
+                TokioIo::new(stream),
+            );
+            // Over the caps, the agent closes the connection before the handshake completes.
+            if let Ok(Ok((sender, connection))) = tokio::time::timeout(Duration::from_secs(2), handshake).await {
+                idle.push((port, sender, tokio::spawn(connection)));
+            }
+        }
+    }
+    assert!(!idle.is_empty(), "some idle connections were accepted");
+    let started = Instant::now();
+    for (port, _sender, connection) in idle {
+        let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
+        assert!(closed.is_ok(), "port {port}: an idle h2 connection was still open after 10 s");
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let healthz = tokio::task::spawn_blocking(move || {
+        let answered = http_get(served.admin, "/healthz").map(|(status, _)| status);
+        (answered, served)
+    });
+    let (answered, _served) = healthz.await.expect("join");
+    assert_eq!(answered, Some(200), "healthz answers once the idle peers are gone");
+}
