@@ -8,7 +8,7 @@
 # CDN, and apt verifies what it installs. It installs system-wide (apt-get needs root, or
 # passwordless sudo), so it is not cached under ~/.cache/spear-mcp like the Go tools; a second run
 # is a no-op. SPEAR_CHROMIUM set to an executable skips everything (another browser build).
-# Cold install measured on Debian 12, 2 cores: see README "Admin view".
+# Cold install measured on Debian 12, 2 cores: see docs/kubernetes.md "Admin view".
 set -euo pipefail
 
 CHROMIUM="${SPEAR_CHROMIUM:-/usr/bin/chromium}"

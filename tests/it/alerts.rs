@@ -1,10 +1,10 @@
-//! The alerts and the dashboard the chart ships (README "Alerts and dashboards"): the
-//! PrometheusRule rendered by the real `helm` passes the real `promtool` (built from its Go module
-//! by `hack/promtool.sh`): `check rules`, and `test rules` with `tests/alerts/*.test.yaml` on
+//! The alerts and the dashboard the chart ships (`docs/operations.md`): the PrometheusRule
+//! rendered by the real `helm` passes the real `promtool` (built from its Go module by
+//! `hack/promtool.sh`): `check rules`, and `test rules` with `tests/alerts/*.test.yaml` on
 //! synthetic series, where every alert is shown firing and silent; every alert carries a
-//! severity, a summary, a description and a runbook link to a README section that exists; both
-//! objects render only when enabled. That every metric they name is one the binaries export is
-//! `cluster::metrics` (it scrapes a running agent and operator).
+//! severity, a summary, a description and a runbook link to a heading of `docs/operations.md`
+//! that exists; both objects render only when enabled. That every metric they name is one the
+//! binaries export is `cluster::metrics` (it scrapes a running agent and operator).
 //!
 //! promtool is `$SPEAR_PROMTOOL`, else the binary `hack/promtool.sh` builds into the cache; a
 //! missing one panics with the command to run (as helm does in `chart.rs`).
@@ -34,6 +34,8 @@ const ENV_PROMTOOL: &str = "SPEAR_PROMTOOL";
 const DASHBOARD: &str = "charts/spear-mcp/dashboards/spear-mcp.json";
 /// The promtool unit tests of the rules.
 const ALERT_TESTS: &str = "tests/alerts";
+/// The page the chart's default `prometheusRule.runbookBaseURL` points at: one heading per alert.
+const RUNBOOKS: &str = "docs/operations.md";
 
 // === promtool ===
 
@@ -257,10 +259,10 @@ fn every_alert_is_tested_firing_and_silent() {
 }
 
 #[test]
-fn every_alert_has_a_severity_an_explanation_and_a_runbook_section_in_the_readme() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+fn every_alert_has_a_severity_an_explanation_and_a_runbook_section_in_the_operations_doc() {
+    let runbooks = std::fs::read_to_string(repo().join(RUNBOOKS)).expect(RUNBOOKS);
     let anchors: BTreeSet<String> =
-        readme.lines().filter_map(|l| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect();
+        runbooks.lines().filter_map(|l| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect();
     for alert in alerts() {
         let name = alert["alert"].as_str().unwrap_or_default();
         let severity = alert["labels"]["severity"].as_str().unwrap_or_default();
@@ -273,7 +275,11 @@ fn every_alert_has_a_severity_an_explanation_and_a_runbook_section_in_the_readme
         let (_, fragment) =
             runbook.split_once('#').unwrap_or_else(|| panic!("{name}: runbook_url without #: {runbook}"));
         assert_eq!(fragment, name.to_lowercase(), "{name}: the runbook anchor is the alert's name");
-        assert!(anchors.contains(fragment), "{name}: README.md has no heading with anchor #{fragment}");
+        assert!(anchors.contains(fragment), "{name}: {RUNBOOKS} has no heading with anchor #{fragment}");
+        assert!(
+            runbook.starts_with(&format!("https://github.com/spear-dev/spear-mcp/blob/main/{RUNBOOKS}#")),
+            "{name}: the default runbookBaseURL points at {RUNBOOKS}: {runbook}"
+        );
     }
 }
 
