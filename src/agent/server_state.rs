@@ -24,7 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use super::core::Agent;
 use crate::mcp::health::{Health, HealthState};
 
-/// The metric's name, as documented in the README and docs/design.md.
+/// The metric's name, as documented in docs/operations.md.
 pub(crate) const METRIC: &str = "mcp_server_state";
 
 /// Where one server stands.

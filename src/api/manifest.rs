@@ -253,7 +253,7 @@ fn deserialize<T: DeserializeOwned>(doc: &RawDocument) -> Result<T, Vec<Problem>
         .map(|field| Problem {
             line: doc.line_of(&field),
             message: "unknown field".into(),
-            fix: "remove it or fix its spelling (see `kubectl explain` or the README's resource reference)".into(),
+            fix: "remove it or fix its spelling (see `kubectl explain` or docs/reference.md)".into(),
             field,
         })
         .collect();

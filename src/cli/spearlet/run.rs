@@ -24,7 +24,7 @@ pub struct RunArgs {
     /// kubeconfig context's.
     #[arg(long, env = keys::ENV_POD_NAMESPACE)]
     pub(crate) namespace: Option<String>,
-    /// Directory of the stdio servers' bridge sockets (`<dir>/<server>.sock`), shared with their
+    /// Directory of the stdio servers' bridge sockets (`<dir>/<server>/mcp.sock`), shared with their
     /// sidecars.
     #[arg(long, env = keys::ENV_SOCKET_DIR, value_name = "DIR", default_value = keys::RUN_DIR)]
     pub(crate) socket_dir: PathBuf,
