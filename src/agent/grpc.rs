@@ -48,9 +48,9 @@ use super::core::{Agent, AgentState, CallContext, ToolCall};
 use crate::mcp::arguments::arguments_from_json;
 use crate::mcp::pool::ItemRead;
 use crate::mcp::{ErrorCode, McpError};
-use crate::policy::effective::{Listing, Reason};
+use crate::policy::effective::Listing;
 use crate::policy::items;
-use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope};
+use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, Reason, RequestScope};
 use crate::telemetry::otel;
 
 /// Generated protobuf types, clients and servers of `spear.v1`.
