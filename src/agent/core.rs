@@ -190,12 +190,6 @@ struct Inner {
     state: watch::Sender<Arc<AgentState>>,
 }
 
-impl std::fmt::Debug for dyn RegistryView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RegistryView(revision {})", self.snapshot().revision())
-    }
-}
-
 impl Agent {
     /// An agent over `registry` and `pool`. Nothing is served until [`Agent::run`] publishes
     /// the first state.

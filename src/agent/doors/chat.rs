@@ -54,8 +54,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::Instrument as _;
 
-use super::audit::{self, Door};
-use super::core::{Agent, CallContext};
+use crate::agent::audit::{self, Door};
+use crate::agent::core::{Agent, CallContext};
+use crate::agent::revision::stamp_revision;
 use crate::api::keys::ENV_UPSTREAM_API_KEY;
 use crate::chat::tool_loop::{self, After, ChoicePlan, LoopState, Next, Round, ToolOffer};
 use crate::chat::types::{ChatCompletion, ChatRequest, ChoiceKind, McpOptions, ToolCallItem};
@@ -475,7 +476,7 @@ async fn completions(State(service): State<ChatService>, headers: HeaderMap, bod
         }
     };
     if let Some(revision) = revision {
-        super::serve::stamp_revision(response.headers_mut(), &revision);
+        stamp_revision(response.headers_mut(), &revision);
     }
     response
 }

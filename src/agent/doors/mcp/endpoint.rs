@@ -49,10 +49,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::audit::Door;
-use super::core::{Agent, CallContext};
-use super::mcp_fast_path::McpRoute;
-use super::mcp_keep_alive::SessionKeeper;
+use super::fast_path::{self, McpRoute};
+use super::keep_alive::SessionKeeper;
+use crate::agent::audit::Door;
+use crate::agent::core::{Agent, AgentState, CallContext, LIST_CHANGED_MIN_INTERVAL};
+use crate::agent::resources::ItemCapabilities;
 use crate::mcp::relay;
 use crate::mcp::{Continuation, Relay, Relayed, ToolOutput};
 use crate::telemetry::otel;
@@ -189,10 +190,10 @@ impl McpEndpoint {
     }
 
     /// The router to mount at `/mcp`: rmcp's Streamable HTTP service behind the `tools/call`
-    /// fast path ([`super::mcp_fast_path`]). `allowed_hosts` are the `Host` values accepted
+    /// fast path ([`fast_path`]). `allowed_hosts` are the `Host` values accepted
     /// (DNS-rebinding protection; loopback by default); a session is closed after
     /// `session_idle` unused (`--mcp-session-idle-seconds`; fast calls count, see
-    /// [`super::mcp_keep_alive`]).
+    /// [`super::keep_alive`]).
     pub(crate) fn router(
         agent: Agent,
         shutdown: CancellationToken,
@@ -206,7 +207,7 @@ impl McpEndpoint {
         let keeper = SessionKeeper::new(sessions.clone(), session_idle, shutdown.clone());
         let service = Self::service_with(handler.clone(), shutdown, allowed_hosts.clone(), sessions.clone());
         let route = McpRoute::new(handler, sessions, keeper, service, allowed_hosts);
-        axum::Router::new().fallback(super::mcp_fast_path::handle).with_state(route)
+        axum::Router::new().fallback(fast_path::handle).with_state(route)
     }
 
     /// The Streamable HTTP service alone (no fast path), for `handler` with `sessions`.
@@ -319,7 +320,7 @@ impl McpEndpoint {
     }
 
     /// What the agent declares beyond tools now; tools only when there is no set.
-    fn declared(&self) -> super::items::ItemCapabilities {
+    fn declared(&self) -> ItemCapabilities {
         self.agent.default_set().map(|set| self.agent.item_capabilities(&set)).unwrap_or_default()
     }
 
@@ -866,7 +867,7 @@ struct Changed {
 
 /// Follows the agent's state and the servers' resources/prompts list_changed for one client.
 struct ChangeWatch {
-    rx: tokio::sync::watch::Receiver<Arc<super::core::AgentState>>,
+    rx: tokio::sync::watch::Receiver<Arc<AgentState>>,
     pool: crate::mcp::Pool,
     tools: u64,
     revision: String,
@@ -906,7 +907,7 @@ impl ChangeWatch {
                 }
                 () = self.pool.items_changed_since(self.items) => {
                     if let Some(at) = self.items_sent {
-                        tokio::time::sleep(super::core::LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed())).await;
+                        tokio::time::sleep(LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed())).await;
                     }
                     self.items = self.pool.items_generation();
                     self.items_sent = Some(std::time::Instant::now());

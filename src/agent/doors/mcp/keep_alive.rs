@@ -1,4 +1,4 @@
-//! Keeps rmcp's `/mcp` sessions alive while the fast path ([`super::mcp_fast_path`]) answers
+//! Keeps rmcp's `/mcp` sessions alive while the fast path ([`super::fast_path`]) answers
 //! their calls.
 //!
 //! rmcp owns the session lifecycle: it creates sessions, routes their notifications, closes them

@@ -21,7 +21,7 @@
 //! own) reaches the call.
 //!
 //! rmcp still owns the session: a fast call counts as activity through
-//! [`super::mcp_keep_alive`], which keeps rmcp's idle timer from closing a session that only
+//! [`super::keep_alive`], which keeps rmcp's idle timer from closing a session that only
 //! calls tools. A session rmcp no longer knows (expired, deleted) never takes the fast path, so
 //! rmcp answers its requests, with 404.
 
@@ -41,9 +41,9 @@ use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
 use tower::ServiceExt;
 use tracing::Instrument as _;
 
-use super::http_guard::host_allowed;
-use super::mcp_endpoint::McpEndpoint;
-use super::mcp_keep_alive::SessionKeeper;
+use super::endpoint::{self, McpEndpoint};
+use super::keep_alive::SessionKeeper;
+use crate::agent::http_guard::host_allowed;
 use crate::mcp::{Continuation, Relay, Relayed};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
@@ -103,7 +103,7 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
     {
         let in_flight = route.keeper.call_started(&session);
         let params = call.params;
-        let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
+        let span = endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
         let token = params.meta.as_ref().and_then(|meta| meta.get_progress_token());
         let (relay, relayed) = Relay::channel(token, route.endpoint.log_level(&session), false, false);
         let (endpoint, id) = (route.endpoint.clone(), call.id.to_string());
@@ -241,7 +241,7 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
     };
     if let Some(call) = ToolCallRequest::parse_stateless(&bytes, version, &parts.headers) {
         let params = call.params;
-        let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
+        let span = endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
         let declared = params.meta.as_ref().and_then(|meta| meta.client_capabilities());
         let continuation = Continuation::new(params.input_responses, params.request_state, declared);
         let request_id = call.id.to_string();

@@ -43,8 +43,8 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::audit::Door;
-use super::core::{Agent, AgentState, CallContext, ToolCall};
+use crate::agent::audit::Door;
+use crate::agent::core::{Agent, AgentState, CallContext, ToolCall};
 use crate::mcp::arguments::arguments_from_json;
 use crate::mcp::pool::ItemRead;
 use crate::mcp::{ErrorCode, McpError};
