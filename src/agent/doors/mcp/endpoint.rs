@@ -42,6 +42,7 @@ use rmcp::model::{
     UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -554,7 +555,7 @@ fn session_for(context: &RequestContext<RoleServer>, method: &str) -> Result<Str
 
 fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
     let parts = extensions.get::<axum::http::request::Parts>()?;
-    parts.headers.get("mcp-session-id")?.to_str().ok().map(str::to_string)
+    parts.headers.get(HEADER_SESSION_ID)?.to_str().ok().map(str::to_string)
 }
 
 impl ServerHandler for McpEndpoint {

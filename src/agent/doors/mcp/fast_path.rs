@@ -35,6 +35,10 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest, GetMeta, JsonRpcMessage,
     JsonRpcRequest, ProtocolVersion, RequestId,
 };
+// rmcp spells these as the spec does (`Mcp-Session-Id`); `HeaderMap` lookups by `&str` ignore case.
+use rmcp::transport::common::http_header::{
+    HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID,
+};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
@@ -50,11 +54,6 @@ use tokio::sync::mpsc;
 
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
-const SESSION_HEADER: &str = "mcp-session-id";
-const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
-/// SEP-2243 standard headers (2026-07-28): the method and the tool name, echoed from the body.
-const METHOD_HEADER: &str = "mcp-method";
-const NAME_HEADER: &str = "mcp-name";
 
 /// State of the `/mcp` route: the handler, rmcp's service and its sessions.
 #[derive(Clone)]
@@ -282,7 +281,7 @@ async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
 /// what rmcp would refuse.
 pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
-    let known_version = match headers.get(PROTOCOL_VERSION_HEADER) {
+    let known_version = match headers.get(HEADER_MCP_PROTOCOL_VERSION) {
         None => true,
         Some(value) => value.to_str().is_ok_and(|v| {
             v < ProtocolVersion::V_2026_07_28.as_str()
@@ -290,17 +289,17 @@ pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[Str
         }),
     };
     (json_both_ways(headers) && known_version && host_is_allowed(headers, allowed_hosts)).then_some(())?;
-    text(SESSION_HEADER).filter(|s| !s.is_empty())
+    text(HEADER_SESSION_ID).filter(|s| !s.is_empty())
 }
 
 /// The `MCP-Protocol-Version` when the headers allow the stateless fast path: no session, a
 /// JSON body, a client that takes JSON and SSE, an allowed `Host`, and a version rmcp knows of
 /// the 2026-07-28 revision or later (rmcp serves those statelessly).
 pub(crate) fn fast_path_stateless<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
-    if headers.contains_key(SESSION_HEADER) {
+    if headers.contains_key(HEADER_SESSION_ID) {
         return None;
     }
-    let mut versions = headers.get_all(PROTOCOL_VERSION_HEADER).iter();
+    let mut versions = headers.get_all(HEADER_MCP_PROTOCOL_VERSION).iter();
     let (Some(version), None) = (versions.next(), versions.next()) else { return None };
     let version = version.to_str().ok()?;
     let stateless = version >= ProtocolVersion::V_2026_07_28.as_str()
@@ -399,8 +398,8 @@ impl ToolCallRequest {
         (same_version
             && complete
             && plain_name
-            && only(METHOD_HEADER, "tools/call")
-            && only(NAME_HEADER, &call.params.name))
+            && only(HEADER_MCP_METHOD, "tools/call")
+            && only(HEADER_MCP_NAME, &call.params.name))
         .then_some(call)
     }
 }
