@@ -173,8 +173,8 @@ pub(crate) async fn serve(
     };
     tokio::pin!(doors);
     // `biased`: the doors also stop on `cancel`, so after a SIGTERM both branches can be ready in
-    // the same poll; unbiased, the doors' branch sometimes won and the shutdown went unlogged
-    // (seen in a real pod: "spearlet stopped" without "shutting down").
+    // the same poll; unbiased, the doors' branch could win and the shutdown would go unlogged
+    // ("spearlet stopped" without "shutting down").
     let result = tokio::select! {
         biased;
         () = cancel.cancelled() => {

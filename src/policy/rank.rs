@@ -366,20 +366,23 @@ impl CatalogRank {
 
 /// `text` cut to at most `max` bytes at a character boundary.
 pub(crate) fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
+    &text[..text.floor_char_boundary(max)]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn truncate_cuts_at_the_last_character_boundary_within_max() {
+        assert_eq!(truncate("héllo", 1), "h");
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("héllo", 3), "hé");
+        assert_eq!(truncate("héllo", 6), "héllo");
+        assert_eq!(truncate("héllo", 99), "héllo");
+        assert_eq!(truncate("", 0), "");
+    }
 
     fn tool<'a>(name: &'a str, description: &'a str) -> ToolText<'a> {
         ToolText { name, server: "", description, input_schema: None }

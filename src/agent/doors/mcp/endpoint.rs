@@ -90,13 +90,9 @@ pub(crate) struct McpEndpoint {
 
 /// The peers of the legacy sessions, which one task ([`notify_sessions`]) tells of changes.
 ///
-/// Why one task for all rather than one per session: a session already costs rmcp about 58 KiB
-/// (seven channels and three tasks; benches/sessions.rs), and a notifier task per session added a
-/// task, a watch and a timer to each, and held each ended session's peer until its next check
-/// (30 s), so a burst of sessions that ended was still held while the next arrived: opening and
-/// deleting 10,000 sessions round after round grew RSS by 154, then 136 MiB per round; with this,
-/// 74, then 29 (benches/sessions.rs). Here a session costs one `Peer` in a list, and an ended
-/// one is let go within [`PEER_PRUNE_INTERVAL`].
+/// A session costs one `Peer` in a list, and an ended one is let go within
+/// [`PEER_PRUNE_INTERVAL`]; why one task for all rather than one per session:
+/// `src/agent/README.md`.
 #[derive(Debug, Default)]
 struct SessionPeers {
     peers: parking_lot::Mutex<Vec<Peer<RoleServer>>>,
@@ -523,7 +519,6 @@ fn untrusted_group(id: &str, server_part: &str, instructions: &str) -> String {
     )
 }
 
-/// The `Mcp-Session-Id` of the HTTP request, when the transport has one.
 /// The `/mcp` door's span for one `tools/call`: it continues the caller's trace from the
 /// request's `_meta` (SEP-414) or, failing that, its `traceparent` header.
 pub(crate) fn call_span(
@@ -553,6 +548,7 @@ fn session_for(context: &RequestContext<RoleServer>, method: &str) -> Result<Str
         .ok_or_else(|| ErrorData::invalid_request(format!("{method} needs a session (Mcp-Session-Id)"), None))
 }
 
+/// The `Mcp-Session-Id` of the HTTP request, when the transport has one.
 fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
     let parts = extensions.get::<axum::http::request::Parts>()?;
     parts.headers.get(HEADER_SESSION_ID)?.to_str().ok().map(str::to_string)

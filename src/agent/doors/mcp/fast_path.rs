@@ -1,29 +1,24 @@
-//! The hot request of `/mcp`, a plain `tools/call` in an established session, answered directly
-//! with one JSON reply; everything else goes to rmcp's Streamable HTTP service unchanged.
+//! The hot request of `/mcp`, a plain `tools/call` rmcp would accept, answered directly;
+//! everything else goes to rmcp's Streamable HTTP service unchanged. Why (through rmcp, the
+//! session worker, a per-request channel and the service task are most of the agent's CPU per
+//! call) and which of rmcp's checks it mirrors: `src/agent/README.md`.
 //!
 //! ```text
-//! POST /mcp ─┬─ session known, Host allowed, JSON accepted, one tools/call
-//! │          │    ──▶ McpEndpoint::call (the same core call as rmcp's handler) ──▶ application/json
-//! │          └─ anything else (initialize, tools/list, notifications, batches, GET, DELETE,
-//! │               2026-07-28 stateless requests) ──▶ rmcp StreamableHttpService
+//! POST /mcp ─┬─ a session rmcp knows, or a 2026-07-28 stateless call; Host allowed; JSON both ways;
+//! │          │  one plain tools/call ──▶ McpEndpoint::call (the core call rmcp's handler makes)
+//! │          └─ anything else (initialize, tools/list, notifications, batches, GET, DELETE)
+//! │               ──▶ rmcp StreamableHttpService
 //! ```
 //!
-//! Why: through rmcp each call crosses the session worker, a per-request SSE channel and the
-//! service task before reaching the handler; that hand-off was most of the agent's CPU per call
-//! under load (benches/agent.rs). The reply is what rmcp would send, as a JSON response, which the
-//! protocol allows for any request. When the server sends progress or log messages for the call
-//! before its result (`crate::mcp::relay`), the reply becomes an SSE stream at that moment: those
-//! messages, in order, then the result. A call that sends none (most; rmcp clients attach a
-//! `progressToken` to every request) stays one JSON reply.
-//!
-//! A session whose client declared sampling or elicitation never takes the fast path: a server's
-//! request to it must go out with an id rmcp knows, so that the client's answer (a POST of its
-//! own) reaches the call.
-//!
-//! rmcp still owns the session: a fast call counts as activity through
-//! [`super::keep_alive`], which keeps rmcp's idle timer from closing a session that only
-//! calls tools. A session rmcp no longer knows (expired, deleted) never takes the fast path, so
-//! rmcp answers its requests, with 404.
+//! - The reply is what rmcp would send, as one JSON response; when the server sends progress or
+//!   log messages before its result (`crate::mcp::relay`), it becomes an SSE stream at that
+//!   moment: those messages, in order, then the result.
+//! - A session whose client declared sampling or elicitation never takes the fast path: a
+//!   server's request to it must go out with an id rmcp knows, so that the client's answer (a
+//!   POST of its own) reaches the call.
+//! - rmcp still owns the session: a fast call counts as activity through [`super::keep_alive`].
+//!   A session rmcp no longer knows (expired, deleted) never takes the fast path, so rmcp
+//!   answers its requests, with 404.
 
 use std::sync::Arc;
 
@@ -348,9 +343,9 @@ fn host_is_allowed(headers: &HeaderMap, allowed_hosts: &[String]) -> bool {
 }
 
 /// A JSON-RPC `tools/call` the fast path may answer, read as rmcp's own message type so it
-/// accepts exactly what rmcp's handler would. (A struct of rmcp's id and params types was not
+/// accepts exactly what rmcp's handler would. (A struct of rmcp's id and params types is not
 /// enough: serde skips unknown members without checking them, so bodies rmcp refuses, with a
-/// `result` member, a string that is not UTF-8 or a lone surrogate escape, took the fast path.)
+/// `result` member, a string that is not UTF-8 or a lone surrogate escape, would take the fast path.)
 #[derive(Debug, PartialEq)]
 pub(crate) struct ToolCallRequest {
     pub(crate) id: RequestId,
