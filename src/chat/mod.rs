@@ -10,9 +10,9 @@
 //! - [`error`]: failures of the request itself, and their HTTP mapping.
 
 pub mod error;
-pub mod stream;
-pub mod tool_loop;
-pub mod types;
+pub(crate) mod stream;
+pub(crate) mod tool_loop;
+pub(crate) mod types;
 pub mod upstream;
 
 pub use self::error::ChatError;

@@ -18,7 +18,7 @@
 //!   and the catalog's index of it.
 //! - [`select`]: which tools a chat round offers under `relevance`, and the `find_tools` built-in.
 
-pub mod approval;
+pub(crate) mod approval;
 pub mod budget;
 mod decision;
 pub mod effective;
