@@ -19,7 +19,8 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::{Map, Value};
 use tokio::io::{AsyncRead, ReadBuf};
 
-use crate::agent::{http_guard, mcp_fast_path::ToolCallRequest};
+use crate::agent::doors::mcp::fast_path::{self, ToolCallRequest};
+use crate::agent::http_guard;
 use crate::api::env_ref::{self, Segment};
 use crate::api::manifest::{self, Object};
 use crate::chat::tool_loop::{self, After, ChoicePlan, LoopState, Next};
@@ -137,12 +138,12 @@ pub fn fast_path_stateless_call(body: &[u8], version: &str, headers: &HeaderMap)
 
 /// The protocol version when the headers allow the stateless fast path.
 pub fn fast_path_stateless(headers: &HeaderMap, allowed_hosts: &[String]) -> Option<String> {
-    crate::agent::mcp_fast_path::fast_path_stateless(headers, allowed_hosts).map(str::to_string)
+    fast_path::fast_path_stateless(headers, allowed_hosts).map(str::to_string)
 }
 
 /// The session id when the headers allow the fast path.
 pub fn fast_path_session(headers: &HeaderMap, allowed_hosts: &[String]) -> Option<String> {
-    crate::agent::mcp_fast_path::fast_path_session(headers, allowed_hosts).map(str::to_string)
+    fast_path::fast_path_session(headers, allowed_hosts).map(str::to_string)
 }
 
 /// Whether `host` passes the door's Host check.
@@ -310,7 +311,7 @@ pub struct Offered {
 
 // === the chat tool loop ===
 
-/// The chat door's tool loop without I/O: `crate::agent::chat`'s `run_loop` step by step, with
+/// The chat door's tool loop without I/O: `crate::agent::doors::chat`'s `run_loop` step by step, with
 /// the model's answers supplied by the caller and tool calls only recorded.
 pub struct ChatLoop {
     effective: Effective,

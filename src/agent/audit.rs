@@ -2,8 +2,8 @@
 //!
 //! Lines go through a queue to a writer thread, bounded by bytes rather than lines so that a
 //! burst is absorbed whole. When the queue is full (stderr or the disk stalled), a line is dropped
-//! and counted in `mcp_audit_dropped_lines_total` rather than waited for: waiting blocked the
-//! runtime's only worker thread, so a stalled log stopped every door and `/healthz` with it.
+//! and counted in `mcp_audit_dropped_lines_total` rather than waited for: waiting would block the
+//! runtime's only worker thread, so a stalled log would stop every door and `/healthz` with it.
 //! Alert on the counter where lost lines matter.
 
 use parking_lot::Mutex;

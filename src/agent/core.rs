@@ -12,10 +12,12 @@
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +30,7 @@ use crate::mcp::{ErrorCode, McpError, Pool, ToolOutput};
 use crate::policy::effective::{Listing, ProfileCatalog, Unlisted};
 use crate::policy::name::Route;
 use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope, ServerTools};
-use crate::registry::snapshot::Snapshot;
+use crate::registry::snapshot::{Revision, Snapshot};
 use crate::registry::view::RegistryView;
 use crate::telemetry::otel;
 use crate::telemetry::{PoolMetrics, RegistryMetrics};
@@ -188,12 +190,6 @@ struct Inner {
     registry: Arc<dyn RegistryView>,
     pool: Pool,
     state: watch::Sender<Arc<AgentState>>,
-}
-
-impl std::fmt::Debug for dyn RegistryView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RegistryView(revision {})", self.snapshot().revision())
-    }
 }
 
 impl Agent {
@@ -639,139 +635,124 @@ impl Agent {
     pub async fn run(self, cancel: CancellationToken) {
         let inner = &self.inner;
         let mut registry_rx = inner.registry.watch();
-        let mut applied: Option<crate::registry::snapshot::Revision> = None;
-        let mut compiled: Option<CompiledProfile> = None;
-        let mut profile_error: Option<String> = None;
-        // The last known tool list of each server, kept across rounds so that a round publishes
-        // newly listed servers at once without hiding the others' tools while it runs.
-        let mut known: HashMap<String, ServerTools> = HashMap::new();
-        let mut first_lists_done = false;
-        let mut retry = inner.options.retry_interval;
-        let mut restart_required: BTreeSet<String> = BTreeSet::new();
-        let mut relisted_for_change: Option<Instant> = None;
+        let mut refresh = Refresh::new(inner.options.retry_interval);
         loop {
             let snapshot = registry_rx.borrow_and_update().clone();
-            if applied.as_ref() != Some(snapshot.revision()) {
-                for problem in inner.pool.apply(&snapshot).await {
-                    tracing::warn!(error = %problem, "server configuration not usable");
-                }
-                (compiled, profile_error) = match CompiledProfile::compile(&snapshot, &inner.options.profile) {
-                    Ok(c) => (Some(c), None),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "profile not served");
-                        (None, Some(profile_problem(&snapshot, &e)))
-                    }
-                };
-                if compiled.is_none() {
-                    // A profile that comes back is listed afresh before it counts as ready.
-                    first_lists_done = false;
-                }
-                applied = Some(snapshot.revision().clone());
-                let now: BTreeSet<String> = compiled
-                    .iter()
-                    .flat_map(|c| c.servers())
-                    .filter(|(id, _)| inner.pool.needs_pod_restart(id))
-                    .map(|(id, _)| id.to_string())
-                    .collect();
-                if now != restart_required {
-                    for id in now.difference(&restart_required) {
-                        tracing::warn!(
-                            server_id = %id,
-                            "stdio server joined the profile after this pod started: it has no sidecar here, \
-                             so its tools stay unavailable until the pod is restarted"
-                        );
-                    }
-                    inner.options.registry_metrics.restart_required(now.iter().map(String::as_str));
-                    restart_required = now;
-                }
+            if refresh.applied.as_ref() != Some(snapshot.revision()) {
+                self.apply_snapshot(&snapshot, &mut refresh).await;
             }
-            // Subscribe before listing, so a change during the listing is not missed.
-            let mut changes = Vec::new();
-            let mut failed = false;
-            let catalog = match &compiled {
-                Some(compiled) => {
-                    let servers: Vec<(String, String)> =
-                        compiled.servers().map(|(id, part)| (id.to_string(), part.to_string())).collect();
-                    known.retain(|id, _| servers.iter().any(|(s, _)| s == id));
-                    for (id, _) in &servers {
-                        if let Ok(changed) = inner.pool.list_changed(id) {
-                            changes.push(changed.boxed());
-                        }
-                    }
-                    let catalog_of = |known: &HashMap<String, ServerTools>| {
-                        compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown))
-                    };
-                    if !first_lists_done {
-                        // Before the first lists: the profile is served (its tools unknown), so
-                        // readiness and calls can say what they wait for.
-                        self.publish(snapshot.clone(), Some(catalog_of(&known)), None, false);
-                    }
-                    let mut listings: futures::stream::FuturesUnordered<_> = servers
-                        .iter()
-                        .map(|(id, part)| async move { (id.clone(), inner.pool.server_tools(id, part).await) })
-                        .collect();
-                    while let Some((id, tools)) = futures::StreamExt::next(&mut listings).await {
-                        let newly_listed = matches!(tools, ServerTools::Listed(_))
-                            && !matches!(known.get(&id), Some(ServerTools::Listed(_)));
-                        known.insert(id, tools);
-                        // A server listed for the first time is served at once; calls waiting
-                        // for it need not wait for slower servers.
-                        if newly_listed && !listings.is_empty() {
-                            self.publish(snapshot.clone(), Some(catalog_of(&known)), None, first_lists_done);
-                        }
-                    }
-                    failed = known.values().any(|t| matches!(t, ServerTools::ListFailed { .. }));
-                    first_lists_done = true;
-                    Some(catalog_of(&known))
-                }
-                None => None,
-            };
-            self.publish(snapshot, catalog, profile_error.clone(), first_lists_done);
-
-            let wait = if failed {
-                let wait = retry;
-                retry = (retry * 2).min(inner.options.refresh_interval);
-                wait
-            } else {
-                retry = inner.options.retry_interval;
-                // A server's own ttlMs may be shorter than the refresh interval.
-                let stale = inner.pool.next_list_expiry().map(|d| d.max(LIST_CHANGED_MIN_INTERVAL));
-                stale.map_or(inner.options.refresh_interval, |d| d.min(inner.options.refresh_interval))
-            };
-            let any_change = async {
-                if changes.is_empty() {
-                    std::future::pending::<()>().await;
-                } else {
-                    futures::future::select_all(changes).await;
-                }
-            };
-            tokio::select! {
-                () = cancel.cancelled() => break,
-                changed = registry_rx.changed() => {
-                    if changed.is_err() {
-                        // The source ended (its own shutdown): keep serving the last state.
-                        cancel.cancelled().await;
-                        break;
-                    }
-                }
-                () = any_change => {
-                    // A server may send list_changed in a storm (a bug, or on purpose): each
-                    // would cost a tools/list and a list_changed to every /mcp client. At most
-                    // one re-list per LIST_CHANGED_MIN_INTERVAL; notifications arriving meanwhile
-                    // fold into it (the pool compares their count, so none is lost).
-                    if let Some(at) = relisted_for_change {
-                        let quiet = LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed());
-                        tokio::select! {
-                            () = cancel.cancelled() => break,
-                            () = tokio::time::sleep(quiet) => {}
-                        }
-                    }
-                    relisted_for_change = Some(Instant::now());
-                }
-                () = tokio::time::sleep(wait) => {}
+            let (catalog, changes, failed) = self.list_tools(&snapshot, &mut refresh).await;
+            self.publish(snapshot, catalog, refresh.profile_error.clone(), refresh.first_lists_done);
+            let wait = self.next_wait(failed, &mut refresh.retry);
+            let next = wait_for_change(&cancel, &mut registry_rx, changes, wait, &mut refresh.relisted_for_change);
+            if next.await.is_break() {
+                break;
             }
         }
         inner.pool.shutdown().await;
+    }
+
+    /// A new registry revision: the pool's servers, the profile compiled against it, and the
+    /// stdio servers that need a pod restart.
+    async fn apply_snapshot(&self, snapshot: &Snapshot, refresh: &mut Refresh) {
+        let inner = &self.inner;
+        for problem in inner.pool.apply(snapshot).await {
+            tracing::warn!(error = %problem, "server configuration not usable");
+        }
+        (refresh.compiled, refresh.profile_error) = match CompiledProfile::compile(snapshot, &inner.options.profile) {
+            Ok(c) => (Some(c), None),
+            Err(e) => {
+                tracing::warn!(error = %e, "profile not served");
+                (None, Some(profile_problem(snapshot, &e)))
+            }
+        };
+        if refresh.compiled.is_none() {
+            // A profile that comes back is listed afresh before it counts as ready.
+            refresh.first_lists_done = false;
+        }
+        refresh.applied = Some(snapshot.revision().clone());
+        let now: BTreeSet<String> = refresh
+            .compiled
+            .iter()
+            .flat_map(|c| c.servers())
+            .filter(|(id, _)| inner.pool.needs_pod_restart(id))
+            .map(|(id, _)| id.to_string())
+            .collect();
+        if now != refresh.restart_required {
+            for id in now.difference(&refresh.restart_required) {
+                tracing::warn!(
+                    server_id = %id,
+                    "stdio server joined the profile after this pod started: it has no sidecar here, \
+                     so its tools stay unavailable until the pod is restarted"
+                );
+            }
+            inner.options.registry_metrics.restart_required(now.iter().map(String::as_str));
+            refresh.restart_required = now;
+        }
+    }
+
+    /// Lists the profile's servers' tools (concurrently, publishing each newly listed server at
+    /// once) into the catalog; also the servers' `list_changed` signals, subscribed before
+    /// listing so a change during the listing is not missed, and whether a listing failed.
+    async fn list_tools(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        refresh: &mut Refresh,
+    ) -> (Option<Arc<ProfileCatalog>>, Vec<BoxFuture<'static, ()>>, bool) {
+        let inner = &self.inner;
+        let Some(compiled) = &refresh.compiled else { return (None, Vec::new(), false) };
+        let known = &mut refresh.known;
+        let mut changes = Vec::new();
+        let servers: Vec<(String, String)> =
+            compiled.servers().map(|(id, part)| (id.to_string(), part.to_string())).collect();
+        known.retain(|id, _| servers.iter().any(|(s, _)| s == id));
+        for (id, _) in &servers {
+            if let Ok(changed) = inner.pool.list_changed(id) {
+                changes.push(changed.boxed());
+            }
+        }
+        let catalog_of = |known: &HashMap<String, ServerTools>| {
+            compiled.catalog(|id| known.get(id).cloned().unwrap_or(ServerTools::Unknown))
+        };
+        if !refresh.first_lists_done {
+            // Before the first lists: the profile is served (its tools unknown), so readiness and
+            // calls can say what they wait for.
+            self.publish(snapshot.clone(), Some(catalog_of(known)), None, false);
+        }
+        let mut listings: futures::stream::FuturesUnordered<_> = servers
+            .iter()
+            .map(|(id, part)| async move { (id.clone(), inner.pool.server_tools(id, part).await) })
+            .collect();
+        while let Some((id, tools)) = futures::StreamExt::next(&mut listings).await {
+            let newly_listed =
+                matches!(tools, ServerTools::Listed(_)) && !matches!(known.get(&id), Some(ServerTools::Listed(_)));
+            known.insert(id, tools);
+            // A server listed for the first time is served at once; calls waiting for it need
+            // not wait for slower servers.
+            if newly_listed && !listings.is_empty() {
+                self.publish(snapshot.clone(), Some(catalog_of(known)), None, refresh.first_lists_done);
+            }
+        }
+        let failed = known.values().any(|t| matches!(t, ServerTools::ListFailed { .. }));
+        refresh.first_lists_done = true;
+        (Some(catalog_of(known)), changes, failed)
+    }
+
+    /// How long until the next round when nothing changes: the retry backoff after a failed
+    /// listing (doubling up to the refresh interval), else the sooner of the refresh interval and
+    /// the next tool list's expiry.
+    fn next_wait(&self, failed: bool, retry: &mut Duration) -> Duration {
+        let options = &self.inner.options;
+        if failed {
+            let wait = *retry;
+            *retry = (*retry * 2).min(options.refresh_interval);
+            wait
+        } else {
+            *retry = options.retry_interval;
+            // A server's own ttlMs may be shorter than the refresh interval.
+            let stale = self.inner.pool.next_list_expiry().map(|d| d.max(LIST_CHANGED_MIN_INTERVAL));
+            stale.map_or(options.refresh_interval, |d| d.min(options.refresh_interval))
+        }
     }
 
     /// Swaps a new state in when anything a door can see changed.
@@ -812,6 +793,83 @@ impl Agent {
             true
         });
     }
+}
+
+/// What the refresh loop ([`Agent::run`]) carries from one round to the next.
+struct Refresh {
+    /// The registry revision last applied.
+    applied: Option<Revision>,
+    compiled: Option<CompiledProfile>,
+    profile_error: Option<String>,
+    /// The last known tool list of each server, kept across rounds so that a round publishes
+    /// newly listed servers at once without hiding the others' tools while it runs.
+    known: HashMap<String, ServerTools>,
+    first_lists_done: bool,
+    /// The next retry delay after a failed listing.
+    retry: Duration,
+    /// Stdio servers of the profile without a sidecar in this pod.
+    restart_required: BTreeSet<String>,
+    /// When the last re-list for a `list_changed` began.
+    relisted_for_change: Option<Instant>,
+}
+
+impl Refresh {
+    fn new(retry: Duration) -> Self {
+        Refresh {
+            applied: None,
+            compiled: None,
+            profile_error: None,
+            known: HashMap::new(),
+            first_lists_done: false,
+            retry,
+            restart_required: BTreeSet::new(),
+            relisted_for_change: None,
+        }
+    }
+}
+
+/// Waits for the next reason to refresh (a registry change, a server's `list_changed`, or
+/// `wait`); `Break` on `cancel`.
+async fn wait_for_change(
+    cancel: &CancellationToken,
+    registry_rx: &mut watch::Receiver<Arc<Snapshot>>,
+    changes: Vec<BoxFuture<'static, ()>>,
+    wait: Duration,
+    relisted_for_change: &mut Option<Instant>,
+) -> ControlFlow<()> {
+    let any_change = async {
+        if changes.is_empty() {
+            std::future::pending::<()>().await;
+        } else {
+            futures::future::select_all(changes).await;
+        }
+    };
+    tokio::select! {
+        () = cancel.cancelled() => return ControlFlow::Break(()),
+        changed = registry_rx.changed() => {
+            if changed.is_err() {
+                // The source ended (its own shutdown): keep serving the last state.
+                cancel.cancelled().await;
+                return ControlFlow::Break(());
+            }
+        }
+        () = any_change => {
+            // A server may send list_changed in a storm (a bug, or on purpose): each would
+            // cost a tools/list and a list_changed to every /mcp client. At most one re-list
+            // per LIST_CHANGED_MIN_INTERVAL; notifications arriving meanwhile fold into it
+            // (the pool compares their count, so none is lost).
+            if let Some(at) = *relisted_for_change {
+                let quiet = LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed());
+                tokio::select! {
+                    () = cancel.cancelled() => return ControlFlow::Break(()),
+                    () = tokio::time::sleep(quiet) => {}
+                }
+            }
+            *relisted_for_change = Some(Instant::now());
+        }
+        () = tokio::time::sleep(wait) => {}
+    }
+    ControlFlow::Continue(())
 }
 
 /// Why the profile is not served, for `/readyz` and refusals: the compile error, and a pointer

@@ -18,24 +18,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::middleware;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::chat::ChatService;
+use super::admin;
 use super::core::Agent;
+use super::doors::chat::ChatService;
+use super::doors::grpc;
+use super::doors::mcp::McpEndpoint;
 use super::http_guard::{self, Allowed};
-use super::mcp_endpoint::McpEndpoint;
-use super::{admin, grpc};
+use super::revision::revision_layer;
 use crate::chat::{UpstreamOverride, UpstreamTimeouts};
 use crate::http_server::{self, ConnectionLimits};
-
-/// The response header naming the registry revision an answer used.
-pub(crate) const REVISION_HEADER: HeaderName = HeaderName::from_static(crate::api::keys::HEADER_REGISTRY_REVISION);
 
 /// Where audit lines go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,14 +119,6 @@ impl Listeners {
     }
 }
 
-/// Names the registry revision an answer used: the chat door stamps the revision of the tool set
-/// it used, the HTTP router's layer the current one on every answer that has none yet.
-pub(crate) fn stamp_revision(headers: &mut HeaderMap, revision: &str) {
-    if let Ok(value) = HeaderValue::from_str(revision) {
-        headers.insert(REVISION_HEADER, value);
-    }
-}
-
 /// The HTTP router of port 4040: chat completions and `/mcp` behind the browser guard, every
 /// answer stamped with the registry revision.
 pub(crate) fn http_router(
@@ -141,18 +129,10 @@ pub(crate) fn http_router(
 ) -> Router {
     let mcp = McpEndpoint::router(agent.clone(), shutdown, config.allowed_hosts.clone(), config.mcp_session_idle);
     let allowed = Allowed::new(config.allowed_hosts.clone(), config.allowed_origins.clone());
-    super::chat::router(chat)
+    super::doors::chat::router(chat)
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn_with_state(agent, revision_layer))
         .layer(middleware::from_fn_with_state(allowed, http_guard::guard))
-}
-
-async fn revision_layer(State(agent): State<Agent>, request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
-    if !response.headers().contains_key(REVISION_HEADER) {
-        stamp_revision(response.headers_mut(), agent.state().snapshot.revision().as_str());
-    }
-    response
 }
 
 /// Serves every door until `cancel`, then shuts down in order (see the module doc). The agent's
@@ -193,8 +173,8 @@ pub(crate) async fn serve(
     };
     tokio::pin!(doors);
     // `biased`: the doors also stop on `cancel`, so after a SIGTERM both branches can be ready in
-    // the same poll; unbiased, the doors' branch sometimes won and the shutdown went unlogged
-    // (seen in a real pod: "spearlet stopped" without "shutting down").
+    // the same poll; unbiased, the doors' branch could win and the shutdown would go unlogged
+    // ("spearlet stopped" without "shutting down").
     let result = tokio::select! {
         biased;
         () = cancel.cancelled() => {

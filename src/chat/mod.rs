@@ -1,7 +1,7 @@
 //! The chat completions library: OpenAI-compatible types, the tool-call loop's decisions, SSE
 //! framing, and where a request goes upstream. No door and no agent in here: the door that
-//! serves `POST /v1/chat/completions` over the agent core is `crate::agent::chat`, which drives
-//! these pieces.
+//! serves `POST /v1/chat/completions` over the agent core is `crate::agent::doors::chat`, which
+//! drives these pieces.
 //!
 //! - [`types`]: request and response types that keep every field they do not know.
 //! - [`tool_loop`]: the loop's decisions (pure).
@@ -10,9 +10,9 @@
 //! - [`error`]: failures of the request itself, and their HTTP mapping.
 
 pub mod error;
-pub mod stream;
-pub mod tool_loop;
-pub mod types;
+pub(crate) mod stream;
+pub(crate) mod tool_loop;
+pub(crate) mod types;
 pub mod upstream;
 
 pub use self::error::ChatError;

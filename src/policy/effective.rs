@@ -15,50 +15,22 @@
 //! come in as data (from the client pool's cache, or nothing when deciding on patterns alone).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
 use super::approval::CompiledApproval;
 use super::budget::{self, CallBudgets, LoopBudgets, RequestBudgets};
+use super::decision::{Decision, EffectiveTool, Layer, LayerPatterns, PolicyError, Reason, Starting, ToolInfo};
 use super::items::{CompiledItems, ItemKind};
 use super::name::{self, Route, RouteTable};
-use super::pattern::{PatternError, PatternSet};
-use super::select::CatalogRank;
-use crate::api::{ApprovalMode, McpProfile, McpServer};
+use super::pattern::PatternSet;
+use super::rank::CatalogRank;
+use crate::api::{McpProfile, McpServer};
 use crate::registry::snapshot::{Revision, Snapshot};
 
 // === inputs ===
-
-/// A tool as a server lists it: what the policy needs, shared cheaply.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolInfo {
-    /// The tool's name on its server.
-    pub(crate) name: Arc<str>,
-    /// Its description, passed through to the model.
-    pub description: Option<Arc<str>>,
-    /// Its JSON Schema for arguments, passed through to the model.
-    pub(crate) input_schema: Arc<serde_json::Value>,
-    /// What else the server lists for the tool and `/mcp` passes on under the namespaced name
-    /// (`title`, `annotations`, `outputSchema`, `icons`, as MCP spells them); `None` when it lists
-    /// none of them. The server's claims, never read by the policy: a `readOnlyHint` allows
-    /// nothing.
-    pub(crate) metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
-}
-
-impl ToolInfo {
-    /// A tool with a name only (tests, benches, explain).
-    pub fn named(name: &str) -> Self {
-        ToolInfo {
-            name: name.into(),
-            description: None,
-            input_schema: Arc::new(serde_json::json!({"type": "object"})),
-            metadata: None,
-        }
-    }
-}
 
 /// One server's tool list with model-facing base names computed once, when the list is cached.
 #[derive(Clone, Debug, PartialEq)]
@@ -114,17 +86,6 @@ pub enum ServerTools {
     Starting(Starting),
 }
 
-/// A server's start in progress: what runs, since when, within which budget.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Starting {
-    /// What runs or is reached: the stdio command's file name (`npx`), `sidecar` or `http`.
-    pub what: String,
-    /// When the start began.
-    pub since: SystemTime,
-    /// The server's `budgets.startupTimeoutMs`.
-    pub budget: Duration,
-}
-
 impl Listing {
     /// One line for people: "listed, 12 tools", "starting (npx), 14 s of 120 s", the failure.
     pub(crate) fn describe(&self, tools: Option<usize>, now: SystemTime) -> String {
@@ -148,14 +109,6 @@ impl Listing {
             Listing::DenyAll => "deny_all",
             Listing::Starting(_) => "starting",
         }
-    }
-}
-
-impl Starting {
-    /// "starting (npx), 14 s of 120 s" as of `now`.
-    pub fn describe(&self, now: SystemTime) -> String {
-        let elapsed = now.duration_since(self.since).unwrap_or_default();
-        format!("starting ({}), {} s of {} s", self.what, elapsed.as_secs(), self.budget.as_secs())
     }
 }
 
@@ -208,100 +161,6 @@ pub struct RequestScope {
 
 // === outputs ===
 
-/// A layer of the policy, as named in decision reasons.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layer {
-    /// The McpServer's allowedTools / deniedTools.
-    Server,
-    /// The McpProfile's toolAllowlist / toolDenylist.
-    Profile,
-    /// The McpProfile's defaultServers (a request that names no server).
-    ProfileDefaults,
-    /// The request's scope.
-    Request,
-}
-
-impl fmt::Display for Layer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Layer::Server => "server",
-            Layer::Profile => "profile",
-            Layer::ProfileDefaults => "profile_defaults",
-            Layer::Request => "request",
-        })
-    }
-}
-
-/// Why a server or tool is not exposed: the reasons `spearlet explain` and `/debug/effective`
-/// print.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Reason {
-    /// The profile names a server the registry does not have.
-    UnknownServer,
-    /// The registry has the server, the profile does not allow it.
-    NotInProfile,
-    /// The server's allowedTools is empty: nothing is exposed.
-    DenyAllServer,
-    /// The layer's allowlist does not match.
-    NotAllowedBy(Layer),
-    /// The layer's denylist matches.
-    DeniedBy(Layer),
-    /// A variable the server needs is not set.
-    EnvMissing,
-    /// Listing the server's tools failed.
-    ListFailed,
-    /// The server is still starting (its package may be downloading).
-    Starting,
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Reason::UnknownServer => f.write_str("unknown_server"),
-            Reason::NotInProfile => f.write_str("not_in_profile"),
-            Reason::DenyAllServer => f.write_str("deny_all_server"),
-            Reason::NotAllowedBy(layer) => write!(f, "not_allowed_by:{layer}"),
-            Reason::DeniedBy(layer) => write!(f, "denied_by:{layer}"),
-            Reason::EnvMissing => f.write_str("env_missing"),
-            Reason::ListFailed => f.write_str("list_failed"),
-            Reason::Starting => f.write_str("starting"),
-        }
-    }
-}
-
-impl Serialize for Reason {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-/// One exclusion in the decision log.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Decision {
-    /// The server concerned.
-    pub(crate) server: String,
-    /// The tool, for a tool-level decision.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) tool: Option<String>,
-    /// Why it is excluded.
-    pub(crate) reason: Reason,
-    /// Details (the missing variable, the list error, the pattern layer); never a secret.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) detail: Option<String>,
-}
-
-/// A tool exposed to the workload.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EffectiveTool {
-    /// The model-facing name.
-    pub name: Arc<str>,
-    /// The tool as the server lists it.
-    pub tool: ToolInfo,
-    /// Whether a call needs approval.
-    pub(crate) approval: ApprovalMode,
-}
-
 /// A server the workload may use, with its tools and budgets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EffectiveServer {
@@ -315,82 +174,7 @@ pub struct EffectiveServer {
     pub(crate) tools: Option<Arc<[EffectiveTool]>>,
 }
 
-/// Why no effective set can be computed.
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
-    /// The profile does not exist in the snapshot.
-    #[error("McpProfile '{profile}' does not exist (registry revision {revision})")]
-    UnknownProfile {
-        /// The profile asked for.
-        profile: String,
-        /// The revision looked at.
-        revision: Revision,
-    },
-    /// The request names a server the profile does not allow.
-    #[error("server '{server}' is not allowed by McpProfile '{profile}'")]
-    ServerNotInProfile {
-        /// The server asked for.
-        server: String,
-        profile: String,
-    },
-    /// A pattern does not compile.
-    #[error("{layer} pattern: {source}")]
-    InvalidPattern {
-        /// Where the pattern is.
-        layer: Layer,
-        #[source]
-        source: PatternError,
-    },
-}
-
-impl PolicyError {
-    /// The error code a caller sees (`mcp_policy_denied` or `mcp_invalid_arguments`).
-    pub(crate) fn code(&self) -> &'static str {
-        match self {
-            PolicyError::UnknownProfile { .. } | PolicyError::ServerNotInProfile { .. } => "mcp_policy_denied",
-            PolicyError::InvalidPattern { layer: Layer::Request, .. } => "mcp_invalid_arguments",
-            PolicyError::InvalidPattern { .. } => "mcp_policy_denied",
-        }
-    }
-}
-
 // === compile ===
-
-/// Tool-name patterns of one layer, split by what they match against: patterns with a `/` match
-/// `server/tool`, the others the bare tool name.
-#[derive(Clone, Debug)]
-pub(super) struct LayerPatterns {
-    bare: PatternSet,
-    qualified: PatternSet,
-}
-
-impl LayerPatterns {
-    pub(super) fn new(patterns: &[String], layer: Layer) -> Result<Self, PolicyError> {
-        let (q, b): (Vec<&String>, Vec<&String>) = patterns.iter().partition(|p| p.contains('/'));
-        let compile =
-            |p: &[&String]| PatternSet::new(p).map_err(|source| PolicyError::InvalidPattern { layer, source });
-        Ok(LayerPatterns { bare: compile(&b)?, qualified: compile(&q)? })
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.bare.is_empty() && self.qualified.is_empty()
-    }
-
-    /// `qualified_name` is filled lazily (`server/tool`) into a reused buffer.
-    pub(super) fn is_match(&self, server: &str, tool: &str, buffer: &mut String) -> bool {
-        if self.bare.is_match(tool) {
-            return true;
-        }
-        if self.qualified.is_empty() {
-            return false;
-        }
-        buffer.clear();
-        buffer.push_str(server);
-        buffer.push('/');
-        buffer.push_str(tool);
-        self.qualified.is_match(buffer)
-    }
-}
 
 #[derive(Clone, Debug)]
 struct CompiledServer {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::effective::{Decision, Layer, LayerPatterns, PolicyError, Reason};
+use super::decision::{Decision, Layer, LayerPatterns, PolicyError, Reason};
 use super::pattern::PatternSet;
 use crate::api::{McpProfile, McpServer};
 

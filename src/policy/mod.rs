@@ -8,16 +8,19 @@
 //!
 //! - [`pattern`]: `*`/`?` globs compiled once, allocation-free matching.
 //! - [`name`]: `mcp__<server>__<tool>` names and the route table back to (server, tool).
+//! - [`decision`]: the words the files share (layers, reasons, decisions, errors, exposed tools).
 //! - [`effective`]: the layered intersection and the decision log.
 //! - [`budget`]: composition where every layer only tightens.
 //! - [`explain`]: the effective set as JSON with the reason for every exclusion.
 //! - [`approval`]: per-tool approval mode, most specific pattern first.
 //! - [`items`]: which resources and prompts a workload may read and get, and their identifiers.
-//! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`.
+//! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`,
+//!   and the catalog's index of it.
 //! - [`select`]: which tools a chat round offers under `relevance`, and the `find_tools` built-in.
 
-pub mod approval;
+pub(crate) mod approval;
 pub mod budget;
+mod decision;
 pub mod effective;
 pub mod explain;
 pub mod items;
@@ -26,7 +29,5 @@ pub mod pattern;
 pub mod rank;
 pub mod select;
 
-pub use effective::{
-    CompiledProfile, Decision, EffectiveServer, EffectiveSet, EffectiveTool, Layer, PolicyError, Reason, RequestScope,
-    ServerTools, Starting, ToolInfo, ToolList,
-};
+pub use decision::{Decision, EffectiveTool, Layer, PolicyError, Reason, Starting, ToolInfo};
+pub use effective::{CompiledProfile, EffectiveServer, EffectiveSet, RequestScope, ServerTools, ToolList};

@@ -2,8 +2,8 @@
 //!
 //! A profile over busy servers exposes hundreds of tools; offering all of them to the model costs
 //! prompt tokens every round and makes it choose worse. [`ToolIndex`] is built once per catalog
-//! (the [`super::ProfileCatalog`] holds it) and ranks every tool against a [`Query`] in
-//! microseconds, offline, with no model. Decisions and why:
+//! (the [`super::effective::ProfileCatalog`] holds it as a [`CatalogRank`]) and ranks every tool
+//! against a [`Query`] in microseconds, offline, with no model. Decisions and why:
 //!
 //! - **Fields and weights.** A tool's model-facing name split into words, its server's name and
 //!   display name, its description, and its parameters' names and descriptions are separate
@@ -23,8 +23,11 @@
 //! - **Ties** keep catalog order, so the same conversation always gets the same tools.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rust_stemmers::{Algorithm, Stemmer};
+
+use super::decision::EffectiveTool;
 
 /// The ranker's tunable constants. [`RankParams::default`] holds the values chosen on the tuning
 /// split of the retrieval evaluation (see the module header); the evaluation's sweep
@@ -319,22 +322,67 @@ impl Query {
     }
 }
 
+/// The index over a catalog's tools, with each tool's id by (server id, tool name on the server).
+pub(crate) struct CatalogRank {
+    pub(super) index: ToolIndex,
+    ids: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
+}
+
+impl std::fmt::Debug for CatalogRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.index.fmt(f)
+    }
+}
+
+impl CatalogRank {
+    /// Indexes every tool the catalog exposes. `servers` yields (server id, server text, tools),
+    /// where the server text is its id, name part and `displayName`.
+    pub(crate) fn build<'a>(servers: impl Iterator<Item = (&'a Arc<str>, String, &'a [EffectiveTool])>) -> Self {
+        let mut ids: HashMap<Arc<str>, HashMap<Arc<str>, u32>> = HashMap::new();
+        let mut texts: Vec<(Arc<str>, String)> = Vec::new();
+        let mut entries: Vec<(usize, &EffectiveTool)> = Vec::new();
+        for (server, text, tools) in servers {
+            let by_name = ids.entry(server.clone()).or_default();
+            texts.push((server.clone(), text));
+            for tool in tools {
+                let id = u32::try_from(entries.len()).unwrap_or(u32::MAX);
+                by_name.insert(tool.tool.name.clone(), id);
+                entries.push((texts.len() - 1, tool));
+            }
+        }
+        let index = ToolIndex::build(entries.iter().map(|(server, tool)| ToolText {
+            name: &tool.name,
+            server: &texts[*server].1,
+            description: tool.tool.description.as_deref().unwrap_or_default(),
+            input_schema: Some(&tool.tool.input_schema),
+        }));
+        CatalogRank { index, ids }
+    }
+
+    pub(super) fn id(&self, server: &str, tool: &str) -> Option<u32> {
+        self.ids.get(server)?.get(tool).copied()
+    }
+}
+
 /// `text` cut to at most `max` bytes at a character boundary.
 pub(crate) fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
+    &text[..text.floor_char_boundary(max)]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn truncate_cuts_at_the_last_character_boundary_within_max() {
+        assert_eq!(truncate("héllo", 1), "h");
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("héllo", 3), "hé");
+        assert_eq!(truncate("héllo", 6), "héllo");
+        assert_eq!(truncate("héllo", 99), "héllo");
+        assert_eq!(truncate("", 0), "");
+    }
 
     fn tool<'a>(name: &'a str, description: &'a str) -> ToolText<'a> {
         ToolText { name, server: "", description, input_schema: None }

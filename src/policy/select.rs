@@ -25,8 +25,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::effective::{EffectiveSet, EffectiveTool, Layer, LayerPatterns, PolicyError};
-use super::rank::{Query, Role, ToolIndex, ToolText, Turn};
+use super::decision::{Layer, LayerPatterns, PolicyError};
+use super::effective::EffectiveSet;
+use super::rank::{Query, Role, ToolIndex, Turn};
 use crate::api::{ToolSelection, ToolSelectionMode};
 
 /// The built-in tool with which the model searches the tools it was not offered.
@@ -36,48 +37,6 @@ pub const FIND_TOOLS_MAX_LIMIT: usize = 20;
 pub const FIND_TOOLS_DEFAULT_LIMIT: usize = 5;
 /// Bytes of a `find_tools` query read; the rest is ignored (the text is the model's).
 const FIND_TOOLS_MAX_QUERY_BYTES: usize = 1024;
-
-/// The index over a catalog's tools, with each tool's id by (server id, tool name on the server).
-pub(crate) struct CatalogRank {
-    index: ToolIndex,
-    ids: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
-}
-
-impl std::fmt::Debug for CatalogRank {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.index.fmt(f)
-    }
-}
-
-impl CatalogRank {
-    /// Indexes every tool the catalog exposes. `servers` yields (server id, server text, tools),
-    /// where the server text is its id, name part and `displayName`.
-    pub(crate) fn build<'a>(servers: impl Iterator<Item = (&'a Arc<str>, String, &'a [EffectiveTool])>) -> Self {
-        let mut ids: HashMap<Arc<str>, HashMap<Arc<str>, u32>> = HashMap::new();
-        let mut texts: Vec<(Arc<str>, String)> = Vec::new();
-        let mut entries: Vec<(usize, &EffectiveTool)> = Vec::new();
-        for (server, text, tools) in servers {
-            let by_name = ids.entry(server.clone()).or_default();
-            texts.push((server.clone(), text));
-            for tool in tools {
-                let id = u32::try_from(entries.len()).unwrap_or(u32::MAX);
-                by_name.insert(tool.tool.name.clone(), id);
-                entries.push((texts.len() - 1, tool));
-            }
-        }
-        let index = ToolIndex::build(entries.iter().map(|(server, tool)| ToolText {
-            name: &tool.name,
-            server: &texts[*server].1,
-            description: tool.tool.description.as_deref().unwrap_or_default(),
-            input_schema: Some(&tool.tool.input_schema),
-        }));
-        CatalogRank { index, ids }
-    }
-
-    fn id(&self, server: &str, tool: &str) -> Option<u32> {
-        self.ids.get(server)?.get(tool).copied()
-    }
-}
 
 /// A request's selection settings: the profile's `chat.toolSelection` tightened by the request's
 /// `mcp.max_tools`. `None` from [`SelectionPolicy::new`] means every tool, every round.

@@ -40,6 +40,12 @@ impl<T: RegistryView + ?Sized> RegistryView for Arc<T> {
     }
 }
 
+impl std::fmt::Debug for dyn RegistryView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegistryView(revision {})", self.snapshot().revision())
+    }
+}
+
 // === impl WatchTask ===
 
 /// What every source's running watch shares: the task that publishes, the publisher it feeds, and

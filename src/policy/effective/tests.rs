@@ -7,6 +7,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
+use crate::api::ApprovalMode;
 use crate::api::manifest::Object;
 use crate::policy::name::is_valid_function_name;
 use crate::registry::snapshot::Entry;

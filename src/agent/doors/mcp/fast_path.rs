@@ -1,29 +1,24 @@
-//! The hot request of `/mcp`, a plain `tools/call` in an established session, answered directly
-//! with one JSON reply; everything else goes to rmcp's Streamable HTTP service unchanged.
+//! The hot request of `/mcp`, a plain `tools/call` rmcp would accept, answered directly;
+//! everything else goes to rmcp's Streamable HTTP service unchanged. Why (through rmcp, the
+//! session worker, a per-request channel and the service task are most of the agent's CPU per
+//! call) and which of rmcp's checks it mirrors: `src/agent/README.md`.
 //!
 //! ```text
-//! POST /mcp ─┬─ session known, Host allowed, JSON accepted, one tools/call
-//! │          │    ──▶ McpEndpoint::call (the same core call as rmcp's handler) ──▶ application/json
-//! │          └─ anything else (initialize, tools/list, notifications, batches, GET, DELETE,
-//! │               2026-07-28 stateless requests) ──▶ rmcp StreamableHttpService
+//! POST /mcp ─┬─ a session rmcp knows, or a 2026-07-28 stateless call; Host allowed; JSON both ways;
+//! │          │  one plain tools/call ──▶ McpEndpoint::call (the core call rmcp's handler makes)
+//! │          └─ anything else (initialize, tools/list, notifications, batches, GET, DELETE)
+//! │               ──▶ rmcp StreamableHttpService
 //! ```
 //!
-//! Why: through rmcp each call crosses the session worker, a per-request SSE channel and the
-//! service task before reaching the handler; that hand-off was most of the agent's CPU per call
-//! under load (benches/agent.rs). The reply is what rmcp would send, as a JSON response, which the
-//! protocol allows for any request. When the server sends progress or log messages for the call
-//! before its result (`crate::mcp::relay`), the reply becomes an SSE stream at that moment: those
-//! messages, in order, then the result. A call that sends none (most; rmcp clients attach a
-//! `progressToken` to every request) stays one JSON reply.
-//!
-//! A session whose client declared sampling or elicitation never takes the fast path: a server's
-//! request to it must go out with an id rmcp knows, so that the client's answer (a POST of its
-//! own) reaches the call.
-//!
-//! rmcp still owns the session: a fast call counts as activity through
-//! [`super::mcp_keep_alive`], which keeps rmcp's idle timer from closing a session that only
-//! calls tools. A session rmcp no longer knows (expired, deleted) never takes the fast path, so
-//! rmcp answers its requests, with 404.
+//! - The reply is what rmcp would send, as one JSON response; when the server sends progress or
+//!   log messages before its result (`crate::mcp::relay`), it becomes an SSE stream at that
+//!   moment: those messages, in order, then the result.
+//! - A session whose client declared sampling or elicitation never takes the fast path: a
+//!   server's request to it must go out with an id rmcp knows, so that the client's answer (a
+//!   POST of its own) reaches the call.
+//! - rmcp still owns the session: a fast call counts as activity through [`super::keep_alive`].
+//!   A session rmcp no longer knows (expired, deleted) never takes the fast path, so rmcp
+//!   answers its requests, with 404.
 
 use std::sync::Arc;
 
@@ -35,26 +30,25 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest, GetMeta, JsonRpcMessage,
     JsonRpcRequest, ProtocolVersion, RequestId,
 };
+// rmcp spells these as the spec does (`Mcp-Session-Id`); `HeaderMap` lookups by `&str` ignore case.
+use rmcp::transport::common::http_header::{
+    HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID,
+};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
 use tower::ServiceExt;
 use tracing::Instrument as _;
 
-use super::http_guard::host_allowed;
-use super::mcp_endpoint::McpEndpoint;
-use super::mcp_keep_alive::SessionKeeper;
+use super::endpoint::{self, McpEndpoint};
+use super::keep_alive::SessionKeeper;
+use crate::agent::http_guard::host_allowed;
 use crate::mcp::{Continuation, Relay, Relayed};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
-const SESSION_HEADER: &str = "mcp-session-id";
-const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
-/// SEP-2243 standard headers (2026-07-28): the method and the tool name, echoed from the body.
-const METHOD_HEADER: &str = "mcp-method";
-const NAME_HEADER: &str = "mcp-name";
 
 /// State of the `/mcp` route: the handler, rmcp's service and its sessions.
 #[derive(Clone)]
@@ -103,7 +97,7 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
     {
         let in_flight = route.keeper.call_started(&session);
         let params = call.params;
-        let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
+        let span = endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
         let token = params.meta.as_ref().and_then(|meta| meta.get_progress_token());
         let (relay, relayed) = Relay::channel(token, route.endpoint.log_level(&session), false, false);
         let (endpoint, id) = (route.endpoint.clone(), call.id.to_string());
@@ -241,7 +235,7 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
     };
     if let Some(call) = ToolCallRequest::parse_stateless(&bytes, version, &parts.headers) {
         let params = call.params;
-        let span = super::mcp_endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
+        let span = endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
         let declared = params.meta.as_ref().and_then(|meta| meta.client_capabilities());
         let continuation = Continuation::new(params.input_responses, params.request_state, declared);
         let request_id = call.id.to_string();
@@ -282,7 +276,7 @@ async fn forward(route: &McpRoute, request: Request<Body>) -> Response {
 /// what rmcp would refuse.
 pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
     let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
-    let known_version = match headers.get(PROTOCOL_VERSION_HEADER) {
+    let known_version = match headers.get(HEADER_MCP_PROTOCOL_VERSION) {
         None => true,
         Some(value) => value.to_str().is_ok_and(|v| {
             v < ProtocolVersion::V_2026_07_28.as_str()
@@ -290,17 +284,17 @@ pub(crate) fn fast_path_session<'a>(headers: &'a HeaderMap, allowed_hosts: &[Str
         }),
     };
     (json_both_ways(headers) && known_version && host_is_allowed(headers, allowed_hosts)).then_some(())?;
-    text(SESSION_HEADER).filter(|s| !s.is_empty())
+    text(HEADER_SESSION_ID).filter(|s| !s.is_empty())
 }
 
 /// The `MCP-Protocol-Version` when the headers allow the stateless fast path: no session, a
 /// JSON body, a client that takes JSON and SSE, an allowed `Host`, and a version rmcp knows of
 /// the 2026-07-28 revision or later (rmcp serves those statelessly).
 pub(crate) fn fast_path_stateless<'a>(headers: &'a HeaderMap, allowed_hosts: &[String]) -> Option<&'a str> {
-    if headers.contains_key(SESSION_HEADER) {
+    if headers.contains_key(HEADER_SESSION_ID) {
         return None;
     }
-    let mut versions = headers.get_all(PROTOCOL_VERSION_HEADER).iter();
+    let mut versions = headers.get_all(HEADER_MCP_PROTOCOL_VERSION).iter();
     let (Some(version), None) = (versions.next(), versions.next()) else { return None };
     let version = version.to_str().ok()?;
     let stateless = version >= ProtocolVersion::V_2026_07_28.as_str()
@@ -349,9 +343,9 @@ fn host_is_allowed(headers: &HeaderMap, allowed_hosts: &[String]) -> bool {
 }
 
 /// A JSON-RPC `tools/call` the fast path may answer, read as rmcp's own message type so it
-/// accepts exactly what rmcp's handler would. (A struct of rmcp's id and params types was not
+/// accepts exactly what rmcp's handler would. (A struct of rmcp's id and params types is not
 /// enough: serde skips unknown members without checking them, so bodies rmcp refuses, with a
-/// `result` member, a string that is not UTF-8 or a lone surrogate escape, took the fast path.)
+/// `result` member, a string that is not UTF-8 or a lone surrogate escape, would take the fast path.)
 #[derive(Debug, PartialEq)]
 pub(crate) struct ToolCallRequest {
     pub(crate) id: RequestId,
@@ -399,8 +393,8 @@ impl ToolCallRequest {
         (same_version
             && complete
             && plain_name
-            && only(METHOD_HEADER, "tools/call")
-            && only(NAME_HEADER, &call.params.name))
+            && only(HEADER_MCP_METHOD, "tools/call")
+            && only(HEADER_MCP_NAME, &call.params.name))
         .then_some(call)
     }
 }

@@ -42,6 +42,7 @@ use rmcp::model::{
     UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -49,10 +50,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::audit::Door;
-use super::core::{Agent, CallContext};
-use super::mcp_fast_path::McpRoute;
-use super::mcp_keep_alive::SessionKeeper;
+use super::fast_path::{self, McpRoute};
+use super::keep_alive::SessionKeeper;
+use crate::agent::audit::Door;
+use crate::agent::core::{Agent, AgentState, CallContext, LIST_CHANGED_MIN_INTERVAL};
+use crate::agent::resources::ItemCapabilities;
 use crate::mcp::relay;
 use crate::mcp::{Continuation, Relay, Relayed, ToolOutput};
 use crate::telemetry::otel;
@@ -88,13 +90,9 @@ pub(crate) struct McpEndpoint {
 
 /// The peers of the legacy sessions, which one task ([`notify_sessions`]) tells of changes.
 ///
-/// Why one task for all rather than one per session: a session already costs rmcp about 58 KiB
-/// (seven channels and three tasks; benches/sessions.rs), and a notifier task per session added a
-/// task, a watch and a timer to each, and held each ended session's peer until its next check
-/// (30 s), so a burst of sessions that ended was still held while the next arrived: opening and
-/// deleting 10,000 sessions round after round grew RSS by 154, then 136 MiB per round; with this,
-/// 74, then 29 (benches/sessions.rs). Here a session costs one `Peer` in a list, and an ended
-/// one is let go within [`PEER_PRUNE_INTERVAL`].
+/// A session costs one `Peer` in a list, and an ended one is let go within
+/// [`PEER_PRUNE_INTERVAL`]; why one task for all rather than one per session:
+/// `src/agent/README.md`.
 #[derive(Debug, Default)]
 struct SessionPeers {
     peers: parking_lot::Mutex<Vec<Peer<RoleServer>>>,
@@ -189,10 +187,10 @@ impl McpEndpoint {
     }
 
     /// The router to mount at `/mcp`: rmcp's Streamable HTTP service behind the `tools/call`
-    /// fast path ([`super::mcp_fast_path`]). `allowed_hosts` are the `Host` values accepted
+    /// fast path ([`fast_path`]). `allowed_hosts` are the `Host` values accepted
     /// (DNS-rebinding protection; loopback by default); a session is closed after
     /// `session_idle` unused (`--mcp-session-idle-seconds`; fast calls count, see
-    /// [`super::mcp_keep_alive`]).
+    /// [`super::keep_alive`]).
     pub(crate) fn router(
         agent: Agent,
         shutdown: CancellationToken,
@@ -206,7 +204,7 @@ impl McpEndpoint {
         let keeper = SessionKeeper::new(sessions.clone(), session_idle, shutdown.clone());
         let service = Self::service_with(handler.clone(), shutdown, allowed_hosts.clone(), sessions.clone());
         let route = McpRoute::new(handler, sessions, keeper, service, allowed_hosts);
-        axum::Router::new().fallback(super::mcp_fast_path::handle).with_state(route)
+        axum::Router::new().fallback(fast_path::handle).with_state(route)
     }
 
     /// The Streamable HTTP service alone (no fast path), for `handler` with `sessions`.
@@ -319,7 +317,7 @@ impl McpEndpoint {
     }
 
     /// What the agent declares beyond tools now; tools only when there is no set.
-    fn declared(&self) -> super::items::ItemCapabilities {
+    fn declared(&self) -> ItemCapabilities {
         self.agent.default_set().map(|set| self.agent.item_capabilities(&set)).unwrap_or_default()
     }
 
@@ -521,7 +519,6 @@ fn untrusted_group(id: &str, server_part: &str, instructions: &str) -> String {
     )
 }
 
-/// The `Mcp-Session-Id` of the HTTP request, when the transport has one.
 /// The `/mcp` door's span for one `tools/call`: it continues the caller's trace from the
 /// request's `_meta` (SEP-414) or, failing that, its `traceparent` header.
 pub(crate) fn call_span(
@@ -551,9 +548,10 @@ fn session_for(context: &RequestContext<RoleServer>, method: &str) -> Result<Str
         .ok_or_else(|| ErrorData::invalid_request(format!("{method} needs a session (Mcp-Session-Id)"), None))
 }
 
+/// The `Mcp-Session-Id` of the HTTP request, when the transport has one.
 fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
     let parts = extensions.get::<axum::http::request::Parts>()?;
-    parts.headers.get("mcp-session-id")?.to_str().ok().map(str::to_string)
+    parts.headers.get(HEADER_SESSION_ID)?.to_str().ok().map(str::to_string)
 }
 
 impl ServerHandler for McpEndpoint {
@@ -866,7 +864,7 @@ struct Changed {
 
 /// Follows the agent's state and the servers' resources/prompts list_changed for one client.
 struct ChangeWatch {
-    rx: tokio::sync::watch::Receiver<Arc<super::core::AgentState>>,
+    rx: tokio::sync::watch::Receiver<Arc<AgentState>>,
     pool: crate::mcp::Pool,
     tools: u64,
     revision: String,
@@ -906,7 +904,7 @@ impl ChangeWatch {
                 }
                 () = self.pool.items_changed_since(self.items) => {
                     if let Some(at) = self.items_sent {
-                        tokio::time::sleep(super::core::LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed())).await;
+                        tokio::time::sleep(LIST_CHANGED_MIN_INTERVAL.saturating_sub(at.elapsed())).await;
                     }
                     self.items = self.pool.items_generation();
                     self.items_sent = Some(std::time::Instant::now());

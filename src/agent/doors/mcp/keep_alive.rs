@@ -1,22 +1,6 @@
-//! Keeps rmcp's `/mcp` sessions alive while the fast path ([`super::mcp_fast_path`]) answers
-//! their calls.
-//!
-//! rmcp owns the session lifecycle: it creates sessions, routes their notifications, closes them
-//! on `DELETE` and after `SessionConfig::keep_alive` (`--mcp-session-idle-seconds`) without an
-//! event in the session's worker. The worker restarts its idle timer on every event it handles,
-//! but the fast path's calls never reach it: before this module a client that only called tools
-//! got a 404 after the idle time, while busy, and heard no more `tools/list_changed`.
-//!
-//! So the fast path reports activity to rmcp through its public session API, without the
-//! handler: a *touch* is `LocalSessionHandle::close_request_wise_channel` of a request channel
-//! that was never opened, on the handle from `LocalSessionManager::sessions`: one event the worker
-//! answers itself, finding nothing to close (checked against rmcp 3.9's `session/local.rs`;
-//! `serve::mcp_calls_alone_keep_a_session_alive_and_hearing_list_changed` fails if a
-//! later rmcp stops counting it as activity). It used to open a request channel and close it
-//! again: two events, and a channel (its first 32-slot block, about 12 KB), an id and an SSE
-//! priming event made and dropped per touch, on the agent's one thread, beside the call that
-//! started the keeper; and the keeper that waits on a touch took 3.1 KB per session that had
-//! called a tool, now 1.5 KB (benches/sessions.rs).
+//! Keeps rmcp's `/mcp` sessions alive while the fast path ([`super::fast_path`]) answers their
+//! calls. Those calls never reach rmcp's session worker, whose idle timer
+//! (`SessionConfig::keep_alive`, `--mcp-session-idle-seconds`) restarts only on events it handles.
 //!
 //! ```text
 //! fast call ──▶ Activity of its session (sharded map; one lookup, two atomics) ──▶ the call
@@ -25,17 +9,20 @@
 //!                                                                └─no──▶ remove the entry, end
 //! ```
 //!
-//! - The hot path never waits for a touch (the worker's channel is bounded and may be busy):
-//!   touches run in the keeper task, at most one per `every` per session.
-//! - Never early: a session expires no sooner than the idle time after its last call ended, and
-//!   no later than that plus `every`. A call in flight keeps its session alive however long it runs.
-//! - Never keeps a closed session alive: a touch reaches only a worker that still runs; when
-//!   the session is gone from rmcp's map (expired, `DELETE`d) or its worker has quit, the keeper
-//!   removes its entry and ends. Only sessions rmcp knows get an entry (the fast path checks
-//!   first), so unknown ids cannot grow the map.
-//! - `every` is idle / 4 with no floor: the flag's minimum (1 s) bounds it at four touches per
-//!   second per busy session, and a fixed floor such as 1 s would equal the idle time at
-//!   `--mcp-session-idle-seconds 1`, letting the session expire between touches.
+//! **The one dependence on rmcp's internals**, checked against rmcp 3.9.0 (`Cargo.lock`): a touch
+//! is `LocalSessionHandle::close_request_wise_channel` of a channel no session opens
+//! ([`NEVER_OPENED`]), on the handle in the public `LocalSessionManager::sessions` map. The worker
+//! answers it without the handler and, as for every event, restarts its idle timer (its loop makes
+//! the `keep_alive` sleep anew each turn, `session/local.rs`). If an rmcp release changes that,
+//! `tests::a_touch_restarts_rmcps_idle_timer` fails, and so does `tests/it/serve.rs`'s
+//! `mcp_calls_alone_keep_a_session_alive_and_hearing_list_changed`. The exit: `src/agent/README.md`.
+//!
+//! - The hot path never waits for a touch: touches run in the keeper, one per `every` at most.
+//! - Never early, never late: a session expires no sooner than the idle time after its last call
+//!   ended, no later than that plus `every`; a call in flight keeps it alive however long it runs.
+//! - Never revives: a touch reaches only a running worker; a keeper whose session is gone removes
+//!   its entry and ends. Only sessions rmcp knows get an entry, so unknown ids cannot grow the map.
+//! - `every` is idle / 4, no floor: a 1 s floor would let a 1 s idle session expire between touches.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -164,5 +151,62 @@ impl SessionKeeper {
         let handle = self.sessions.sessions.read().await.get(id).cloned().ok_or(TouchError::Unknown)?;
         handle.close_request_wise_channel(NEVER_OPENED).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use rmcp::ServiceExt as _;
+    use rmcp::model::ClientJsonRpcMessage;
+    use rmcp::transport::streamable_http_server::session::SessionManager as _;
+
+    use super::*;
+
+    /// A server that answers `initialize` and nothing else: the session's worker is what is tested.
+    #[derive(Clone)]
+    struct Quiet;
+
+    impl rmcp::ServerHandler for Quiet {}
+
+    /// The pinned dependence on rmcp (see the module header), exercised on rmcp's own session
+    /// manager and worker: touched more often than the idle time, a session outlives several idle
+    /// times; untouched, its worker ends after one. Real time (no paused clock in this crate's
+    /// tokio features), with margins of half the idle time for a loaded machine.
+    #[tokio::test]
+    async fn a_touch_restarts_rmcps_idle_timer() {
+        const IDLE: Duration = Duration::from_secs(2);
+        let mut sessions = LocalSessionManager::default();
+        sessions.session_config.keep_alive = Some(IDLE);
+        let sessions = Arc::new(sessions);
+        let (id, transport) = sessions.create_session().await.expect("rmcp creates a session");
+        // Ends when the session's worker does (its transport closes).
+        let served = tokio::spawn(async move {
+            let running = Quiet.serve(transport).await.expect("the server starts on the session");
+            let _ = running.waiting().await;
+        });
+        let initialize: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        }))
+        .expect("an initialize request");
+        sessions.initialize_session(&id, initialize).await.expect("the session initializes");
+        let keeper = SessionKeeper::new(sessions.clone(), IDLE, CancellationToken::new());
+
+        let started = Instant::now();
+        while started.elapsed() < IDLE * 2 {
+            tokio::time::sleep(IDLE / 4).await;
+            keeper.touch(&id).await.expect("a touched session stays open past its idle time");
+        }
+        assert!(!served.is_finished(), "the session's worker still runs");
+
+        let untouched = Instant::now();
+        tokio::time::timeout(IDLE * 5, served)
+            .await
+            .expect("an untouched session closes after its idle time")
+            .expect("the server task ends cleanly");
+        assert!(untouched.elapsed() >= IDLE * 9 / 10, "closed {:?} after the last touch", untouched.elapsed());
+        assert!(keeper.touch(&id).await.is_err(), "a closed session cannot be touched back to life");
     }
 }

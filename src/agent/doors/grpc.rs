@@ -1,5 +1,5 @@
-//! The agent's third door, gRPC (`proto/spear/v1/agent.proto`): explicit tool sessions
-//! (`McpSessions`) and a read-only view of the registry (`McpRegistry`), plus server reflection. Served on 127.0.0.1:4041 in a pod.
+//! The gRPC door (`proto/spear/v1/agent.proto`, 127.0.0.1:4041 in a pod): explicit tool sessions
+//! (`McpSessions`), a read-only view of the registry (`McpRegistry`), and server reflection.
 //!
 //! ```text
 //! Open(server, narrowing) ──agent.effective(scope)──▶ allowed? ──▶ Sessions table (pinned scope)
@@ -12,19 +12,15 @@
 //!                                                             one event per change (coalesced)
 //! ```
 //!
-//! Decisions, and why:
 //! - Policy is computed again at every call from the session's pinned scope, so a registry
-//!   change (a tool denied, a server removed from the profile) applies to open sessions at once.
-//! - A tool call that fails for any reason, policy included, is a normal reply with `error` set
-//!   (tool failures are tool output, as on every door). gRPC statuses are for the
-//!   request itself: an unknown session, opening a server the profile does not allow, a full
-//!   session table, a stale Watch revision. [`Refusal::into_status`] is the one mapping.
-//! - The registry view is the profile's view: servers it does not allow are never shown (deny
-//!   by default). A feed task keeps the last [`GrpcOptions::history`] views so that a Watch can
-//!   resume from a recent revision with a diff instead of the full list.
-//! - Sessions are in memory, capped, and expire after an idle timeout. Expired sessions are
-//!   dropped lazily (on lookup, and all at once on each Open), so no sweeper task is needed and
-//!   memory stays bounded by the cap.
+//!   change applies to open sessions at once.
+//! - A tool call that fails for any reason, policy included, is a normal reply with `error` set.
+//!   gRPC statuses are for the request itself (an unknown session, a server the profile does not
+//!   allow, a full session table, a stale Watch revision); [`Refusal::into_status`] maps them.
+//! - The registry view is the profile's: servers it does not allow are never shown. The feed
+//!   keeps the last [`GrpcOptions::history`] views, so a Watch resumes from a recent revision.
+//! - Sessions are in memory, capped, and expire after an idle timeout; expired ones are dropped
+//!   lazily (on lookup, and all at once on each Open), so no sweeper task is needed.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -43,14 +39,14 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::audit::Door;
-use super::core::{Agent, AgentState, CallContext, ToolCall};
+use crate::agent::audit::Door;
+use crate::agent::core::{Agent, AgentState, CallContext, ToolCall};
 use crate::mcp::arguments::arguments_from_json;
 use crate::mcp::pool::ItemRead;
 use crate::mcp::{ErrorCode, McpError};
-use crate::policy::effective::{Listing, Reason};
+use crate::policy::effective::Listing;
 use crate::policy::items;
-use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope};
+use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, Reason, RequestScope};
 use crate::telemetry::otel;
 
 /// Generated protobuf types, clients and servers of `spear.v1`.

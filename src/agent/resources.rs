@@ -13,7 +13,7 @@
 //!
 //! Lists are fetched from the servers for every request (rmcp's client honours a server's
 //! `ttlMs`); they are not cached by the agent as tool lists are. Their changes reach `/mcp`
-//! clients through `mcp_endpoint::ChangeWatch` (servers' list_changed, registry revisions).
+//! clients through `doors::mcp::endpoint::ChangeWatch` (servers' list_changed, registry revisions).
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`, OpenAI-compatible: the workload's MCP tools are injected into the
-//! request, and the agent executes the model's calls to them until the model answers. It is
-//! the door for agent-unaware callers: any OpenAI client works by changing its base URL.
+//! request, and the agent executes the model's calls to them until the model answers. It is the
+//! door for agent-unaware callers: any OpenAI client works by changing its base URL. The
+//! decisions live in the pure `crate::chat` library; this file is the I/O around them.
 //!
 //! ```text
 //! caller ─POST─▶ ChatRequest ─ McpOptions (the `mcp` object; never forwarded)
@@ -15,30 +16,13 @@
 //!                                                       ─▶ JSON, or SSE (stream::chunks)
 //! ```
 //!
-//! **Starting.** A request that arrives before the agent has its first tool lists waits for them
-//! (`Agent::settled`), so the model is offered the workload's tools; calls the model makes to a
-//! server whose list is not known wait too, in `Agent::call_tool`, like every door's.
-//!
-//! The decisions live in the pure `crate::chat` library (types, `tool_loop`, `upstream`,
-//! `stream`, `error`); this file is the I/O around them.
-//!
-//! **Streaming.** With `stream: true` the loop still asks the upstream with `stream: false`: it
-//! must see each answer whole to find and run the tool calls, and a streamed intermediate answer
-//! would be of no use to the caller, who never sees it. The final answer is then sent as SSE
-//! chunks in OpenAI's format, so streaming clients work unchanged; the first byte arrives when
-//! the loop is done. Errors found before the answer (4xx, 5xx) are plain JSON with their status,
-//! as OpenAI does.
-//!
-//! **Choices.** With `n > 1` the loop follows the first choice; the others are returned as the
-//! last upstream answer had them.
-//!
-//! Every answer that read the registry (the profile's upstream, the effective set) carries
-//! `x-spear-registry-revision`, error answers included; a successful one with MCP enabled also
-//! carries the `spear` extension field: revision, tool calls, iterations, budget note, and the
-//! messages the loop exchanged. When an answer calls both MCP tools and the caller's own tools,
-//! the agent runs the MCP calls and returns only the caller's; an agent-aware caller appends
-//! `spear.messages` (the full assistant message and the MCP results) instead of the returned
-//! message, then its own tool results, to continue the conversation.
+//! - A request that arrives while the agent starts waits for the first tool lists
+//!   (`Agent::settled`); a call to a server whose list is not known waits in `Agent::call_tool`.
+//! - `stream: true` still asks the upstream with `stream: false` (the loop must see each answer
+//!   whole); the final answer goes out as SSE chunks. Why, and `n > 1`: `src/agent/README.md`.
+//! - Every answer that read the registry, errors included, carries `x-spear-registry-revision`; a
+//!   successful one with MCP enabled carries the `spear` extension field (revision, tool calls,
+//!   iterations, budget note, the loop's messages), with which an agent-aware caller continues.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -54,8 +38,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::Instrument as _;
 
-use super::audit::{self, Door};
-use super::core::{Agent, CallContext};
+use crate::agent::audit::{self, Door};
+use crate::agent::core::{Agent, CallContext};
+use crate::agent::revision::stamp_revision;
 use crate::api::keys::ENV_UPSTREAM_API_KEY;
 use crate::chat::tool_loop::{self, After, ChoicePlan, LoopState, Next, Round, ToolOffer};
 use crate::chat::types::{ChatCompletion, ChatRequest, ChoiceKind, McpOptions, ToolCallItem};
@@ -475,7 +460,7 @@ async fn completions(State(service): State<ChatService>, headers: HeaderMap, bod
         }
     };
     if let Some(revision) = revision {
-        super::serve::stamp_revision(response.headers_mut(), &revision);
+        stamp_revision(response.headers_mut(), &revision);
     }
     response
 }
