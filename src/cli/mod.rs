@@ -56,7 +56,6 @@ pub(crate) fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-/// A usage error with `message`.
 // === output ===
 // Everything the commands print goes through these three: text for a person is made
 // [`terminal_safe`] (it carries names and values from manifests, servers and pods), and only
