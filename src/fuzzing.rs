@@ -328,6 +328,11 @@ pub struct ChatLoop {
 pub struct ChatStep {
     /// Names of the calls the agent executed (sent to `Agent::call_tool`), in order.
     pub executed: Vec<String>,
+    /// How many executed calls were not `function` calls (must be none: only a function call
+    /// runs an MCP tool).
+    pub executed_non_function: usize,
+    /// Names of the calls answered `mcp_policy_denied` without running (not function calls).
+    pub denied: Vec<String>,
     /// Names of the calls refused by `maxTotalToolCalls`.
     pub refused: Vec<String>,
     /// Names of the calls left in the answer when it goes back to the caller (`None`: the loop
@@ -441,6 +446,9 @@ impl ChatLoop {
             Next::Execute(round) => {
                 let calls = choice.message.calls();
                 step.executed = round.run.iter().filter_map(|&i| calls.get(i)).map(|c| c.name().to_string()).collect();
+                step.executed_non_function =
+                    round.run.iter().filter_map(|&i| calls.get(i)).filter(|c| !c.is_function()).count();
+                step.denied = round.denied.iter().filter_map(|&i| calls.get(i)).map(|c| c.name().to_string()).collect();
                 step.refused =
                     round.refused.iter().filter_map(|&i| calls.get(i)).map(|c| c.name().to_string()).collect();
                 step.budget_note = round.note.is_some();

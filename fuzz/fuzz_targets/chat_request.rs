@@ -12,7 +12,8 @@
 //! - the upstream request offers the caller's tools then the injected ones, the injected names
 //!   never equal a caller's, and each injected name routes to an exposed (server, tool);
 //! - the agent never executes a caller's tool, and every call it executes that routes goes to a
-//!   (server, tool) of the effective set (the rest are answered `mcp_policy_denied`);
+//!   (server, tool) of the effective set (the rest are answered `mcp_policy_denied`), and only
+//!   `function` calls are executed (a `custom` call is denied whatever it names);
 //! - budgets hold: tool calls executed over the whole loop <= maxTotalToolCalls, upstream requests
 //!   <= maxIterations, and the loop asks again only while another request is allowed;
 //! - an answer returned to the caller carries only the caller's own tool calls.
@@ -172,7 +173,8 @@ fuzz_target!(|data: &[u8]| {
                 assert!(exposed.contains(&route), "{name:?} runs {route:?}, outside the effective set");
             }
         }
-        executed_total += step.executed.len();
+        assert_eq!(step.executed_non_function, 0, "a non-function call ran an MCP tool");
+        executed_total += step.executed.len() + step.denied.len();
         assert!(executed_total <= max_total as usize, "{executed_total} calls, maxTotalToolCalls {max_total}");
         if !step.refused.is_empty() {
             assert!(step.budget_note && executed_total == max_total as usize, "refused before the budget was used");

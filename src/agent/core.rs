@@ -444,6 +444,29 @@ impl Agent {
         });
     }
 
+    /// Refuses a call without routing its name (a call the policy must not run whatever it names,
+    /// such as a chat `custom` call): `mcp_policy_denied` with `reason`, audited and counted.
+    pub(crate) fn deny_call(
+        &self,
+        set: &EffectiveSet,
+        name: &str,
+        reason: String,
+        context: CallContext<'_>,
+    ) -> ToolCall {
+        let refusal = McpError::new(ErrorCode::McpPolicyDenied, reason);
+        self.inner.options.pool_metrics.refused("", refusal.code.as_str());
+        let call = ToolCall {
+            name: name.to_string(),
+            server_id: None,
+            tool: None,
+            latency: Duration::ZERO,
+            result: Err(refusal),
+        };
+        let arguments = self.inner.options.audit.arguments(None);
+        self.record(&call, context, &set.profile, set.revision.as_str(), arguments);
+        call
+    }
+
     /// Refuses a call a door could not even compute a tool set for (the profile does not exist
     /// or is invalid): audited and counted like every other refusal.
     pub(crate) fn refuse_call(&self, error: &PolicyError, name: &str, context: CallContext<'_>) -> McpError {

@@ -6,9 +6,10 @@
 //! request ──upstream_body + plan_tool_choice──▶ first upstream request
 //!    ┌────────────────────────────────────────────────────────────────┘
 //!    ▼
-//! answer ──classify──▶ [Mcp | Caller | Unknown] ──LoopState::decide──▶ Next
+//! answer ──classify──▶ [Mcp | Caller | Unknown | NotAFunction] ──LoopState::decide──▶ Next
 //!    Return                    no MCP call: the answer goes back as is
-//!    Execute(round)            run `run` (the rest get mcp_budget_exceeded), append the assistant
+//!    Execute(round)            run `run`, answer `denied` (mcp_policy_denied, nothing called) and
+//!                              `refused` (mcp_budget_exceeded), append the assistant
 //!      then AskAgain           message + one role=tool message per call, ask again (tool_choice auto)
 //!      then ReturnToCaller     caller's calls present: return them (strip_executed), exchange in spear.messages
 //!    Stop(note)                a budget is used up: strip MCP calls, return with the note
@@ -17,7 +18,8 @@
 //! A call is the caller's when its name is one of the request's own tools (the effective set
 //! renamed any MCP tool with that name), MCP when the set routes it, and unknown otherwise.
 //! Unknown calls are executed like MCP calls so the agent answers them with `mcp_policy_denied`
-//! tool output, which the model can read and recover from.
+//! tool output, which the model can read and recover from. A call of another type (`custom`)
+//! never runs an MCP tool, whatever name it carries: only a `function` call is routed.
 
 use std::collections::HashSet;
 
@@ -42,10 +44,13 @@ pub(crate) enum CallKind {
     Caller,
     /// Neither: run through the agent, which answers `mcp_policy_denied`.
     Unknown,
+    /// Not a `function` call (`custom`, or a misspelt type) and not the caller's: answered
+    /// `mcp_policy_denied` without routing its name anywhere.
+    NotAFunction,
 }
 
 impl CallKind {
-    /// Whether the agent executes it (MCP and unknown calls).
+    /// Whether the agent answers it (every call but the caller's).
     pub(crate) fn is_executed(self) -> bool {
         !matches!(self, CallKind::Caller)
     }
@@ -59,7 +64,9 @@ pub(crate) fn classify(calls: &[ToolCallItem], caller: &HashSet<&str>, is_mcp: i
             let name = call.name();
             if caller.contains(name) {
                 CallKind::Caller
-            } else if call.is_function() && is_mcp(name) {
+            } else if !call.is_function() {
+                CallKind::NotAFunction
+            } else if is_mcp(name) {
                 CallKind::Mcp
             } else {
                 CallKind::Unknown
@@ -99,6 +106,8 @@ pub(crate) enum After {
 pub(crate) struct Round {
     /// Executed, concurrently.
     pub(crate) run: Vec<usize>,
+    /// Answered `mcp_policy_denied` without a call: not `function` calls.
+    pub(crate) denied: Vec<usize>,
     /// Not executed: past `maxTotalToolCalls`; answered with `mcp_budget_exceeded` output.
     pub(crate) refused: Vec<usize>,
     /// What comes next.
@@ -176,8 +185,10 @@ impl LoopState {
                 self.iterations
             ))
         });
+        let (denied, run) = run.iter().partition(|&&i| kinds[i] == CallKind::NotAFunction);
         Next::Execute(Round {
-            run: run.to_vec(),
+            run,
+            denied,
             refused: refused.to_vec(),
             then: if to_caller { After::ReturnToCaller } else { After::AskAgain },
             note,
@@ -475,7 +486,7 @@ mod tests {
         names.iter().enumerate().map(|(i, n)| ToolCallItem::function(&format!("call_{i}"), n, "{}")).collect()
     }
 
-    use CallKind::{Caller, Mcp, Unknown};
+    use CallKind::{Caller, Mcp, NotAFunction, Unknown};
 
     #[test]
     fn caller_tools_win_then_routed_names_then_unknown() {
@@ -490,7 +501,27 @@ mod tests {
         call.kind = "custom".into();
         call.function = None;
         call.extra.insert("custom".into(), json!({"name": "mcp__fx__echo"}));
-        assert_eq!(classify(&[call], &HashSet::new(), |_| true), [Unknown]);
+        assert_eq!(classify(&[call.clone()], &HashSet::new(), |_| true), [NotAFunction]);
+        // The caller's own custom tool is still the caller's.
+        assert_eq!(classify(&[call.clone()], &HashSet::from(["mcp__fx__echo"]), |_| true), [Caller]);
+        // Other spellings of the type are not `function` either.
+        for kind in ["Function", "function ", "FUNCTION", ""] {
+            let mut misspelt = ToolCallItem::function("c", "mcp__fx__echo", "{}");
+            misspelt.kind = kind.into();
+            assert_eq!(classify(&[misspelt], &HashSet::new(), |_| true), [NotAFunction], "{kind:?}");
+        }
+        let mut no_function = ToolCallItem::function("c", "mcp__fx__echo", "{}");
+        no_function.function = None;
+        no_function.extra.insert("function".into(), json!({"name": "mcp__fx__echo"}));
+        assert_eq!(classify(&[no_function], &HashSet::new(), |_| true), [NotAFunction]);
+    }
+
+    #[test]
+    fn non_function_calls_are_answered_without_running_and_count_against_the_budget() {
+        let mut state = LoopState::new(budgets(8, 2));
+        state.request_sent();
+        let Next::Execute(round) = state.decide(&[NotAFunction, Mcp, Mcp]) else { panic!("executed") };
+        assert_eq!((round.run, round.denied, round.refused), (vec![1], vec![0], vec![2]));
     }
 
     #[test]
@@ -506,7 +537,10 @@ mod tests {
         let mut state = LoopState::new(budgets(8, 32));
         state.request_sent();
         let Next::Execute(round) = state.decide(&[Mcp, Unknown]) else { panic!("executes") };
-        assert_eq!(round, Round { run: vec![0, 1], refused: vec![], then: After::AskAgain, note: None });
+        assert_eq!(
+            round,
+            Round { run: vec![0, 1], denied: vec![], refused: vec![], then: After::AskAgain, note: None }
+        );
     }
 
     #[test]

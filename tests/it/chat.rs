@@ -546,6 +546,36 @@ async fn a_tool_outside_the_profile_is_neither_injected_nor_executed() {
     }
 }
 
+/// A model answer whose call is not a `function` call (`type: custom`, or a misspelt type)
+/// but names an MCP tool of the set: the tool never runs, whatever the call names; the model
+/// reads `mcp_policy_denied` and the call never reaches a server (a custom call used to run it).
+#[tokio::test]
+async fn a_custom_tool_call_named_like_an_mcp_tool_is_denied_not_run() {
+    let tool_calls = json!([
+        {"id": "call_1", "type": "custom", "custom": {"name": "mcp__fx__echo", "input": "{\"text\": \"hi\"}"}},
+        {"id": "call_2", "type": "Function", "function": {"name": "mcp__fx__echo", "arguments": "{\"text\": \"hi\"}"}},
+        {"id": "call_3", "type": "function", "function": {"name": "mcp__fx__echo", "arguments": "{\"text\": \"hi\"}"}},
+    ]);
+    let first = completion(json!({"role": "assistant", "content": null, "tool_calls": tool_calls}), "tool_calls");
+    let chat = start(vec![first, answer("done")]).await;
+    let reply = chat.post(json!({"messages": user("echo")})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    let records = body["spear"]["tool_calls"].as_array().expect("calls").clone();
+    assert_eq!(records.len(), 3, "{records:?}");
+    for denied in &records[..2] {
+        assert_eq!(denied["status"], "mcp_policy_denied", "{denied}");
+        assert_eq!(denied["server_id"], Value::Null, "never routed to a server: {denied}");
+    }
+    assert_eq!(records[2]["status"], "ok", "the function call runs: {}", records[2]);
+    assert_eq!(records[2]["server_id"], "fx");
+    let answers = tool_messages(&chat.upstream.requests()[1]);
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    assert!(answers[0].1.contains("mcp_policy_denied") && answers[0].1.contains("'custom'"), "{answers:?}");
+    assert!(answers[1].1.contains("mcp_policy_denied"), "{answers:?}");
+    assert!(answers[2].1.contains("hi"), "{answers:?}");
+}
+
 #[tokio::test]
 async fn mcp_disabled_is_a_plain_proxy() {
     let chat = start(vec![calls(&[("call_1", "mcp__fx__echo", r#"{"text": "x"}"#)])]).await;

@@ -309,9 +309,18 @@ impl ChatService {
         if let Some(offer) = builtin {
             offer.found(&found);
         }
+        let denials = round.denied.iter().filter_map(|&i| calls.get(i)).map(|call| {
+            let reason = format!(
+                "a '{}' tool call never runs an MCP tool: only 'function' calls are routed to MCP servers",
+                audit::capped(&call.kind)
+            );
+            agent.deny_call(set, call.name(), reason, context)
+        });
+        let denials: Vec<_> = denials.collect();
 
-        let mut answers: Vec<(usize, Value, CallRecord)> = Vec::with_capacity(round.run.len() + round.refused.len());
-        for (&i, done) in round.run.iter().zip(results) {
+        let mut answers: Vec<(usize, Value, CallRecord)> =
+            Vec::with_capacity(round.run.len() + round.denied.len() + round.refused.len());
+        for (&i, done) in round.run.iter().chain(&round.denied).zip(results.into_iter().chain(denials)) {
             let record = CallRecord {
                 name: done.name.clone(),
                 server_id: done.server_id.as_deref().map(str::to_string),
