@@ -172,7 +172,7 @@ pub struct StdioSpec {
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
 
-    /// The executable (argv[0]). Never run through a shell: no globbing, pipes or `$VAR`.
+    /// The executable (`argv[0]`). Never run through a shell: no globbing, pipes or `$VAR`.
     #[schemars(length(min = 1, max = 4096))]
     pub command: String,
 

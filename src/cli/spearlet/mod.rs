@@ -106,7 +106,7 @@ impl PluginArgs {
 }
 
 /// Runs this process's command line: as `kubectl spear` when invoked by the name
-/// [`KUBECTL_PLUGIN`] (argv[0], so a link works), else as `spearlet`.
+/// [`KUBECTL_PLUGIN`] (`argv[0]`, so a link works), else as `spearlet`.
 pub fn main() -> ExitCode {
     let argv0 = std::env::args_os().next().map(std::path::PathBuf::from);
     if argv0.as_deref().and_then(std::path::Path::file_name).is_some_and(|name| name == KUBECTL_PLUGIN) {
