@@ -19,14 +19,14 @@ use rmcp::service::{PeerRequestOptions, ServiceError};
 use serde_json::{Map, Value};
 use tracing::Instrument;
 
-use super::Pool;
 use super::slot::{Live, Slot};
+use super::{Inner, Pool};
 use crate::mcp::error::{ErrorCode, McpError};
 use crate::mcp::health::Action;
 use crate::mcp::output::{self, Truncation};
 use crate::mcp::output_schema;
 use crate::mcp::relay::{InFlight, Relay};
-use crate::telemetry::otel;
+use crate::telemetry::{PoolMetrics, otel};
 
 /// A tool call's result, capped.
 #[derive(Clone, Debug)]
@@ -104,7 +104,7 @@ impl Pool {
     /// answers to an earlier round, and a server asking for input comes back as `Ok` with
     /// [`ToolOutput::input_required`] set; `relay` takes what a 2025 server sends during the call
     /// (progress, log messages, sampling and elicitation requests).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // The doors' signature; inside, they travel as a `ToolCall`.
     pub async fn call_tool_continuing(
         &self,
         server: &str,
@@ -124,7 +124,7 @@ impl Pool {
         };
         let started = Instant::now();
         // The call to the server, as the trace sees it; its context goes out in the request's
-        // `_meta` (and as headers to a Streamable HTTP server, see `connect.rs`).
+        // `_meta` (and as headers to a Streamable HTTP server, see `connect/http.rs`).
         let span = tracing::info_span!(
             target: otel::TARGET,
             "pool.call",
@@ -134,140 +134,198 @@ impl Pool {
             code = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         );
+        let call = ToolCall { server, tool, slot, continuation, relay, timeout, max_output_bytes, span };
         // One timer for the whole call: waiting for permits and the session counts against the
         // budget too (the caller's budget is wall time), and a single timer keeps the hot path
         // cheap. `reached` records the session the call went out on, if it got that far.
         let reached: Mutex<Option<Arc<Live>>> = Mutex::new(None);
-        let work = async {
-            let _call = self
-                .inner
-                .calls
-                .acquire()
-                .await
-                .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the pool is shutting down"))?;
-            let _permit = slot
-                .concurrency
-                .acquire()
-                .await
-                .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
-            let live = Slot::session(&slot, &self.inner).await?;
-            *reached.lock() = Some(live.clone());
-            let mut params = CallToolRequestParams::new(tool.to_string());
-            params.arguments = arguments;
-            otel::inject_meta(&span, &mut params.meta);
-            if let Some(continuation) = continuation {
-                params.input_responses = continuation.input_responses.clone();
-                params.request_state = continuation.request_state.clone();
-            }
-            // One round: the agent fulfils no `input_required` round itself (it has no human and
-            // no model of the server's choosing to offer), see `input_required`.
-            let peer = live.conn.service.peer();
-            let caller = continuation.and_then(|c| c.capabilities_for(&live.conn.protocol));
-            let mut meta = caller.map(caller_meta);
-            // A 2026-07-28 server sends log messages only to a request that asks for them.
-            if let Some(level) = relay.and_then(Relay::log_level).filter(|_| is_modern(&live.conn.protocol)) {
-                meta.get_or_insert_with(RequestMetaObject::new).set_log_level(level);
-            }
-            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-            let in_flight = Some((&live.conn.calls, relay));
-            Ok(send_call(peer, request, meta, in_flight).await.and_then(|result| match result {
-                ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
-                ServerResult::InputRequiredResult(asked) => Ok(CallToolResponse::InputRequired(asked)),
-                ServerResult::CreateTaskResult(task) => Ok(CallToolResponse::Task(task)),
-                _ => Err(ServiceError::UnexpectedResponse),
-            }))
-        };
-        let outcome = tokio::time::timeout(timeout, work).instrument(span.clone()).await;
+        let work = call.send(&self.inner, arguments, &reached);
+        let outcome = tokio::time::timeout(timeout, work).instrument(call.span.clone()).await;
         let latency = started.elapsed();
         let live = reached.lock().take();
-        let result = match (outcome, live) {
+        // `?`: a result the output checks reject ends the call here, uncounted.
+        let result = call.settle(outcome, live, latency, self.inner.options.timeouts_before_restart).await?;
+        call.record(&self.inner.options.metrics, &result, latency);
+        result
+    }
+}
+
+/// What [`ToolCall::send`] yields: the server's answer or why the session failed it, or why the
+/// call never went out.
+type Sent = Result<Result<CallToolResponse, ServiceError>, McpError>;
+
+/// One tool call as the pool runs it: where it goes, what the caller brings, its budgets and the
+/// span the trace sees.
+struct ToolCall<'a> {
+    server: &'a str,
+    tool: &'a str,
+    slot: Arc<Slot>,
+    continuation: Option<&'a Continuation>,
+    relay: Option<&'a Relay>,
+    timeout: Duration,
+    max_output_bytes: usize,
+    span: tracing::Span,
+}
+
+impl ToolCall<'_> {
+    /// Takes the permits and the session (kept in `reached`), then sends `tools/call`.
+    async fn send(
+        &self,
+        inner: &Arc<Inner>,
+        arguments: Option<Map<String, Value>>,
+        reached: &Mutex<Option<Arc<Live>>>,
+    ) -> Sent {
+        let _call = inner
+            .calls
+            .acquire()
+            .await
+            .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the pool is shutting down"))?;
+        let _permit = self
+            .slot
+            .concurrency
+            .acquire()
+            .await
+            .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
+        let live = Slot::session(&self.slot, inner).await?;
+        *reached.lock() = Some(live.clone());
+        let mut params = CallToolRequestParams::new(self.tool.to_string());
+        params.arguments = arguments;
+        otel::inject_meta(&self.span, &mut params.meta);
+        if let Some(continuation) = self.continuation {
+            params.input_responses = continuation.input_responses.clone();
+            params.request_state = continuation.request_state.clone();
+        }
+        // One round: the agent fulfils no `input_required` round itself (it has no human and
+        // no model of the server's choosing to offer), see `input_required`.
+        let peer = live.conn.service.peer();
+        let caller = self.continuation.and_then(|c| c.capabilities_for(&live.conn.protocol));
+        let mut meta = caller.map(caller_meta);
+        // A 2026-07-28 server sends log messages only to a request that asks for them.
+        if let Some(level) = self.relay.and_then(Relay::log_level).filter(|_| is_modern(&live.conn.protocol)) {
+            meta.get_or_insert_with(RequestMetaObject::new).set_log_level(level);
+        }
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let in_flight = Some((&live.conn.calls, self.relay));
+        Ok(send_call(peer, request, meta, in_flight).await.and_then(|result| match result {
+            ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+            ServerResult::InputRequiredResult(asked) => Ok(CallToolResponse::InputRequired(asked)),
+            ServerResult::CreateTaskResult(task) => Ok(CallToolResponse::Task(task)),
+            _ => Err(ServiceError::UnexpectedResponse),
+        }))
+    }
+
+    /// The caller's result of the call's `outcome` (`Err`: the budget ran out) on `live`, the
+    /// session it went out on; health records it, and `restart_after` timeouts in a row restart
+    /// the session. The outer `Err` is a result the output checks rejected ([`Self::checked`]),
+    /// which the caller gets without the call being counted.
+    async fn settle(
+        &self,
+        outcome: Result<Sent, tokio::time::error::Elapsed>,
+        live: Option<Arc<Live>>,
+        latency: Duration,
+        restart_after: u32,
+    ) -> Result<Result<ToolOutput, McpError>, McpError> {
+        let (server, tool, slot) = (self.server, self.tool, &self.slot);
+        match (outcome, live) {
             // The budget ran out waiting for the server's start, which goes on: say so.
-            (Err(_), None) if let Some(starting) = slot.starting() => Err(McpError::new(
+            (Err(_), None) if let Some(starting) = slot.starting() => Ok(Err(McpError::new(
                 ErrorCode::McpTimeout,
                 format!(
                     "'{tool}' on '{server}' did not run within {} ms: the server is {}; retry shortly",
-                    timeout.as_millis(),
+                    self.timeout.as_millis(),
                     starting.describe(std::time::SystemTime::now())
                 ),
-            )),
+            ))),
             (Err(_), live) => {
                 let error = McpError::new(
                     ErrorCode::McpTimeout,
-                    format!("'{tool}' on '{server}' did not finish within {} ms", timeout.as_millis()),
+                    format!("'{tool}' on '{server}' did not finish within {} ms", self.timeout.as_millis()),
                 );
                 // Only a call that went out counts against the session's health.
                 if let Some(live) = live {
-                    let action = slot.health.lock().call_timed_out(
-                        latency,
-                        self.inner.options.timeouts_before_restart,
-                        &error.message,
-                    );
+                    let action = slot.health.lock().call_timed_out(latency, restart_after, &error.message);
                     if action == Action::Restart {
                         tracing::warn!(server_id = %slot.config.id, "calls keep timing out: restarting the session");
                         slot.discard(&live).await;
                     }
                 }
-                Err(error)
+                Ok(Err(error))
             }
-            (Ok(Err(error)), _) => Err(error),
-            (Ok(Ok(Err(e))), Some(live)) => Err(slot.failed(&live, e).await),
-            (Ok(Ok(Ok(CallToolResponse::InputRequired(asked)))), Some(live)) => {
+            (Ok(Err(error)), _) => Ok(Err(error)),
+            (Ok(Ok(Err(e))), Some(live)) => Ok(Err(slot.failed(&live, e).await)),
+            (Ok(Ok(Ok(response))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
                 *live.last_used.lock() = Instant::now();
+                self.answered(response, latency)
+            }
+            (Ok(Ok(_)), None) => Ok(Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session"))),
+        }
+    }
+
+    /// The caller's result of the server's answer (the outer `Err` as in [`Self::settle`]).
+    fn answered(
+        &self,
+        response: CallToolResponse,
+        latency: Duration,
+    ) -> Result<Result<ToolOutput, McpError>, McpError> {
+        let (server, tool) = (self.server, self.tool);
+        match response {
+            CallToolResponse::InputRequired(asked) => {
                 let result = input_required(server, tool, &asked).to_call_tool_result();
-                Ok(ToolOutput { result, truncated: None, bytes: 0, latency, input_required: Some(Arc::new(asked)) })
+                Ok(Ok(ToolOutput { result, truncated: None, bytes: 0, latency, input_required: Some(Arc::new(asked)) }))
             }
-            (Ok(Ok(Ok(CallToolResponse::Complete(result)))), Some(live)) => {
-                slot.health.lock().call_ok(latency);
-                *live.last_used.lock() = Instant::now();
-                let structured = result.structured_content.is_some();
-                let output = cap_result(result, max_output_bytes, latency)?;
-                // A tool with an outputSchema must answer structuredContent that conforms; one
-                // the cap had to drop cannot be passed on as a valid result.
-                let validator = slot.output_validator(tool);
-                if structured && output.result.structured_content.is_none() && validator.is_some() {
-                    return Err(McpError::new(
-                        ErrorCode::McpOutputTooLarge,
-                        format!(
-                            "'{tool}' on '{server}' answered {} bytes, over its {max_output_bytes}-byte \
-                             maxToolOutputBytes, and its structuredContent (which its outputSchema requires) \
-                             does not fit",
-                            output.bytes
-                        ),
-                    ));
-                }
-                if let Some(Ok(validator)) = validator.as_deref()
-                    && let Err(violation) = output_schema::check(validator, &output.result)
-                {
-                    return Err(McpError::new(
-                        ErrorCode::McpUnavailable,
-                        format!("'{tool}' on '{server}' broke its own outputSchema: {violation}"),
-                    ));
-                }
-                Ok(output)
-            }
+            CallToolResponse::Complete(result) => self.checked(result, latency).map(Ok),
             // A task handle (SEP-2663), or a kind rmcp adds later.
-            (Ok(Ok(Ok(_))), Some(live)) => {
-                slot.health.lock().call_ok(latency);
-                *live.last_used.lock() = Instant::now();
-                Err(McpError::new(
-                    ErrorCode::McpUnavailable,
-                    format!("'{tool}' on '{server}' answered with a task handle; the agent does not poll tasks"),
-                ))
-            }
-            (Ok(Ok(_)), None) => Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session")),
-        };
-        let (bytes, error) = match &result {
+            _ => Ok(Err(McpError::new(
+                ErrorCode::McpUnavailable,
+                format!("'{tool}' on '{server}' answered with a task handle; the agent does not poll tasks"),
+            ))),
+        }
+    }
+
+    /// A complete result, capped to `maxToolOutputBytes` and checked against the tool's
+    /// outputSchema.
+    fn checked(&self, result: CallToolResult, latency: Duration) -> Result<ToolOutput, McpError> {
+        let (server, tool, max_output_bytes) = (self.server, self.tool, self.max_output_bytes);
+        let structured = result.structured_content.is_some();
+        let output = cap_result(result, max_output_bytes, latency)?;
+        // A tool with an outputSchema must answer structuredContent that conforms; one
+        // the cap had to drop cannot be passed on as a valid result.
+        let validator = self.slot.output_validator(tool);
+        if structured && output.result.structured_content.is_none() && validator.is_some() {
+            return Err(McpError::new(
+                ErrorCode::McpOutputTooLarge,
+                format!(
+                    "'{tool}' on '{server}' answered {} bytes, over its {max_output_bytes}-byte \
+                     maxToolOutputBytes, and its structuredContent (which its outputSchema requires) \
+                     does not fit",
+                    output.bytes
+                ),
+            ));
+        }
+        if let Some(Ok(validator)) = validator.as_deref()
+            && let Err(violation) = output_schema::check(validator, &output.result)
+        {
+            return Err(McpError::new(
+                ErrorCode::McpUnavailable,
+                format!("'{tool}' on '{server}' broke its own outputSchema: {violation}"),
+            ));
+        }
+        Ok(output)
+    }
+
+    /// Counts the call in `metrics` and marks its span with the outcome.
+    fn record(&self, metrics: &PoolMetrics, result: &Result<ToolOutput, McpError>, latency: Duration) {
+        let (bytes, error) = match result {
             Ok(output) if output.input_required.is_some() => (None, Some(ErrorCode::McpApprovalRequired.as_str())),
             Ok(output) => (Some(output.bytes), output.truncated.map(|_| ErrorCode::McpOutputTooLarge.as_str())),
             Err(error) => (None, Some(error.code.as_str())),
         };
-        self.inner.options.metrics.call(server, tool, latency, bytes, error);
-        span.record("code", error.unwrap_or("ok"));
+        metrics.call(self.server, self.tool, latency, bytes, error);
+        self.span.record("code", error.unwrap_or("ok"));
         if error.is_some() {
-            span.record("otel.status_code", "ERROR");
+            self.span.record("otel.status_code", "ERROR");
         }
-        result
     }
 }
 
