@@ -141,7 +141,7 @@ impl Value {
 pub(crate) enum TransportConfig {
     /// A child process speaking MCP on stdin/stdout.
     Stdio {
-        /// argv[0].
+        /// `argv[0]`.
         command: String,
         /// The rest of argv.
         args: Vec<String>,
@@ -274,7 +274,7 @@ impl AuthConfig {
 pub(crate) enum Endpoint {
     /// See [`TransportConfig::Stdio`].
     Stdio {
-        /// argv[0].
+        /// `argv[0]`.
         command: String,
         /// The rest of argv.
         args: Vec<String>,
@@ -556,7 +556,7 @@ mod tests {
         assert_eq!(missing.name, "SPEAR_SECRET_WEB_AUTHORIZATION");
     }
 
-    /// The attack of issue 13 finding 1: a registry author's header template naming the model key
+    /// The attack: a registry author's header template naming the model key
     /// or another server's secret, on a server whose URL they control.
     #[test]
     fn header_templates_never_read_the_agents_secrets() {

@@ -9,9 +9,12 @@
 //! - [`config`] (pure): McpServer → how to reach it; `${ENV:...}` expanded at connect time.
 //! - [`health`] (pure): Connected / Degraded / Down from call outcomes.
 //! - [`output`] (pure): the `maxToolOutputBytes` cap with an explicit marker.
+//! - [`limits`] (pure): the frame limit and the caps on a server's tool list.
 //! - [`error`] (pure): the error codes (`mcp_unavailable`, ...) every door reports.
-//! - [`connect`]: establishing one session per transport.
-//! - [`pool`]: sessions, budgets, caches, restarts.
+//! - [`connect`]: establishing one session, a file per transport (`stdio`, `socket`, `http`).
+//! - [`pool`]: sessions, budgets, caches, restarts (`slot`, `call`, `resources`).
+//! - [`relay`]: what a server sends during a call, to the door of that call.
+//! - `token_source` (I/O) and `oauth` (pure): outbound auth; `output_schema`: results checked.
 //!
 //! Design notes: `src/mcp/README.md`.
 

@@ -192,10 +192,7 @@ pub(crate) fn renew_after(expires_in: Option<Duration>) -> Option<Duration> {
 
 /// What a challenge a server sent (`WWW-Authenticate`) says, shortened, for an error message.
 pub(crate) fn quote(text: &str) -> String {
-    let mut end = text.len().min(MAX_QUOTED_BYTES);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = text.floor_char_boundary(MAX_QUOTED_BYTES);
     let cut: String = text[..end].chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     if end < text.len() { format!("{cut:?}...") } else { format!("{cut:?}") }
 }

@@ -54,11 +54,7 @@ fn cut(text: &str) -> String {
     if text.len() <= MAX_VIOLATION_BYTES {
         return text.to_string();
     }
-    let mut end = MAX_VIOLATION_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    format!("{}…", &text[..text.floor_char_boundary(MAX_VIOLATION_BYTES)])
 }
 
 #[cfg(test)]

@@ -345,13 +345,7 @@ fn cap_log_data(data: &mut Value) {
 
 /// Cuts `text` to at most `max` bytes, on a character boundary.
 fn cut_to(text: &mut String, max: usize) {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
+    text.truncate(text.floor_char_boundary(max));
 }
 
 #[cfg(test)]
