@@ -107,11 +107,10 @@ use crate::api::keys::{
     INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX,
     SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX, VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
+use crate::api::names::{SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
 use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
-use crate::mcp::config::{SOCKET_FILE, secret_env_var, secret_ref_id};
-use crate::registry::snapshot::short_hash;
 
 /// Scratch directory of a server sidecar (its own `emptyDir`; the root filesystem is read-only).
 pub const SIDECAR_TMP: &str = "/tmp";
