@@ -38,7 +38,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -65,6 +64,7 @@ use tracing::Instrument;
 use super::leader::{Elector, LeaderConfig, LeaderError};
 use super::probe::{self, ProbeConfig, Schedule};
 use super::rbac::{agent_role_binding, binding_is_current};
+use super::scope::{Scope, profile_servers_in};
 use super::status::{ProbeOutcome, ProbeResult, fold_secret_refusals, known_tools, profile_status, server_status};
 use crate::api::conditions::{reasons, types};
 use crate::api::keys::{AGENT_ROLE, LABEL_MANAGED_BY};
@@ -90,35 +90,6 @@ const MAX_EVENT_NOTE_BYTES: usize = 1024;
 const KIND_NAMESPACE: &str = "Namespace";
 
 // === config ===
-
-/// Which namespaces the controllers watch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// Every namespace (the normal install).
-    Cluster,
-    /// One namespace only: McpServers, McpProfiles, RoleBindings there, and that Namespace.
-    Namespace(String),
-}
-
-impl Scope {
-    pub(crate) fn api<K>(&self, client: Client) -> Api<K>
-    where
-        K: Resource<Scope = NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match self {
-            Scope::Cluster => Api::all(client),
-            Scope::Namespace(ns) => Api::namespaced(client, ns),
-        }
-    }
-
-    pub(crate) fn namespaces(&self) -> watcher::Config {
-        match self {
-            Scope::Cluster => watcher::Config::default(),
-            Scope::Namespace(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
-        }
-    }
-}
 
 /// Everything [`run`] needs.
 #[derive(Clone, Debug)]
@@ -636,35 +607,6 @@ fn affected_profiles(
         .collect()
 }
 
-/// The McpServers of `namespace` in `store` that `profile` allows, by name: the named ones by
-/// key, and with a selector, a scan of the store with the selector parsed once. Never the
-/// whole namespace: a profile's status and injection depend on its own servers only, and
-/// copying 10,000 servers per profile was the controller's cost at scale (issue 18).
-pub(crate) fn profile_servers_in(
-    store: &Store<McpServer>,
-    namespace: &str,
-    profile: &McpProfile,
-) -> BTreeMap<String, McpServer> {
-    let mut found = BTreeMap::new();
-    for name in &profile.spec.servers {
-        if let Some(server) = store.get(&ObjectRef::new(name).within(namespace)) {
-            found.insert(name.clone(), McpServer::clone(&server));
-        }
-    }
-    if let Some(Ok(selector)) = profile.spec.server_selector.clone().map(Selector::try_from) {
-        let selected = store.state_filter(|s| {
-            s.metadata.namespace.as_deref() == Some(namespace)
-                && selector.matches(s.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
-        });
-        for server in selected {
-            if let Some(name) = &server.metadata.name {
-                found.entry(name.clone()).or_insert_with(|| McpServer::clone(&server));
-            }
-        }
-    }
-    found
-}
-
 /// The McpServers to re-reconcile after a namespace cache event: those of the namespace (its
 /// labels may have changed), none after a re-list (each server's own watch covers its start).
 fn servers_to_trigger(event: &watcher::Event<Namespace>, servers: &[Arc<McpServer>]) -> Vec<ObjectRef<McpServer>> {
@@ -1152,37 +1094,6 @@ mod tests {
         assert_eq!(triggers.on_event(&watcher::Event::InitDone, &profiles).len(), 2);
         assert_eq!(triggers.on_event(&watcher::Event::Delete(server("a", "fs")), &profiles).len(), 2);
         assert!(triggers.on_event(&watcher::Event::InitApply(server("a", "fs")), &profiles).is_empty());
-    }
-
-    #[test]
-    fn a_profiles_servers_from_the_store_are_the_named_and_the_selected_in_its_namespace() {
-        let (store, mut writer) = reflector::store::<McpServer>();
-        for server in [
-            server("a", "fs"),
-            labelled("a", "picked", "x"),
-            labelled("a", "other-team", "y"),
-            labelled("b", "fs", "x"),
-            labelled("b", "elsewhere", "x"),
-        ] {
-            writer.apply_watcher_event(&watcher::Event::Apply(server));
-        }
-        let profile = McpProfile::test("p").in_namespace("a").servers(["fs", "missing"]).selecting("team", "x");
-        let found = profile_servers_in(&store, "a", &profile);
-        assert_eq!(found.keys().collect::<Vec<_>>(), ["fs", "picked"]);
-        assert!(found.values().all(|s| s.metadata.namespace.as_deref() == Some("a")));
-        // The status computed from them equals the one computed from the whole namespace.
-        let namespace: Vec<McpServer> = store
-            .state()
-            .iter()
-            .filter(|s| s.metadata.namespace.as_deref() == Some("a"))
-            .map(|s| (**s).clone())
-            .collect();
-        let mine: Vec<McpServer> = found.into_values().collect();
-        let at = Time(Timestamp::UNIX_EPOCH);
-        assert_eq!(
-            profile_status(&profile, &mine, &known_tools(&mine), at.clone()),
-            profile_status(&profile, &namespace, &known_tools(&namespace), at)
-        );
     }
 
     #[test]

@@ -22,13 +22,14 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use super::admin_view::{self, AdminViewConfig};
-use super::certs::{CertSource, Files, SelfSigned};
-use super::client_auth::ClientAuth;
-use super::controller::{self, ControllerConfig, ControllerMetrics, Scope};
+use super::controller::{self, ControllerConfig, ControllerMetrics};
 use super::inject::InjectConfig;
 use super::leader::{self, LeaderConfig};
 use super::probe::ProbeConfig;
-use super::rate_limit::RateLimit;
+use super::scope::Scope;
+use super::webhook::certs::{CertSource, Files, SelfSigned};
+use super::webhook::client_auth::ClientAuth;
+use super::webhook::rate_limit::RateLimit;
 use super::webhook::{self, NativeSidecars, WebhookConfig, WebhookMetrics};
 
 /// Time the controllers get to finish running reconciles and release the Lease after SIGTERM

@@ -57,8 +57,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use self::model::{InjectedPods, Inputs, Replica};
-use super::controller::{ControllerMetrics, Scope};
-use super::webhook_cache::spawn_stripped_reflector;
+use super::controller::ControllerMetrics;
+use super::scope::Scope;
+use super::webhook::spawn_stripped_reflector;
 use crate::api::{McpProfile, McpServer};
 use crate::http_server::ConnectionLimits;
 

@@ -45,7 +45,7 @@ use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use tokio_util::sync::CancellationToken;
 
-use super::webhook::WebhookMetrics;
+use super::metrics::WebhookMetrics;
 
 /// Default sustained reviews per second from one source. Every pod CREATE the webhook
 /// configuration selects is one call (reinvocation may add a second). Pods are created by

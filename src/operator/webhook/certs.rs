@@ -60,9 +60,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::rbac;
 use crate::api::keys::FIELD_MANAGER;
 use crate::api::keys::{WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION};
+use crate::operator::rbac;
 
 /// Secret key of the CA bundle (current CA first); also what the `caBundle` is set to.
 pub const SECRET_CA_CERT: &str = "ca.crt";

@@ -47,9 +47,10 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, warn};
 
-use super::controller::{Scope, profile_servers_in};
-use super::webhook::{Inputs, KubeLookup, Lookup, LookupError, WebhookMetrics};
+use super::lookup::{Inputs, KubeLookup, Lookup, LookupError};
+use super::metrics::WebhookMetrics;
 use crate::api::{McpProfile, McpServer};
+use crate::operator::scope::{Scope, profile_servers_in};
 
 /// [`Lookup`] from reflector stores, reading through [`KubeLookup`] on a miss (see the module
 /// header for the semantics).
