@@ -340,114 +340,11 @@ async fn lead_while_elected(
 /// The controllers of one term of leadership, until `token` is cancelled; they drain (finish
 /// running reconciles) before this returns.
 async fn run_term(client: Client, config: &ControllerConfig, token: CancellationToken) {
-    let run_config = RunConfig::default().concurrency(config.concurrency);
-    let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: Some(config.instance.clone()) };
-    let (servers, server_writer) = reflector::store::<McpServer>();
-    let (bindings, binding_writer) = reflector::store::<RoleBinding>();
-    let (namespaces, namespace_writer) = reflector::store::<Namespace>();
-    let (servers_ready, server_cache_ready) = CacheReady::new();
-    let (bindings_ready, binding_cache_ready) = CacheReady::new();
-    let (namespaces_ready, namespace_cache_ready) = CacheReady::new();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
-        servers,
-        servers_ready,
-        bindings,
-        bindings_ready,
-        namespaces,
-        namespaces_ready,
-        probe: config.probe.clone(),
-        metrics: config.metrics.clone(),
-        agent_role_checked: AtomicBool::new(false),
-    });
-    let stop = {
-        let token = token.clone();
-        move || {
-            let token = token.clone();
-            async move { token.cancelled().await }
-        }
-    };
-
-    // McpServer status, re-reconciled from the namespace cache: a namespace that turns
-    // injection-enabled gets its servers probed now, not at their next requeue
-    // (`--probe-namespaces=injection-enabled`).
-    let server_api: Api<McpServer> = config.scope.api(client.clone());
-    let server_controller = Controller::new(server_api.clone(), watcher::Config::default());
-    let (server_tx, server_rx) = mpsc::channel(TRIGGER_BUFFER);
-    let namespace_cache = {
-        let servers = server_controller.store();
-        cache(
-            namespace_writer,
-            Api::<Namespace>::all(client.clone()),
-            config.scope.namespaces(),
-            namespace_cache_ready,
-            stop(),
-            move |event| servers_to_trigger(event, &servers.state()),
-            server_tx,
-        )
-        .instrument(tracing::info_span!("reflector", kind = KIND_NAMESPACE))
-    };
-    let server_controller = server_controller
-        .reconcile_on(ReceiverStream::new(server_rx))
-        .with_config(run_config.clone())
-        .graceful_shutdown_on(stop())
-        .run(reconcile_server, error_policy, ctx.clone())
-        .for_each(log_outcome)
-        .instrument(tracing::info_span!("controller", kind = KIND_SERVER));
-
-    // McpProfile status, re-reconciled from the server cache it reads.
-    let profile_controller =
-        Controller::new(config.scope.api::<McpProfile>(client.clone()), watcher::Config::default())
-            .with_config(run_config.clone());
-    let profiles = profile_controller.store();
-    let (profile_tx, profile_rx) = mpsc::channel(TRIGGER_BUFFER);
-    let mut triggers = ProfileTriggers::default();
-    let server_cache = cache(
-        server_writer,
-        server_api,
-        watcher::Config::default(),
-        server_cache_ready,
-        stop(),
-        move |event| triggers.on_event(event, &profiles.state()),
-        profile_tx,
-    )
-    .instrument(tracing::info_span!("reflector", kind = KIND_SERVER));
-    let (coalesced_tx, coalesced_rx) = mpsc::channel(TRIGGER_BUFFER);
-    let profile_coalescer = coalesce(profile_rx, coalesced_tx, PROFILE_TRIGGER_WINDOW);
-    let profile_controller = profile_controller
-        .reconcile_on(ReceiverStream::new(coalesced_rx))
-        .graceful_shutdown_on(stop())
-        .run(reconcile_profile, error_policy, ctx.clone())
-        .for_each(log_outcome)
-        .instrument(tracing::info_span!("controller", kind = KIND_PROFILE));
-
-    // The agent RoleBinding of each injection-enabled namespace, re-reconciled from the cache
-    // of the bindings we manage (someone deleting one gets it back).
-    let namespace_controller =
-        Controller::new(Api::<Namespace>::all(client.clone()), config.scope.namespaces()).with_config(run_config);
-    let namespaces = namespace_controller.store();
-    let (namespace_tx, namespace_rx) = mpsc::channel(TRIGGER_BUFFER);
-    let managed = watcher::Config::default()
-        .labels(&format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}"))
-        .fields(&format!("metadata.name={AGENT_ROLE}"));
-    let binding_cache = cache(
-        binding_writer,
-        config.scope.api(client),
-        managed,
-        binding_cache_ready,
-        stop(),
-        move |event| namespaces_to_trigger(event, &namespaces.state()),
-        namespace_tx,
-    )
-    .instrument(tracing::info_span!("reflector", kind = "RoleBinding"));
-    let namespace_controller = namespace_controller
-        .reconcile_on(ReceiverStream::new(namespace_rx))
-        .graceful_shutdown_on(stop())
-        .run(reconcile_namespace, error_policy, ctx)
-        .for_each(log_outcome)
-        .instrument(tracing::info_span!("controller", kind = KIND_NAMESPACE));
-
+    let (ctx, feeds) = Context::new(&client, config);
+    let (namespace_cache, server_controller) = server_controller(&client, config, &ctx, feeds.namespaces, &token);
+    let (server_cache, profile_coalescer, profile_controller) =
+        profile_controller(&client, config, &ctx, feeds.servers, &token);
+    let (binding_cache, namespace_controller) = namespace_controller(&client, config, &ctx, feeds.bindings, &token);
     tokio::join!(
         server_controller,
         server_cache,
@@ -457,6 +354,132 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         binding_cache,
         namespace_controller
     );
+}
+
+/// The writing end of a cache, and the sender [`cache`] sets once it has listed.
+type Feed<K> = (reflector::store::Writer<K>, tokio::sync::watch::Sender<bool>);
+
+/// The writing ends of the caches a term's [`Context`] reads.
+struct Feeds {
+    servers: Feed<McpServer>,
+    bindings: Feed<RoleBinding>,
+    namespaces: Feed<Namespace>,
+}
+
+/// Resolves when `token` is cancelled (every controller and cache needs one of its own).
+fn stopped(token: &CancellationToken) -> impl Future<Output = ()> + Send + Sync + use<> {
+    let token = token.clone();
+    async move { token.cancelled().await }
+}
+
+fn run_config(config: &ControllerConfig) -> RunConfig {
+    RunConfig::default().concurrency(config.concurrency)
+}
+
+/// McpServer status, re-reconciled from the namespace cache: a namespace that turns
+/// injection-enabled gets its servers probed now, not at their next requeue
+/// (`--probe-namespaces=injection-enabled`). Returns the namespace cache and the controller.
+fn server_controller(
+    client: &Client,
+    config: &ControllerConfig,
+    ctx: &Arc<Context>,
+    (namespace_writer, namespace_cache_ready): Feed<Namespace>,
+    token: &CancellationToken,
+) -> (impl Future<Output = ()> + use<>, impl Future<Output = ()> + use<>) {
+    let server_api: Api<McpServer> = config.scope.api(client.clone());
+    let server_controller = Controller::new(server_api, watcher::Config::default());
+    let (server_tx, server_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let servers = server_controller.store();
+    let namespace_cache = cache(
+        namespace_writer,
+        Api::<Namespace>::all(client.clone()),
+        config.scope.namespaces(),
+        namespace_cache_ready,
+        stopped(token),
+        move |event| servers_to_trigger(event, &servers.state()),
+        server_tx,
+    )
+    .instrument(tracing::info_span!("reflector", kind = KIND_NAMESPACE));
+    let server_controller = server_controller
+        .reconcile_on(ReceiverStream::new(server_rx))
+        .with_config(run_config(config))
+        .graceful_shutdown_on(stopped(token))
+        .run(reconcile_server, error_policy, ctx.clone())
+        .for_each(log_outcome)
+        .instrument(tracing::info_span!("controller", kind = KIND_SERVER));
+    (namespace_cache, server_controller)
+}
+
+/// McpProfile status, re-reconciled (coalesced) from the server cache it reads. Returns the
+/// server cache, the coalescer and the controller.
+fn profile_controller(
+    client: &Client,
+    config: &ControllerConfig,
+    ctx: &Arc<Context>,
+    (server_writer, server_cache_ready): Feed<McpServer>,
+    token: &CancellationToken,
+) -> (impl Future<Output = ()> + use<>, impl Future<Output = ()> + use<>, impl Future<Output = ()> + use<>) {
+    let profile_controller =
+        Controller::new(config.scope.api::<McpProfile>(client.clone()), watcher::Config::default())
+            .with_config(run_config(config));
+    let profiles = profile_controller.store();
+    let (profile_tx, profile_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let mut triggers = ProfileTriggers::default();
+    let server_cache = cache(
+        server_writer,
+        config.scope.api::<McpServer>(client.clone()),
+        watcher::Config::default(),
+        server_cache_ready,
+        stopped(token),
+        move |event| triggers.on_event(event, &profiles.state()),
+        profile_tx,
+    )
+    .instrument(tracing::info_span!("reflector", kind = KIND_SERVER));
+    let (coalesced_tx, coalesced_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let profile_coalescer = coalesce(profile_rx, coalesced_tx, PROFILE_TRIGGER_WINDOW);
+    let profile_controller = profile_controller
+        .reconcile_on(ReceiverStream::new(coalesced_rx))
+        .graceful_shutdown_on(stopped(token))
+        .run(reconcile_profile, error_policy, ctx.clone())
+        .for_each(log_outcome)
+        .instrument(tracing::info_span!("controller", kind = KIND_PROFILE));
+    (server_cache, profile_coalescer, profile_controller)
+}
+
+/// The agent RoleBinding of each injection-enabled namespace, re-reconciled from the cache of
+/// the bindings we manage (someone deleting one gets it back). Returns that cache and the
+/// controller.
+fn namespace_controller(
+    client: &Client,
+    config: &ControllerConfig,
+    ctx: &Arc<Context>,
+    (binding_writer, binding_cache_ready): Feed<RoleBinding>,
+    token: &CancellationToken,
+) -> (impl Future<Output = ()> + use<>, impl Future<Output = ()> + use<>) {
+    let namespace_controller = Controller::new(Api::<Namespace>::all(client.clone()), config.scope.namespaces())
+        .with_config(run_config(config));
+    let namespaces = namespace_controller.store();
+    let (namespace_tx, namespace_rx) = mpsc::channel(TRIGGER_BUFFER);
+    let managed = watcher::Config::default()
+        .labels(&format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}"))
+        .fields(&format!("metadata.name={AGENT_ROLE}"));
+    let binding_cache = cache(
+        binding_writer,
+        config.scope.api(client.clone()),
+        managed,
+        binding_cache_ready,
+        stopped(token),
+        move |event| namespaces_to_trigger(event, &namespaces.state()),
+        namespace_tx,
+    )
+    .instrument(tracing::info_span!("reflector", kind = "RoleBinding"));
+    let namespace_controller = namespace_controller
+        .reconcile_on(ReceiverStream::new(namespace_rx))
+        .graceful_shutdown_on(stopped(token))
+        .run(reconcile_namespace, error_policy, ctx.clone())
+        .for_each(log_outcome)
+        .instrument(tracing::info_span!("controller", kind = KIND_NAMESPACE));
+    (binding_cache, namespace_controller)
 }
 
 /// Runs a reflector into `writer` until `stop`, sending `trigger(event)`'s references after
@@ -921,6 +944,36 @@ fn new_rejection<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str>
 }
 
 impl Context {
+    /// The context of one term, and the writing ends of the caches it reads.
+    fn new(client: &Client, config: &ControllerConfig) -> (Arc<Context>, Feeds) {
+        let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: Some(config.instance.clone()) };
+        let (servers, server_writer) = reflector::store::<McpServer>();
+        let (bindings, binding_writer) = reflector::store::<RoleBinding>();
+        let (namespaces, namespace_writer) = reflector::store::<Namespace>();
+        let (servers_ready, server_cache_ready) = CacheReady::new();
+        let (bindings_ready, binding_cache_ready) = CacheReady::new();
+        let (namespaces_ready, namespace_cache_ready) = CacheReady::new();
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            recorder: Recorder::new(client.clone(), reporter),
+            servers,
+            servers_ready,
+            bindings,
+            bindings_ready,
+            namespaces,
+            namespaces_ready,
+            probe: config.probe.clone(),
+            metrics: config.metrics.clone(),
+            agent_role_checked: AtomicBool::new(false),
+        });
+        let feeds = Feeds {
+            servers: (server_writer, server_cache_ready),
+            bindings: (binding_writer, binding_cache_ready),
+            namespaces: (namespace_writer, namespace_cache_ready),
+        };
+        (ctx, feeds)
+    }
+
     /// Whether McpServers of `namespace` are probed (`--probe-namespaces`); waits for the
     /// namespace cache only when the answer depends on it.
     async fn probes_namespace(&self, namespace: &str) -> Result<bool, Error> {

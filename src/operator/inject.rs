@@ -427,69 +427,17 @@ impl Plan {
             servers.iter().map(|s| (s.metadata.name.as_deref().unwrap_or_default(), s)).collect();
 
         let mut volumes = vec![empty_dir(VOLUME_BIN)];
-        let mut sidecars = Vec::new();
-        // (server, its sidecar's uid, its socket volume)
-        let mut sidecar_servers: Vec<(&str, i64, String)> = Vec::new();
-        let mut secret_env: BTreeMap<String, (String, SecretKeySelector)> = BTreeMap::new();
-        let mut secret_refs = Vec::new();
+        let mut sidecars = Sidecars::default();
+        let mut agent_secrets = AgentSecrets::default();
         let mut auth_tokens = Vec::new();
         for (&name, server) in &servers {
-            if let Some(stdio) = &server.spec.stdio {
-                let Some(image) = stdio.image.as_deref().filter(|i| !i.is_empty()) else {
-                    warnings.push(format!(
-                        "McpServer {name:?} has no spec.stdio.image, so it cannot run as a sidecar and was not injected: set spec.stdio.image"
-                    ));
-                    continue;
-                };
-                let tmp = dns_label(TMP_VOLUME_PREFIX, name);
-                let sock = dns_label(SOCKET_VOLUME_PREFIX, name);
-                volumes.push(empty_dir(&tmp));
-                volumes.push(empty_dir(&sock));
-                let uid = sidecar_uid(sidecar_servers.len());
-                let stdio = granted_env(name, stdio, secrets, &mut warnings);
-                let volumes = SidecarVolumes { tmp: &tmp, sock: &sock };
-                sidecars.push(bridge_container(name, image, &stdio, volumes, uid, config, &mut warnings));
-                sidecar_servers.push((name, uid, sock));
+            if let Some(stdio) = &server.spec.stdio
+                && !sidecars.add(name, stdio, &mut volumes, secrets, config, &mut warnings)
+            {
+                continue;
             }
-            for header in server.spec.http.iter().flat_map(|h| &h.headers) {
-                let Some(source) = &header.value_from else {
-                    warn_unread_template(name, &header.name, header.value.as_deref(), &mut warnings);
-                    continue;
-                };
-                let reference = SecretRef {
-                    field: format!("spec.http.headers[{}].valueFrom.secretKeyRef", header.name),
-                    secret: source.secret_key_ref.name.clone(),
-                };
-                if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
-                    warnings.push(format!("{refusal}; the header was not injected"));
-                    continue;
-                }
-                secret_refs.push(secret_ref_id(name, &header.name));
-                let var = secret_env_var(name, &header.name);
-                let owner = format!("McpServer {name:?} header {:?}", header.name);
-                insert_secret(&mut secret_env, var, owner, source.secret_key_ref.clone())?;
-            }
-            let auth = server.spec.http.as_ref().and_then(|h| h.auth.as_ref());
-            for (field_id, field, selector) in auth.iter().flat_map(|a| a.secret_values()) {
-                let reference = SecretRef { field: field.to_string(), secret: selector.name.clone() };
-                if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
-                    warnings.push(format!("{refusal}; it was not injected"));
-                    continue;
-                }
-                secret_refs.push(secret_ref_id(name, field_id));
-                let owner = format!("McpServer {name:?} {field}");
-                insert_secret(&mut secret_env, secret_env_var(name, field_id), owner, selector.clone())?;
-            }
-            if let Some((audience, seconds)) = auth.and_then(|a| a.service_account_token()) {
-                auth_tokens.push(VolumeProjection {
-                    service_account_token: Some(ServiceAccountTokenProjection {
-                        audience: Some(audience.to_string()),
-                        expiration_seconds: Some(seconds),
-                        path: name.to_string(),
-                    }),
-                    ..VolumeProjection::default()
-                });
-            }
+            agent_secrets.add_server(name, server, secrets, &mut warnings)?;
+            auth_tokens.extend(auth_token(name, server));
         }
         // One projected volume, one token per server (its own audience), mounted into the agent
         // only: no sidecar, and not the app, sees a token meant for a remote server. The mount
@@ -503,24 +451,18 @@ impl Plan {
                 ..Volume::default()
             });
         }
-        let upstream_key =
-            profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref()).and_then(|u| u.api_key_secret_ref.as_ref());
-        if let Some(refusal) = secrets.profile_refusal(profile) {
-            warnings.push(format!("{refusal}; the upstream API key was not injected"));
-        } else if let Some(key) = upstream_key {
-            let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
-            let owner = format!("McpProfile {profile_name:?} chat.upstream.apiKeySecretRef");
-            insert_secret(&mut secret_env, ENV_UPSTREAM_API_KEY.to_string(), owner, selector)?;
-        }
+        agent_secrets.add_upstream_key(profile_name, profile, secrets, &mut warnings)?;
 
+        let Sidecars { containers: sidecars, servers: sidecar_servers } = sidecars;
+        if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
+            volumes.push(empty_dir(VOLUME_NO_TOKEN));
+        }
+        let AgentSecrets { env: secret_env, refs: secret_refs } = agent_secrets;
         let secret_env = secret_env.into_iter().map(|(name, (_, selector))| EnvVar {
             name,
             value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
             ..EnvVar::default()
         });
-        if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
-            volumes.push(empty_dir(VOLUME_NO_TOKEN));
-        }
         let mut agent = agent_container(profile_name, &sidecar_servers, &secret_refs, secret_env.collect(), config);
         if volumes.iter().any(|v| v.name == VOLUME_AUTH_TOKENS) {
             agent.volume_mounts.get_or_insert_default().push(mount(VOLUME_AUTH_TOKENS, AUTH_TOKEN_DIR, true));
@@ -637,6 +579,135 @@ impl Plan {
         let bytes = serde_json::to_vec(&injected).map_err(InjectError::Serialize)?;
         Ok(short_hash(&bytes))
     }
+}
+
+// === impl Sidecars ===
+
+/// The stdio servers' bridge sidecars, in server-name order.
+#[derive(Default)]
+struct Sidecars<'a> {
+    containers: Vec<Container>,
+    /// (server, its sidecar's uid, its socket volume)
+    servers: Vec<(&'a str, i64, String)>,
+}
+
+impl<'a> Sidecars<'a> {
+    /// Adds the sidecar of stdio server `name` and its two volumes; `false` (with a warning) when
+    /// the server has no image, and then nothing of it is injected.
+    fn add(
+        &mut self,
+        name: &'a str,
+        stdio: &StdioSpec,
+        volumes: &mut Vec<Volume>,
+        secrets: &SecretGrants,
+        config: &InjectConfig,
+        warnings: &mut Vec<String>,
+    ) -> bool {
+        let Some(image) = stdio.image.as_deref().filter(|i| !i.is_empty()) else {
+            warnings.push(format!(
+                "McpServer {name:?} has no spec.stdio.image, so it cannot run as a sidecar and was not injected: set spec.stdio.image"
+            ));
+            return false;
+        };
+        let tmp = dns_label(TMP_VOLUME_PREFIX, name);
+        let sock = dns_label(SOCKET_VOLUME_PREFIX, name);
+        volumes.push(empty_dir(&tmp));
+        volumes.push(empty_dir(&sock));
+        let uid = sidecar_uid(self.servers.len());
+        let stdio = granted_env(name, stdio, secrets, warnings);
+        let sidecar_volumes = SidecarVolumes { tmp: &tmp, sock: &sock };
+        self.containers.push(bridge_container(name, image, &stdio, sidecar_volumes, uid, config, warnings));
+        self.servers.push((name, uid, sock));
+        true
+    }
+}
+
+// === impl AgentSecrets ===
+
+/// The Secret-backed values delivered to the agent: env var → (who needs it, the Secret key),
+/// and the `<server>/<field>` ids of `SPEAR_SECRET_REFS`.
+#[derive(Default)]
+struct AgentSecrets {
+    env: BTreeMap<String, (String, SecretKeySelector)>,
+    refs: Vec<String>,
+}
+
+impl AgentSecrets {
+    /// Adds `server`'s header and `http.auth` Secret values that their Secrets grant it; a
+    /// refused one is left out with a warning. A Deny message on a colliding env var.
+    fn add_server(
+        &mut self,
+        name: &str,
+        server: &McpServer,
+        secrets: &SecretGrants,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), String> {
+        for header in server.spec.http.iter().flat_map(|h| &h.headers) {
+            let Some(source) = &header.value_from else {
+                warn_unread_template(name, &header.name, header.value.as_deref(), warnings);
+                continue;
+            };
+            let reference = SecretRef {
+                field: format!("spec.http.headers[{}].valueFrom.secretKeyRef", header.name),
+                secret: source.secret_key_ref.name.clone(),
+            };
+            if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
+                warnings.push(format!("{refusal}; the header was not injected"));
+                continue;
+            }
+            self.refs.push(secret_ref_id(name, &header.name));
+            let var = secret_env_var(name, &header.name);
+            let owner = format!("McpServer {name:?} header {:?}", header.name);
+            insert_secret(&mut self.env, var, owner, source.secret_key_ref.clone())?;
+        }
+        let auth = server.spec.http.as_ref().and_then(|h| h.auth.as_ref());
+        for (field_id, field, selector) in auth.iter().flat_map(|a| a.secret_values()) {
+            let reference = SecretRef { field: field.to_string(), secret: selector.name.clone() };
+            if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
+                warnings.push(format!("{refusal}; it was not injected"));
+                continue;
+            }
+            self.refs.push(secret_ref_id(name, field_id));
+            let owner = format!("McpServer {name:?} {field}");
+            insert_secret(&mut self.env, secret_env_var(name, field_id), owner, selector.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Adds the profile's upstream API key when its Secret grants the profile (else a warning).
+    fn add_upstream_key(
+        &mut self,
+        profile_name: &str,
+        profile: &McpProfile,
+        secrets: &SecretGrants,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), String> {
+        let upstream_key =
+            profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref()).and_then(|u| u.api_key_secret_ref.as_ref());
+        if let Some(refusal) = secrets.profile_refusal(profile) {
+            warnings.push(format!("{refusal}; the upstream API key was not injected"));
+        } else if let Some(key) = upstream_key {
+            let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
+            let owner = format!("McpProfile {profile_name:?} chat.upstream.apiKeySecretRef");
+            insert_secret(&mut self.env, ENV_UPSTREAM_API_KEY.to_string(), owner, selector)?;
+        }
+        Ok(())
+    }
+}
+
+/// The projected service-account token `server`'s `http.auth` needs, with its audience, at
+/// `<AUTH_TOKEN_DIR>/<name>`; `None` when its mode uses no token of the pod.
+fn auth_token(name: &str, server: &McpServer) -> Option<VolumeProjection> {
+    let auth = server.spec.http.as_ref().and_then(|h| h.auth.as_ref())?;
+    let (audience, seconds) = auth.service_account_token()?;
+    Some(VolumeProjection {
+        service_account_token: Some(ServiceAccountTokenProjection {
+            audience: Some(audience.to_string()),
+            expiration_seconds: Some(seconds),
+            path: name.to_string(),
+        }),
+        ..VolumeProjection::default()
+    })
 }
 
 /// Records `selector` under `var`; two different Secret keys on one var would hand one server
