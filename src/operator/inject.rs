@@ -15,74 +15,9 @@
 //! rewrites anything the pod already had. The returned pod is that patch applied to the input, so
 //! the two can never disagree.
 //!
-//! What one injected pod looks like:
-//!
-//! ```text
-//! volumes:        spear-bin (emptyDir: the static spearlet)
-//!                 mcp-sock-<server> (emptyDir: /spear/run/<server>, the bridge's socket)
-//!                 mcp-tmp-<server> (emptyDir: /tmp and HOME of one stdio server)
-//!                 spear-no-token (emptyDir, read-only over the service-account token path)
-//! initContainers: spear-init (/spearlet install --to /spear/bin/spearlet)
-//!                 [native] mcp-<server>… (bridge sidecars)  spearlet (agent)  ← restartPolicy: Always
-//!                 the pod's own init containers
-//! containers:     the pod's own containers (+ SPEAR_MCP_URL, SPEAR_CHAT_URL, SPEAR_GRPC_ADDR)
-//!                 [classic] mcp-<server>…  spearlet
-//! ```
-//!
-//! Decisions, and why:
-//! - **Order.** The copy runs first: every later container executes `/spear/bin/spearlet`. In
-//!   native mode the sidecars come before the pod's own init containers, so those may use tools
-//!   too; bridges come before the agent, so their sockets exist when it connects and (sidecars stop
-//!   in reverse order) the agent closes its sessions before the bridges go. The agent's startup
-//!   probe is `/readyz`, so in native mode the kubelet starts the app only once the agent is ready:
-//!   profile valid, each server's first tool list attempted (Istio's "hold application until
-//!   proxy starts"). The probe's 120 s budget covers the longest first attempt (connect plus list,
-//!   10 s each).
-//! - **Users.** Every injected container is non-root, no privilege escalation, all capabilities
-//!   dropped, RuntimeDefault seccomp, read-only root filesystem, gid 65532. The agent and the
-//!   init container run as uid 65532 (distroless `nonroot`); each server sidecar as a uid of
-//!   its own ([`sidecar_uid`], 65600 + its index in name order), so that no server can pose as
-//!   another: the bridge answers only uid 65532 and the agent talks only to the uid it expects
-//!   (`SO_PEERCRED` both ways; the agent learns the uids from `SPEAR_SIDECAR_SERVERS`
-//!   `<server>=<uid>`). The shared gid keeps the bridge's 0660 socket reachable by the agent
-//!   whatever the pod's `fsGroup`; explicit numeric uids let `runAsNonRoot` pass for images whose
-//!   user is root or non-numeric. A server image must therefore run as an arbitrary non-root
-//!   user (as OpenShift's restricted policy asks).
-//! - **Isolation of sidecars.** Each server's socket lives in its own volume at
-//!   `/spear/run/<server>`, writable only in that server's sidecar and read-only in the agent;
-//!   no sidecar mounts another's. Server sidecars get an empty read-only directory over the
-//!   service-account token path (the admission plugin then mounts no token there) unless
-//!   `stdio.mountServiceAccountToken` asks for one. Pods with `shareProcessNamespace` are denied:
-//!   a shared PID namespace shows every process (and, to the same uid, its environment). Each server sidecar gets its own writable `emptyDir` at `/tmp`, with `HOME` and
-//!   `TMPDIR` pointing there unless `stdio.env` sets them, because `npx`/`uvx` write caches there.
-//! - **Marker.** `mcp.spear.dev/injected: <hash of what was injected>` plus the `spearlet`
-//!   container mean "already injected" (Skip). The agent container without the marker is a name
-//!   collision (Deny); the marker without the agent (an annotation copied from a live pod) is
-//!   ignored and the pod is injected.
-//! - **Argv and env values.** The kubelet expands `$(VAR)` in `command`, `args` and env values.
-//!   Server argv is literal (never a shell), so every `$` in it is written as `$$`. In
-//!   `stdio.env` values, `${ENV:NAME}` becomes `$(NAME)` when `NAME` is defined before it on the
-//!   sidecar (the bridge's child inherits the container's environment), else its default;
-//!   without a default it stays `$(NAME)` and the admission response carries a warning.
-//! - **Secrets.** The agent never reads Secrets: http header `secretKeyRef`s become
-//!   `SPEAR_SECRET_<SERVER>_<HEADER>` env vars on the agent and the upstream key becomes
-//!   `SPEAR_UPSTREAM_API_KEY`; stdio `valueFrom`s stay on the sidecar that needs them. Each
-//!   reference is injected only when its Secret allows the referring McpServer or McpProfile
-//!   (`api::secret_grant`); a refused one is left out with an admission warning, so the server
-//!   is unavailable (`env_missing`) rather than the pod refused: a registry author cannot stop
-//!   a workload from starting, nor read a Secret not granted to them.
-//! - **Auth.** `http.auth` client secrets and private keys are delivered like header
-//!   `secretKeyRef`s (`SPEAR_SECRET_<SERVER>_AUTH_CLIENTSECRET` / `_AUTH_PRIVATEKEY`, same grant
-//!   check). A mode that uses the pod's identity gets a projected service-account token with the
-//!   server's audience, `<AUTH_TOKEN_DIR>/<server>`, in one projected volume mounted read-only
-//!   into the agent only; the kubelet rotates it, and the agent reads it on every use.
-//! - **Copy command.** `/spearlet install --to /spear/bin/spearlet`: the spearlet copies itself
-//!   (atomically, so a rerun after a sandbox restart replaces the earlier copy whole). The
-//!   spearlet image's contract is only the static binary at `/spearlet`: no `cp`, no shell, so
-//!   it can be distroless `static` (the Dockerfile's `spearlet` target), and a hostile process
-//!   that gets into the agent or init container finds no shell there. The image's spearlet must
-//!   be at least as new as the operator (an older one lacks `install`): the chart pins both to
-//!   its version.
+//! What an injected pod looks like, and why (container order, users, sidecar isolation, the
+//! marker, argv and env values, Secrets, auth tokens, the copy command): `src/operator/README.md`,
+//! "Pod injection".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -259,10 +194,7 @@ impl fmt::Display for SkipReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// Admit unchanged.
-    Skip {
-        /// Why.
-        reason: SkipReason,
-    },
+    Skip { reason: SkipReason },
     /// Admit with this patch.
     Patch {
         /// RFC 6902 operations against the pod as received.

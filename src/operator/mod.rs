@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The modules here decide; the controller and webhook servers that move objects in and out
-//! stay thin and contain no policy.
+//! stay thin and contain no policy. The reasons behind each part: `src/operator/README.md`.
 //!
 //! - [`inject`]: the pod mutation (volumes, init container, agent, stdio sidecars, env).
 //! - [`status`]: conditions and status fields, with stable `lastTransitionTime`s.

@@ -1,5 +1,6 @@
 //! Which namespaces the operator watches ([`Scope`]), and which McpServers of a reflector store a
-//! profile allows ([`profile_servers_in`]): shared by the controllers and the webhook's cache.
+//! profile allows (`profile_servers_in`): shared by the controllers, the webhook's cache and
+//! the admin view.
 
 use std::collections::BTreeMap;
 
@@ -44,7 +45,7 @@ impl Scope {
 /// The McpServers of `namespace` in `store` that `profile` allows, by name: the named ones by
 /// key, and with a selector, a scan of the store with the selector parsed once. Never the
 /// whole namespace: a profile's status and injection depend on its own servers only, and
-/// copying 10,000 servers per profile was the controller's cost at scale (issue 18).
+/// copying 10,000 servers per profile would be most of the controller's work at scale.
 pub(crate) fn profile_servers_in(
     store: &Store<McpServer>,
     namespace: &str,

@@ -92,10 +92,7 @@ pub enum Error {
     },
     /// A cache a reconcile reads stopped before its first list completed (only at shutdown).
     #[error("the {kind} cache stopped before its first list completed")]
-    CacheStopped {
-        /// Kind of the cache.
-        kind: &'static str,
-    },
+    CacheStopped { kind: &'static str },
     /// Leader election failed; this replica cannot know whether it may write.
     #[error(transparent)]
     Leader(#[from] LeaderError),

@@ -16,20 +16,9 @@
 //!          not labelled: delete the RoleBinding we manage there
 //! ```
 //!
-//! Why it is shaped this way:
-//! - **One field manager, status only.** Every write is a server-side apply of the status
-//!   subresource (or an RBAC object) under `spear-operator`, forced, and made only when the
-//!   computed status differs from the stored one. `status.rs` returns an identical status when
-//!   nothing changed, so a settled object sees no writes at all; spec is never sent.
-//! - **Profiles read a cache that has seen the change.** A profile's status depends on every
-//!   McpServer of its namespace. The profile controller is triggered (`reconcile_on`) by the
-//!   same reflector whose store it reads, after the store applied the event, so a reconcile
-//!   never computes from a cache older than its trigger. Deletions trigger too (a shared
-//!   stream would drop them), and a re-list triggers every profile.
-//! - **Scope.** [`Scope::Namespace`] limits every watch to one namespace, so tests (and a
-//!   namespaced install) run their own controllers side by side without interfering.
-//! - **Probes inside the reconcile.** The controller never runs two reconciles of one object
-//!   at once, so a probe cannot race with itself; `concurrency` bounds probes in flight.
+//! `server.rs`, `profile.rs` and `namespace.rs` hold one controller each; `context.rs` what their
+//! reconciles share. One field manager, status only, written only when it changed; a profile
+//! reads a cache that has already seen its trigger. Why: `src/operator/README.md`, "Controllers".
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

@@ -147,7 +147,6 @@ async fn delete_binding(api: &Api<RoleBinding>, namespace: &str, metrics: &Contr
 // === impl Context ===
 
 impl Context {
-    /// Applies the agent ClusterRole once per term (the RoleBindings refer to it).
     /// Checks once per term that the agent's ClusterRole exists (the chart installs it; the
     /// operator has no right to create it). A missing one is logged, not fatal: the binding may
     /// name it before it exists, and agents read the registry as soon as it does.

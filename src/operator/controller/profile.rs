@@ -65,14 +65,14 @@ pub(super) fn profile_controller(
     (server_cache, profile_coalescer, profile_controller)
 }
 
-/// Profile triggers are coalesced over this window. A burst of server events (servers created,
-/// or their first statuses written, by the thousand) re-reconciled each selecting profile once per
-/// event it matched: each such reconcile scans the namespace's servers, and that scan was most of
-/// the controller's CPU at 10,000 servers (benches/reconcile.rs, profiled). The first trigger
-/// after a quiet window passes at once; the window's others, deduplicated, at its end. Unlike
-/// kube-runtime's debounce, which keeps delaying an object while triggers keep coming (a profile
-/// selecting thousands of probed servers might never be reconciled), a profile's status lags
-/// a change by at most one window.
+/// Profile triggers are coalesced over this window. Without it, a burst of server events
+/// (servers created, or their first statuses written, by the thousand) would reconcile each
+/// selecting profile once per event it matched: each such reconcile scans the namespace's
+/// servers, and at 10,000 servers that scan is most of the controller's CPU
+/// (benches/reconcile.rs). The first trigger after a quiet window passes at once; the window's
+/// others, deduplicated, at its end. Unlike kube-runtime's debounce, which keeps delaying an
+/// object while triggers keep coming (a profile selecting thousands of probed servers might never
+/// be reconciled), a profile's status lags a change by at most one window.
 const PROFILE_TRIGGER_WINDOW: Duration = Duration::from_secs(1);
 
 /// Forwards `rx` to `tx`: the first reference at once, then the distinct references received in
@@ -110,10 +110,10 @@ where
     }
 }
 
-/// Which profiles a server cache event affects (issue 18: with 10,000 servers, triggering every
-/// selecting profile on every server event re-reconciled each of them thousands of times).
-/// It remembers each server's labels as of its previous event, in event order, so a label
-/// change that drops a server from a selector is seen without the profile's status.
+/// Which profiles a server cache event affects: not every selecting profile, which at 10,000
+/// servers would be reconciled thousands of times. It remembers each server's labels as of its
+/// previous event, in event order, so a label change that drops a server from a selector is seen
+/// without the profile's status.
 #[derive(Default)]
 struct ProfileTriggers {
     labels: std::collections::HashMap<ObjectRef<McpServer>, BTreeMap<String, String>>,

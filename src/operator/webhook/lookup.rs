@@ -42,7 +42,7 @@ pub struct Inputs {
     /// The profile the pod names, `None` when it does not exist (or none was asked for).
     pub profile: Option<McpProfile>,
     /// McpServers of the namespace, at least those the profile resolves to (empty when no
-    /// profile was asked for or it does not exist); [`profile_servers`] picks the profile's.
+    /// profile was asked for or it does not exist); `profile_servers` picks the profile's.
     pub servers: Vec<McpServer>,
     /// The annotations of the Secrets the profile and its servers reference (metadata only).
     pub secrets: SecretGrants,

@@ -13,33 +13,13 @@
 //!   a lookup or injection failure ──▶ HTTP 500, so the webhook's failurePolicy decides
 //! ```
 //!
-//! In front of the review, two gates (issue 13, finding 8): with `--webhook-client-ca-file` the
-//! TLS handshake requires the API server's client certificate ([`client_auth`]), and every
-//! request passes a per-source token bucket ([`rate_limit`]) that answers 429 before the
-//! body is read.
+//! In front of the review, two gates: with `--webhook-client-ca-file` the TLS handshake requires
+//! the API server's client certificate ([`client_auth`]), and every request passes a per-source
+//! token bucket ([`rate_limit`]) that answers 429 before the body is read. `lookup.rs` (what a
+//! review reads) and `metrics.rs` are leaves; [`certs`] keeps the serving certificate.
 //!
-//! Decisions, and why:
-//! - **Reads from caches, misses read through** (`cache.rs`, issue 18). Three
-//!   rounds of API reads cost every pod create about 6 ms at p50 and 15 ms at p99; the stores
-//!   answer in microseconds. A store can be a moment behind (`kubectl apply -f profile.yaml -f
-//!   pod.yaml`), so a profile or named server it lacks is read with a GET before the pod is
-//!   judged; the module header there says what a cache can still miss. Each direct read is
-//!   bounded by [`DEFAULT_LOOKUP_TIMEOUT`] (3 s), so even three rounds of them stay inside the
-//!   API server's 10 s.
-//! - **Errors are not denials.** A pod is denied (`allowed: false`, with the message from
-//!   `mutate`) only for something wrong with the pod or its profile. When the webhook cannot
-//!   decide (API server unreachable, a bug), it answers HTTP 500 and the configuration's
-//!   `failurePolicy` decides whether the pod is admitted uninjected or refused.
-//! - **Namespace from the request.** A pod created with `generateName` by a controller carries
-//!   no `metadata.namespace` in the review's object; `request.namespace` is authoritative.
-//! - **Native sidecars** (`--native-sidecars auto`) are decided once at start from the API
-//!   server's version (1.29 or later, where `SidecarContainers` is on by default). A control
-//!   plane upgraded under a running operator gets native sidecars after the operator restarts.
-//! - **TLS handshakes off the accept loop.** Each connection's handshake runs in its own task
-//!   with a timeout, so a slow or idle client (a port scanner, a half-open connection) never
-//!   holds up the API server's next call. Failed handshakes are logged at debug only (anyone can
-//!   cause them) and counted by reason in `tls_handshake_failures_total`, where a refused client
-//!   certificate shows up as `client_certificate`: a misconfigured API server, or an attempt.
+//! Errors are not denials: a pod is denied only for something wrong with it or its profile. Why,
+//! and the other decisions: `src/operator/README.md`, "Webhook".
 
 use std::convert::Infallible;
 use std::io;
