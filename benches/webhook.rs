@@ -32,8 +32,8 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use spear::api::keys::{ANNOTATION_PROFILE, INJECTION_ENABLED, LABEL_INJECTION};
 use spear::api::{McpProfile, McpServer};
-use spear::operator::certs::{CertSource, SelfSigned};
 use spear::operator::inject::{self, Decision, InjectConfig};
+use spear::operator::webhook::certs::{CertSource, SelfSigned};
 use spear::operator::webhook::{
     self, Inputs, Lookup, LookupError, MUTATE_PATH, NativeSidecars, WebhookConfig, WebhookMetrics,
 };

@@ -2,7 +2,11 @@
 //! they use) import no I/O crate and name no I/O path, so they can be reasoned about, tested and
 //! fuzzed without a network, a cluster or a file system. Checked on the source with `syn`: every
 //! `use` tree and every path in code, including grouped imports such as `use std::{fs, io}`.
+//!
+//! The layering's nevers hold too: [`NEVERS`] lists what each part never imports, and no
+//! production file of that part names `crate::<it>`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use quote::ToTokens;
@@ -89,10 +93,26 @@ fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Unit tests of pure modules may use the file system (golden files); only the code under test
-/// must be pure, so `#[cfg(test)]` items and `tests.rs` files are skipped.
+/// Unit tests may use the file system (golden files) and fixtures from any part; only the code
+/// under test must keep the rules, so `#[cfg(test)]` items and `tests.rs` files are skipped.
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| a.path().is_ident("cfg") && a.meta.to_token_stream().to_string().contains("test"))
+}
+
+/// The production code of `file`: `None` for a `tests.rs` or `*_tests.rs` file, else its items
+/// without the `#[cfg(test)]` ones.
+fn production_code(file: &Path) -> Option<syn::File> {
+    if file.ends_with("tests.rs") || file.to_string_lossy().ends_with("_tests.rs") {
+        return None;
+    }
+    let text = std::fs::read_to_string(file).expect("readable source");
+    let mut ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    ast.items.retain(|item| match item {
+        syn::Item::Mod(m) => !is_test_only(&m.attrs),
+        syn::Item::Fn(f) => !is_test_only(&f.attrs),
+        _ => true,
+    });
+    Some(ast)
 }
 
 #[test]
@@ -104,14 +124,8 @@ fn pure_modules_import_no_io() {
     }
     assert!(files.len() > 10, "the pure modules were not found under {}", src.display());
     let mut violations = Vec::new();
-    for file in files.iter().filter(|f| !f.ends_with("tests.rs") && !f.to_string_lossy().ends_with("_tests.rs")) {
-        let text = std::fs::read_to_string(file).expect("readable source");
-        let mut ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        ast.items.retain(|item| match item {
-            syn::Item::Mod(m) => !is_test_only(&m.attrs),
-            syn::Item::Fn(f) => !is_test_only(&f.attrs),
-            _ => true,
-        });
+    for file in &files {
+        let Some(ast) = production_code(file) else { continue };
         let mut imports = Imports::default();
         imports.visit_file(&ast);
         violations.extend(imports.found.into_iter().map(|path| format!("{}: {path}", file.display())));
@@ -119,18 +133,81 @@ fn pure_modules_import_no_io() {
     assert!(violations.is_empty(), "I/O in a pure module (move it to a shell module):\n{}", violations.join("\n"));
 }
 
-/// Which crate modules a module must not use: the libraries do not reach up into the parts that
-/// serve them (`chat` is driven by `agent`, not the other way), and the registry and the
-/// operator share names through `api::keys` only.
-const NOT_IMPORTED: &[(&str, &[&str])] = &[
-    ("chat", &["agent", "cli", "operator"]),
-    ("registry", &["agent", "cli", "operator", "chat"]),
-    ("operator", &["agent", "cli", "chat"]),
-    ("policy", &["agent", "cli", "operator", "chat", "mcp"]),
-    ("api", &["agent", "cli", "operator", "chat", "mcp", "registry", "policy"]),
-    ("mcp", &["agent", "cli", "operator", "chat"]),
-    ("agent", &["cli"]),
+/// The parts a never names: a list, or every module of the crate but a few.
+enum Parts {
+    These(&'static [&'static str]),
+    AllBut(&'static [&'static str]),
+}
+
+/// A never of the layering: no file of `from` names `crate::<to>` outside its tests.
+struct Never {
+    from: &'static [&'static str],
+    to: Parts,
+    why: &'static str,
+}
+
+/// The nevers of `docs/architecture.md`'s layering, each once, with its reason. The libraries do
+/// not reach up into the parts that serve them, and the registry, the operator and the agent
+/// share names through `api` only. [`not_imported`] derives the per-module table from this list.
+const NEVERS: &[Never] = &[
+    Never {
+        from: &["registry", "mcp"],
+        to: Parts::These(&["agent", "cli", "operator", "chat"]),
+        why: "a library does not reach up into the parts that serve it",
+    },
+    Never {
+        from: &["chat", "operator"],
+        to: Parts::These(&["agent", "cli"]),
+        why: "chat is driven by the agent, the operator by the cli",
+    },
+    Never { from: &["chat"], to: Parts::These(&["operator"]), why: "chat and the operator share nothing" },
+    Never { from: &["operator"], to: Parts::These(&["chat"]), why: "chat and the operator share nothing" },
+    Never { from: &["chat"], to: Parts::These(&["registry"]), why: "chat sees effective sets, never snapshots" },
+    Never {
+        from: &["policy"],
+        to: Parts::These(&["agent", "cli", "operator", "chat", "mcp"]),
+        why: "policy decides over resources and snapshots only",
+    },
+    Never { from: &["agent"], to: Parts::These(&["cli"]), why: "the agent is a library the cli runs" },
+    Never { from: &["agent"], to: Parts::These(&["operator"]), why: "the agent and the operator meet in api only" },
+    Never { from: &["api"], to: Parts::AllBut(&[]), why: "api defines; it imports nothing of the crate" },
+    Never {
+        from: &["bridge"],
+        to: Parts::AllBut(&["child"]),
+        why: "the bridge turns a process into a socket and knows no resource",
+    },
 ];
+
+/// The crate's top-level modules, from `src/lib.rs`.
+fn crate_modules(src: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(src.join("lib.rs")).expect("readable lib.rs");
+    let ast = syn::parse_file(&text).expect("lib.rs parses");
+    ast.items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Mod(m) => Some(m.ident.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Module → the modules it must not use (with why), from [`NEVERS`].
+fn not_imported(modules: &[String]) -> BTreeMap<&'static str, BTreeMap<String, &'static str>> {
+    let mut table: BTreeMap<&'static str, BTreeMap<String, &'static str>> = BTreeMap::new();
+    for never in NEVERS {
+        for from in never.from {
+            let to: Vec<String> = match &never.to {
+                Parts::These(parts) => parts.iter().map(|p| p.to_string()).collect(),
+                Parts::AllBut(kept) => {
+                    modules.iter().filter(|m| m != from && !kept.contains(&m.as_str())).cloned().collect()
+                }
+            };
+            let row = table.entry(from).or_default();
+            row.extend(to.into_iter().map(|to| (to, never.why)));
+        }
+    }
+    table
+}
 
 #[derive(Default)]
 struct CrateUses {
@@ -161,25 +238,40 @@ impl<'ast> Visit<'ast> for CrateUses {
 #[test]
 fn libraries_do_not_import_the_parts_above_them() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules = crate_modules(&src);
+    let table = not_imported(&modules);
+    assert!(table.values().flat_map(BTreeMap::keys).all(|m| modules.contains(m)), "a never names no module");
     let mut violations = Vec::new();
-    for (module, forbidden) in NOT_IMPORTED {
+    for (module, forbidden) in &table {
         let mut files = Vec::new();
         rust_files(&src.join(module), &mut files);
         rust_files(&src.join(format!("{module}.rs")), &mut files);
         assert!(!files.is_empty(), "module {module} not found");
         for file in &files {
-            let text = std::fs::read_to_string(file).expect("readable source");
-            let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let Some(ast) = production_code(file) else { continue };
             let mut uses = CrateUses::default();
             uses.visit_file(&ast);
-            for used in uses.found.iter().filter(|m| forbidden.contains(&m.as_str())) {
-                violations.push(format!("{}: crate::{used}", file.display()));
+            for used in &uses.found {
+                if let Some(why) = forbidden.get(used) {
+                    violations.push(format!("{}: crate::{used} ({why})", file.display()));
+                }
             }
         }
     }
     violations.sort();
     violations.dedup();
     assert!(violations.is_empty(), "a module imports a part above it:\n{}", violations.join("\n"));
+}
+
+#[test]
+fn the_nevers_cover_the_layering_rows() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let table = not_imported(&crate_modules(&src));
+    let row = |module: &str| table.get(module).map(|row| row.keys().cloned().collect::<Vec<_>>()).unwrap_or_default();
+    assert_eq!(row("agent"), ["cli", "operator"]);
+    assert!(row("api").contains(&"registry".to_string()) && !row("api").contains(&"api".to_string()));
+    assert!(row("bridge").contains(&"api".to_string()) && !row("bridge").contains(&"child".to_string()));
+    assert_eq!(row("chat"), ["agent", "cli", "operator", "registry"]);
 }
 
 #[test]

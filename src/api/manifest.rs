@@ -14,9 +14,9 @@
 //!
 //! Manifests come from registry authors, who are not trusted with the agent's memory. The
 //! parser's events are pulled in a loop (yaml-rust2's `Parser::load` recurses once per nesting
-//! level, so deep input overflowed the stack), and every document is held to caps: nesting
+//! level, so deep input would overflow the stack), and every document is held to caps: nesting
 //! depth, nodes and scalar bytes with alias expansions counted (an alias is a copy: a few
-//! hundred bytes of nested aliases used to expand to gigabytes), and bytes of the field-path line
+//! hundred bytes of nested aliases can expand to gigabytes), and bytes of the field-path line
 //! index. A manifest past a cap is one problem naming the cap and the fix, never a crash.
 
 use std::collections::BTreeMap;

@@ -16,6 +16,7 @@
 //! - [`crd`]: rendering `crds/*.yaml`.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
 //!   and role names): one definition for the webhook, the agent, the operator and the tests.
+//! - `names`: the names both sides derive (secret env vars and refs, the socket file, short hashes).
 
 pub mod conditions;
 pub mod crd;
@@ -24,6 +25,7 @@ pub mod keys;
 pub mod manifest;
 mod mcp_profile;
 mod mcp_server;
+pub(crate) mod names;
 mod schema;
 pub mod secret_grant;
 pub mod validate;

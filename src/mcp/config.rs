@@ -27,10 +27,10 @@ use std::sync::Arc;
 
 use crate::api::env_ref::{self, MissingEnv, Template};
 use crate::api::keys::{AUTH_TOKEN_DIR, ENV_AUTH_TOKEN_DIR};
+use crate::api::names::{SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
 use crate::api::{
     AUTH_CLIENT_SECRET, AUTH_PRIVATE_KEY, HttpAuth, JwtAlgorithm, McpServer, ServerBudgets, TokenGrant, Transport,
 };
-use crate::registry::snapshot::short_hash;
 
 /// Where stdio servers run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,27 +74,9 @@ pub(crate) fn socket_path(socket_dir: &std::path::Path, server: &str) -> PathBuf
     socket_dir.join(server).join(SOCKET_FILE)
 }
 
-/// The bridge socket's file name in its server's directory.
-pub(crate) const SOCKET_FILE: &str = "mcp.sock";
-
 /// Variables a stdio child inherits from the agent besides its configured env: enough for
 /// `npx`/`uvx`/`python` to work, nothing that could carry the agent's own secrets.
 pub(crate) const INHERITED_ENV: &[&str] = &["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ", "NODE_PATH"];
-
-/// The env var that carries a secret-backed value of `server`'s `field` (an env or header name):
-/// `SPEAR_SECRET_<SERVER>_<FIELD>`, upper-cased, other characters as `_`.
-pub(crate) fn secret_env_var(server: &str, field: &str) -> String {
-    let clean = |s: &str| -> String {
-        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
-    };
-    format!("SPEAR_SECRET_{}_{}", clean(server), clean(field))
-}
-
-/// How the webhook's `SPEAR_SECRET_REFS` names one delivered header value: `<server>/<header>`
-/// (neither part can contain `/` or `,`).
-pub(crate) fn secret_ref_id(server: &str, header: &str) -> String {
-    format!("{server}/{header}")
-}
 
 /// The secret-backed value `field` (a header name or an auth field id) of `server`: its env var,
 /// or, in a pod whose webhook did not deliver it for this server, not delivered.

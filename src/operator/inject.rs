@@ -15,74 +15,9 @@
 //! rewrites anything the pod already had. The returned pod is that patch applied to the input, so
 //! the two can never disagree.
 //!
-//! What one injected pod looks like:
-//!
-//! ```text
-//! volumes:        spear-bin (emptyDir: the static spearlet)
-//!                 mcp-sock-<server> (emptyDir: /spear/run/<server>, the bridge's socket)
-//!                 mcp-tmp-<server> (emptyDir: /tmp and HOME of one stdio server)
-//!                 spear-no-token (emptyDir, read-only over the service-account token path)
-//! initContainers: spear-init (/spearlet install --to /spear/bin/spearlet)
-//!                 [native] mcp-<server>… (bridge sidecars)  spearlet (agent)  ← restartPolicy: Always
-//!                 the pod's own init containers
-//! containers:     the pod's own containers (+ SPEAR_MCP_URL, SPEAR_CHAT_URL, SPEAR_GRPC_ADDR)
-//!                 [classic] mcp-<server>…  spearlet
-//! ```
-//!
-//! Decisions, and why:
-//! - **Order.** The copy runs first: every later container executes `/spear/bin/spearlet`. In
-//!   native mode the sidecars come before the pod's own init containers, so those may use tools
-//!   too; bridges come before the agent, so their sockets exist when it connects and (sidecars stop
-//!   in reverse order) the agent closes its sessions before the bridges go. The agent's startup
-//!   probe is `/readyz`, so in native mode the kubelet starts the app only once the agent is ready:
-//!   profile valid, each server's first tool list attempted (Istio's "hold application until
-//!   proxy starts"). The probe's 120 s budget covers the longest first attempt (connect plus list,
-//!   10 s each).
-//! - **Users.** Every injected container is non-root, no privilege escalation, all capabilities
-//!   dropped, RuntimeDefault seccomp, read-only root filesystem, gid 65532. The agent and the
-//!   init container run as uid 65532 (distroless `nonroot`); each server sidecar as a uid of
-//!   its own ([`sidecar_uid`], 65600 + its index in name order), so that no server can pose as
-//!   another: the bridge answers only uid 65532 and the agent talks only to the uid it expects
-//!   (`SO_PEERCRED` both ways; the agent learns the uids from `SPEAR_SIDECAR_SERVERS`
-//!   `<server>=<uid>`). The shared gid keeps the bridge's 0660 socket reachable by the agent
-//!   whatever the pod's `fsGroup`; explicit numeric uids let `runAsNonRoot` pass for images whose
-//!   user is root or non-numeric. A server image must therefore run as an arbitrary non-root
-//!   user (as OpenShift's restricted policy asks).
-//! - **Isolation of sidecars.** Each server's socket lives in its own volume at
-//!   `/spear/run/<server>`, writable only in that server's sidecar and read-only in the agent;
-//!   no sidecar mounts another's. Server sidecars get an empty read-only directory over the
-//!   service-account token path (the admission plugin then mounts no token there) unless
-//!   `stdio.mountServiceAccountToken` asks for one. Pods with `shareProcessNamespace` are denied:
-//!   a shared PID namespace shows every process (and, to the same uid, its environment). Each server sidecar gets its own writable `emptyDir` at `/tmp`, with `HOME` and
-//!   `TMPDIR` pointing there unless `stdio.env` sets them, because `npx`/`uvx` write caches there.
-//! - **Marker.** `mcp.spear.dev/injected: <hash of what was injected>` plus the `spearlet`
-//!   container mean "already injected" (Skip). The agent container without the marker is a name
-//!   collision (Deny); the marker without the agent (an annotation copied from a live pod) is
-//!   ignored and the pod is injected.
-//! - **Argv and env values.** The kubelet expands `$(VAR)` in `command`, `args` and env values.
-//!   Server argv is literal (never a shell), so every `$` in it is written as `$$`. In
-//!   `stdio.env` values, `${ENV:NAME}` becomes `$(NAME)` when `NAME` is defined before it on the
-//!   sidecar (the bridge's child inherits the container's environment), else its default;
-//!   without a default it stays `$(NAME)` and the admission response carries a warning.
-//! - **Secrets.** The agent never reads Secrets: http header `secretKeyRef`s become
-//!   `SPEAR_SECRET_<SERVER>_<HEADER>` env vars on the agent and the upstream key becomes
-//!   `SPEAR_UPSTREAM_API_KEY`; stdio `valueFrom`s stay on the sidecar that needs them. Each
-//!   reference is injected only when its Secret allows the referring McpServer or McpProfile
-//!   (`api::secret_grant`); a refused one is left out with an admission warning, so the server
-//!   is unavailable (`env_missing`) rather than the pod refused: a registry author cannot stop
-//!   a workload from starting, nor read a Secret not granted to them.
-//! - **Auth.** `http.auth` client secrets and private keys are delivered like header
-//!   `secretKeyRef`s (`SPEAR_SECRET_<SERVER>_AUTH_CLIENTSECRET` / `_AUTH_PRIVATEKEY`, same grant
-//!   check). A mode that uses the pod's identity gets a projected service-account token with the
-//!   server's audience, `<AUTH_TOKEN_DIR>/<server>`, in one projected volume mounted read-only
-//!   into the agent only; the kubelet rotates it, and the agent reads it on every use.
-//! - **Copy command.** `/spearlet install --to /spear/bin/spearlet`: the spearlet copies itself
-//!   (atomically, so a rerun after a sandbox restart replaces the earlier copy whole). The
-//!   spearlet image's contract is only the static binary at `/spearlet`: no `cp`, no shell, so
-//!   it can be distroless `static` (the Dockerfile's `spearlet` target), and a hostile process
-//!   that gets into the agent or init container finds no shell there. The image's spearlet must
-//!   be at least as new as the operator (an older one lacks `install`): the chart pins both to
-//!   its version.
+//! What an injected pod looks like, and why (container order, users, sidecar isolation, the
+//! marker, argv and env values, Secrets, auth tokens, the copy command): `src/operator/README.md`,
+//! "Pod injection".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -107,11 +42,10 @@ use crate::api::keys::{
     INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX,
     SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX, VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
+use crate::api::names::{SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
 use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
-use crate::mcp::config::{SOCKET_FILE, secret_env_var, secret_ref_id};
-use crate::registry::snapshot::short_hash;
 
 /// Scratch directory of a server sidecar (its own `emptyDir`; the root filesystem is read-only).
 pub const SIDECAR_TMP: &str = "/tmp";
@@ -260,10 +194,7 @@ impl fmt::Display for SkipReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// Admit unchanged.
-    Skip {
-        /// Why.
-        reason: SkipReason,
-    },
+    Skip { reason: SkipReason },
     /// Admit with this patch.
     Patch {
         /// RFC 6902 operations against the pod as received.
@@ -428,69 +359,17 @@ impl Plan {
             servers.iter().map(|s| (s.metadata.name.as_deref().unwrap_or_default(), s)).collect();
 
         let mut volumes = vec![empty_dir(VOLUME_BIN)];
-        let mut sidecars = Vec::new();
-        // (server, its sidecar's uid, its socket volume)
-        let mut sidecar_servers: Vec<(&str, i64, String)> = Vec::new();
-        let mut secret_env: BTreeMap<String, (String, SecretKeySelector)> = BTreeMap::new();
-        let mut secret_refs = Vec::new();
+        let mut sidecars = Sidecars::default();
+        let mut agent_secrets = AgentSecrets::default();
         let mut auth_tokens = Vec::new();
         for (&name, server) in &servers {
-            if let Some(stdio) = &server.spec.stdio {
-                let Some(image) = stdio.image.as_deref().filter(|i| !i.is_empty()) else {
-                    warnings.push(format!(
-                        "McpServer {name:?} has no spec.stdio.image, so it cannot run as a sidecar and was not injected: set spec.stdio.image"
-                    ));
-                    continue;
-                };
-                let tmp = dns_label(TMP_VOLUME_PREFIX, name);
-                let sock = dns_label(SOCKET_VOLUME_PREFIX, name);
-                volumes.push(empty_dir(&tmp));
-                volumes.push(empty_dir(&sock));
-                let uid = sidecar_uid(sidecar_servers.len());
-                let stdio = granted_env(name, stdio, secrets, &mut warnings);
-                let volumes = SidecarVolumes { tmp: &tmp, sock: &sock };
-                sidecars.push(bridge_container(name, image, &stdio, volumes, uid, config, &mut warnings));
-                sidecar_servers.push((name, uid, sock));
+            if let Some(stdio) = &server.spec.stdio
+                && !sidecars.add(name, stdio, &mut volumes, secrets, config, &mut warnings)
+            {
+                continue;
             }
-            for header in server.spec.http.iter().flat_map(|h| &h.headers) {
-                let Some(source) = &header.value_from else {
-                    warn_unread_template(name, &header.name, header.value.as_deref(), &mut warnings);
-                    continue;
-                };
-                let reference = SecretRef {
-                    field: format!("spec.http.headers[{}].valueFrom.secretKeyRef", header.name),
-                    secret: source.secret_key_ref.name.clone(),
-                };
-                if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
-                    warnings.push(format!("{refusal}; the header was not injected"));
-                    continue;
-                }
-                secret_refs.push(secret_ref_id(name, &header.name));
-                let var = secret_env_var(name, &header.name);
-                let owner = format!("McpServer {name:?} header {:?}", header.name);
-                insert_secret(&mut secret_env, var, owner, source.secret_key_ref.clone())?;
-            }
-            let auth = server.spec.http.as_ref().and_then(|h| h.auth.as_ref());
-            for (field_id, field, selector) in auth.iter().flat_map(|a| a.secret_values()) {
-                let reference = SecretRef { field: field.to_string(), secret: selector.name.clone() };
-                if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
-                    warnings.push(format!("{refusal}; it was not injected"));
-                    continue;
-                }
-                secret_refs.push(secret_ref_id(name, field_id));
-                let owner = format!("McpServer {name:?} {field}");
-                insert_secret(&mut secret_env, secret_env_var(name, field_id), owner, selector.clone())?;
-            }
-            if let Some((audience, seconds)) = auth.and_then(|a| a.service_account_token()) {
-                auth_tokens.push(VolumeProjection {
-                    service_account_token: Some(ServiceAccountTokenProjection {
-                        audience: Some(audience.to_string()),
-                        expiration_seconds: Some(seconds),
-                        path: name.to_string(),
-                    }),
-                    ..VolumeProjection::default()
-                });
-            }
+            agent_secrets.add_server(name, server, secrets, &mut warnings)?;
+            auth_tokens.extend(auth_token(name, server));
         }
         // One projected volume, one token per server (its own audience), mounted into the agent
         // only: no sidecar, and not the app, sees a token meant for a remote server. The mount
@@ -504,24 +383,18 @@ impl Plan {
                 ..Volume::default()
             });
         }
-        let upstream_key =
-            profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref()).and_then(|u| u.api_key_secret_ref.as_ref());
-        if let Some(refusal) = secrets.profile_refusal(profile) {
-            warnings.push(format!("{refusal}; the upstream API key was not injected"));
-        } else if let Some(key) = upstream_key {
-            let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
-            let owner = format!("McpProfile {profile_name:?} chat.upstream.apiKeySecretRef");
-            insert_secret(&mut secret_env, ENV_UPSTREAM_API_KEY.to_string(), owner, selector)?;
-        }
+        agent_secrets.add_upstream_key(profile_name, profile, secrets, &mut warnings)?;
 
+        let Sidecars { containers: sidecars, servers: sidecar_servers } = sidecars;
+        if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
+            volumes.push(empty_dir(VOLUME_NO_TOKEN));
+        }
+        let AgentSecrets { env: secret_env, refs: secret_refs } = agent_secrets;
         let secret_env = secret_env.into_iter().map(|(name, (_, selector))| EnvVar {
             name,
             value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
             ..EnvVar::default()
         });
-        if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
-            volumes.push(empty_dir(VOLUME_NO_TOKEN));
-        }
         let mut agent = agent_container(profile_name, &sidecar_servers, &secret_refs, secret_env.collect(), config);
         if volumes.iter().any(|v| v.name == VOLUME_AUTH_TOKENS) {
             agent.volume_mounts.get_or_insert_default().push(mount(VOLUME_AUTH_TOKENS, AUTH_TOKEN_DIR, true));
@@ -638,6 +511,135 @@ impl Plan {
         let bytes = serde_json::to_vec(&injected).map_err(InjectError::Serialize)?;
         Ok(short_hash(&bytes))
     }
+}
+
+// === impl Sidecars ===
+
+/// The stdio servers' bridge sidecars, in server-name order.
+#[derive(Default)]
+struct Sidecars<'a> {
+    containers: Vec<Container>,
+    /// (server, its sidecar's uid, its socket volume)
+    servers: Vec<(&'a str, i64, String)>,
+}
+
+impl<'a> Sidecars<'a> {
+    /// Adds the sidecar of stdio server `name` and its two volumes; `false` (with a warning) when
+    /// the server has no image, and then nothing of it is injected.
+    fn add(
+        &mut self,
+        name: &'a str,
+        stdio: &StdioSpec,
+        volumes: &mut Vec<Volume>,
+        secrets: &SecretGrants,
+        config: &InjectConfig,
+        warnings: &mut Vec<String>,
+    ) -> bool {
+        let Some(image) = stdio.image.as_deref().filter(|i| !i.is_empty()) else {
+            warnings.push(format!(
+                "McpServer {name:?} has no spec.stdio.image, so it cannot run as a sidecar and was not injected: set spec.stdio.image"
+            ));
+            return false;
+        };
+        let tmp = dns_label(TMP_VOLUME_PREFIX, name);
+        let sock = dns_label(SOCKET_VOLUME_PREFIX, name);
+        volumes.push(empty_dir(&tmp));
+        volumes.push(empty_dir(&sock));
+        let uid = sidecar_uid(self.servers.len());
+        let stdio = granted_env(name, stdio, secrets, warnings);
+        let sidecar_volumes = SidecarVolumes { tmp: &tmp, sock: &sock };
+        self.containers.push(bridge_container(name, image, &stdio, sidecar_volumes, uid, config, warnings));
+        self.servers.push((name, uid, sock));
+        true
+    }
+}
+
+// === impl AgentSecrets ===
+
+/// The Secret-backed values delivered to the agent: env var → (who needs it, the Secret key),
+/// and the `<server>/<field>` ids of `SPEAR_SECRET_REFS`.
+#[derive(Default)]
+struct AgentSecrets {
+    env: BTreeMap<String, (String, SecretKeySelector)>,
+    refs: Vec<String>,
+}
+
+impl AgentSecrets {
+    /// Adds `server`'s header and `http.auth` Secret values that their Secrets grant it; a
+    /// refused one is left out with a warning. A Deny message on a colliding env var.
+    fn add_server(
+        &mut self,
+        name: &str,
+        server: &McpServer,
+        secrets: &SecretGrants,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), String> {
+        for header in server.spec.http.iter().flat_map(|h| &h.headers) {
+            let Some(source) = &header.value_from else {
+                warn_unread_template(name, &header.name, header.value.as_deref(), warnings);
+                continue;
+            };
+            let reference = SecretRef {
+                field: format!("spec.http.headers[{}].valueFrom.secretKeyRef", header.name),
+                secret: source.secret_key_ref.name.clone(),
+            };
+            if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
+                warnings.push(format!("{refusal}; the header was not injected"));
+                continue;
+            }
+            self.refs.push(secret_ref_id(name, &header.name));
+            let var = secret_env_var(name, &header.name);
+            let owner = format!("McpServer {name:?} header {:?}", header.name);
+            insert_secret(&mut self.env, var, owner, source.secret_key_ref.clone())?;
+        }
+        let auth = server.spec.http.as_ref().and_then(|h| h.auth.as_ref());
+        for (field_id, field, selector) in auth.iter().flat_map(|a| a.secret_values()) {
+            let reference = SecretRef { field: field.to_string(), secret: selector.name.clone() };
+            if let Err(refusal) = secrets.check(Referrer::Server(name), &reference) {
+                warnings.push(format!("{refusal}; it was not injected"));
+                continue;
+            }
+            self.refs.push(secret_ref_id(name, field_id));
+            let owner = format!("McpServer {name:?} {field}");
+            insert_secret(&mut self.env, secret_env_var(name, field_id), owner, selector.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Adds the profile's upstream API key when its Secret grants the profile (else a warning).
+    fn add_upstream_key(
+        &mut self,
+        profile_name: &str,
+        profile: &McpProfile,
+        secrets: &SecretGrants,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), String> {
+        let upstream_key =
+            profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref()).and_then(|u| u.api_key_secret_ref.as_ref());
+        if let Some(refusal) = secrets.profile_refusal(profile) {
+            warnings.push(format!("{refusal}; the upstream API key was not injected"));
+        } else if let Some(key) = upstream_key {
+            let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
+            let owner = format!("McpProfile {profile_name:?} chat.upstream.apiKeySecretRef");
+            insert_secret(&mut self.env, ENV_UPSTREAM_API_KEY.to_string(), owner, selector)?;
+        }
+        Ok(())
+    }
+}
+
+/// The projected service-account token `server`'s `http.auth` needs, with its audience, at
+/// `<AUTH_TOKEN_DIR>/<name>`; `None` when its mode uses no token of the pod.
+fn auth_token(name: &str, server: &McpServer) -> Option<VolumeProjection> {
+    let auth = server.spec.http.as_ref().and_then(|h| h.auth.as_ref())?;
+    let (audience, seconds) = auth.service_account_token()?;
+    Some(VolumeProjection {
+        service_account_token: Some(ServiceAccountTokenProjection {
+            audience: Some(audience.to_string()),
+            expiration_seconds: Some(seconds),
+            path: name.to_string(),
+        }),
+        ..VolumeProjection::default()
+    })
 }
 
 /// Records `selector` under `var`; two different Secret keys on one var would hand one server

@@ -7,32 +7,28 @@
 //! ```
 //!
 //! The modules here decide; the controller and webhook servers that move objects in and out
-//! stay thin and contain no policy.
+//! stay thin and contain no policy. The reasons behind each part: `src/operator/README.md`.
 //!
 //! - [`inject`]: the pod mutation (volumes, init container, agent, stdio sidecars, env).
 //! - [`status`]: conditions and status fields, with stable `lastTransitionTime`s.
 //! - [`rbac`]: the agent's and the operator's least-privilege roles and the agent binding.
-//! - [`webhook`]: the HTTPS admission server around [`inject::mutate`] (thin I/O).
-//! - [`webhook_cache`]: the webhook's reflector stores, read through on a miss.
-//! - [`certs`]: the webhook's CA and serving certificate: issue, store, rotate, hot-reload.
-//! - [`client_auth`]: the API server's client certificate, required at the webhook's handshake.
-//! - [`rate_limit`]: the webhook's per-source token buckets (429 before any parsing).
+//! - [`webhook`]: the HTTPS admission server around [`inject::mutate`] (thin I/O), with its
+//!   caches, [`certs`](webhook::certs), [`client_auth`](webhook::client_auth) and
+//!   [`rate_limit`](webhook::rate_limit).
 //! - [`controller`]: the controllers that write status and keep the agent RoleBindings (thin I/O).
 //! - [`probe`]: when and how an http McpServer is probed (`initialize` + `tools/list`).
 //! - [`leader`]: leader election on a Lease; only the holder runs the controllers.
+//! - [`scope`]: which namespaces are watched, and a profile's servers in a store.
 //! - [`admin_view`]: the read-only admin page and its JSON (`--admin-view-addr`).
 //! - [`run`]: `spear-operator run` as one call: controllers, webhook and admin server together.
 
 pub mod admin_view;
-pub mod certs;
-pub mod client_auth;
 pub mod controller;
 pub mod inject;
 pub mod leader;
 pub mod probe;
-pub mod rate_limit;
 pub mod rbac;
 pub mod run;
+pub mod scope;
 pub mod status;
 pub mod webhook;
-pub mod webhook_cache;

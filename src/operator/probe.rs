@@ -7,32 +7,11 @@
 //! ProbeTarget ──probe (I/O: mcp::connect, tools/list, close)──▶ status::ProbeOutcome
 //! ```
 //!
-//! **Secrets.** Header values from Secrets (`valueFrom.secretKeyRef`) reach the agent as env
-//! vars the webhook sets; the operator never reads Secrets (its RBAC has no such rule), and it
-//! does not expand `${ENV:...}` references from its own environment either, since those name
-//! the agent's variables and the operator's own may hold its credentials. So a probe sends
-//! only headers whose value is a plain literal, and withholds the rest. A server that needs a
-//! withheld header answers the probe with an error; `lastError` then says which headers were
-//! withheld and why, so `Ready=False` is read as "the operator could not check", not as "the
-//! server is down". The probe is still made: it shows the URL is reachable and speaks MCP.
-//!
-//! **Reach.** The operator runs where registry authors' pods may not (its own namespace, often
-//! with a route to node-local and cloud-metadata addresses), and anyone who may write an
-//! McpServer chooses the URL. Two limits keep the prober from being their proxy:
-//! - *Namespaces* (`--probe-namespaces`, default `injection-enabled`): only McpServers in a
-//!   namespace labelled `mcp.spear.dev/injection=enabled` are probed, the ones pods there can
-//!   use; elsewhere `Ready` is `Unknown/ProbeSkipped`. `all` probes everywhere, `none` nowhere.
-//! - *Addresses* (`--probe-deny-cidrs`, default loopback, link-local, "this host"): checked on
-//!   the addresses actually dialled, in the HTTP client's resolver, so a name that resolves (or
-//!   re-resolves) into a denied range is refused as well as a literal IP; redirects are not
-//!   followed (one could point anywhere) and no proxy is used while the list is non-empty (a
-//!   proxy would resolve the name itself). The status says only that the address is denied.
-//!
-//! **Schedule.** A probe runs when the generation changed since the last one, then every
-//! `interval` while it succeeds. While it fails, the next attempt comes after as long as the
-//! failure has lasted so far (at least `min_retry`, at most `interval`): retries double, and
-//! the delay derives from the status alone (`Ready`'s `lastTransitionTime`), so a new leader
-//! continues the same backoff.
+//! The operator never reads Secrets, so a probe sends only literal header values and says which it
+//! withheld. Anyone who may write an McpServer chooses the URL, so the prober is not their proxy:
+//! only McpServers of probed namespaces (`--probe-namespaces`) are probed, and the addresses
+//! actually dialled are checked against `--probe-deny-cidrs`. A failing probe backs off by the
+//! status alone, so a new leader continues it. Why: `src/operator/README.md`, "Probes".
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
@@ -585,8 +564,8 @@ mod tests {
         assert_eq!(next(1000, 100), 60);
     }
 
-    /// Issue 13 finding 6: whatever the probed URL answers never reaches the status, only a
-    /// fixed message and the status code.
+    /// Whatever the probed URL answers never reaches the status, only a fixed message and the
+    /// status code.
     #[test]
     fn a_failure_message_carries_the_status_code_never_the_answer() {
         let body = "HTTP 403: {\"secret\": \"internal metadata s3cr3t\"}";

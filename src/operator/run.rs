@@ -19,17 +19,19 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::admin_view::{self, AdminViewConfig};
-use super::certs::{CertSource, Files, SelfSigned};
-use super::client_auth::ClientAuth;
-use super::controller::{self, ControllerConfig, ControllerMetrics, Scope};
+use super::admin_view::{self, AdminViewConfig, AdminViewError};
+use super::controller::{self, ControllerConfig, ControllerMetrics};
 use super::inject::InjectConfig;
 use super::leader::{self, LeaderConfig};
 use super::probe::ProbeConfig;
-use super::rate_limit::RateLimit;
-use super::webhook::{self, NativeSidecars, WebhookConfig, WebhookMetrics};
+use super::scope::Scope;
+use super::webhook::certs::{CertSource, Files, SelfSigned};
+use super::webhook::client_auth::ClientAuth;
+use super::webhook::rate_limit::RateLimit;
+use super::webhook::{self, NativeSidecars, WebhookConfig, WebhookError, WebhookMetrics};
 
 /// Time the controllers get to finish running reconciles and release the Lease after SIGTERM
 /// (Kubernetes' default termination grace period is 30 s).
@@ -79,125 +81,172 @@ pub(crate) struct AdminViewSettings {
     pub(crate) allowed_hosts: Vec<String>,
 }
 
+impl OperatorConfig {
+    /// Where the controllers, the webhook's caches and the admin view watch.
+    fn scope(&self) -> Scope {
+        self.watch_namespace.clone().map_or(Scope::Cluster, Scope::Namespace)
+    }
+
+    /// The controllers' config; `namespace` holds the Lease, `identity` names this replica.
+    fn controller_config(&self, namespace: &str, identity: String, metrics: ControllerMetrics) -> ControllerConfig {
+        ControllerConfig {
+            scope: self.scope(),
+            probe: self.probe.clone(),
+            leader: self
+                .leader_election
+                .then(|| LeaderConfig::new(self.lease_name.clone(), namespace, identity.as_str())),
+            instance: identity,
+            concurrency: controller::DEFAULT_CONCURRENCY,
+            metrics,
+        }
+    }
+
+    /// The webhook's config: its certificate (issued for the Service in `namespace`, or from
+    /// files), what it injects, who may call it and how often.
+    fn webhook_config(&self, namespace: &str, metrics: WebhookMetrics) -> WebhookConfig {
+        let cert = match &self.cert {
+            CertMode::SelfSigned { webhook_config_name } => {
+                let mut self_signed = SelfSigned::new(namespace, self.webhook_service_name.as_str());
+                self_signed.webhook_config_name = Some(webhook_config_name.clone());
+                CertSource::SelfSigned(self_signed)
+            }
+            CertMode::Files { dir } => CertSource::Files(Files::new(dir.clone())),
+        };
+        // Injected agents export traces where the operator does (its OTEL_* settings).
+        let inject_config = InjectConfig {
+            agent_env: crate::telemetry::otel::agent_env(std::env::vars()),
+            ..InjectConfig::new(self.agent_image.clone(), self.spearlet_image.clone())
+        };
+        let mut webhook_config = WebhookConfig::new(self.webhook_addr, inject_config, self.native_sidecars, cert);
+        webhook_config.metrics = metrics;
+        webhook_config.client_auth = self.webhook_client_auth.clone();
+        webhook_config.rate_limit = self.webhook_rate_limit;
+        webhook_config.cache_scope = self.scope();
+        webhook_config
+    }
+}
+
 /// Runs the operator until `shutdown`; an error when a part stops on its own.
 pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     crate::install_crypto_provider();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster service account, or KUBECONFIG)")?;
-    let namespace = config.namespace.unwrap_or_else(|| client.default_namespace().to_string());
+    let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
 
     let mut registry = Registry::default();
     crate::telemetry::register_log_drops(&mut registry);
     let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("spear_operator"));
     let webhook_metrics = WebhookMetrics::register(registry.sub_registry_with_prefix("spear_operator_webhook"));
     let identity = leader::default_identity();
-    let admin_view_config = config.admin_view.map(|view| AdminViewConfig {
+    let admin_view_config = config.admin_view.clone().map(|view| AdminViewConfig {
         addr: view.addr,
         allowed_hosts: view.allowed_hosts,
-        scope: config.watch_namespace.clone().map_or(Scope::Cluster, Scope::Namespace),
+        scope: config.scope(),
         identity: identity.clone(),
         leader: metrics.clone(),
     });
-    let scope = config.watch_namespace.map_or(Scope::Cluster, Scope::Namespace);
-    let controller_config = ControllerConfig {
-        scope: scope.clone(),
-        probe: config.probe,
-        leader: config
-            .leader_election
-            .then(|| LeaderConfig::new(config.lease_name, namespace.as_str(), identity.as_str())),
-        instance: identity,
-        concurrency: controller::DEFAULT_CONCURRENCY,
-        metrics: metrics.clone(),
-    };
+    let controller_config = config.controller_config(&namespace, identity, metrics.clone());
     tracing::info!(%namespace, scope = ?controller_config.scope, leader_election = config.leader_election, "spear-operator starting");
 
-    let listener = tokio::net::TcpListener::bind(config.metrics_addr)
+    let admin = spawn_admin(config.metrics_addr, registry, metrics, shutdown.clone()).await?;
+    let webhook_config = config.webhook_config(&namespace, webhook_metrics);
+    let webhook = tokio::spawn(webhook::serve(client.clone(), webhook_config, shutdown.clone()));
+    let view = admin_view_config.map(|view| tokio::spawn(admin_view::serve(client.clone(), view, shutdown.clone())));
+    let controllers = tokio::spawn(controller::run(client, controller_config, shutdown.clone()));
+    let mut tasks = Tasks { admin, webhook, view, controllers };
+    let outcome = tasks.first_to_stop(&shutdown).await;
+    shutdown.cancel();
+    tasks.drain().await;
+    if let Err(e) = &outcome {
+        tracing::error!(error = format!("{e:#}"), "spear-operator stopped");
+    }
+    outcome
+}
+
+/// Binds the admin server on `addr` (`/healthz`; `/readyz`, ready once leader election runs;
+/// `/metrics` from `registry`) and serves it until `shutdown`.
+async fn spawn_admin(
+    addr: SocketAddr,
+    registry: Registry,
+    ready: ControllerMetrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("binding the admin server on {} (is --metrics-addr free?)", config.metrics_addr))?;
-    let admin_stop = shutdown.clone();
-    let ready = metrics.clone();
+        .with_context(|| format!("binding the admin server on {addr} (is --metrics-addr free?)"))?;
     let admin_router = crate::telemetry::admin_router(
         move || if ready.is_ready() { Ok(String::new()) } else { Err("leader election has not started".to_string()) },
         Arc::new(registry),
     );
     let limits = crate::http_server::ConnectionLimits::default();
-    let mut admin = tokio::spawn(crate::http_server::serve(listener, admin_router, limits, admin_stop));
+    Ok(tokio::spawn(crate::http_server::serve(listener, admin_router, limits, shutdown)))
+}
 
-    let cert = match config.cert {
-        CertMode::SelfSigned { webhook_config_name } => {
-            let mut self_signed = SelfSigned::new(namespace.as_str(), config.webhook_service_name.as_str());
-            self_signed.webhook_config_name = Some(webhook_config_name);
-            CertSource::SelfSigned(self_signed)
-        }
-        CertMode::Files { dir } => CertSource::Files(Files::new(dir)),
-    };
-    // Injected agents export traces where the operator does (its OTEL_* settings).
-    let inject_config = InjectConfig {
-        agent_env: crate::telemetry::otel::agent_env(std::env::vars()),
-        ..InjectConfig::new(config.agent_image, config.spearlet_image)
-    };
-    let mut webhook_config = WebhookConfig::new(config.webhook_addr, inject_config, config.native_sidecars, cert);
-    webhook_config.metrics = webhook_metrics;
-    webhook_config.client_auth = config.webhook_client_auth;
-    webhook_config.rate_limit = config.webhook_rate_limit;
-    webhook_config.cache_scope = scope;
-    let mut webhook_task = tokio::spawn(webhook::serve(client.clone(), webhook_config, shutdown.clone()));
+/// The parts of a running operator; each ends on the shutdown signal.
+struct Tasks {
+    admin: JoinHandle<()>,
+    webhook: JoinHandle<Result<(), WebhookError>>,
+    view: Option<JoinHandle<Result<(), AdminViewError>>>,
+    controllers: JoinHandle<Result<(), controller::Error>>,
+}
 
-    let mut view_task =
-        admin_view_config.map(|view| tokio::spawn(admin_view::serve(client.clone(), view, shutdown.clone())));
-    let view_ended = async {
-        match view_task.as_mut() {
-            Some(task) => task.await,
-            None => std::future::pending().await,
+impl Tasks {
+    /// Waits for the shutdown signal or for a part to stop on its own (an error).
+    async fn first_to_stop(&mut self, shutdown: &CancellationToken) -> anyhow::Result<()> {
+        let view = self.view.as_mut();
+        let view_ended = async move {
+            match view {
+                Some(task) => task.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            // Shutdown first: every task ends on it too, and a task that ended because of the signal
+            // must not be reported as a task that stopped on its own (exit 1 on a clean SIGTERM).
+            biased;
+            () = shutdown.cancelled() => {
+                tracing::info!("shutdown signal: draining");
+                Ok(())
+            }
+            result = &mut self.controllers => Err(match result {
+                Ok(Ok(())) => anyhow::anyhow!("the controllers stopped unexpectedly"),
+                Ok(Err(e)) => anyhow::Error::new(e).context("the controllers stopped"),
+                Err(e) => anyhow::Error::new(e).context("the controller task panicked"),
+            }),
+            result = &mut self.webhook => Err(match result {
+                Ok(Ok(())) => anyhow::anyhow!("the webhook server stopped unexpectedly"),
+                Ok(Err(e)) => anyhow::Error::new(e).context("the webhook server failed"),
+                Err(e) => anyhow::Error::new(e).context("the webhook task panicked"),
+            }),
+            result = view_ended => Err(match result {
+                Ok(Ok(())) => anyhow::anyhow!("the admin view stopped unexpectedly"),
+                Ok(Err(e)) => anyhow::Error::new(e).context("the admin view failed"),
+                Err(e) => anyhow::Error::new(e).context("the admin view task panicked"),
+            }),
+            result = &mut self.admin => Err(match result {
+                Ok(()) => anyhow::anyhow!("the admin server stopped unexpectedly"),
+                Err(e) => anyhow::Error::new(e).context("the admin server task panicked"),
+            }),
         }
-    };
-    let mut controllers = tokio::spawn(controller::run(client, controller_config, shutdown.clone()));
-    let outcome = tokio::select! {
-        // Shutdown first: every task ends on it too, and a task that ended because of the signal
-        // must not be reported as a task that stopped on its own (exit 1 on a clean SIGTERM).
-        biased;
-        () = shutdown.cancelled() => {
-            tracing::info!("shutdown signal: draining");
-            Ok(())
+    }
+
+    /// After shutdown: gives each part still running SHUTDOWN_GRACE to finish.
+    async fn drain(self) {
+        let Tasks { admin, webhook, view, mut controllers } = self;
+        // Bounded: the controllers finish running reconciles and release the Lease, so a standby
+        // takes it at its next check.
+        if !controllers.is_finished() && tokio::time::timeout(SHUTDOWN_GRACE, &mut controllers).await.is_err() {
+            tracing::warn!("the controllers did not stop within {} s", SHUTDOWN_GRACE.as_secs());
         }
-        result = &mut controllers => Err(match result {
-            Ok(Ok(())) => anyhow::anyhow!("the controllers stopped unexpectedly"),
-            Ok(Err(e)) => anyhow::Error::new(e).context("the controllers stopped"),
-            Err(e) => anyhow::Error::new(e).context("the controller task panicked"),
-        }),
-        result = &mut webhook_task => Err(match result {
-            Ok(Ok(())) => anyhow::anyhow!("the webhook server stopped unexpectedly"),
-            Ok(Err(e)) => anyhow::Error::new(e).context("the webhook server failed"),
-            Err(e) => anyhow::Error::new(e).context("the webhook task panicked"),
-        }),
-        result = view_ended => Err(match result {
-            Ok(Ok(())) => anyhow::anyhow!("the admin view stopped unexpectedly"),
-            Ok(Err(e)) => anyhow::Error::new(e).context("the admin view failed"),
-            Err(e) => anyhow::Error::new(e).context("the admin view task panicked"),
-        }),
-        result = &mut admin => Err(match result {
-            Ok(()) => anyhow::anyhow!("the admin server stopped unexpectedly"),
-            Err(e) => anyhow::Error::new(e).context("the admin server task panicked"),
-        }),
-    };
-    shutdown.cancel();
-    // Bounded: the controllers finish running reconciles and release the Lease, so a standby
-    // takes it at its next check.
-    if !controllers.is_finished() && tokio::time::timeout(SHUTDOWN_GRACE, &mut controllers).await.is_err() {
-        tracing::warn!("the controllers did not stop within {} s", SHUTDOWN_GRACE.as_secs());
+        if !webhook.is_finished() {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, webhook).await;
+        }
+        if let Some(task) = view.filter(|task| !task.is_finished()) {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
+        }
+        if !admin.is_finished() {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, admin).await;
+        }
     }
-    if !webhook_task.is_finished() {
-        let _ = tokio::time::timeout(SHUTDOWN_GRACE, webhook_task).await;
-    }
-    if let Some(task) = view_task.filter(|task| !task.is_finished()) {
-        let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
-    }
-    if !admin.is_finished() {
-        let _ = tokio::time::timeout(SHUTDOWN_GRACE, admin).await;
-    }
-    if let Err(e) = &outcome {
-        tracing::error!(error = format!("{e:#}"), "spear-operator stopped");
-    }
-    outcome
 }

@@ -89,8 +89,7 @@ pub(crate) enum ProbeResult {
 pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, now: Time) -> McpServerStatus {
     let now = whole_seconds(&now);
     let generation = server.metadata.generation;
-    let previous = server.status.as_ref();
-    let old = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let old = server.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let cond = |type_: &str, status: &str, reason: &str, message: String| {
         condition(old, type_, status, reason, message, generation, &now)
     };
@@ -105,86 +104,102 @@ pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, no
             reasons::RUNS_AS_SIDECAR,
             "stdio servers run as a sidecar in each pod that uses them; the operator does not probe them".into(),
         )),
-        Transport::StreamableHttp => match probe {
-            Some(ProbeOutcome { time, result: ProbeResult::Succeeded { tools, server_info, cut } }) => {
-                let mut names: Vec<String> = tools.iter().collect::<BTreeSet<_>>().into_iter().cloned().collect();
-                let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
-                names.truncate(MAX_STATUS_TOOLS);
-                status.conditions.push(cond(
-                    types::READY,
-                    TRUE,
-                    reasons::PROBE_SUCCEEDED,
-                    match cut {
-                        None => format!("initialize and tools/list succeeded; the server lists {count} tools"),
-                        Some(cut) => format!("initialize and tools/list succeeded; {count} tools kept ({cut})"),
-                    },
-                ));
-                status.tools = names;
-                status.tool_count = Some(count);
-                status.server_info = server_info.clone();
-                status.last_probe_time = Some(whole_seconds(time));
+        Transport::StreamableHttp => probed_fields(&mut status, server, probe, problems.is_empty(), cond),
+    }
+    status
+}
+
+/// `Ready` and the probe fields of an http server, from `probe` or, without one, from the
+/// previous status of the same generation. `cond` builds a condition over the previous ones.
+fn probed_fields(
+    status: &mut McpServerStatus,
+    server: &McpServer,
+    probe: Option<&ProbeOutcome>,
+    valid: bool,
+    cond: impl Fn(&str, &str, &str, String) -> Condition,
+) {
+    match probe {
+        Some(ProbeOutcome { time, result: ProbeResult::Succeeded { tools, server_info, cut } }) => {
+            let mut names: Vec<String> = tools.iter().collect::<BTreeSet<_>>().into_iter().cloned().collect();
+            let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
+            names.truncate(MAX_STATUS_TOOLS);
+            status.conditions.push(cond(
+                types::READY,
+                TRUE,
+                reasons::PROBE_SUCCEEDED,
+                match cut {
+                    None => format!("initialize and tools/list succeeded; the server lists {count} tools"),
+                    Some(cut) => format!("initialize and tools/list succeeded; {count} tools kept ({cut})"),
+                },
+            ));
+            status.tools = names;
+            status.tool_count = Some(count);
+            status.server_info = server_info.clone();
+            status.last_probe_time = Some(whole_seconds(time));
+        }
+        Some(ProbeOutcome { time, result: ProbeResult::Failed { error } }) => {
+            let error = truncate(error, MAX_ERROR_BYTES);
+            status.conditions.push(cond(types::READY, FALSE, reasons::PROBE_FAILED, error.clone()));
+            status.last_probe_time = Some(whole_seconds(time));
+            status.last_error = Some(error);
+        }
+        Some(ProbeOutcome { time, result: ProbeResult::AuthRequired { asked } }) => {
+            let (state, message) = auth_required(server, asked);
+            status.conditions.push(cond(types::READY, state, reasons::AUTH_REQUIRED, message.clone()));
+            status.last_probe_time = Some(whole_seconds(time));
+            status.last_error = Some(message);
+        }
+        Some(ProbeOutcome { result: ProbeResult::Skipped { message }, .. }) => {
+            status.conditions.push(cond(types::READY, UNKNOWN, reasons::PROBE_SKIPPED, message.clone()));
+        }
+        // The controller never probes an invalid spec (its URL may not even be one).
+        None if !valid => status.conditions.push(cond(
+            types::READY,
+            UNKNOWN,
+            REASON_PROBE_PENDING,
+            "not probed while the spec is invalid; fix the problems the Accepted condition lists".into(),
+        )),
+        None => match server.status.as_ref().filter(|p| p.observed_generation == server.metadata.generation) {
+            Some(p) if p.conditions.iter().any(|c| c.type_ == types::READY) => {
+                status.conditions.extend(p.conditions.iter().filter(|c| c.type_ == types::READY).cloned());
+                status.tools = p.tools.clone();
+                status.tool_count = p.tool_count;
+                status.server_info = p.server_info.clone();
+                status.last_probe_time = p.last_probe_time.clone();
+                status.last_error = p.last_error.clone();
             }
-            Some(ProbeOutcome { time, result: ProbeResult::Failed { error } }) => {
-                let error = truncate(error, MAX_ERROR_BYTES);
-                status.conditions.push(cond(types::READY, FALSE, reasons::PROBE_FAILED, error.clone()));
-                status.last_probe_time = Some(whole_seconds(time));
-                status.last_error = Some(error);
-            }
-            Some(ProbeOutcome { time, result: ProbeResult::AuthRequired { asked } }) => {
-                // The agents authenticate; the operator stops at the server's door. With
-                // `http.auth` that is as expected (Unknown: reachable, not checked past the 401);
-                // without it the agents are refused too (False).
-                let (state, message) = match server.spec.http.as_ref().and_then(|h| h.auth.as_ref()) {
-                    Some(auth) => (
-                        UNKNOWN,
-                        format!(
-                            "the server requires authorization ({asked}); agents authenticate with spec.http.auth \
-                             ({}); the operator holds no credentials and does not list its tools",
-                            auth.mode()
-                        ),
-                    ),
-                    None => (
-                        FALSE,
-                        format!(
-                            "the server requires authorization ({asked}) and spec.http.auth is not set, so agents \
-                             are refused too: set spec.http.auth (clientCredentials, serviceAccountToken or \
-                             tokenExchange)"
-                        ),
-                    ),
-                };
-                status.conditions.push(cond(types::READY, state, reasons::AUTH_REQUIRED, message.clone()));
-                status.last_probe_time = Some(whole_seconds(time));
-                status.last_error = Some(message);
-            }
-            Some(ProbeOutcome { result: ProbeResult::Skipped { message }, .. }) => {
-                status.conditions.push(cond(types::READY, UNKNOWN, reasons::PROBE_SKIPPED, message.clone()));
-            }
-            // The controller never probes an invalid spec (its URL may not even be one).
-            None if !problems.is_empty() => status.conditions.push(cond(
+            _ => status.conditions.push(cond(
                 types::READY,
                 UNKNOWN,
                 REASON_PROBE_PENDING,
-                "not probed while the spec is invalid; fix the problems the Accepted condition lists".into(),
+                "the server has not been probed at this generation yet".into(),
             )),
-            None => match previous.filter(|p| p.observed_generation == generation) {
-                Some(p) if p.conditions.iter().any(|c| c.type_ == types::READY) => {
-                    status.conditions.extend(p.conditions.iter().filter(|c| c.type_ == types::READY).cloned());
-                    status.tools = p.tools.clone();
-                    status.tool_count = p.tool_count;
-                    status.server_info = p.server_info.clone();
-                    status.last_probe_time = p.last_probe_time.clone();
-                    status.last_error = p.last_error.clone();
-                }
-                _ => status.conditions.push(cond(
-                    types::READY,
-                    UNKNOWN,
-                    REASON_PROBE_PENDING,
-                    "the server has not been probed at this generation yet".into(),
-                )),
-            },
         },
     }
-    status
+}
+
+/// `Ready`'s status and message for a server that answered 401 asking for `asked`. The agents
+/// authenticate; the operator stops at the server's door. With `http.auth` that is as expected
+/// (Unknown: reachable, not checked past the 401); without it the agents are refused too (False).
+fn auth_required(server: &McpServer, asked: &str) -> (&'static str, String) {
+    match server.spec.http.as_ref().and_then(|h| h.auth.as_ref()) {
+        Some(auth) => (
+            UNKNOWN,
+            format!(
+                "the server requires authorization ({asked}); agents authenticate with spec.http.auth \
+                 ({}); the operator holds no credentials and does not list its tools",
+                auth.mode()
+            ),
+        ),
+        None => (
+            FALSE,
+            format!(
+                "the server requires authorization ({asked}) and spec.http.auth is not set, so agents \
+                 are refused too: set spec.http.auth (clientCredentials, serviceAccountToken or \
+                 tokenExchange)"
+            ),
+        ),
+    }
 }
 
 /// The status of `profile`, given every McpServer of its namespace and the tool names known per

@@ -10,11 +10,11 @@ use clap::{ArgAction, ValueEnum};
 
 use crate::api::keys;
 use crate::cli::{run_until_signal, usage};
-use crate::operator::client_auth::ClientAuth;
 use crate::operator::probe::{AddressDenyList, ProbeConfig, ProbeNamespaces};
-use crate::operator::rate_limit::{self, RateLimit};
 use crate::operator::run::{AdminViewSettings, CertMode, OperatorConfig};
 use crate::operator::webhook::NativeSidecars;
+use crate::operator::webhook::client_auth::ClientAuth;
+use crate::operator::webhook::rate_limit::{self, RateLimit};
 
 /// Run the operator: status controllers (leader only), admin server, webhook.
 #[derive(clap::Args, Debug)]

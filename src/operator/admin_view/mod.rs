@@ -8,24 +8,9 @@
 //! metadata watch Pods ─▶ InjectedPods ─────┘                                    └─▶ JSON ─▶ GET /view.json
 //! ```
 //!
-//! Decisions, and why:
-//! - **Off by default; every replica serves it.** Its data is the registry objects' status and
-//!   pods' metadata, which any replica can watch; nothing needs the Lease (the page says which
-//!   replica answered and whether it leads). A Service in front of several replicas shows the
-//!   same page from any of them, a moment apart at most.
-//! - **Its own watches**, started only when the view is on: the webhook's stores live inside the
-//!   webhook server and the controller's only on the leader, and an idle view must cost nothing.
-//!   Managed fields are dropped, as the webhook's cache does; pods are watched as metadata only
-//!   (`PartialObjectMetadata`) and every pod the webhook did not inject is dropped on arrival
-//!   ([`model::InjectedPods`]). Pods need `list` and `watch` on pods, which the operator has
-//!   only when the chart enables the view (its own ClusterRole, `rbac::admin_view_cluster_role`);
-//!   without it the page shows the rest and says why the pods are missing.
-//! - **Read-only and inert.** GET (and HEAD) only, no form, no script; every value is escaped
-//!   (`page.rs`); a strict Content-Security-Policy, `nosniff`, no framing, no caching.
-//! - **Hosts.** A page on loopback is reachable from the browser of whoever port-forwards to it,
-//!   so a web page elsewhere could read it through DNS rebinding; requests whose `Host` is not in
-//!   `--admin-view-allowed-hosts` (loopback names by default; the chart adds its Service's
-//!   names) get 421 before any handler runs.
+//! Off by default; every replica serves it from its own watches (pods as metadata only, and only
+//! those the webhook injected: [`model::InjectedPods`]). Read-only and inert; a `Host` outside
+//! `--admin-view-allowed-hosts` gets 421. Why: `src/operator/README.md`, "Admin view".
 
 pub mod model;
 pub mod page;
@@ -57,8 +42,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use self::model::{InjectedPods, Inputs, Replica};
-use super::controller::{ControllerMetrics, Scope};
-use super::webhook_cache::spawn_stripped_reflector;
+use super::controller::ControllerMetrics;
+use super::scope::Scope;
+use super::webhook::spawn_stripped_reflector;
 use crate::api::{McpProfile, McpServer};
 use crate::http_server::ConnectionLimits;
 

@@ -635,7 +635,7 @@ fn a_header_template_without_default_is_flagged_because_the_pod_agent_reads_no_e
     assert!(warnings[0].contains("${ENV:TOKEN}") && warnings[0].contains("valueFrom.secretKeyRef"), "{}", warnings[0]);
 }
 
-/// Issue 13 finding 2: each sidecar has its own uid, its own socket directory (read-only for the
+/// Each sidecar has its own uid, its own socket directory (read-only for the
 /// agent, absent from every other sidecar) and no service-account token unless it asks.
 #[test]
 fn sidecars_are_isolated_from_each_other_and_from_the_api() {

@@ -32,10 +32,10 @@ use spear::api::keys::{
 };
 use spear::api::secret_grant::{ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, SecretGrants};
 use spear::api::{HttpAuth, McpProfile, McpServer, ServiceAccountTokenAuth};
-use spear::operator::certs::{self, CertResolver, CertSource, SECRET_CA_CERT, SECRET_TLS_CERT, SelfSigned};
-use spear::operator::client_auth::ClientAuth;
 use spear::operator::inject::{self, Decision, InjectConfig, Ports, SIDECAR_TMP};
-use spear::operator::rate_limit::RateLimit;
+use spear::operator::webhook::certs::{self, CertResolver, CertSource, SECRET_CA_CERT, SECRET_TLS_CERT, SelfSigned};
+use spear::operator::webhook::client_auth::ClientAuth;
+use spear::operator::webhook::rate_limit::RateLimit;
 use spear::operator::webhook::{self, MUTATE_PATH, NativeSidecars, WebhookConfig, WebhookMetrics};
 use spear::testing::control_plane::{ControlPlane, TestNamespace, WEBHOOK_CLIENT_NAME};
 use spear::testing::mcp_servers::{self, free_port};
@@ -1045,8 +1045,7 @@ fn selected(inputs: &webhook::Inputs) -> Vec<String> {
 /// the API server instead of denying a pod whose profile "does not exist", and counts the misses.
 #[tokio::test]
 async fn objects_created_a_moment_ago_are_read_through_a_cache_miss() {
-    use spear::operator::webhook::{KubeLookup, Lookup as _};
-    use spear::operator::webhook_cache::CachedLookup;
+    use spear::operator::webhook::{CachedLookup, KubeLookup, Lookup as _};
 
     let ns = ControlPlane::shared().namespace("webhook-cache-miss").await;
     let namespace = Api::<Namespace>::all(ns.client.clone()).get(&ns.name).await.expect("the test namespace");

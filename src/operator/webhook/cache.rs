@@ -1,5 +1,5 @@
-//! The webhook's reads from memory (issue 18): reflector stores of Namespaces, McpProfiles and
-//! McpServers, so a review costs no API round trip in the common case.
+//! The webhook's reads from memory: reflector stores of Namespaces, McpProfiles and McpServers,
+//! so a review costs no API round trip in the common case.
 //!
 //! ```text
 //! watch Namespaces ─┐
@@ -8,30 +8,9 @@
 //!                 not yet listed ─▶ KubeLookup for the whole review
 //! ```
 //!
-//! Decisions, and why:
-//! - **Every replica keeps its own stores.** The webhook serves on every replica; the
-//!   controller's stores exist on the Lease holder only.
-//! - **A miss is read through, never trusted.** `kubectl apply -f profile.yaml -f pod.yaml`
-//!   sends the pod a moment after the profile, possibly before the watch event reached this
-//!   replica. A profile absent from the store is therefore read with a GET (a quorum read); when
-//!   it exists, the cache is behind for that namespace, so its servers and Secrets are read
-//!   directly too, exactly as before the cache. A named server absent from the store is read
-//!   with a GET the same way. Only a pod naming a profile or server that really does not exist
-//!   pays the read on every create, and that pod is a misconfiguration the profile's status
-//!   already reports.
-//! - **What a cache can still miss.** A server matched only by `serverSelector` and created in the
-//!   same instant as the pod, or an edit to an existing profile in that instant, is seen when
-//!   the watch delivers it (milliseconds; a test holds the webhook to 1 s). A pod admitted in that
-//!   window gets the previous revision's sidecars; its agent follows the live registry and
-//!   reports a stdio server without a sidecar as needing a pod restart.
-//! - **Secrets stay direct reads.** A cache would need `list`/`watch` on Secrets, which the API
-//!   server answers with their data: every Secret of the cluster in the operator's memory and
-//!   RBAC. Only profiles that reference a Secret pay for those GETs (metadata only).
-//! - **Until all three stores have listed once**, reviews read directly: a store that has not
-//!   listed yet would turn every profile into a miss anyway, and the first answers after a
-//!   restart must not wait for a large list.
-//! - **Memory**: `managedFields` are dropped before the store (half of a typical object's
-//!   bytes, never read here).
+//! A miss is read through, never trusted: a store can be a moment behind the pod that needs it
+//! (`kubectl apply -f profile.yaml -f pod.yaml`). Why, what a cache can still miss, and why
+//! Secrets stay direct reads: `src/operator/README.md`, "Webhook caches".
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -47,9 +26,10 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, warn};
 
-use super::controller::{Scope, profile_servers_in};
-use super::webhook::{Inputs, KubeLookup, Lookup, LookupError, WebhookMetrics};
+use super::lookup::{Inputs, KubeLookup, Lookup, LookupError};
+use super::metrics::WebhookMetrics;
 use crate::api::{McpProfile, McpServer};
+use crate::operator::scope::{Scope, profile_servers_in};
 
 /// [`Lookup`] from reflector stores, reading through [`KubeLookup`] on a miss (see the module
 /// header for the semantics).

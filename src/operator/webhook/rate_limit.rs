@@ -1,5 +1,5 @@
 //! The webhook's per-source rate limit (`--webhook-rate-limit-per-second`,
-//! `--webhook-rate-limit-burst`; issue 13, finding 8).
+//! `--webhook-rate-limit-burst`).
 //!
 //! ```text
 //! request ──ConnectInfo(peer)──▶ source_key(ip) ──▶ token bucket of that source (governor GCRA)
@@ -8,27 +8,9 @@
 //! every RETAIN_INTERVAL: buckets back to full are dropped (memory stays ∝ sources active lately)
 //! ```
 //!
-//! Decisions, and why:
-//! - **Before anything else.** The check is a layer in front of the routes, so an over-limit
-//!   request is answered from its peer address alone: its body is never read or parsed and no
-//!   API read is made for it. Each review costs up to three rounds of API reads, which is what a
-//!   flood would otherwise multiply.
-//! - **Keyed by source, generous.** The API server is one source per API server replica (or one
-//!   in all, behind a konnectivity tunnel or NAT); a flooding client is another and does not eat
-//!   the API server's tokens. The defaults are far above what any control plane sends, because a
-//!   throttled API server call is a failed call that the `failurePolicy` turns into a refused
-//!   (`Fail`) or uninjected (`Ignore`) pod: [`DEFAULT_PER_SECOND`] and [`DEFAULT_BURST`] give
-//!   the reasoning. The limit is defence in depth against one noisy or hostile source, not
-//!   authentication: that is the client certificate and the NetworkPolicy.
-//! - **IPv6 by /64.** One host usually owns a whole /64 and can pick any address in it per
-//!   connection; keying by the full address would give it 2^64 buckets. IPv4-mapped IPv6
-//!   addresses (a dual-stack listener's view of IPv4 peers) count as the IPv4 address.
-//! - **Bounded memory.** A bucket that has refilled is forgotten every [`RETAIN_INTERVAL`]
-//!   (`retain_recent`), so the map holds the sources of the last minute or so; every source must
-//!   complete a TCP and TLS handshake first (no spoofed addresses), under the connection and
-//!   handshake caps.
-//! - **`0` turns it off** (`--webhook-rate-limit-per-second 0`), for a cluster that measures
-//!   its own needs above the defaults and prefers to rely on the other defences.
+//! Before anything else: an over-limit request is answered from its peer address alone. Keyed by
+//! source (IPv6 by /64) and generous ([`DEFAULT_PER_SECOND`], [`DEFAULT_BURST`]): a throttled API
+//! server call is a refused or uninjected pod. Why: `src/operator/README.md`, "Rate limit".
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::num::NonZeroU32;
@@ -45,7 +27,7 @@ use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use tokio_util::sync::CancellationToken;
 
-use super::webhook::WebhookMetrics;
+use super::metrics::WebhookMetrics;
 
 /// Default sustained reviews per second from one source. Every pod CREATE the webhook
 /// configuration selects is one call (reinvocation may add a second). Pods are created by

@@ -5,7 +5,7 @@
 //! API server ──TLS (CertResolver, hot-swapped by certs)──▶ accept loop ──▶ axum /mutate-pods
 //!   AdmissionReview<Pod> ──▶ Lookup::fetch(namespace, profile)
 //!                              CachedLookup: namespace, McpProfile, McpServers from reflector
-//!                              stores (webhook_cache), a miss read through with a bounded GET;
+//!                              stores (cache.rs), a miss read through with a bounded GET;
 //!                              the metadata of referenced Secrets by bounded GETs ∥
 //!                        ──▶ profile_servers (pure: spec.servers ∪ serverSelector)
 //!                        ──▶ inject::mutate (pure) ──▶ Skip: allow · Patch: JSON patch + warnings
@@ -13,37 +13,15 @@
 //!   a lookup or injection failure ──▶ HTTP 500, so the webhook's failurePolicy decides
 //! ```
 //!
-//! In front of the review, two gates (issue 13, finding 8): with `--webhook-client-ca-file` the
-//! TLS handshake requires the API server's client certificate ([`super::client_auth`]), and every
-//! request passes a per-source token bucket ([`super::rate_limit`]) that answers 429 before the
-//! body is read.
+//! In front of the review, two gates: with `--webhook-client-ca-file` the TLS handshake requires
+//! the API server's client certificate ([`client_auth`]), and every request passes a per-source
+//! token bucket ([`rate_limit`]) that answers 429 before the body is read. `lookup.rs` (what a
+//! review reads) and `metrics.rs` are leaves; [`certs`] keeps the serving certificate.
 //!
-//! Decisions, and why:
-//! - **Reads from caches, misses read through** ([`super::webhook_cache`], issue 18). Three
-//!   rounds of API reads cost every pod create about 6 ms at p50 and 15 ms at p99; the stores
-//!   answer in microseconds. A store can be a moment behind (`kubectl apply -f profile.yaml -f
-//!   pod.yaml`), so a profile or named server it lacks is read with a GET before the pod is
-//!   judged; the module header there says what a cache can still miss. Each direct read is
-//!   bounded by [`DEFAULT_LOOKUP_TIMEOUT`] (3 s), so even three rounds of them stay inside the
-//!   API server's 10 s.
-//! - **Errors are not denials.** A pod is denied (`allowed: false`, with the message from
-//!   `mutate`) only for something wrong with the pod or its profile. When the webhook cannot
-//!   decide (API server unreachable, a bug), it answers HTTP 500 and the configuration's
-//!   `failurePolicy` decides whether the pod is admitted uninjected or refused.
-//! - **Namespace from the request.** A pod created with `generateName` by a controller carries
-//!   no `metadata.namespace` in the review's object; `request.namespace` is authoritative.
-//! - **Native sidecars** (`--native-sidecars auto`) are decided once at start from the API
-//!   server's version (1.29 or later, where `SidecarContainers` is on by default). A control
-//!   plane upgraded under a running operator gets native sidecars after the operator restarts.
-//! - **TLS handshakes off the accept loop.** Each connection's handshake runs in its own task
-//!   with a timeout, so a slow or idle client (a port scanner, a half-open connection) never
-//!   holds up the API server's next call. Failed handshakes are logged at debug only (anyone can
-//!   cause them) and counted by reason in `tls_handshake_failures_total`, where a refused client
-//!   certificate shows up as `client_certificate`: a misconfigured API server, or an attempt.
+//! Errors are not denials: a pod is denied only for something wrong with it or its profile. Why,
+//! and the other decisions: `src/operator/README.md`, "Webhook".
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,18 +32,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::version::Info;
 use kube::Client;
-use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation, SerializePatchError};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -74,17 +45,26 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::certs::{self, CertError, CertResolver, CertSource};
-use super::client_auth::{self, ClientAuth, ClientAuthError};
-use super::controller::Scope;
+use self::certs::{CertError, CertResolver, CertSource};
+use self::client_auth::{ClientAuth, ClientAuthError};
+use self::rate_limit::{Limiting, RateLimit, SourceLimiter};
 use super::inject::{self, Decision, InjectConfig, InjectError};
-use super::rate_limit::{self, Limiting, RateLimit, SourceLimiter};
-use super::webhook_cache::CachedLookup;
-use crate::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE};
-use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
-use crate::api::{McpProfile, McpServer};
+use super::scope::Scope;
 use crate::http_server::ConnectionLimits;
 use crate::telemetry::error_chain;
+
+mod cache;
+pub mod certs;
+pub mod client_auth;
+mod lookup;
+mod metrics;
+pub mod rate_limit;
+
+pub use cache::CachedLookup;
+pub(crate) use cache::spawn_stripped_reflector;
+pub use lookup::{Inputs, KubeLookup, Lookup, LookupError};
+pub(crate) use lookup::{profile_servers, wanted_profile};
+pub use metrics::WebhookMetrics;
 
 /// Path the MutatingWebhookConfiguration calls.
 pub const MUTATE_PATH: &str = "/mutate-pods";
@@ -226,26 +206,6 @@ pub enum WebhookError {
     CertTask(#[source] tokio::task::JoinError),
 }
 
-/// Why one API read failed.
-#[derive(Debug, Error)]
-pub enum LookupError {
-    /// The API server answered with an error.
-    #[error("reading {what} failed")]
-    Kube {
-        /// What was read.
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// The API server did not answer in time.
-    #[error("reading {what} took longer than {timeout:?}")]
-    Timeout {
-        /// What was read.
-        what: String,
-        timeout: Duration,
-    },
-}
-
 /// Why one review could not be answered (HTTP 500; the failure policy decides).
 #[derive(Debug, Error)]
 pub(crate) enum ReviewError {
@@ -276,310 +236,37 @@ impl ReviewError {
     }
 }
 
-// === metrics ===
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AdmissionLabels {
-    /// `patch`, `skip`, `deny` or `error`.
-    decision: &'static str,
-    /// The skip reason or error label; empty for patch and deny.
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabels {
-    /// `Namespace`, `McpProfile` or `McpServer`.
-    kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct HandshakeLabels {
-    /// `client_certificate` (missing or refused), `timeout` or `other`.
-    reason: &'static str,
-}
-
-/// Admission metrics: `admission_total{decision,reason}`, `admission_latency_ms`,
-/// `rate_limited_total` (requests answered 429 before any parsing),
-/// `tls_handshake_failures_total{reason}` and `cache_read_through_total{kind}` (objects a
-/// review needed that the caches did not hold yet, read with a GET), `caches_synced` and
-/// `certificate_expiry_timestamp_seconds` (the served certificate's not-after).
-#[derive(Clone, Debug)]
-pub struct WebhookMetrics {
-    admissions: Family<AdmissionLabels, Counter>,
-    latency_ms: Histogram,
-    rate_limited: Counter,
-    handshake_failures: Family<HandshakeLabels, Counter>,
-    read_through: Family<KindLabels, Counter>,
-    caches_synced: Gauge,
-    /// The served certificate's not-after, unix seconds (kept by `certs::CertResolver`).
-    certificate_expiry: Gauge,
-}
-
-impl Default for WebhookMetrics {
-    fn default() -> Self {
-        // 1 ms to ~4 s: a review is a few API reads; past 4 s the API server's timeout is near.
-        WebhookMetrics {
-            admissions: Family::default(),
-            latency_ms: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
-            rate_limited: Counter::default(),
-            handshake_failures: Family::default(),
-            read_through: Family::default(),
-            caches_synced: Gauge::default(),
-            certificate_expiry: Gauge::default(),
-        }
-    }
-}
-
-impl WebhookMetrics {
-    /// Metrics registered on `registry` (give it a `webhook` prefix).
-    pub fn register(registry: &mut Registry) -> Self {
-        let metrics = WebhookMetrics::default();
-        registry.register("admission", "Pod admission reviews by decision", metrics.admissions.clone());
-        registry.register("admission_latency_ms", "Time to answer one review", metrics.latency_ms.clone());
-        registry.register(
-            "rate_limited",
-            "Requests answered 429 by the per-source rate limit, before any parsing",
-            metrics.rate_limited.clone(),
-        );
-        registry.register(
-            "tls_handshake_failures",
-            "TLS handshakes that failed, by reason (client_certificate: missing or refused)",
-            metrics.handshake_failures.clone(),
-        );
-        registry.register(
-            "cache_read_through",
-            "Objects a review needed that the webhook's caches did not hold (yet), read with a GET",
-            metrics.read_through.clone(),
-        );
-        registry.register(
-            "caches_synced",
-            "1 once the webhook's caches have listed (reviews answered from memory), 0 before",
-            metrics.caches_synced.clone(),
-        );
-        registry.register(
-            "certificate_expiry_timestamp_seconds",
-            "When the webhook's serving certificate expires (its not-after), unix seconds; 0 before the first",
-            metrics.certificate_expiry.clone(),
-        );
-        // Every known series from 0, so a first failure shows in rate() (the alerts read it).
-        for reason in ["client_certificate", "timeout", "other"] {
-            metrics.handshake_failures.get_or_create_owned(&HandshakeLabels { reason });
-        }
-        for kind in ["Namespace", "McpProfile", "McpServer"] {
-            metrics.read_through.get_or_create_owned(&KindLabels { kind });
-        }
-        metrics
-    }
-
-    pub(crate) fn caches_synced_now(&self) {
-        self.caches_synced.set(1);
-    }
-
-    /// Whether the webhook's caches have listed.
-    pub fn caches_synced(&self) -> bool {
-        self.caches_synced.get() == 1
-    }
-
-    /// One object of `kind` read through a cache miss.
-    pub(crate) fn read_through(&self, kind: &'static str) {
-        self.read_through.get_or_create(&KindLabels { kind }).inc();
-    }
-
-    /// Objects of `kind` (`Namespace`, `McpProfile`, `McpServer`) read through so far.
-    pub fn read_through_count(&self, kind: &'static str) -> u64 {
-        self.read_through.get_or_create(&KindLabels { kind }).get()
-    }
-
-    /// One request refused by the rate limit.
-    pub(crate) fn rate_limited(&self) {
-        self.rate_limited.inc();
-    }
-
-    /// Requests refused by the rate limit so far.
-    pub fn rate_limited_count(&self) -> u64 {
-        self.rate_limited.get()
-    }
-
-    /// TLS handshakes that failed for `reason` so far (`client_certificate`, `timeout`, `other`).
-    pub fn handshake_failures(&self, reason: &'static str) -> u64 {
-        self.handshake_failures.get_or_create(&HandshakeLabels { reason }).get()
-    }
-
-    fn handshake_failed(&self, reason: &'static str) {
-        self.handshake_failures.get_or_create(&HandshakeLabels { reason }).inc();
-    }
-
-    fn record(&self, decision: &'static str, reason: &'static str, elapsed: Duration) {
-        self.admissions.get_or_create(&AdmissionLabels { decision, reason }).inc();
-        self.latency_ms.observe(elapsed.as_secs_f64() * 1000.0);
-    }
-}
-
-// === lookup ===
-
-/// What one review needs from the API server.
-#[derive(Clone, Debug, Default)]
-pub struct Inputs {
-    pub namespace_labels: BTreeMap<String, String>,
-    /// The profile the pod names, `None` when it does not exist (or none was asked for).
-    pub profile: Option<McpProfile>,
-    /// McpServers of the namespace, at least those the profile resolves to (empty when no
-    /// profile was asked for or it does not exist); [`profile_servers`] picks the profile's.
-    pub servers: Vec<McpServer>,
-    /// The annotations of the Secrets the profile and its servers reference (metadata only).
-    pub secrets: SecretGrants,
-}
-
-/// The webhook's read access to the API server, a trait so the handler can run without one:
-/// the Kubernetes implementation is [`KubeLookup`]; tests and benches pass fixed inputs.
-pub trait Lookup: Send + Sync + 'static {
-    /// The namespace's labels and, when `profile` is given, that McpProfile and the namespace's
-    /// McpServers.
-    fn fetch(&self, namespace: &str, profile: Option<&str>)
-    -> impl Future<Output = Result<Inputs, LookupError>> + Send;
-}
-
-/// [`Lookup`] by direct, bounded reads: [`super::webhook_cache::CachedLookup`] falls back to it
-/// on a miss and before its stores have listed.
-#[derive(Clone)]
-pub struct KubeLookup {
-    client: Client,
-    timeout: Duration,
-}
-
-impl KubeLookup {
-    /// Reads through `client`, each read bounded by `timeout`.
-    pub fn new(client: Client, timeout: Duration) -> Self {
-        KubeLookup { client, timeout }
-    }
-
-    async fn bounded<T>(
-        &self,
-        what: impl Fn() -> String,
-        read: impl Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, LookupError> {
-        match tokio::time::timeout(self.timeout, read).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(source)) => Err(LookupError::Kube { what: what(), source }),
-            Err(_) => Err(LookupError::Timeout { what: what(), timeout: self.timeout }),
-        }
-    }
-}
-
-impl Lookup for KubeLookup {
-    async fn fetch(&self, namespace: &str, profile: Option<&str>) -> Result<Inputs, LookupError> {
-        let labels = self.namespace_labels(namespace);
-        let Some(name) = profile else {
-            return Ok(Inputs { namespace_labels: labels.await?, ..Inputs::default() });
-        };
-        let (namespace_labels, profile) = tokio::try_join!(labels, self.profile(namespace, name))?;
-        let (servers, secrets) = match &profile {
-            Some(profile) => {
-                let servers = self.servers(namespace, profile).await?;
-                let secrets = self.secrets(namespace, profile, &servers).await?;
-                (servers, secrets)
-            }
-            None => Default::default(),
-        };
-        Ok(Inputs { namespace_labels, profile, servers, secrets })
-    }
-}
-
-impl KubeLookup {
-    /// The namespace's labels (metadata GET).
-    pub(crate) async fn namespace_labels(&self, namespace: &str) -> Result<BTreeMap<String, String>, LookupError> {
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let meta = self.bounded(|| format!("Namespace {namespace}"), namespaces.get_metadata(namespace)).await?;
-        Ok(meta.metadata.labels.unwrap_or_default())
-    }
-
-    /// The McpProfile, `None` when it does not exist.
-    pub(crate) async fn profile(&self, namespace: &str, name: &str) -> Result<Option<McpProfile>, LookupError> {
-        let profiles: Api<McpProfile> = Api::namespaced(self.client.clone(), namespace);
-        self.bounded(|| format!("McpProfile {namespace}/{name}"), profiles.get_opt(name)).await
-    }
-
-    /// The McpServers `profile` may resolve to. Named servers are read with GETs in parallel,
-    /// not a LIST: a GET is a quorum read from etcd (about 2 ms), while a consistent LIST is
-    /// served from the watch cache only once that cache has caught up with etcd, which right
-    /// after other writes (pods being created) took 60-90 ms on the test control plane. A
-    /// `serverSelector` needs the LIST; it covers the named servers too.
-    pub(crate) async fn servers(&self, namespace: &str, profile: &McpProfile) -> Result<Vec<McpServer>, LookupError> {
-        if profile.spec.server_selector.is_some() {
-            let api: Api<McpServer> = Api::namespaced(self.client.clone(), namespace);
-            let all = ListParams::default();
-            return Ok(self.bounded(|| format!("McpServers in {namespace}"), api.list(&all)).await?.items);
-        }
-        let names: Vec<&str> = profile.spec.servers.iter().map(String::as_str).collect();
-        self.servers_named(namespace, &names).await
-    }
-
-    /// The named McpServers that exist (GETs in parallel).
-    pub(crate) async fn servers_named(&self, namespace: &str, names: &[&str]) -> Result<Vec<McpServer>, LookupError> {
-        let api: Api<McpServer> = Api::namespaced(self.client.clone(), namespace);
-        let reads = names.iter().map(|name| {
-            let api = api.clone();
-            async move { self.bounded(|| format!("McpServer {namespace}/{name}"), api.get_opt(name)).await }
-        });
-        Ok(futures::future::try_join_all(reads).await?.into_iter().flatten().collect())
-    }
-
-    /// The annotations of every Secret `profile` and the servers it selects among `servers`
-    /// reference: metadata GETs in parallel (never the data, which the operator does not need).
-    pub(crate) async fn secrets(
-        &self,
-        namespace: &str,
-        profile: &McpProfile,
-        servers: &[McpServer],
-    ) -> Result<SecretGrants, LookupError> {
-        let mut names: BTreeSet<String> = profile_secret_ref(profile).map(|r| r.secret).into_iter().collect();
-        for server in servers.iter().filter(|s| profile.selects(s)) {
-            names.extend(server_secret_refs(server).into_iter().map(|r| r.secret));
-        }
-        let mut grants = SecretGrants::default();
-        if names.is_empty() {
-            return Ok(grants);
-        }
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let reads = names.into_iter().map(|name| {
-            let api = api.clone();
-            async move {
-                let meta = self.bounded(|| format!("Secret {namespace}/{name}"), api.get_metadata_opt(&name)).await?;
-                Ok::<_, LookupError>((name, meta.map(|m| m.metadata.annotations.unwrap_or_default())))
-            }
-        });
-        for (name, annotations) in futures::future::try_join_all(reads).await? {
-            grants.insert(name, annotations);
-        }
-        Ok(grants)
-    }
-}
-
-/// The McpServers `profile` resolves to among `servers`: those named in `spec.servers` plus
-/// those `spec.serverSelector` matches. Named servers that do not exist are simply absent
-/// (the profile's status reports them).
-pub(crate) fn profile_servers(profile: &McpProfile, servers: Vec<McpServer>) -> Vec<McpServer> {
-    servers.into_iter().filter(|s| profile.selects(s)).collect()
-}
-
-/// The profile a pod asks for, unless it opted out (then nothing beyond the namespace is read).
-fn wanted_profile(pod: &Pod) -> Option<&str> {
-    let annotations = pod.metadata.annotations.as_ref()?;
-    if annotations.get(ANNOTATION_INJECT).is_some_and(|v| v.eq_ignore_ascii_case("false")) {
-        return None;
-    }
-    annotations.get(ANNOTATION_PROFILE).map(String::as_str)
-}
-
 // === review ===
+
+/// What the webhook did with one pod (the `decision` label of `admission_total`; a review that
+/// fails is counted as `error`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Admitted unchanged.
+    Skip,
+    /// Admitted with the injection patch.
+    Patch,
+    /// Refused.
+    Deny,
+}
+
+impl Admission {
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Admission::Skip => "skip",
+            Admission::Patch => "patch",
+            Admission::Deny => "deny",
+        }
+    }
+}
 
 /// The answer to one admission request, and a label for logs and metrics.
 #[derive(Debug)]
 pub(crate) struct Reviewed {
     /// What the API server gets.
     pub(crate) response: AdmissionResponse,
-    /// `patch`, `skip` or `deny`.
-    pub(crate) decision: &'static str,
+    pub(crate) decision: Admission,
     /// The skip reason; empty otherwise.
     pub(crate) reason: &'static str,
 }
@@ -593,7 +280,7 @@ pub(crate) async fn review<L: Lookup>(
     request: AdmissionRequest<Pod>,
 ) -> Result<Reviewed, ReviewError> {
     let response = AdmissionResponse::from(&request);
-    let allow = |reason| Reviewed { response: response.clone(), decision: "skip", reason };
+    let allow = |reason| Reviewed { response: response.clone(), decision: Admission::Skip, reason };
     // The configuration registers CREATE only; anything else passes untouched.
     if request.operation != Operation::Create {
         return Ok(allow("not_create"));
@@ -621,14 +308,14 @@ pub(crate) async fn review<L: Lookup>(
             if !warnings.is_empty() {
                 response.warnings = Some(warnings);
             }
-            Reviewed { response, decision: "patch", reason: "" }
+            Reviewed { response, decision: Admission::Patch, reason: "" }
         }
         Decision::Deny { message } => {
             let mut response = response.deny(message);
             // 403 Forbidden, as built-in admission plugins answer; unset, the API server says 400.
             response.result.code = 403;
             response.result.reason = "Forbidden".to_string();
-            Reviewed { response, decision: "deny", reason: "" }
+            Reviewed { response, decision: Admission::Deny, reason: "" }
         }
     })
 }
@@ -687,11 +374,13 @@ async fn mutate_pods<L: Lookup>(
     match review(&handler.lookup, &handler.inject, request).instrument(span.clone()).await {
         Ok(reviewed) => {
             let elapsed = started.elapsed();
-            handler.metrics.record(reviewed.decision, reviewed.reason, elapsed);
+            handler.metrics.record(reviewed.decision.as_str(), reviewed.reason, elapsed);
             span.in_scope(|| match reviewed.decision {
-                "skip" => debug!(reason = reviewed.reason, ?elapsed, "admitted unchanged"),
-                "deny" => info!(message = %reviewed.response.result.message, ?elapsed, "denied"),
-                _ => info!(warnings = reviewed.response.warnings.as_ref().map_or(0, Vec::len), ?elapsed, "injected"),
+                Admission::Skip => debug!(reason = reviewed.reason, ?elapsed, "admitted unchanged"),
+                Admission::Deny => info!(message = %reviewed.response.result.message, ?elapsed, "denied"),
+                Admission::Patch => {
+                    info!(warnings = reviewed.response.warnings.as_ref().map_or(0, Vec::len), ?elapsed, "injected")
+                }
             });
             let answer: AdmissionReview<DynamicObject> = reviewed.response.into_review();
             Ok(axum::Json(answer).into_response())
@@ -897,35 +586,5 @@ mod tests {
         assert!(supports_native_sidecars(&version("1", "30+")), "managed clusters append +");
         assert!(supports_native_sidecars(&version("2", "0")));
         assert!(!supports_native_sidecars(&version("", "")), "unknown means classic");
-    }
-
-    #[test]
-    fn profile_servers_are_the_named_plus_the_selected() {
-        let profile = McpProfile::test("dev").servers(["a", "gone"]).selecting("team", "x");
-        let all = vec![
-            McpServer::test("a"),
-            McpServer::test("b").label("team", "x"),
-            McpServer::test("c").label("team", "y"),
-        ];
-        let names: Vec<_> = profile_servers(&profile, all).into_iter().filter_map(|s| s.metadata.name).collect();
-        assert_eq!(names, ["a", "b"]);
-    }
-
-    #[test]
-    fn without_a_selector_only_named_servers() {
-        let profile = McpProfile::test("dev").servers(["b"]);
-        let all = vec![McpServer::test("a"), McpServer::test("b").label("team", "x")];
-        let names: Vec<_> = profile_servers(&profile, all).into_iter().filter_map(|s| s.metadata.name).collect();
-        assert_eq!(names, ["b"]);
-    }
-
-    #[test]
-    fn opted_out_pods_need_no_profile() {
-        let mut pod = Pod::default();
-        assert_eq!(wanted_profile(&pod), None);
-        pod.metadata.annotations = Some(BTreeMap::from([(ANNOTATION_PROFILE.to_string(), "dev".to_string())]));
-        assert_eq!(wanted_profile(&pod), Some("dev"));
-        pod.metadata.annotations.get_or_insert_default().insert(ANNOTATION_INJECT.to_string(), "False".to_string());
-        assert_eq!(wanted_profile(&pod), None);
     }
 }

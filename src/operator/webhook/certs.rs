@@ -10,29 +10,10 @@
 //! files:        <dir>/tls.crt + <dir>/tls.key ──poll, changed?──▶ CertResolver
 //! ```
 //!
-//! Decisions, and why:
-//! - **One Secret for all replicas.** Whoever finds no Secret creates it (`AlreadyExists`: read
-//!   the winner's); whoever renews replaces it with the `resourceVersion` it read (`Conflict`:
-//!   read again and decide again), so replicas never serve certificates of different CAs for
-//!   long. Each replica re-reads the Secret every `recheck_interval`, which is also how a
-//!   renewal made by another replica reaches it.
-//! - **Lifetimes.** A 1-year CA and a 90-day leaf, each renewed at 2/3 of its life (kubelet's
-//!   and cert-manager's habit): a missed check or a crash-looping replica still leaves a month
-//!   of validity.
-//! - **CA rotation without a gap.** `ca.crt` is a bundle: the current CA first, then earlier CAs
-//!   that have not expired. A new CA is written to the `caBundle` *before* the Secret, so the
-//!   API server trusts it before any replica serves a leaf it signed, and the old CA stays
-//!   trusted while other replicas still serve leaves it signed.
-//! - **Issuer check without crypto.** A CA's common name carries its creation time
-//!   (`spear-operator-webhook-ca@<unix seconds>`, as kube-apiserver names its self-signed CA),
-//!   so "was this leaf issued by the current CA" is a comparison of names.
-//! - **caBundle by name.** Only the configuration named in [`SelfSigned::webhook_config_name`]
-//!   is touched (the operator's RBAC allows no other); every webhook in it gets the bundle. It
-//!   is re-checked every `recheck_interval` because `helm upgrade` may reset it. A missing
-//!   configuration is a warning, not a failure: the chart may create it after the operator.
-//! - **Files mode** polls the two files (every 10 s by default) instead of using inotify: a
-//!   Secret volume is updated by an atomic symlink swap that file watches handle poorly, and a
-//!   read of two small files is cheap. The `caBundle` then belongs to cert-manager's CA injector.
+//! One Secret for all replicas, written with its `resourceVersion`; a new CA reaches the
+//! `caBundle` before the Secret, so the API server trusts it before any replica serves a leaf it
+//! signed. Why, lifetimes, the issuer check and files mode: `src/operator/README.md`,
+//! "Certificates".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -60,9 +41,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::rbac;
 use crate::api::keys::FIELD_MANAGER;
 use crate::api::keys::{WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION};
+use crate::operator::rbac;
 
 /// Secret key of the CA bundle (current CA first); also what the `caBundle` is set to.
 pub const SECRET_CA_CERT: &str = "ca.crt";
@@ -223,18 +204,12 @@ pub enum CertError {
     },
     /// Other writers kept changing the object between this replica's read and write.
     #[error("{what} changed under every one of {CONFLICT_RETRIES} attempts to update it")]
-    Conflicts {
-        /// The object.
-        what: String,
-    },
+    Conflicts { what: String },
     /// The MutatingWebhookConfiguration to keep current does not exist.
     #[error(
         "MutatingWebhookConfiguration {name} does not exist, so its caBundle cannot be set: install the chart (it creates it) or fix --webhook-config-name"
     )]
-    ConfigurationMissing {
-        /// Its name.
-        name: String,
-    },
+    ConfigurationMissing { name: String },
     /// Shutdown came before the first certificate.
     #[error("stopped before the first certificate was loaded")]
     Cancelled,
@@ -419,11 +394,9 @@ fn seconds(duration: Duration) -> i64 {
 pub struct Material {
     /// The CA bundle: the current CA, then earlier CAs that have not expired.
     pub ca_bundle: String,
-    /// The current CA's key.
     ca_key: String,
     /// The serving certificate.
     pub cert: String,
-    /// The serving key.
     key: String,
 }
 

@@ -1,5 +1,5 @@
 //! Client-certificate authentication of the API server at the webhook
-//! (`--webhook-client-ca-file`, `--webhook-client-names`; issue 13, finding 8).
+//! (`--webhook-client-ca-file`, `--webhook-client-names`).
 //!
 //! ```text
 //! <ca-file> (PEM bundle) ──parse──▶ WebPkiClientVerifier ──swap──▶ ClientVerifier ◀── TLS handshake
@@ -11,37 +11,10 @@
 //!                                                   refused ─▶ alert, connection closed: no HTTP at all
 //! ```
 //!
-//! Decisions, and why:
-//! - **Refused at the handshake, not in the handler.** A caller without an acceptable certificate
-//!   never gets an HTTP exchange, so nothing it sends is parsed and nothing is looked up: the
-//!   review (whose patch carries the profile's servers, their images, commands and Secret names)
-//!   is only ever computed for the API server.
-//! - **Mandatory once configured; off when not.** Without `--webhook-client-ca-file` the webhook
-//!   requests no certificate, as before: any client that reaches the port gets reviews (the
-//!   chart's NetworkPolicy is the other defence). With it, there is no "optional" mode: a
-//!   half-authenticated webhook would still answer the attacker.
-//! - **Names narrow a shared CA.** The CA a cluster already has for client certificates (the
-//!   cluster CA of kubeadm, say) also issued every kubelet's and many users' certificates; trusting
-//!   it alone would admit all of them. `--webhook-client-names` accepts only certificates whose
-//!   subject common name or one of whose DNS subject alternative names equals one of the names
-//!   (exact, ASCII case-insensitive, no wildcards: a wildcard is the kind of widening this check
-//!   exists to prevent). A dedicated CA that issues nothing but the API server's webhook client
-//!   certificate needs no names.
-//! - **No CA hints.** The TLS `certificate_authorities` hint is left empty: Go's TLS client (the
-//!   API server) then sends its certificate whatever its issuer (with hints it sends none when
-//!   the issuer is not listed, which turns a chain through an intermediate into a silent
-//!   failure), and a port scanner learns nothing about which CA is trusted.
-//! - **Rotation without a restart.** The file is re-read every [`DEFAULT_POLL_INTERVAL`] (10 s,
-//!   as the serving-certificate files; polling, because Secret and ConfigMap volumes update by a
-//!   symlink swap that file watches handle poorly). A bundle that changed and parses replaces the
-//!   trusted set for the next handshake; open connections keep the identity they proved. One that
-//!   does not parse (half written, emptied by mistake) is logged and the loaded set kept: refusing
-//!   the API server because of a bad edit would stop every pod creation. To rotate the CA, put
-//!   the new CA into the bundle next to the old one, re-issue the API server's certificate, then
-//!   remove the old CA.
-//! - **No revocation lists.** Revoking the API server's certificate means rotating the CA (or
-//!   changing `--webhook-client-names`); the API server's webhook client certificate is a single,
-//!   operator-managed credential, not a population that needs CRLs.
+//! Refused at the handshake, not in the handler: a caller without an acceptable certificate never
+//! gets an HTTP exchange, so nothing it sends is parsed. Mandatory once configured, with no
+//! "optional" mode. Why, and the rest (names narrow a shared CA, no CA hints, rotation without a
+//! restart, no revocation lists): `src/operator/README.md`, "Client authentication".
 
 use std::fmt;
 use std::path::PathBuf;
