@@ -26,6 +26,7 @@
 //! the real `spearlet` binary of the same build. Latency calls alternate one by one between the
 //! clients so drift (other load, CPU idle states) hits all alike. Without `--bench` (under
 //! `cargo test --all-targets`) it is a short smoke run of the harness.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::path::{Path, PathBuf};

@@ -8,6 +8,7 @@
 //!
 //! Run with `cargo bench --bench dir_latency`. Each mode times [`SAMPLES`] writes in its own
 //! temp directory and prints the median and p90, with the ratio of each median to raw notify's.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::path::Path;

@@ -11,6 +11,7 @@
 //!   done once per revision or tool-list change (what `effective` then shares per request);
 //! - `effective_with_request`: a request that narrows by allowlist and denylist and has a
 //!   caller-registered tool (patterns compiled per request).
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::collections::BTreeMap;

@@ -6,6 +6,7 @@
 //! `--serve-echo` (an rmcp stdio server), so no interpreter's speed is in the figures. Calls
 //! alternate one by one between the four clients so drift (other load, CPU idle states) hits
 //! all alike.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::path::{Path, PathBuf};

@@ -12,6 +12,7 @@
 //! same process and against the same control plane (started by the bench; run
 //! `hack/control-plane.sh` once first). Without `--bench` (as `cargo test --all-targets` runs it)
 //! it is a smoke run of 1 and 5 sources and 2 edits.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::time::{Duration, Instant};

@@ -18,6 +18,7 @@
 //! as `cargo test --all-targets` runs it, it reconciles 20 servers and 2 profiles as a smoke
 //! test of the harness. stdio servers are never probed, so this measures the controller and the
 //! API server alone.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::collections::{BTreeMap, BTreeSet};

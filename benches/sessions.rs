@@ -48,6 +48,7 @@
 //! - Memory after closing: glibc keeps freed heap mapped for reuse, so RSS need not fall when
 //!   sessions close. Opening and deleting N again, round after round, tells a leak (the same
 //!   growth every round) from reuse (growth that levels off).
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::path::Path;

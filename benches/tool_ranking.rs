@@ -17,6 +17,7 @@
 //! Run: `cargo bench --bench tool_ranking`; `TOOL_RANKING_SWEEP=1` runs the tuning grid instead
 //! (on the `tune` split only) and prints the best parameters. Under `cargo test --all-targets` the quality part
 //! runs in full (it is quick) and criterion runs each measurement once.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::collections::HashSet;

@@ -14,6 +14,7 @@
 //!
 //! Run: `cargo bench --bench webhook` (needs the test control plane: `hack/control-plane.sh`).
 //! Without `--bench` (under `cargo test --all-targets`) it is a short smoke run of the harness.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::collections::BTreeMap;

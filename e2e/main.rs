@@ -25,6 +25,7 @@
 //! proxy: no `exec`, no route into the pod network. Faults inside the pod use ephemeral
 //! containers (the app image's python3) that share the target container's PID namespace.
 //! `SPEAR_E2E_MEASURE=1` adds the measurements of BENCHMARKS.md ("e2e in real pods").
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "the e2e run reports its steps and figures on stdout")]
 
 mod measure;

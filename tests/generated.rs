@@ -1,5 +1,6 @@
 //! Generated files stay in sync with the Rust types (a stale copy would ship a schema the code
 //! does not match): `crds/` is rendered from `McpServer`/`McpProfile`. Run `SPEAR_BLESS=1 cargo test --test generated` to rewrite them.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 use std::path::PathBuf;

@@ -5,6 +5,7 @@
 //! under `cluster::`; nothing outside it starts one. So:
 //! - `cargo test --test it cluster::` runs only the control-plane tests;
 //! - `cargo test --test it -- --skip cluster::` runs the rest, without `SPEAR_CONTROL_PLANE_BIN`.
+#![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
 mod agent;
