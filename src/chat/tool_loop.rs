@@ -1,5 +1,5 @@
 //! The tool-call loop's decisions, pure: what to send upstream, which calls are whose, what the
-//! budgets allow, and what the caller gets back. The I/O shell ([`super::ChatService`]) only
+//! budgets allow, and what the caller gets back. The I/O shell (the agent's `ChatService`) only
 //! moves requests, tool calls and answers through these functions.
 //!
 //! ```text

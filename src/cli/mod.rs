@@ -153,7 +153,7 @@ async fn shutdown_signal() {
 mod terminal_tests {
     use super::terminal_safe;
 
-    /// Issue 13 finding 12: a server's tool name or output cannot drive the user's terminal.
+    /// A server's tool name or output cannot drive the user's terminal.
     #[test]
     fn escape_sequences_and_bidi_overrides_are_shown_not_obeyed() {
         let hostile = "read_file\u{1b}]0;pwned\u{7}\u{1b}[2J\rok\u{202e}txt.exe\u{9b}";
