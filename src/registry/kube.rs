@@ -9,31 +9,16 @@
 //!        KubeSource::snapshot (pure): read + validate each object ─▶ Snapshot::build ─▶ Publisher
 //! ```
 //!
-//! Why it is shaped this way:
-//! - **Every McpServer of the namespace.** A label selector would be possible when the
-//!   profile uses `serverSelector`, but a profile also names servers in `spec.servers`, and the
-//!   selector is only known (and may change) once the profile is read: a selected watch would
-//!   have to be a second one, restarted on every profile change. One watch of a namespace's
-//!   servers (a few small objects, served from the API server's watch cache) is simpler and
-//!   always complete; `policy` narrows the set to the profile afterwards.
-//! - **A fresh watcher after an error**, rather than `WatchStreamExt::default_backoff()`: a
-//!   kube-runtime watcher that recovers by resuming its watch yields nothing until the next
-//!   change, so the moment the API is back would be invisible and the source would stay marked
-//!   degraded. A fresh watcher relists and ends with `InitDone`, which proves the store is in sync
-//!   again; that is when the problem is cleared. The backoff is kube-runtime's [`DefaultBackoff`]
-//!   (client-go's parameters: 800 ms doubling to 30 s, jittered), reset by a complete list.
-//! - **410 Gone is not an outage.** The API server answers it when a watch's resourceVersion
-//!   left its watch cache; the fresh watcher relists and nothing is marked degraded.
-//! - **Objects are read one by one** (`DynamicObject`, then the Rust type): an object this agent
-//!   cannot read (a newer CRD version with a value it does not know) is left out with a problem
-//!   naming the field, instead of failing the list of the whole namespace.
-//! - **Validated as in local mode.** The API server enforces the CRD schema and CEL rules;
-//!   [`Validate`] also checks what they cannot (glob syntax, `${ENV:...}` references). An object
-//!   that fails is left out and reported, so both modes serve the same set (the operator's
-//!   `Accepted` condition says the same thing on the object).
-//! - **Degraded until the first sync.** The first snapshot is empty and carries a "not listed
-//!   yet" problem, so a reader that does not wait for [`KubeWatch::ready`] cannot mistake "not
-//!   loaded" for "nothing allowed".
+//! Decisions (the reasons are in this module's `README.md`):
+//! - every McpServer of the namespace is watched (a profile's servers are only known once it is
+//!   read); `policy` narrows the set afterwards;
+//! - after an error, a fresh watcher relists: its `InitDone` proves the store is in sync again,
+//!   which clears the problem; the backoff is kube-runtime's [`DefaultBackoff`]; 410 Gone is not
+//!   an outage;
+//! - objects are read one by one and validated as in local mode ([`Validate`]): one unreadable
+//!   object is left out with a problem naming the field, never the whole list;
+//! - degraded until the first sync: a reader that does not wait for [`KubeWatch::ready`] cannot
+//!   mistake "not loaded" for "nothing allowed".
 
 use std::path::PathBuf;
 use std::sync::Arc;

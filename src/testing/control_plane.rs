@@ -9,30 +9,11 @@
 //!        └─▶ &'static ControlPlane ─client() / namespace()─▶ kube::Client for the caller's runtime
 //! ```
 //!
-//! Why it is shaped this way:
-//! - **No process is left behind, without `unsafe`.** The binaries built by
-//!   `hack/control-plane.sh` exit when their stdin reaches EOF (`SPEAR_EXIT_ON_STDIN_EOF=1`) and
-//!   then remove the directory named by `SPEAR_REMOVE_ON_EXIT`. The launcher holds the write end of
-//!   each stdin pipe for the life of the test binary (statics never drop), so however the binary
-//!   ends (success, panic, abort, SIGKILL) the kernel closes the pipes and the control plane goes
-//!   away with its data, certificates and logs. `pre_exec`/`prctl(PR_SET_PDEATHSIG)` would need
-//!   `unsafe`, which the crate forbids.
-//! - **Synchronous start, per-caller clients.** Each `#[tokio::test]` has its own runtime and a
-//!   `kube::Client` is bound to the runtime that built it, so the start is plain `std::process`
-//!   and its async part (readiness, CRD install) runs on a scoped thread with a current-thread
-//!   runtime of its own; [`ControlPlane::client`] builds a fresh client for whoever calls it.
-//! - **CRDs from the Rust types.** `spear::api::crd::definitions()` is the source of truth; a
-//!   separate test keeps `crds/` in sync with it.
-//! - **The API server authenticates to webhooks.** It starts with an admission configuration
-//!   whose webhook kubeconfig gives every webhook it calls (user `*`) a client certificate
-//!   ([`WEBHOOK_CLIENT_NAME`], issued by a CA of its own, [`ControlPlane::webhook_client_ca_pem`]),
-//!   as a cluster set up for `spear-operator run --webhook-client-ca-file` does. `*` rather than
-//!   `<service>.<namespace>.svc`: the tests' webhooks are URLs on loopback with a port picked per
-//!   test, which no fixed user name can match. A webhook that asks for no certificate gets none
-//!   (TLS sends one only when asked), so the other webhook tests see no difference.
-//! - **Panics, not errors.** This is test infrastructure: a failure panics with what to run or
-//!   which log to read (and its tail). A failed start is remembered, so every test reports the same
-//!   message at once instead of retrying a start that takes seconds.
+//! Decisions (the reasons are in this module's `README.md`): no process is left behind, without
+//! `unsafe` (the binaries exit when the stdin pipe the launcher holds closes); a synchronous
+//! start and a fresh [`ControlPlane::client`] per caller (a client is bound to its runtime); CRDs
+//! from the Rust types; the API server presents [`WEBHOOK_CLIENT_NAME`]'s certificate to every
+//! webhook; a failure panics with what to run, and a failed start is remembered.
 
 use std::fs;
 use std::future::Future;
