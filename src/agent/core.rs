@@ -453,6 +453,26 @@ impl Agent {
         reason: String,
         context: CallContext<'_>,
     ) -> ToolCall {
+        self.policy_denied(name, reason, context, &set.profile, set.revision.as_str())
+    }
+
+    /// Refuses a call a door could not even compute a tool set for (the profile does not exist
+    /// or is invalid): audited and counted like every other refusal.
+    pub(crate) fn refuse_call(&self, error: &PolicyError, name: &str, context: CallContext<'_>) -> McpError {
+        let revision = self.state().snapshot.revision().clone();
+        let call = self.policy_denied(name, error.to_string(), context, self.profile(), revision.as_str());
+        call.result.err().unwrap_or_else(|| McpError::new(ErrorCode::McpPolicyDenied, error.to_string()))
+    }
+
+    /// The `mcp_policy_denied` call of `name`, never routed: counted and audited.
+    fn policy_denied(
+        &self,
+        name: &str,
+        reason: String,
+        context: CallContext<'_>,
+        profile: &str,
+        revision: &str,
+    ) -> ToolCall {
         let refusal = McpError::new(ErrorCode::McpPolicyDenied, reason);
         self.inner.options.pool_metrics.refused("", refusal.code.as_str());
         let call = ToolCall {
@@ -462,26 +482,8 @@ impl Agent {
             latency: Duration::ZERO,
             result: Err(refusal),
         };
-        let arguments = self.inner.options.audit.arguments(None);
-        self.record(&call, context, &set.profile, set.revision.as_str(), arguments);
+        self.record(&call, context, profile, revision, self.inner.options.audit.arguments(None));
         call
-    }
-
-    /// Refuses a call a door could not even compute a tool set for (the profile does not exist
-    /// or is invalid): audited and counted like every other refusal.
-    pub(crate) fn refuse_call(&self, error: &PolicyError, name: &str, context: CallContext<'_>) -> McpError {
-        let refusal = McpError::new(ErrorCode::McpPolicyDenied, error.to_string());
-        self.inner.options.pool_metrics.refused("", refusal.code.as_str());
-        let call = ToolCall {
-            name: name.to_string(),
-            server_id: None,
-            tool: None,
-            latency: Duration::ZERO,
-            result: Err(refusal.clone()),
-        };
-        let revision = self.state().snapshot.revision().clone();
-        self.record(&call, context, self.profile(), revision.as_str(), self.inner.options.audit.arguments(None));
-        refusal
     }
 
     /// The route of `name`, waiting (within the call budget of the server it names) for that
