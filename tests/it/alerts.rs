@@ -339,8 +339,8 @@ fn every_alert_and_dashboard_query_parses_and_names_spear_metrics() {
         assert!(!selected.is_empty(), "{what} selects no metric: {expr}");
         for name in selected {
             assert!(
-                name.starts_with("mcp_") || name.starts_with("spear_operator_"),
-                "{what} selects {name}, which neither binary exports (mcp_* is the agent's, spear_operator_* the operator's)"
+                name.starts_with("mcp_") || name.starts_with("spear_operator_") || name.starts_with("spear_log_"),
+                "{what} selects {name}, which neither binary exports (mcp_* is the agent's, spear_operator_* the operator's, spear_log_* both's)"
             );
             names.entry(name).or_insert(what.clone());
         }
