@@ -22,7 +22,18 @@ use syn::visit::Visit;
 const DOCS: &[&str] = &["docs", "CONTRIBUTING.md", "src/agent/README.md", "src/bridge/README.md", "src/mcp/README.md"];
 /// Where a bare word may be found.
 const CORPUS: &[&str] = &[
-    "src", "tests", "hack", "charts", "proto", "e2e", "fuzz", "examples", "benches", "crds", "Cargo.toml", ".ci",
+    "src",
+    "tests",
+    "hack",
+    "charts",
+    "proto",
+    "e2e",
+    "fuzz",
+    "examples",
+    "benches",
+    "crds",
+    "Cargo.toml",
+    ".ci",
     "clippy.toml",
 ];
 /// Where Rust items are defined: the crate, and the tests and benches a doc may name.
@@ -30,8 +41,34 @@ const RUST: &[&str] = &["src", "tests", "benches", "e2e", "fuzz/fuzz_targets"];
 /// First segments that name no item of this tree: primitive and prelude types (crate names
 /// come from Cargo.toml).
 const EXTERNAL: &[&str] = &[
-    "std", "core", "alloc", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",
-    "f32", "f64", "str", "bool", "char", "String", "Vec", "Option", "Result", "Box", "Arc", "agentgateway", "linkerd2",
+    "std",
+    "core",
+    "alloc",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+    "u128",
+    "usize",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "i128",
+    "isize",
+    "f32",
+    "f64",
+    "str",
+    "bool",
+    "char",
+    "String",
+    "Vec",
+    "Option",
+    "Result",
+    "Box",
+    "Arc",
+    "agentgateway",
+    "linkerd2",
 ];
 
 fn repo() -> PathBuf {
@@ -143,7 +180,9 @@ impl Tree {
         let mut external: BTreeSet<String> = EXTERNAL.iter().map(|s| s.to_string()).collect();
         if let Ok(manifest) = manifest.parse::<toml::Table>() {
             for (table, deps) in &manifest {
-                if table.ends_with("dependencies") && let Some(deps) = deps.as_table() {
+                if table.ends_with("dependencies")
+                    && let Some(deps) = deps.as_table()
+                {
                     external.extend(deps.keys().map(|name| name.replace('-', "_")));
                 }
             }
@@ -209,7 +248,8 @@ impl Tree {
             && span.chars().any(|c| c.is_ascii_lowercase())
             && span.chars().skip(1).any(|c| c.is_ascii_uppercase());
         if snake || camel {
-            let stem = ["_total", "_bucket", "_sum", "_count"].iter().fold(span, |s, suffix| s.trim_end_matches(suffix));
+            let stem =
+                ["_total", "_bucket", "_sum", "_count"].iter().fold(span, |s, suffix| s.trim_end_matches(suffix));
             return (!self.corpus.contains(stem)).then(|| format!("`{span}`: appears nowhere in the tree"));
         }
         None
