@@ -8,7 +8,7 @@ use protox::prost::Message;
 
 const PROTO_ROOT: &str = "proto";
 const PROTOS: &[&str] = &["proto/spear/v1/agent.proto"];
-/// File name in OUT_DIR; `src/agent/grpc.rs` includes it with `include_bytes!`.
+/// File name in OUT_DIR; `src/agent/doors/grpc.rs` includes it with `include_bytes!`.
 const DESCRIPTOR_SET: &str = "spear_descriptor.bin";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

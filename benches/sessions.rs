@@ -35,7 +35,7 @@
 //!   64 keep-alive connections carry all 10,000 sessions), so an fd per session would be a leak.
 //! - Latency calls alternate one by one between a random held session, the one baseline session
 //!   and a stateless client, so drift hits all alike. A random session's first call also starts
-//!   its keeper (src/agent/mcp_keep_alive.rs): that cost is in the figure, as it is for a real
+//!   its keeper (src/agent/doors/mcp/keep_alive.rs): that cost is in the figure, as it is for a real
 //!   client.
 //! - RSS at 0 sessions is taken after warm-up traffic on 64 connections (N stateless clients,
 //!   each `server/discover` then one call), so connection buffers and allocator arenas
@@ -508,7 +508,7 @@ fn where_the_bytes_go(measured: f64, per_called: f64) {
     );
     println!(
         "  {per_called:>7.0} B        more, measured, once a session has called a tool: its keeper \
-         (src/agent/mcp_keep_alive.rs: a map entry and a task)"
+         (src/agent/doors/mcp/keep_alive.rs: a map entry and a task)"
     );
 }
 

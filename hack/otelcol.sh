@@ -13,7 +13,7 @@ set -euo pipefail
 
 # Pinned version of the collector's v0 modules (otelcol, otlpreceiver, otlphttpexporter; the v1
 # modules they need are resolved by `go mod tidy` from their requirements). Changing it (or
-# BUILD_REVISION, when the main below changes) triggers a rebuild; src/testing/otelcol.rs names the same.
+# BUILD_REVISION, when the main below changes) triggers a rebuild; tests/it/tracing.rs names the same.
 OTELCOL_VERSION="${SPEAR_OTELCOL_VERSION:-v0.165.0}"
 BUILD_REVISION="b3"
 

@@ -37,6 +37,8 @@ pub mod telemetry;
 pub mod testing;
 
 #[cfg(test)]
+mod docs_tests;
+#[cfg(test)]
 mod layering_tests;
 
 /// Wrappers for the cargo-fuzz targets in `fuzz/` (feature `fuzzing`, off by default).

@@ -1,6 +1,6 @@
 //! Chat completion requests (`src/chat/types.rs`) and the tool loop's decisions
 //! (`src/chat/tool_loop.rs`), driven as the chat door drives them (`spear::fuzzing::ChatLoop`
-//! mirrors `src/agent/chat.rs`'s `run_loop` without I/O) over the registry in
+//! mirrors `src/agent/doors/chat.rs`'s `run_loop` without I/O) over the registry in
 //! `examples/registry/`.
 //!
 //! Input: a request body, then optionally a 0 byte and (arbitrary-encoded) the servers' tool

@@ -1,6 +1,6 @@
-//! The stdio/socket frame guard (`src/mcp/connect.rs` `FrameGuard`) and the tool output cap
+//! The stdio/socket frame guard (`src/mcp/connect/frame.rs` `FrameGuard`) and the tool output cap
 //! (`src/mcp/output.rs` `cap`, and the pool's `cap_result` with its shortcut for small text
-//! results, `src/mcp/pool.rs`).
+//! results, `src/mcp/pool/call.rs`).
 //!
 //! Input: byte 0 the frame limit, byte 1 the reader's buffer size, bytes 2-5 the sizes of the
 //! chunks the inner reader hands out (0: pending once), the rest the stream. When the stream is

@@ -1,4 +1,4 @@
-//! The `/mcp` fast path (`src/agent/mcp_fast_path.rs`): its reading of a request body and of the
+//! The `/mcp` fast path (`src/agent/doors/mcp/fast_path.rs`): its reading of a request body and of the
 //! headers, and the HTTP door's Host/Origin guard (`src/agent/http_guard.rs`).
 //!
 //! Input: a JSON-RPC body, then optionally a 0 byte and headers (arbitrary-encoded); without

@@ -1,4 +1,4 @@
-//! The mutating webhook's review (`src/operator/webhook.rs` `review`, `src/operator/inject.rs`
+//! The mutating webhook's review (`src/operator/webhook/mod.rs` `review`, `src/operator/inject.rs`
 //! `mutate`) on arbitrary AdmissionReview JSON, with the lookup answering the registry in
 //! `examples/registry/` (servers that the input may replace with its own stdio servers).
 //!

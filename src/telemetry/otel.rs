@@ -15,7 +15,7 @@
 //! - **Propagation**: a `traceparent` (and `tracestate`) on the chat, `/mcp` and gRPC doors
 //!   becomes the parent of the door's span; every tool call carries the pool span's context in
 //!   its `_meta` (SEP-414 reserves `traceparent`/`tracestate` there), which reaches stdio and
-//!   socket servers, and a Streamable HTTP server also gets it as headers (`connect.rs`).
+//!   socket servers, and a Streamable HTTP server also gets it as headers (`mcp/connect/http.rs`).
 //! - **Protocols**: `grpc` (tonic) and `http/protobuf` (the spec's default). `http/json` is
 //!   refused with the fix; TLS to the collector is not built in (a collector is a loopback or
 //!   in-cluster hop; put a local collector in front of a remote one).

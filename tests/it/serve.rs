@@ -200,7 +200,7 @@ fn python_client_lists_calls_and_hears_a_registry_edit(mode: &str, version: &str
     let names: Vec<&str> = tools["names"].as_array().expect("names").iter().filter_map(Value::as_str).collect();
     assert!(names.contains(&"mcp__fx__echo"), "{names:?}");
     if mode == STATELESS {
-        // The set is this pod's profile's: private; see mcp_endpoint::LIST_TTL for the 2 s.
+        // The set is this pod's profile's: private; see doors::mcp::endpoint::LIST_TTL for the 2 s.
         assert_eq!((&tools["ttl_ms"], &tools["cache_scope"]), (&Value::from(2000), &Value::from("private")), "{tools}");
     }
     // Outside the profile (denied by the profile, and by the server): not listed ...
