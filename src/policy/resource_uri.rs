@@ -107,7 +107,16 @@ fn check_characters(uri: &str) -> Result<(), UriProblem> {
         }
         i += 1;
     }
-    std::str::from_utf8(&decoded).map(|_| ()).map_err(|_| UriProblem::NotUtf8)
+    // C1 controls (U+0080..U+009F, CSI among them) are multi-byte in UTF-8, so the byte
+    // checks above cannot see them: look again at characters, raw and decoded.
+    if uri.chars().any(char::is_control) {
+        return Err(UriProblem::ControlCharacter);
+    }
+    let decoded = std::str::from_utf8(&decoded).map_err(|_| UriProblem::NotUtf8)?;
+    if decoded.chars().any(char::is_control) {
+        return Err(UriProblem::EncodedControl);
+    }
+    Ok(())
 }
 
 /// `uri` split as RFC 3986 appendix B does: (scheme, authority, the rest: path, query, fragment).
@@ -214,6 +223,10 @@ mod tests {
             ("file:///D/srv/docs/%c0%ae%c0%ae/secret.txt", NotUtf8),
             ("file:///D/srv/docs/key.txt%00.md", EncodedControl),
             ("file:///D/srv/docs/a\n.md", ControlCharacter),
+            ("file:///D/srv/docs/a\u{9b}31m.md", ControlCharacter),
+            ("file:///D/srv/docs/a\u{85}.md", ControlCharacter),
+            ("file:///D/srv/docs/a%C2%9B31m.md", EncodedControl),
+            ("file:///D/srv/docs/a%c2%85.md", EncodedControl),
             ("file:///D/srv/docs/%zz", BadEscape),
             ("file:///D/srv/docs/%2", BadEscape),
             ("file:///D/srv/docs/%+1", BadEscape),
