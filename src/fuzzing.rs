@@ -640,6 +640,20 @@ pub fn resource_id(server: &str, uri: &str) -> String {
     crate::policy::items::resource_id(server, uri)
 }
 
+impl Effective {
+    /// A client's resource URI decided as every door decides it (`Agent::read_resource`,
+    /// `subscribe_resource`, `complete`): parsed into (server id, the server's URI), then the
+    /// policy on that URI as it is. `Ok` with the pair the server would be sent; `Err` with the
+    /// refusal's reason (`unsafe_uri`, `denied_by:server`, ...) or `not_a_resource`.
+    pub fn decide_resource(&self, id: &str) -> Result<(String, String), String> {
+        let (server, uri) = crate::policy::items::parse_resource_id(id).ok_or("not_a_resource")?;
+        self.set
+            .item_decision(server, crate::policy::items::ItemKind::Resource, uri)
+            .map_err(|d| d.reason.to_string())?;
+        Ok((server.to_string(), uri.to_string()))
+    }
+}
+
 /// `mcp::oauth::parse_token_response`: `Ok((access_token, expires_in seconds))` or the error text.
 pub fn parse_token_response(status: u16, body: &[u8]) -> Result<(String, Option<u64>), String> {
     crate::mcp::oauth::parse_token_response(status, body)

@@ -112,6 +112,9 @@ pub enum Reason {
     ListFailed,
     /// The server is still starting (its package may be downloading).
     Starting,
+    /// A resource URI spelled so that a server resolving paths could read something other than
+    /// what the patterns matched (`..`, `//`, `%2e`, ...): refused before matching.
+    UnsafeUri,
 }
 
 impl fmt::Display for Reason {
@@ -125,6 +128,7 @@ impl fmt::Display for Reason {
             Reason::EnvMissing => f.write_str("env_missing"),
             Reason::ListFailed => f.write_str("list_failed"),
             Reason::Starting => f.write_str("starting"),
+            Reason::UnsafeUri => f.write_str("unsafe_uri"),
         }
     }
 }

@@ -7,7 +7,9 @@
 //!   `resourceAllowlist`/`resourceDenylist` (`promptAllowlist`/`promptDenylist`), which only
 //!   narrow; deny always wins. The server must be in the request's effective set. Resource
 //!   patterns match the server's own URI (`file:///srv/docs/*`); prompt patterns match the
-//!   prompt's name, or `server/name` in a profile, as tool patterns do.
+//!   prompt's name, or `server/name` in a profile, as tool patterns do. A resource URI is first
+//!   held to one spelling (`policy::resource_uri`: no `..`, `//`, `%2e`, `\`), else it is
+//!   `unsafe_uri`; the server receives the very string decided on.
 //! - **Identifiers.** A resource is `spear://<server id>/<the server's URI>` (a template: the same
 //!   prefix on its `uriTemplate`, so its variables still expand): reversible without a table,
 //!   since a server id is a DNS label and its first `/` ends it. A prompt is
@@ -20,6 +22,7 @@ use serde::Serialize;
 
 use super::decision::{Decision, Layer, LayerPatterns, PolicyError, Reason};
 use super::pattern::PatternSet;
+use super::resource_uri;
 use crate::api::{McpProfile, McpServer};
 
 /// The scheme of aggregated resource URIs.
@@ -126,6 +129,12 @@ impl CompiledItems {
             Err(Decision { server: server.to_string(), tool: Some(item.to_string()), reason, detail })
         };
         let Some(patterns) = self.servers.get(server) else { return refuse(Reason::NotInProfile, None) };
+        // Patterns only mean something on the one spelling the server resolves as written.
+        if kind == ItemKind::Resource
+            && let Err(problem) = resource_uri::check(item)
+        {
+            return refuse(Reason::UnsafeUri, Some(problem.detail()));
+        }
         let own = match kind {
             ItemKind::Resource => &patterns.resources,
             ItemKind::Prompt => &patterns.prompts,
@@ -182,6 +191,64 @@ pub fn prompt_name(server_part: &str, prompt: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::fixtures::NO_ARGS;
+
+    /// The review's server: `files` exposes `file:///D/srv/docs/*` but not its `private/`.
+    fn files(profile_deny: &[&str]) -> CompiledItems {
+        let mut server = McpServer::test("files").stdio("server", NO_ARGS);
+        server.spec.allowed_resources = vec!["file:///D/srv/docs/*".to_string()];
+        server.spec.denied_resources = vec!["file:///D/srv/docs/private/*".to_string()];
+        let mut profile = McpProfile::test("p").servers(["files"]);
+        profile.spec.resource_denylist = profile_deny.iter().map(|p| p.to_string()).collect();
+        CompiledItems::compile(&profile, [("files", &server)].into_iter()).expect("patterns compile")
+    }
+
+    fn reason(items: &CompiledItems, uri: &str) -> Option<String> {
+        items.decide("files", ItemKind::Resource, uri).err().map(|d| d.reason.to_string())
+    }
+
+    /// The review's table, row by row, and the other spellings of the same reads: each one that
+    /// a path-resolving server would read outside `allowedResources` or inside `deniedResources`
+    /// is `unsafe_uri`, whatever the patterns say, with the problem and the fix in the detail.
+    #[test]
+    fn traversal_spellings_are_refused_before_any_pattern() {
+        let items = files(&[]);
+        assert_eq!(reason(&items, "file:///D/srv/docs/a.md"), None);
+        assert_eq!(reason(&items, "file:///D/secret.txt").as_deref(), Some("not_allowed_by:server"));
+        assert_eq!(reason(&items, "file:///D/srv/docs/private/key.txt").as_deref(), Some("denied_by:server"));
+        for uri in [
+            "file:///D/srv/docs/../../secret.txt",
+            "file:///D/srv/docs/%2e%2e/%2e%2e/secret.txt",
+            "file:///D/srv/docs/%2E%2e/%2e%2E/secret.txt",
+            "file:///D/srv/docs//private/key.txt",
+            "file:///D/srv/docs/./private/key.txt",
+            "file:///D/srv/docs/%70rivate/key.txt",
+            "file:///D/srv/docs/..%2F..%2Fsecret.txt",
+            "file:///D/srv/docs/private%2Fkey.txt",
+            "file:///D/srv/docs/..%5C..%5Csecret.txt",
+            "file:///D/srv/docs/..\\..\\secret.txt",
+            "file:///D/srv/docs/%252e%252e/secret.txt",
+            "file:///D/srv/docs/a.md?path=../../secret.txt",
+            "file:///D/srv/docs/a.md#../../secret.txt",
+            "file://localhost/D/srv/docs/private/key.txt",
+            "FILE:///D/srv/docs/private/key.txt",
+        ] {
+            let refused = items.decide("files", ItemKind::Resource, uri).expect_err(uri);
+            assert_eq!(refused.reason, Reason::UnsafeUri, "{uri}");
+            let detail = refused.detail.unwrap_or_default();
+            assert!(detail.contains("the URI") && detail.contains("resources/list"), "{uri}: {detail}");
+        }
+        // The profile's layer sees the same single spelling.
+        let items = files(&["file:///D/srv/docs/drafts/*"]);
+        assert_eq!(reason(&items, "file:///D/srv/docs/drafts/x.md").as_deref(), Some("denied_by:profile"));
+        assert_eq!(reason(&items, "file:///D/srv/docs/./drafts/x.md").as_deref(), Some("unsafe_uri"));
+        // Prompt names are not URIs: a prompt called `..` is a name like any other.
+        let mut server = McpServer::test("files").stdio("server", NO_ARGS);
+        server.spec.allowed_prompts = vec!["*".to_string()];
+        let profile = McpProfile::test("p").servers(["files"]);
+        let items = CompiledItems::compile(&profile, [("files", &server)].into_iter()).expect("compiles");
+        assert!(items.decide("files", ItemKind::Prompt, "..").is_ok());
+    }
 
     #[test]
     fn resource_ids_route_back_and_refuse_other_shapes() {

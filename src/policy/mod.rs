@@ -14,6 +14,7 @@
 //! - [`explain`]: the effective set as JSON with the reason for every exclusion.
 //! - [`approval`]: per-tool approval mode, most specific pattern first.
 //! - [`items`]: which resources and prompts a workload may read and get, and their identifiers.
+//! - `resource_uri`: the spellings of a resource URI the policy decides on (no `..`, `//`, `%2e`).
 //! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`,
 //!   and the catalog's index of it.
 //! - [`select`]: which tools a chat round offers under `relevance`, and the `find_tools` built-in.
@@ -27,6 +28,7 @@ pub mod items;
 pub mod name;
 pub mod pattern;
 pub mod rank;
+mod resource_uri;
 pub mod select;
 
 pub use decision::{Decision, EffectiveTool, Layer, PolicyError, Reason, Starting, ToolInfo};

@@ -245,3 +245,203 @@ async fn idle_http2_connections_cannot_hold_the_ports() {
     let (answered, _served) = healthz.await.expect("join");
     assert_eq!(answered, Some(200), "healthz answers once the idle peers are gone");
 }
+
+/// The review's traversal table and the other spellings of it, against a server that resolves
+/// paths as careless servers do (`tests/servers/path_resolving_server.py`: percent-decoded,
+/// backslashes as separators, `..` and `//` resolved by the file system): through every door that
+/// names a resource (`/mcp` reads, subscriptions and completions, chat attachments, gRPC reads)
+/// each is `unsafe_uri` and never reaches the server, which opens nothing outside the allowed
+/// directory or inside the denied one; plain reads still work, and a server's own listing of
+/// such a URI (or template) is left out of the lists.
+#[tokio::test]
+async fn resource_uris_spelled_to_leave_the_patterns_never_reach_the_server() {
+    use serde_json::{Value, json};
+    use spear::agent::grpc::pb;
+    use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
+
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let d = scratch.path().canonicalize().expect("the scratch dir's real path");
+    let docs = d.join("srv/docs");
+    std::fs::create_dir_all(docs.join("private")).expect("mkdir");
+    std::fs::write(d.join("secret.txt"), "TOP-SECRET-OUTSIDE-DOCS").expect("write");
+    std::fs::write(docs.join("a.md"), "DOCS-A").expect("write");
+    std::fs::write(docs.join("private/key.txt"), "PRIVATE-INSIDE-DENIED").expect("write");
+    let log = d.join("server.log");
+    let root = format!("file://{}", d.display());
+    let hostile: Vec<String> = [
+        "/srv/docs/../../secret.txt",
+        "/srv/docs/%2e%2e/%2e%2e/secret.txt",
+        "/srv/docs/%2E%2e/%2e%2E/secret.txt",
+        "/srv/docs//private/key.txt",
+        "/srv/docs/./private/key.txt",
+        "/srv/docs/%70rivate/key.txt",
+        "/srv/docs/..%2F..%2Fsecret.txt",
+        "/srv/docs/private%2Fkey.txt",
+        "/srv/docs/..%5C..%5Csecret.txt",
+        "/srv/docs/..\\..\\secret.txt",
+        "/srv/docs/private\\key.txt",
+        "/srv/docs/%252e%252e/%252e%252e/secret.txt",
+        "/srv/docs/%c0%ae%c0%ae/%c0%ae%c0%ae/secret.txt",
+        "/srv/docs/a.md?x=../../secret.txt",
+        "/srv/docs/a.md#../../secret.txt",
+    ]
+    .iter()
+    .map(|path| format!("{root}{path}"))
+    .collect();
+    let spelled_file_forms = [
+        format!("file://localhost{}/srv/docs/private/key.txt", d.display()),
+        format!("FILE://{}/srv/docs/private/key.txt", d.display()),
+    ];
+    let hostile: Vec<String> = hostile.into_iter().chain(spelled_file_forms).collect();
+
+    let registry = tempfile::tempdir().expect("tempdir");
+    let python = spear::testing::mcp_servers::python();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/path_resolving_server.py");
+    let args = [
+        script.to_string_lossy().to_string(),
+        log.to_string_lossy().to_string(),
+        "--list".into(),
+        format!("{root}/srv/docs/a.md"),
+        "--list".into(),
+        format!("{root}/srv/docs/../../secret.txt"),
+        "--template".into(),
+        format!("{root}/srv/docs/{{name}}"),
+        "--template".into(),
+        format!("{root}/srv/docs/../{{name}}"),
+    ];
+    let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        registry.path().join("files.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: files\nspec:\n  transport: stdio\n  \
+             stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [\"*\"]\n  allowedResources: [{:?}]\n  \
+             deniedResources: [{:?}]\n",
+            python.to_string_lossy(),
+            args.join(", "),
+            format!("{root}/srv/docs/*"),
+            format!("{root}/srv/docs/private/*"),
+        ),
+    )
+    .expect("write files.yaml");
+    std::fs::write(
+        registry.path().join("profile.yaml"),
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [files]\n",
+    )
+    .expect("write profile.yaml");
+    let served = crate::serve::serve(registry, &["--audit-log", "off", "--upstream-url", "http://127.0.0.1:9/v1"]);
+
+    spear::install_crypto_provider();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+    let session = crate::serve::open_session(&http, served.http, "traversal").await;
+    let mut next_id = 10;
+    let mut ask = async |method: &str, params: Value| -> Value {
+        next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": next_id, "method": method, "params": params});
+        let (status, content_type, _, text) =
+            crate::serve::mcp_post(&http, served.http, Some(&session), None, body).await;
+        assert_eq!(status, 200, "{method}: {text}");
+        crate::serve::jsonrpc_message(&content_type, &text)
+    };
+    let id = |uri: &str| format!("spear://files/{uri}");
+    let refusal = |reply: &Value| -> String {
+        assert_eq!(reply["error"]["data"]["error"]["code"], "mcp_policy_denied", "{reply}");
+        reply["error"]["message"].as_str().unwrap_or_default().to_string()
+    };
+
+    // The plain spellings: allowed, outside, denied.
+    let read = ask("resources/read", json!({"uri": id(&format!("{root}/srv/docs/a.md"))})).await;
+    assert_eq!(read["result"]["contents"][0]["text"], "DOCS-A", "{read}");
+    let outside = ask("resources/read", json!({"uri": id(&format!("{root}/secret.txt"))})).await;
+    assert!(refusal(&outside).contains("not_allowed_by:server"), "{outside}");
+    let denied = ask("resources/read", json!({"uri": id(&format!("{root}/srv/docs/private/key.txt"))})).await;
+    assert!(refusal(&denied).contains("denied_by:server"), "{denied}");
+
+    // Every hostile spelling, through every /mcp method that names a resource.
+    for uri in &hostile {
+        for (method, params) in [
+            ("resources/read", json!({"uri": id(uri)})),
+            ("resources/subscribe", json!({"uri": id(uri)})),
+            ("resources/unsubscribe", json!({"uri": id(uri)})),
+            (
+                "completion/complete",
+                json!({"ref": {"type": "ref/resource", "uri": id(uri)}, "argument": {"name": "name", "value": ""}}),
+            ),
+        ] {
+            let reply = ask(method, params).await;
+            let message = refusal(&reply);
+            assert!(message.contains("unsafe_uri") && message.contains("resources/list"), "{method} {uri}: {reply}");
+        }
+    }
+    // A completion on the plain template reaches the server (so the log below is live).
+    let template = id(&format!("{root}/srv/docs/{{name}}"));
+    let completed = ask(
+        "completion/complete",
+        json!({"ref": {"type": "ref/resource", "uri": template}, "argument": {"name": "name", "value": ""}}),
+    )
+    .await;
+    assert!(completed["result"]["completion"].is_object(), "{completed}");
+
+    // The server's own listing of a hostile URI or template is left out.
+    let listed = ask("resources/list", json!({})).await;
+    let uris: Vec<&str> =
+        listed["result"]["resources"].as_array().expect("resources").iter().filter_map(|r| r["uri"].as_str()).collect();
+    assert_eq!(uris, [id(&format!("{root}/srv/docs/a.md"))], "{listed}");
+    let templates = ask("resources/templates/list", json!({})).await;
+    let listed_templates: Vec<&str> = templates["result"]["resourceTemplates"]
+        .as_array()
+        .expect("templates")
+        .iter()
+        .filter_map(|t| t["uriTemplate"].as_str())
+        .collect();
+    assert_eq!(listed_templates, [template.as_str()], "{templates}");
+
+    // Chat attachments: refused before the model is asked (the upstream is a closed port).
+    for uri in &hostile {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "summarize"}],
+            "mcp": {"resources": [id(uri)]}});
+        let response = http
+            .post(format!("http://127.0.0.1:{}/v1/chat/completions", served.http))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("a chat reply");
+        assert_eq!(response.status().as_u16(), 403, "{uri}");
+        let error: Value = response.json().await.expect("JSON error");
+        assert_eq!(error["error"]["code"], "mcp_policy_denied", "{uri}: {error}");
+        assert!(error["error"]["message"].as_str().is_some_and(|m| m.contains("unsafe_uri")), "{uri}: {error}");
+    }
+
+    // gRPC reads, by the server's URI and by the agent's.
+    let mut grpc = McpSessionsClient::connect(format!("http://127.0.0.1:{}", served.grpc)).await.expect("gRPC");
+    let opened = grpc
+        .open(pb::OpenRequest { server_id: "files".into(), ..Default::default() })
+        .await
+        .expect("open a session")
+        .into_inner();
+    for uri in hostile.iter().flat_map(|u| [u.clone(), id(u)]) {
+        let reply = grpc
+            .read_resource(pb::ReadResourceRequest { session_id: opened.session_id.clone(), uri: uri.clone() })
+            .await
+            .expect("a read reply")
+            .into_inner();
+        assert_eq!(reply.status, "mcp_policy_denied", "{uri}: {reply:?}");
+        assert!(format!("{:?}", reply.error).contains("unsafe_uri"), "{uri}: {reply:?}");
+    }
+
+    // What the server saw: the plain read and the plain completion, nothing hostile, and no
+    // file opened outside the allowed directory or inside the denied one.
+    let seen = std::fs::read_to_string(&log).expect("the server's log");
+    let entries: Vec<Value> = seen.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert!(entries.iter().any(|e| e["method"] == "resources/read"), "the plain read reached the server: {seen}");
+    assert!(entries.iter().any(|e| e["method"] == "completion/complete"), "{seen}");
+    for entry in &entries {
+        let uri = entry["uri"].as_str().unwrap_or_default();
+        assert!(!hostile.iter().any(|h| h == uri), "a hostile URI reached the server: {entry}");
+        if let Some(opened) = entry["opened"].as_str() {
+            let opened = std::path::Path::new(opened);
+            assert!(opened.starts_with(&docs) && !opened.starts_with(docs.join("private")), "opened {opened:?}");
+        }
+    }
+    drop(served);
+}

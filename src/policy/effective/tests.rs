@@ -642,7 +642,7 @@ proptest! {
         prompt_allow in prop::collection::vec(pattern(), 0..3),
         prompt_profile_deny in prop::collection::vec(pattern(), 0..2),
         in_profile in any::<bool>(),
-        uri in "[a-z]{1,3}://[a-z/]{0,8}[a-z.]{0,4}",
+        uri in "[a-z]{1,3}://[a-z/.%2]{0,8}[a-z.]{0,4}",
         prompt in tool_name(),
     ) {
         use crate::policy::items::ItemKind;
@@ -659,7 +659,9 @@ proptest! {
         let resource = set.item_decision("fs", ItemKind::Resource, &uri);
         // Resource patterns match the URI itself, `/` and all.
         let matches = |patterns: &[String]| PatternSet::new(patterns).expect("valid").is_match(&uri);
+        // ... and only in the one spelling a server resolves as written (no `..`, `//`, `%2e`).
         let expected = in_profile
+            && crate::policy::resource_uri::check(&uri).is_ok()
             && !server_allow.is_empty()
             && matches(&server_allow)
             && !matches(&server_deny)
