@@ -445,3 +445,35 @@ async fn resource_uris_spelled_to_leave_the_patterns_never_reach_the_server() {
     }
     drop(served);
 }
+
+/// DNS rebinding against the admin port: a page that rebinds its own name to the agent makes
+/// same-origin GETs (no `Origin`) with its name as Host. They read `/debug/effective` (the whole
+/// tool set) and `/metrics` before; now every admin path refuses a DNS name that is not in
+/// `--allowed-host`, while the Hosts probes and scrapers send (the pod's IP, any IP literal,
+/// `localhost`) are answered.
+#[test]
+fn the_admin_port_refuses_a_rebound_host_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve_ready(dir, &["--audit-log", "off"]);
+    let port = served.admin;
+    for path in ["/debug/effective", "/metrics", "/healthz", "/readyz"] {
+        for host in [format!("rebind.evil.example:{port}"), "rebind.evil.example".to_string()] {
+            assert_eq!(request_with_host(port, "GET", path, &host), Some(403), "{path} with Host {host}");
+        }
+    }
+    for path in ["/debug/effective", "/metrics", "/healthz"] {
+        for host in [format!("127.0.0.1:{port}"), format!("10.244.1.17:{port}"), format!("[::1]:{port}")] {
+            assert_eq!(request_with_host(port, "GET", path, &host), Some(200), "{path} with Host {host}");
+        }
+        assert_eq!(request_with_host(port, "GET", path, &format!("localhost:{port}")), Some(200), "{path}");
+    }
+    // A name of its own is answered once listed (it is then also accepted on port 4040).
+    drop(served);
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve_ready(dir, &["--audit-log", "off", "--allowed-host", "agent.example,localhost"]);
+    let port = served.admin;
+    assert_eq!(request_with_host(port, "GET", "/metrics", &format!("agent.example:{port}")), Some(200));
+    assert_eq!(request_with_host(port, "GET", "/metrics", &format!("rebind.evil.example:{port}")), Some(403));
+}

@@ -43,7 +43,8 @@ pub struct AgentArgs {
     /// and usually has a fraction of a core.
     #[arg(long, env = keys::ENV_WORKER_THREADS, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub(crate) worker_threads: u16,
-    /// `Host` header values chat completions and /mcp accept (DNS-rebinding protection), repeatable.
+    /// `Host` header values chat completions, /mcp and the admin port accept (DNS-rebinding
+    /// protection), repeatable; the admin port also accepts any IP address and `localhost`.
     #[arg(long = "allowed-host", env = keys::ENV_ALLOWED_HOSTS, value_delimiter = ',', default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
     pub(crate) allowed_hosts: Vec<String>,
     /// Web page origins (`scheme://host:port`) allowed to call chat completions and /mcp,
