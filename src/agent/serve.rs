@@ -75,7 +75,8 @@ pub struct AgentConfig {
     pub audit: AuditTarget,
     /// Include tool-call arguments in audit lines (they may hold secrets).
     pub audit_arguments: bool,
-    /// Header-read timeout and connection cap of the HTTP door and the admin port, each.
+    /// Header-read timeout and connection cap of the HTTP door, the gRPC door and the admin port,
+    /// each.
     pub connection_limits: ConnectionLimits,
     /// How long a `/mcp` session may go unused before it is closed (its id then gets 404).
     pub mcp_session_idle: Duration,
@@ -155,7 +156,7 @@ pub(crate) async fn serve(
     let http = http_router(agent.clone(), chat, doors_stop.clone(), config);
     let limits = config.connection_limits;
     let http_server = http_server::serve(listeners.http, http, limits, doors_stop.clone());
-    let grpc_server = grpc::serve(agent.clone(), listeners.grpc, doors_stop.clone());
+    let grpc_server = grpc::serve(agent.clone(), listeners.grpc, limits, doors_stop.clone());
     // No web page, rebound or not: a page has no business reading the tool set or metrics. Probes
     // and scrapers use the pod's IP, which the admin guard accepts with the listed names.
     let admin = admin::router(agent.clone(), metrics).layer(middleware::from_fn_with_state(

@@ -6,6 +6,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use spear::agent::grpc::pb;
+use spear::agent::grpc::pb::mcp_registry_client::McpRegistryClient;
+
 use crate::serve::{fixture_registry, http_get, spawn_serve_with_stderr};
 
 /// One HTTP/1.1 request on 127.0.0.1 with `host` as its Host header: the status, if any answer
@@ -206,8 +209,9 @@ fn an_endless_stdin_is_not_read_into_memory() {
 }
 
 /// HTTP/2 peers that send the preface, answer every PING and never ask anything, on every port
-/// of the agent: each is closed after the idle timeout (they were held forever, and 20 of them
-/// kept `/healthz` from answering), and the ports serve again.
+/// of the agent, the gRPC door included: each is closed after the idle timeout (they were held
+/// forever, and 20 of them kept `/healthz` from answering; the gRPC door had neither an idle
+/// timeout nor a connection cap), and the ports serve again.
 #[tokio::test]
 async fn idle_http2_connections_cannot_hold_the_ports() {
     use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -218,7 +222,7 @@ async fn idle_http2_connections_cannot_hold_the_ports() {
         &["--audit-log", "off", "--header-read-timeout-seconds", "1", "--max-connections", "16"],
     );
     let mut idle = Vec::new();
-    for port in [served.http, served.admin] {
+    for port in [served.http, served.admin, served.grpc] {
         for _ in 0..16 {
             let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { continue };
             let handshake = hyper::client::conn::http2::handshake::<_, _, axum::body::Body>(
@@ -242,8 +246,41 @@ async fn idle_http2_connections_cannot_hold_the_ports() {
         let answered = http_get(served.admin, "/healthz").map(|(status, _)| status);
         (answered, served)
     });
-    let (answered, _served) = healthz.await.expect("join");
+    let (answered, served) = healthz.await.expect("join");
     assert_eq!(answered, Some(200), "healthz answers once the idle peers are gone");
+    let mut registry = McpRegistryClient::connect(format!("http://127.0.0.1:{}", served.grpc)).await.expect("gRPC");
+    let listed = registry.list(pb::ListRequest::default()).await.expect("the gRPC door answers").into_inner();
+    assert!(!listed.registry_revision.is_empty());
+}
+
+/// A Watch stream is a request in flight for as long as it is open: quiet for three times the
+/// idle timeout, it is neither cut nor its connection closed under it, it still delivers the next
+/// registry change, and the same connection takes other calls meanwhile.
+#[tokio::test]
+async fn a_quiet_grpc_watch_outlives_the_idle_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve(dir, &["--audit-log", "off", "--header-read-timeout-seconds", "1"]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", served.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect to the gRPC door");
+    let mut registry = McpRegistryClient::new(channel);
+    let mut watch = registry.watch(pb::WatchRequest::default()).await.expect("watch").into_inner();
+    let first = watch.message().await.expect("first event").expect("an event");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listed = registry.list(pb::ListRequest::default()).await.expect("a call beside the quiet Watch");
+    assert_eq!(listed.into_inner().registry_revision, first.registry_revision);
+    std::fs::write(
+        served.dir.path().join("profile.yaml"),
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [fx]\n  \
+         toolDenylist: [pid, echo]\n",
+    )
+    .expect("edit the profile");
+    let next = tokio::time::timeout(Duration::from_secs(20), watch.message()).await;
+    let next = next.expect("the change within 20 s").expect("the stream is still open").expect("an event");
+    assert_ne!(next.registry_revision, first.registry_revision);
 }
 
 /// The review's traversal table and the other spellings of it, against a server that resolves
@@ -256,7 +293,6 @@ async fn idle_http2_connections_cannot_hold_the_ports() {
 #[tokio::test]
 async fn resource_uris_spelled_to_leave_the_patterns_never_reach_the_server() {
     use serde_json::{Value, json};
-    use spear::agent::grpc::pb;
     use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
 
     let scratch = tempfile::tempdir().expect("tempdir");
