@@ -1,5 +1,5 @@
-//! The one HTTP server loop of both binaries (the agent's HTTP door and admin port, the webhook,
-//! the operator's metrics port), with the limits `axum::serve` does not have.
+//! The one HTTP server loop of both binaries (the agent's HTTP door, gRPC door and admin port, the
+//! webhook, the operator's metrics port), with the limits `axum::serve` does not have.
 //!
 //! ```text
 //! Listener::accept ──▶ over max_connections, or over its source's share? ── yes ─▶ closed (no answer)
@@ -8,7 +8,8 @@
 //!   hyper-util auto (HTTP/1.1 + h2) ─▶ the router (ConnectInfo<addr> in every request)
 //!      · HTTP/1: the whole request head within header_read_timeout
 //!      · every connection, h2 included: no request in flight for header_read_timeout ─▶ closed
-//!        gracefully (h2: GOAWAY; a response still streaming finishes)
+//!        gracefully (h2: GOAWAY); a request is in flight until its response body ends, so a
+//!        stream (gRPC Watch, SSE) keeps its connection open however quiet it is
 //!      · h2: keep-alive pings; a peer that does not answer within the timeout is dropped
 //! shutdown ──▶ stop accepting; each connection finishes its in-flight requests (graceful)
 //! ```
@@ -23,14 +24,17 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
 use axum::serve::Listener;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use parking_lot::Mutex;
@@ -148,6 +152,36 @@ impl Drop for InFlight {
     }
 }
 
+/// A response body that keeps its request counted in flight until its last frame.
+struct CountedBody {
+    body: Body,
+    in_flight: Option<InFlight>,
+}
+
+impl hyper::body::Body for CountedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.in_flight = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown`; then stops accepting and returns once every
 /// connection has finished its in-flight requests (callers bound that with their grace period).
 /// Every request carries `ConnectInfo<SocketAddr>`, as `into_make_service_with_connect_info` gives.
@@ -189,8 +223,8 @@ where
             let in_flight = counted.start();
             async move {
                 let response = service.oneshot(request).await.unwrap_or_else(|never| match never {});
-                drop(in_flight);
-                Ok::<_, Infallible>(response)
+                // Counted until the body ends (or is dropped: the peer reset the stream).
+                Ok::<_, Infallible>(response.map(|body| Body::new(CountedBody { body, in_flight: Some(in_flight) })))
             }
         });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
@@ -301,6 +335,47 @@ mod tests {
             assert!(ended.is_ok(), "an idle h2 connection must be closed by the server");
         }
         assert!(get_peer(addr).await.contains("127.0.0.1"), "the slots are free again");
+        stop.cancel();
+        task.await.expect("serve returns after shutdown");
+    }
+
+    /// A response that streams for longer than the idle timeout (a gRPC Watch, an SSE stream)
+    /// keeps its request in flight: the connection is not closed under it and takes another
+    /// request meanwhile; once the stream has ended, the idle timeout applies again.
+    #[tokio::test]
+    async fn a_streaming_response_keeps_its_h2_connection_open() {
+        let limits = ConnectionLimits { header_read_timeout: Duration::from_millis(300), max_connections: 8 };
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stream = || async {
+            let ticks = futures::stream::unfold(0u32, |n| async move {
+                if n == 10 {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Some((Ok::<_, Infallible>(Bytes::from_static(b"tick\n")), n + 1))
+            });
+            Body::from_stream(ticks)
+        };
+        let router = Router::new().route("/stream", get(stream)).route("/ok", get(|| async { "ok" }));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(listener, router, limits, stop.clone()));
+        let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake::<_, _, Body>(TokioExecutor::new(), io).await.expect("h2 handshake");
+        let connection = tokio::spawn(connection);
+        let request = |path: &str| {
+            axum::http::Request::builder().uri(format!("http://{addr}{path}")).body(Body::empty()).expect("request")
+        };
+        let streaming = sender.send_request(request("/stream")).await.expect("the stream's head");
+        // Twice the idle timeout into the stream, the connection still takes a request.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let ok = sender.send_request(request("/ok")).await.expect("a request beside the open stream");
+        assert_eq!(ok.status(), 200);
+        let body = axum::body::to_bytes(Body::new(streaming.into_body()), 1 << 16).await.expect("the whole stream");
+        assert_eq!(body.len(), 50, "every tick arrived");
+        let closed = tokio::time::timeout(Duration::from_secs(5), connection).await;
+        assert!(closed.is_ok(), "idle again after the stream: closed");
         stop.cancel();
         task.await.expect("serve returns after shutdown");
     }

@@ -15,6 +15,11 @@
 //!
 //! The chat door also requires `Content-Type: application/json` (415 otherwise), so a page
 //! cannot send the request without a preflight, which nothing here answers.
+//!
+//! The admin port ([`Allowed::admin`]) has the same guard, and also accepts any IP-literal Host
+//! and `localhost`: the kubelet's probes and the scrapers send `Host: <pod IP>:4042`, and a
+//! rebound page always sends the DNS name it was loaded from (a page loaded from an IP address
+//! reaches that address only), so only DNS names must be in `--allowed-host`.
 
 use std::sync::Arc;
 
@@ -29,11 +34,36 @@ use axum::response::{IntoResponse, Response};
 pub(crate) struct Allowed {
     hosts: Arc<[String]>,
     origins: Arc<[String]>,
+    /// Also any IP-literal Host and `localhost` (the admin port).
+    literal_hosts: bool,
 }
 
 impl Allowed {
+    /// The HTTP door's: `hosts` and `origins` only.
     pub(crate) fn new(hosts: Vec<String>, origins: Vec<String>) -> Self {
-        Allowed { hosts: hosts.into(), origins: origins.into() }
+        Allowed { hosts: hosts.into(), origins: origins.into(), literal_hosts: false }
+    }
+
+    /// The admin port's: [`Allowed::new`], and any IP-literal Host or `localhost` (see the module
+    /// doc). A DNS name must be one of `hosts`.
+    pub(crate) fn admin(hosts: Vec<String>, origins: Vec<String>) -> Self {
+        Allowed { literal_hosts: true, ..Allowed::new(hosts, origins) }
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        host_allowed(host, &self.hosts) || (self.literal_hosts && ip_literal_or_localhost(host))
+    }
+}
+
+/// Whether `host` (`name` or `name:port`) names an IP address (`10.1.2.3`, `[fd00::1]`) or
+/// `localhost`: names no DNS answer chooses.
+fn ip_literal_or_localhost(host: &str) -> bool {
+    let Ok(authority) = host.parse::<Authority>() else { return false };
+    let name = authority.host();
+    let bracketed = name.strip_prefix('[').and_then(|n| n.strip_suffix(']'));
+    match bracketed {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => name.parse::<std::net::Ipv4Addr>().is_ok() || name.eq_ignore_ascii_case("localhost"),
     }
 }
 
@@ -85,7 +115,7 @@ pub(crate) fn refusal(request: &Request, allowed: &Allowed) -> Option<String> {
         None => request.uri().authority().map(|a| a.to_string()),
     };
     match &host {
-        Some(host) if host_allowed(host, &allowed.hosts) => {}
+        Some(host) if allowed.host_allowed(host) => {}
         Some(host) => {
             return Some(format!(
                 "Host '{}' is not allowed on this port (add it with --allowed-host if it is yours)",
@@ -177,6 +207,45 @@ mod tests {
         let a = allowed(&["http://localhost:3000"]);
         assert_eq!(refusal(&request(Some("localhost:4040"), Some("http://LOCALHOST:3000")), &a), None);
         assert!(refusal(&request(Some("localhost:4040"), Some("http://localhost:3001")), &a).is_some());
+    }
+
+    /// The admin port: probes and scrapers by IP (any address, any port) and `localhost` pass,
+    /// DNS names only when listed; a rebound page's name is refused with or without `Origin`,
+    /// and so are names that only look like an address.
+    #[test]
+    fn the_admin_port_accepts_ip_literals_and_localhost_and_listed_names_only() {
+        let admin = Allowed::admin(vec!["localhost".into(), "agent.example".into()], Vec::new());
+        for host in [
+            "10.244.1.17:4042",
+            "10.244.1.17",
+            "127.0.0.1:4042",
+            "[fd00:10:244::17]:4042",
+            "[::1]:4042",
+            "localhost:4042",
+            "LOCALHOST",
+            "agent.example:4042",
+        ] {
+            assert_eq!(refusal(&request(Some(host), None), &admin), None, "{host}");
+        }
+        for host in [
+            "rebind.evil.example:4042",
+            "10.244.1.17.nip.io:4042",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example:4042",
+            "localhost.:4042",
+            "127.1:4042",
+            "[fd00::1",
+            "fd00::1",
+        ] {
+            let refused = refusal(&request(Some(host), None), &admin);
+            assert!(refused.as_deref().is_some_and(|r| r.contains("--allowed-host")), "{host}: {refused:?}");
+        }
+        assert!(refusal(&request(None, None), &admin).is_some(), "no Host at all");
+        let page = refusal(&request(Some("10.244.1.17:4042"), Some("https://evil.example")), &admin);
+        assert!(page.is_some_and(|r| r.contains("--allowed-origin")), "a page on another site");
+        // The HTTP door keeps its list only.
+        let door = Allowed::new(vec!["localhost".into()], Vec::new());
+        assert!(refusal(&request(Some("10.244.1.17:4040"), None), &door).is_some());
     }
 
     /// The MCP conformance suite's DNS-rebinding scenario: a same-origin request passes, a page on

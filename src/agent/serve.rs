@@ -64,16 +64,19 @@ pub struct AgentConfig {
     pub admin_addr: SocketAddr,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
-    /// `Host` header values chat completions and `/mcp` accept (DNS-rebinding protection).
+    /// `Host` header values chat completions, `/mcp` and the admin port accept (DNS-rebinding
+    /// protection); the admin port also accepts IP addresses and `localhost`.
     pub allowed_hosts: Vec<String>,
-    /// Web page origins allowed on chat completions and `/mcp`; any other `Origin` is refused.
+    /// Web page origins allowed on chat completions, `/mcp` and the admin port; any other
+    /// `Origin` is refused.
     pub allowed_origins: Vec<String>,
     /// The flags' upstream settings, over the profile's.
     pub upstream: UpstreamOverride,
     pub audit: AuditTarget,
     /// Include tool-call arguments in audit lines (they may hold secrets).
     pub audit_arguments: bool,
-    /// Header-read timeout and connection cap of the HTTP door and the admin port, each.
+    /// Header-read timeout and connection cap of the HTTP door, the gRPC door and the admin port,
+    /// each.
     pub connection_limits: ConnectionLimits,
     /// How long a `/mcp` session may go unused before it is closed (its id then gets 404).
     pub mcp_session_idle: Duration,
@@ -153,11 +156,11 @@ pub(crate) async fn serve(
     let http = http_router(agent.clone(), chat, doors_stop.clone(), config);
     let limits = config.connection_limits;
     let http_server = http_server::serve(listeners.http, http, limits, doors_stop.clone());
-    let grpc_server = grpc::serve(agent.clone(), listeners.grpc, doors_stop.clone());
-    // Any Host (probes and scrapers use the pod's IP), but no web page: a page has no business
-    // reading the tool set or metrics, and admin answers carry no CORS headers anyway.
+    let grpc_server = grpc::serve(agent.clone(), listeners.grpc, limits, doors_stop.clone());
+    // No web page, rebound or not: a page has no business reading the tool set or metrics. Probes
+    // and scrapers use the pod's IP, which the admin guard accepts with the listed names.
     let admin = admin::router(agent.clone(), metrics).layer(middleware::from_fn_with_state(
-        Allowed::new(Vec::new(), config.allowed_origins.clone()),
+        Allowed::admin(config.allowed_hosts.clone(), config.allowed_origins.clone()),
         http_guard::guard,
     ));
     let admin_stop = CancellationToken::new();

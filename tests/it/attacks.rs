@@ -6,6 +6,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use spear::agent::grpc::pb;
+use spear::agent::grpc::pb::mcp_registry_client::McpRegistryClient;
+
 use crate::serve::{fixture_registry, http_get, spawn_serve_with_stderr};
 
 /// One HTTP/1.1 request on 127.0.0.1 with `host` as its Host header: the status, if any answer
@@ -206,8 +209,9 @@ fn an_endless_stdin_is_not_read_into_memory() {
 }
 
 /// HTTP/2 peers that send the preface, answer every PING and never ask anything, on every port
-/// of the agent: each is closed after the idle timeout (they were held forever, and 20 of them
-/// kept `/healthz` from answering), and the ports serve again.
+/// of the agent, the gRPC door included: each is closed after the idle timeout (they were held
+/// forever, and 20 of them kept `/healthz` from answering; the gRPC door had neither an idle
+/// timeout nor a connection cap), and the ports serve again.
 #[tokio::test]
 async fn idle_http2_connections_cannot_hold_the_ports() {
     use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -218,7 +222,7 @@ async fn idle_http2_connections_cannot_hold_the_ports() {
         &["--audit-log", "off", "--header-read-timeout-seconds", "1", "--max-connections", "16"],
     );
     let mut idle = Vec::new();
-    for port in [served.http, served.admin] {
+    for port in [served.http, served.admin, served.grpc] {
         for _ in 0..16 {
             let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { continue };
             let handshake = hyper::client::conn::http2::handshake::<_, _, axum::body::Body>(
@@ -242,8 +246,272 @@ async fn idle_http2_connections_cannot_hold_the_ports() {
         let answered = http_get(served.admin, "/healthz").map(|(status, _)| status);
         (answered, served)
     });
-    let (answered, _served) = healthz.await.expect("join");
+    let (answered, served) = healthz.await.expect("join");
     assert_eq!(answered, Some(200), "healthz answers once the idle peers are gone");
+    let mut registry = McpRegistryClient::connect(format!("http://127.0.0.1:{}", served.grpc)).await.expect("gRPC");
+    let listed = registry.list(pb::ListRequest::default()).await.expect("the gRPC door answers").into_inner();
+    assert!(!listed.registry_revision.is_empty());
+}
+
+/// A Watch stream is a request in flight for as long as it is open: quiet for three times the
+/// idle timeout, it is neither cut nor its connection closed under it, it still delivers the next
+/// registry change, and the same connection takes other calls meanwhile.
+#[tokio::test]
+async fn a_quiet_grpc_watch_outlives_the_idle_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve(dir, &["--audit-log", "off", "--header-read-timeout-seconds", "1"]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", served.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect to the gRPC door");
+    let mut registry = McpRegistryClient::new(channel);
+    let mut watch = registry.watch(pb::WatchRequest::default()).await.expect("watch").into_inner();
+    let first = watch.message().await.expect("first event").expect("an event");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listed = registry.list(pb::ListRequest::default()).await.expect("a call beside the quiet Watch");
+    assert_eq!(listed.into_inner().registry_revision, first.registry_revision);
+    std::fs::write(
+        served.dir.path().join("profile.yaml"),
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [fx]\n  \
+         toolDenylist: [pid, echo]\n",
+    )
+    .expect("edit the profile");
+    let next = tokio::time::timeout(Duration::from_secs(20), watch.message()).await;
+    let next = next.expect("the change within 20 s").expect("the stream is still open").expect("an event");
+    assert_ne!(next.registry_revision, first.registry_revision);
+}
+
+/// The review's traversal table and the other spellings of it, against a server that resolves
+/// paths as careless servers do (`tests/servers/path_resolving_server.py`: percent-decoded,
+/// backslashes as separators, `..` and `//` resolved by the file system): through every door that
+/// names a resource (`/mcp` reads, subscriptions and completions, chat attachments, gRPC reads)
+/// each is `unsafe_uri` and never reaches the server, which opens nothing outside the allowed
+/// directory or inside the denied one; plain reads still work, and a server's own listing of
+/// such a URI (or template) is left out of the lists.
+#[tokio::test]
+async fn resource_uris_spelled_to_leave_the_patterns_never_reach_the_server() {
+    use serde_json::{Value, json};
+    use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
+
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let d = scratch.path().canonicalize().expect("the scratch dir's real path");
+    let docs = d.join("srv/docs");
+    std::fs::create_dir_all(docs.join("private")).expect("mkdir");
+    std::fs::write(d.join("secret.txt"), "TOP-SECRET-OUTSIDE-DOCS").expect("write");
+    std::fs::write(docs.join("a.md"), "DOCS-A").expect("write");
+    std::fs::write(docs.join("private/key.txt"), "PRIVATE-INSIDE-DENIED").expect("write");
+    let log = d.join("server.log");
+    let root = format!("file://{}", d.display());
+    let hostile: Vec<String> = [
+        "/srv/docs/../../secret.txt",
+        "/srv/docs/%2e%2e/%2e%2e/secret.txt",
+        "/srv/docs/%2E%2e/%2e%2E/secret.txt",
+        "/srv/docs//private/key.txt",
+        "/srv/docs/./private/key.txt",
+        "/srv/docs/%70rivate/key.txt",
+        "/srv/docs/..%2F..%2Fsecret.txt",
+        "/srv/docs/private%2Fkey.txt",
+        "/srv/docs/..%5C..%5Csecret.txt",
+        "/srv/docs/..\\..\\secret.txt",
+        "/srv/docs/private\\key.txt",
+        "/srv/docs/%252e%252e/%252e%252e/secret.txt",
+        "/srv/docs/%c0%ae%c0%ae/%c0%ae%c0%ae/secret.txt",
+        "/srv/docs/a.md?x=../../secret.txt",
+        "/srv/docs/a.md#../../secret.txt",
+    ]
+    .iter()
+    .map(|path| format!("{root}{path}"))
+    .collect();
+    let spelled_file_forms = [
+        format!("file://localhost{}/srv/docs/private/key.txt", d.display()),
+        format!("FILE://{}/srv/docs/private/key.txt", d.display()),
+    ];
+    let hostile: Vec<String> = hostile.into_iter().chain(spelled_file_forms).collect();
+
+    let registry = tempfile::tempdir().expect("tempdir");
+    let python = spear::testing::mcp_servers::python();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/path_resolving_server.py");
+    let args = [
+        script.to_string_lossy().to_string(),
+        log.to_string_lossy().to_string(),
+        "--list".into(),
+        format!("{root}/srv/docs/a.md"),
+        "--list".into(),
+        format!("{root}/srv/docs/../../secret.txt"),
+        "--template".into(),
+        format!("{root}/srv/docs/{{name}}"),
+        "--template".into(),
+        format!("{root}/srv/docs/../{{name}}"),
+    ];
+    let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        registry.path().join("files.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: files\nspec:\n  transport: stdio\n  \
+             stdio:\n    command: {:?}\n    args: [{}]\n  allowedTools: [\"*\"]\n  allowedResources: [{:?}]\n  \
+             deniedResources: [{:?}]\n",
+            python.to_string_lossy(),
+            args.join(", "),
+            format!("{root}/srv/docs/*"),
+            format!("{root}/srv/docs/private/*"),
+        ),
+    )
+    .expect("write files.yaml");
+    std::fs::write(
+        registry.path().join("profile.yaml"),
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [files]\n",
+    )
+    .expect("write profile.yaml");
+    let served = crate::serve::serve(registry, &["--audit-log", "off", "--upstream-url", "http://127.0.0.1:9/v1"]);
+
+    spear::install_crypto_provider();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+    let session = crate::serve::open_session(&http, served.http, "traversal").await;
+    let mut next_id = 10;
+    let mut ask = async |method: &str, params: Value| -> Value {
+        next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": next_id, "method": method, "params": params});
+        let (status, content_type, _, text) =
+            crate::serve::mcp_post(&http, served.http, Some(&session), None, body).await;
+        assert_eq!(status, 200, "{method}: {text}");
+        crate::serve::jsonrpc_message(&content_type, &text)
+    };
+    let id = |uri: &str| format!("spear://files/{uri}");
+    let refusal = |reply: &Value| -> String {
+        assert_eq!(reply["error"]["data"]["error"]["code"], "mcp_policy_denied", "{reply}");
+        reply["error"]["message"].as_str().unwrap_or_default().to_string()
+    };
+
+    // The plain spellings: allowed, outside, denied.
+    let read = ask("resources/read", json!({"uri": id(&format!("{root}/srv/docs/a.md"))})).await;
+    assert_eq!(read["result"]["contents"][0]["text"], "DOCS-A", "{read}");
+    let outside = ask("resources/read", json!({"uri": id(&format!("{root}/secret.txt"))})).await;
+    assert!(refusal(&outside).contains("not_allowed_by:server"), "{outside}");
+    let denied = ask("resources/read", json!({"uri": id(&format!("{root}/srv/docs/private/key.txt"))})).await;
+    assert!(refusal(&denied).contains("denied_by:server"), "{denied}");
+
+    // Every hostile spelling, through every /mcp method that names a resource.
+    for uri in &hostile {
+        for (method, params) in [
+            ("resources/read", json!({"uri": id(uri)})),
+            ("resources/subscribe", json!({"uri": id(uri)})),
+            ("resources/unsubscribe", json!({"uri": id(uri)})),
+            (
+                "completion/complete",
+                json!({"ref": {"type": "ref/resource", "uri": id(uri)}, "argument": {"name": "name", "value": ""}}),
+            ),
+        ] {
+            let reply = ask(method, params).await;
+            let message = refusal(&reply);
+            assert!(message.contains("unsafe_uri") && message.contains("resources/list"), "{method} {uri}: {reply}");
+        }
+    }
+    // A completion on the plain template reaches the server (so the log below is live).
+    let template = id(&format!("{root}/srv/docs/{{name}}"));
+    let completed = ask(
+        "completion/complete",
+        json!({"ref": {"type": "ref/resource", "uri": template}, "argument": {"name": "name", "value": ""}}),
+    )
+    .await;
+    assert!(completed["result"]["completion"].is_object(), "{completed}");
+
+    // The server's own listing of a hostile URI or template is left out.
+    let listed = ask("resources/list", json!({})).await;
+    let uris: Vec<&str> =
+        listed["result"]["resources"].as_array().expect("resources").iter().filter_map(|r| r["uri"].as_str()).collect();
+    assert_eq!(uris, [id(&format!("{root}/srv/docs/a.md"))], "{listed}");
+    let templates = ask("resources/templates/list", json!({})).await;
+    let listed_templates: Vec<&str> = templates["result"]["resourceTemplates"]
+        .as_array()
+        .expect("templates")
+        .iter()
+        .filter_map(|t| t["uriTemplate"].as_str())
+        .collect();
+    assert_eq!(listed_templates, [template.as_str()], "{templates}");
+
+    // Chat attachments: refused before the model is asked (the upstream is a closed port).
+    for uri in &hostile {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "summarize"}],
+            "mcp": {"resources": [id(uri)]}});
+        let response = http
+            .post(format!("http://127.0.0.1:{}/v1/chat/completions", served.http))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("a chat reply");
+        assert_eq!(response.status().as_u16(), 403, "{uri}");
+        let error: Value = response.json().await.expect("JSON error");
+        assert_eq!(error["error"]["code"], "mcp_policy_denied", "{uri}: {error}");
+        assert!(error["error"]["message"].as_str().is_some_and(|m| m.contains("unsafe_uri")), "{uri}: {error}");
+    }
+
+    // gRPC reads, by the server's URI and by the agent's.
+    let mut grpc = McpSessionsClient::connect(format!("http://127.0.0.1:{}", served.grpc)).await.expect("gRPC");
+    let opened = grpc
+        .open(pb::OpenRequest { server_id: "files".into(), ..Default::default() })
+        .await
+        .expect("open a session")
+        .into_inner();
+    for uri in hostile.iter().flat_map(|u| [u.clone(), id(u)]) {
+        let reply = grpc
+            .read_resource(pb::ReadResourceRequest { session_id: opened.session_id.clone(), uri: uri.clone() })
+            .await
+            .expect("a read reply")
+            .into_inner();
+        assert_eq!(reply.status, "mcp_policy_denied", "{uri}: {reply:?}");
+        assert!(format!("{:?}", reply.error).contains("unsafe_uri"), "{uri}: {reply:?}");
+    }
+
+    // What the server saw: the plain read and the plain completion, nothing hostile, and no
+    // file opened outside the allowed directory or inside the denied one.
+    let seen = std::fs::read_to_string(&log).expect("the server's log");
+    let entries: Vec<Value> = seen.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert!(entries.iter().any(|e| e["method"] == "resources/read"), "the plain read reached the server: {seen}");
+    assert!(entries.iter().any(|e| e["method"] == "completion/complete"), "{seen}");
+    for entry in &entries {
+        let uri = entry["uri"].as_str().unwrap_or_default();
+        assert!(!hostile.iter().any(|h| h == uri), "a hostile URI reached the server: {entry}");
+        if let Some(opened) = entry["opened"].as_str() {
+            let opened = std::path::Path::new(opened);
+            assert!(opened.starts_with(&docs) && !opened.starts_with(docs.join("private")), "opened {opened:?}");
+        }
+    }
+    drop(served);
+}
+
+/// DNS rebinding against the admin port: a page that rebinds its own name to the agent makes
+/// same-origin GETs (no `Origin`) with its name as Host. They read `/debug/effective` (the whole
+/// tool set) and `/metrics` before; now every admin path refuses a DNS name that is not in
+/// `--allowed-host`, while the Hosts probes and scrapers send (the pod's IP, any IP literal,
+/// `localhost`) are answered.
+#[test]
+fn the_admin_port_refuses_a_rebound_host_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve_ready(dir, &["--audit-log", "off"]);
+    let port = served.admin;
+    for path in ["/debug/effective", "/metrics", "/healthz", "/readyz"] {
+        for host in [format!("rebind.evil.example:{port}"), "rebind.evil.example".to_string()] {
+            assert_eq!(request_with_host(port, "GET", path, &host), Some(403), "{path} with Host {host}");
+        }
+    }
+    for path in ["/debug/effective", "/metrics", "/healthz"] {
+        for host in [format!("127.0.0.1:{port}"), format!("10.244.1.17:{port}"), format!("[::1]:{port}")] {
+            assert_eq!(request_with_host(port, "GET", path, &host), Some(200), "{path} with Host {host}");
+        }
+        assert_eq!(request_with_host(port, "GET", path, &format!("localhost:{port}")), Some(200), "{path}");
+    }
+    // A name of its own is answered once listed (it is then also accepted on port 4040).
+    drop(served);
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve_ready(dir, &["--audit-log", "off", "--allowed-host", "agent.example,localhost"]);
+    let port = served.admin;
+    assert_eq!(request_with_host(port, "GET", "/metrics", &format!("agent.example:{port}")), Some(200));
+    assert_eq!(request_with_host(port, "GET", "/metrics", &format!("rebind.evil.example:{port}")), Some(403));
 }
 
 /// The review's traversal table and the other spellings of it, against a server that resolves

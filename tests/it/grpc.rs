@@ -39,7 +39,8 @@ impl Door {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("listener address");
         let stop = CancellationToken::new();
-        let server = tokio::spawn(grpc::serve(agent, listener, stop.clone()));
+        let limits = spear::http_server::ConnectionLimits::default();
+        let server = tokio::spawn(grpc::serve(agent, listener, limits, stop.clone()));
         Door { addr, stop, server: Some(server) }
     }
 

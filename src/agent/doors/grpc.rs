@@ -21,6 +21,8 @@
 //!   keeps the last [`GrpcOptions::history`] views, so a Watch resumes from a recent revision.
 //! - Sessions are in memory, capped, and expire after an idle timeout; expired ones are dropped
 //!   lazily (on lookup, and all at once on each Open), so no sweeper task is needed.
+//! - Served by [`crate::http_server`] as every other port is (connection cap, per-source share,
+//!   idle connections closed, h2 pings); an open Watch stream is a request in flight.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -30,6 +32,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use axum::serve::ListenerExt as _;
 use futures::Stream;
 use serde_json::Value;
 use tokio::sync::watch;
@@ -41,6 +44,7 @@ use tracing::Instrument;
 
 use crate::agent::audit::Door;
 use crate::agent::core::{Agent, AgentState, CallContext, ToolCall};
+use crate::http_server::ConnectionLimits;
 use crate::mcp::arguments::arguments_from_json;
 use crate::mcp::pool::ItemRead;
 use crate::mcp::{ErrorCode, McpError};
@@ -113,13 +117,6 @@ pub enum GrpcError {
         #[source]
         source: std::io::Error,
     },
-    /// The server stopped with an error.
-    #[error("the gRPC server on {addr} failed")]
-    Serve {
-        addr: std::net::SocketAddr,
-        #[source]
-        source: tonic::transport::Error,
-    },
 }
 
 /// The gRPC services (sessions, registry, reflection v1) over `agent`, to mount on a tonic
@@ -142,14 +139,15 @@ pub(crate) fn services(agent: Agent, options: GrpcOptions, shutdown: Cancellatio
     Ok(routes.routes())
 }
 
-/// Serves the gRPC door on `listener` with default options until `shutdown`; then stops
-/// accepting connections and returns once in-flight calls have finished.
+/// Serves the gRPC door on `listener` with default options and `limits` until `shutdown`; then
+/// stops accepting connections and returns once in-flight calls have finished.
 pub async fn serve(
     agent: Agent,
     listener: tokio::net::TcpListener,
+    limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> Result<(), GrpcError> {
-    serve_with(agent, GrpcOptions::default(), listener, shutdown).await
+    serve_with(agent, GrpcOptions::default(), listener, limits, shutdown).await
 }
 
 /// [`serve`] with explicit options.
@@ -157,22 +155,21 @@ pub(crate) async fn serve_with(
     agent: Agent,
     options: GrpcOptions,
     listener: tokio::net::TcpListener,
+    limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> Result<(), GrpcError> {
     let addr = listener.local_addr().map_err(|source| GrpcError::Listener { source })?;
-    let routes = services(agent, options, shutdown.clone())?;
+    let router = services(agent, options, shutdown.clone())?.prepare().into_axum_router();
     tracing::info!(%addr, "gRPC door listening");
-    // Small request/response messages: Nagle's delay would only add latency.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    // h2 pings find dead or stalled peers; the door listens on loopback only, so the HTTP door's
-    // connection cap (http_server) is not repeated here.
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-        .await
-        .map_err(|source| GrpcError::Serve { addr, source })?;
+    // The server loop of every other port (connection cap, per-source share, idle connections
+    // closed, h2 pings); a Watch stream is a request in flight for as long as it lasts. Small
+    // request/response messages: Nagle's delay would only add latency.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::trace!(%error, "TCP_NODELAY not set on a gRPC connection");
+        }
+    });
+    crate::http_server::serve(listener, router, limits, shutdown).await;
     tracing::debug!(%addr, "gRPC door stopped");
     Ok(())
 }

@@ -43,18 +43,20 @@ pub struct AgentArgs {
     /// and usually has a fraction of a core.
     #[arg(long, env = keys::ENV_WORKER_THREADS, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub(crate) worker_threads: u16,
-    /// `Host` header values chat completions and /mcp accept (DNS-rebinding protection), repeatable.
+    /// `Host` header values chat completions, /mcp and the admin port accept (DNS-rebinding
+    /// protection), repeatable; the admin port also accepts any IP address and `localhost`.
     #[arg(long = "allowed-host", env = keys::ENV_ALLOWED_HOSTS, value_delimiter = ',', default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
     pub(crate) allowed_hosts: Vec<String>,
     /// Web page origins (`scheme://host:port`) allowed to call chat completions and /mcp,
     /// repeatable; none by default: a request carrying any other `Origin` is refused.
     #[arg(long = "allowed-origin", env = keys::ENV_ALLOWED_ORIGINS, value_delimiter = ',')]
     pub(crate) allowed_origins: Vec<String>,
-    /// Seconds a client may take to send a request head on port 4040 and the admin port, and
-    /// may leave a keep-alive connection idle (slowloris protection).
+    /// Seconds a client may take to send a request head on port 4040, the gRPC door and the admin
+    /// port, and may leave a keep-alive connection idle (slowloris protection).
     #[arg(long, env = keys::ENV_HEADER_READ_TIMEOUT_SECONDS, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) header_read_timeout_seconds: u64,
-    /// Open connections each of port 4040 and the admin port keeps; more are closed at once.
+    /// Open connections each of port 4040, the gRPC door and the admin port keeps; more are
+    /// closed at once.
     #[arg(long, env = keys::ENV_MAX_CONNECTIONS, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) max_connections: u16,
     /// Seconds a /mcp session may go unused (no request, no call in flight) before the agent
