@@ -27,6 +27,7 @@ pub mod limits;
 pub(crate) mod oauth;
 pub mod output;
 pub(crate) mod output_schema;
+mod plain_error;
 pub mod pool;
 pub mod relay;
 pub(crate) mod token_source;

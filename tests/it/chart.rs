@@ -455,6 +455,7 @@ fn invalid_values_are_refused_with_the_value_named() {
         ("webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiServerCIDRs"),
         ("webhook.clientAuth.enabled=true", "webhook.clientAuth.caConfigMap"),
         ("webhook.rateLimit.burst=0", "/webhook/rateLimit/burst"),
+        ("adminView.enabled=true,adminView.service.enabled=true", "webhook.networkPolicy.enabled=true"),
     ] {
         let output = Command::new(helm())
             .args(["template", RELEASE, CHART, "--namespace", NAMESPACE, "--set", set])
@@ -560,7 +561,14 @@ fn the_admin_view_is_off_by_default_and_on_brings_its_pods_role_and_chosen_addre
     assert!(!default.contains("admin-view"), "the default rendering has no admin view");
     for (service, addr) in [(false, "127.0.0.1:8090"), (true, "0.0.0.0:8090")] {
         let service_value = format!("adminView.service.enabled={service}");
-        let extra = ["--set", "adminView.enabled=true", "--set", service_value.as_str()];
+        let extra = [
+            "--set",
+            "adminView.enabled=true",
+            "--set",
+            service_value.as_str(),
+            "--set",
+            "adminView.service.allowWithoutNetworkPolicy=true",
+        ];
         let objects = objects(&render(&extra));
         let role: ClusterRole = object(&objects, "ClusterRole", rbac::ADMIN_VIEW_ROLE);
         assert_eq!(

@@ -95,6 +95,11 @@ A digest wins over a tag; an empty tag falls back to the second element.
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection) -}}
 {{- fail "operator.replicas > 1 needs operator.leaderElection=true: only one replica may write status and RoleBindings" -}}
 {{- end -}}
+{{- with .Values.adminView -}}
+{{- if and .enabled .service.enabled (not .service.allowWithoutNetworkPolicy) (not $.Values.webhook.networkPolicy.enabled) -}}
+{{- fail "adminView.service.enabled=true needs webhook.networkPolicy.enabled=true (the view has no authentication; the policy opens its port to webhook.networkPolicy.adminViewFrom only), or adminView.service.allowWithoutNetworkPolicy=true when something else guards the port" -}}
+{{- end -}}
+{{- end -}}
 {{- with .Values.webhook.clientAuth -}}
 {{- if and .enabled (not (or .caConfigMap .caSecret)) -}}
 {{- fail "webhook.clientAuth.enabled=true needs webhook.clientAuth.caConfigMap or webhook.clientAuth.caSecret: the object holding the CA bundle of the API server's webhook client certificate" -}}
