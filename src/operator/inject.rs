@@ -5,7 +5,8 @@
 //! Pod + namespace labels + McpProfile + its McpServers + InjectConfig
 //!   │
 //!   ├─ gate ──▶ Skip  (namespace not enabled · inject: "false" · no profile annotation · already injected)
-//!   ├─ check ─▶ Deny  (unknown profile · name, port or env collision · hostNetwork · bad annotation)
+//!   ├─ check ─▶ Deny  (unknown profile · name, port or env collision · hostNetwork, hostPID,
+//!   │                  shareProcessNamespace · bad annotation)
 //!   └─ plan ──▶ volumes, init containers, sidecars, env ──ops──▶ json_patch::Patch
 //!                                                                 └─apply to the pod──▶ Patch { patch, pod }
 //! ```
@@ -288,10 +289,8 @@ pub fn mutate(
             "the pod already has a container named {AGENT_CONTAINER:?} but no {ANNOTATION_INJECTED} annotation, so it was not injected by spear: rename that container, or set {ANNOTATION_INJECT}: \"false\""
         ));
     }
-    if !is_dns1123_subdomain(profile_name) {
-        return deny(format!(
-            "annotation {ANNOTATION_PROFILE} is {profile_name:?}, which is not a valid McpProfile name: use the metadata.name of an McpProfile in namespace {namespace}"
-        ));
+    if let Some(message) = invalid_profile_annotation(profile_name, namespace) {
+        return deny(message);
     }
     let Some(profile) = profile else {
         return deny(format!(
@@ -305,6 +304,11 @@ pub fn mutate(
     if spec.share_process_namespace == Some(true) {
         return deny(format!(
             "the pod sets shareProcessNamespace, so every MCP server sidecar could see the agent's process and its environment (the model key and other servers' secrets) through /proc: remove shareProcessNamespace, or set {ANNOTATION_INJECT}: \"false\""
+        ));
+    }
+    if spec.host_pid == Some(true) {
+        return deny(format!(
+            "the pod sets hostPID, so its containers share the node's process namespace and could read the agent's environment (the model key and other servers' secrets) and the sidecars' through /proc: remove hostPID, or set {ANNOTATION_INJECT}: \"false\""
         ));
     }
     if spec.host_network == Some(true) {
@@ -326,6 +330,23 @@ pub fn mutate(
     let patched: Pod = serde_json::from_value(doc).map_err(InjectError::Deserialize)?;
     Ok(Decision::Patch { patch, pod: Box::new(patched), warnings: plan.warnings })
 }
+
+/// The Deny message for a `mcp.spear.dev/profile` annotation that cannot name an McpProfile (not
+/// a DNS-1123 subdomain of at most 253 characters); `None` when it can. The webhook checks it
+/// before it reads anything, so a caller's text never reaches an API path.
+pub fn invalid_profile_annotation(profile_name: &str, namespace: &str) -> Option<String> {
+    if is_dns1123_subdomain(profile_name) {
+        return None;
+    }
+    let shown: String = profile_name.chars().take(MAX_SHOWN_ANNOTATION).collect();
+    let cut = if shown.len() < profile_name.len() { "…" } else { "" };
+    Some(format!(
+        "annotation {ANNOTATION_PROFILE} is {shown:?}{cut}, which is not a valid McpProfile name (a DNS-1123 subdomain: lower-case letters, digits, '-' and '.', at most 253 characters): use the metadata.name of an McpProfile in namespace {namespace}"
+    ))
+}
+
+/// Characters of an invalid annotation quoted back in a denial.
+const MAX_SHOWN_ANNOTATION: usize = 64;
 
 // === impl Plan ===
 

@@ -734,3 +734,23 @@ fn auth_secrets_reach_the_agent_and_service_account_tokens_only_the_agent() {
         assert_eq!(mounted, c.name == AGENT_CONTAINER, "container {} and the token volume", c.name);
     }
 }
+
+#[test]
+fn a_pod_sharing_the_nodes_process_namespace_is_denied() {
+    let (profile, servers) = mixed();
+    let mut p = with_profile();
+    spec_mut(&mut p).host_pid = Some(true);
+    let message = denied(&run(&p, Some(&profile), &servers, true)).to_string();
+    assert!(message.contains("hostPID") && message.contains(ANNOTATION_INJECT), "{message}");
+}
+
+#[test]
+fn a_profile_annotation_that_is_no_object_name_is_denied_naming_the_rule() {
+    let long = "a".repeat(254);
+    for bad in ["../../secrets", "Dev", "dev/x", "a..b", long.as_str()] {
+        let message = invalid_profile_annotation(bad, "team-a").expect("refused");
+        assert!(message.contains("DNS-1123") && message.contains("team-a"), "{message}");
+        assert!(message.len() < 400, "the caller's text is cut: {message}");
+    }
+    assert_eq!(invalid_profile_annotation("dev.v2", "team-a"), None);
+}
