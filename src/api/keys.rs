@@ -153,6 +153,8 @@ pub(crate) const ENV_LEASE_NAME: &str = "SPEAR_LEASE_NAME";
 pub(crate) const ENV_PROBE_INTERVAL_SECONDS: &str = "SPEAR_PROBE_INTERVAL_SECONDS";
 pub(crate) const ENV_PROBE_NAMESPACES: &str = "SPEAR_PROBE_NAMESPACES";
 pub(crate) const ENV_PROBE_DENY_CIDRS: &str = "SPEAR_PROBE_DENY_CIDRS";
+/// `spear-operator run --forbidden-token-audiences`.
+pub(crate) const ENV_FORBIDDEN_TOKEN_AUDIENCES: &str = "SPEAR_FORBIDDEN_TOKEN_AUDIENCES";
 pub(crate) const ENV_WEBHOOK_ADDR: &str = "SPEAR_WEBHOOK_ADDR";
 pub(crate) const ENV_WEBHOOK_CONFIG_NAME: &str = "SPEAR_WEBHOOK_CONFIG_NAME";
 pub(crate) const ENV_WEBHOOK_SERVICE_NAME: &str = "SPEAR_WEBHOOK_SERVICE_NAME";

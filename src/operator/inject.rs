@@ -36,6 +36,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::api::env_ref::{self, Segment};
+use crate::api::identity::{ForbiddenAudiences, IdentityRefusal};
 use crate::api::keys::{
     ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, AUTH_TOKEN_DIR,
     BIN_DIR, ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
@@ -107,6 +108,9 @@ pub struct InjectConfig {
     /// Extra environment of the agent container, after its own (the operator's `OTEL_*` trace
     /// settings, `telemetry::otel::agent_env`); empty adds nothing.
     pub agent_env: Vec<(String, String)>,
+    /// Token audiences a profile's `identity.audiences: ["*"]` does not cover
+    /// (`--forbidden-token-audiences`, plus the cluster's issuer when the operator learned it).
+    pub forbidden_audiences: ForbiddenAudiences,
 }
 
 impl InjectConfig {
@@ -120,6 +124,7 @@ impl InjectConfig {
             sidecar_default_resources: default_sidecar_resources(),
             ports: Ports::default(),
             agent_env: Vec::new(),
+            forbidden_audiences: ForbiddenAudiences::default(),
         }
     }
 }
@@ -384,13 +389,29 @@ impl Plan {
         let mut agent_secrets = AgentSecrets::default();
         let mut auth_tokens = Vec::new();
         for (&name, server) in &servers {
-            if let Some(stdio) = &server.spec.stdio
-                && !sidecars.add(name, stdio, &mut volumes, secrets, config, &mut warnings)
-            {
-                continue;
+            // The pod's identity goes only where the profile grants it (`api::identity`): a
+            // refused token is left out, a refused API-token mount stays masked.
+            let refused = profile.identity_refusals(server, &config.forbidden_audiences);
+            let token_granted = !refused.iter().any(IdentityRefusal::is_token);
+            let mount_granted = !refused.iter().any(|r| !r.is_token());
+            for refusal in &refused {
+                warnings.push(if refusal.is_token() {
+                    format!("{refusal}; the token was not injected")
+                } else {
+                    refusal.to_string()
+                });
+            }
+            if let Some(stdio) = &server.spec.stdio {
+                let mut stdio = stdio.clone();
+                stdio.mount_service_account_token &= mount_granted;
+                if !sidecars.add(name, &stdio, &mut volumes, secrets, config, &mut warnings) {
+                    continue;
+                }
             }
             agent_secrets.add_server(name, server, secrets, &mut warnings)?;
-            auth_tokens.extend(auth_token(name, server));
+            if token_granted {
+                auth_tokens.extend(auth_token(name, server));
+            }
         }
         // One projected volume, one token per server (its own audience), mounted into the agent
         // only: no sidecar, and not the app, sees a token meant for a remote server. The mount

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::{ControllerMetrics, KIND_NAMESPACE};
 use crate::api::conditions::{reasons, types};
+use crate::api::identity::ForbiddenAudiences;
 use crate::api::keys::{API_VERSION, FIELD_MANAGER, KIND_PROFILE, KIND_SERVER};
 use crate::api::secret_grant::SecretGrants;
 use crate::api::{McpProfile, McpServer};
@@ -115,6 +116,7 @@ pub(super) struct Context {
     pub(super) namespaces_ready: CacheReady,
     pub(super) probe: ProbeConfig,
     pub(super) metrics: ControllerMetrics,
+    pub(super) forbidden_audiences: ForbiddenAudiences,
     /// Set once the agent ClusterRole was checked in this term.
     pub(super) agent_role_checked: AtomicBool,
 }

@@ -39,6 +39,7 @@ use super::leader::{Elector, LeaderConfig};
 use super::probe::ProbeConfig;
 use super::scope::Scope;
 use crate::api::McpServer;
+use crate::api::identity::ForbiddenAudiences;
 use crate::api::keys::FIELD_MANAGER;
 
 mod context;
@@ -71,6 +72,9 @@ pub struct ControllerConfig {
     pub(crate) concurrency: u16,
     /// Counters and the leader/ready gauges; clones share them.
     pub metrics: ControllerMetrics,
+    /// Token audiences an identity grant's `*` does not cover: a profile's `ResolvedRefs` reports
+    /// the servers asking for them as the webhook does.
+    pub forbidden_audiences: ForbiddenAudiences,
 }
 
 impl ControllerConfig {
@@ -83,6 +87,7 @@ impl ControllerConfig {
             instance: FIELD_MANAGER.to_string(),
             concurrency: DEFAULT_CONCURRENCY,
             metrics: ControllerMetrics::default(),
+            forbidden_audiences: ForbiddenAudiences::default(),
         }
     }
 }
@@ -198,6 +203,7 @@ impl Context {
             namespaces_ready,
             probe: config.probe.clone(),
             metrics: config.metrics.clone(),
+            forbidden_audiences: config.forbidden_audiences.clone(),
             agent_role_checked: AtomicBool::new(false),
         });
         let feeds = Feeds {

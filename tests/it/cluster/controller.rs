@@ -377,6 +377,42 @@ async fn a_profile_resolves_its_servers_and_follows_servers_appearing_and_going(
     assert_eq!(found.status.expect("settled").missing_servers, ["later"]);
 }
 
+/// Security review N1: a profile shows, before any pod is created, which of its servers ask for
+/// the pod's ServiceAccount identity that its `spec.identity` does not grant (here the API
+/// server's audience, which a `*` grant does not cover), and stops once the grant names it.
+#[tokio::test]
+async fn a_profile_reports_a_server_asking_for_the_pods_identity_it_does_not_grant() {
+    use spear::api::{HttpAuth, ServiceAccountTokenAuth};
+    let ns = ControlPlane::shared().namespace("ctl-identity").await;
+    let profiles = ns.api::<McpProfile>();
+    let auth = HttpAuth {
+        service_account_token: Some(ServiceAccountTokenAuth {
+            audience: "https://kubernetes.default.svc".into(),
+            expiration_seconds: None,
+        }),
+        ..HttpAuth::default()
+    };
+    let notes = McpServer::test("notes").http("http://127.0.0.1:9/mcp").allowing(["*"]).auth(auth);
+    create(&ns.api::<McpServer>(), &notes).await;
+    create(&profiles, &McpProfile::test("dev").servers(["notes"]).granting_tokens(["*"], ["*"])).await;
+    let _controller = Running::start(ns.client.clone(), config(&ns));
+
+    let found = wait_for(&profiles, "dev", "ResolvedRefs=False, RefNotPermitted", |p| {
+        profile_condition(p, "ResolvedRefs").is_some_and(|c| c.reason == "RefNotPermitted")
+    })
+    .await;
+    let refs = profile_condition(&found, "ResolvedRefs").expect("set");
+    assert_eq!(refs.status, "False");
+    assert!(refs.message.contains("\"notes\"") && refs.message.contains("literally"), "{}", refs.message);
+
+    let literal = serde_json::json!({"spec": {"identity": {"audiences": ["https://kubernetes.default.svc"]}}});
+    profiles.patch("dev", &PatchParams::default(), &Patch::Merge(&literal)).await.expect("granting it literally");
+    wait_for(&profiles, "dev", "ResolvedRefs=True", |p| {
+        profile_condition(p, "ResolvedRefs").is_some_and(|c| c.status == "True")
+    })
+    .await;
+}
+
 // === writes ===
 
 /// Counts resourceVersions per object name seen by a watch of `api` (creation included).
