@@ -79,6 +79,9 @@ pub const IMAGE_SPEARLET: &str = "/spearlet";
 pub const AGENT_ROLE: &str = "spear-mcp-agent";
 /// The operator's ClusterRole, and its Role in its own namespace.
 pub const OPERATOR_ROLE: &str = "spear-operator";
+/// The ClusterRole that reads Secrets (`get`), never bound cluster-wide: the operator binds it
+/// to itself, with a RoleBinding of the same name, in each injection-enabled namespace.
+pub const SECRET_READER_ROLE: &str = "spear-operator-secret-reader";
 /// The operator's leader-election Lease.
 pub const OPERATOR_LEASE: &str = "spear-operator";
 /// The Secret holding the webhook's serving certificate.

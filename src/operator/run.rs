@@ -102,6 +102,7 @@ impl OperatorConfig {
             concurrency: controller::DEFAULT_CONCURRENCY,
             metrics,
             forbidden_audiences: self.forbidden_audiences.clone(),
+            operator_subject: None,
         }
     }
 
