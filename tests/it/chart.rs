@@ -196,7 +196,7 @@ fn chart_crds_are_the_generated_crds() {
 fn chart_rbac_equals_the_operator_rbac_objects() {
     let objects = objects(&render(&[]));
 
-    let expected = [rbac::operator_cluster_role(), rbac::agent_cluster_role()];
+    let expected = [rbac::operator_cluster_role(), rbac::agent_cluster_role(), rbac::secret_reader_cluster_role()];
     for want in expected {
         let name = name_of(&want.metadata);
         let got: ClusterRole = object(&objects, "ClusterRole", name);
@@ -237,6 +237,38 @@ fn chart_rbac_equals_the_operator_rbac_objects() {
     }
     // The operator binds the agent role by this name and keeps this configuration's caBundle.
     let _: MutatingWebhookConfiguration = object(&objects, "MutatingWebhookConfiguration", keys::WEBHOOK_CONFIGURATION);
+}
+
+/// Security review N5: whatever the values, no ClusterRole that a ClusterRoleBinding of the chart
+/// grants may let its subjects read Secrets; the Secret reader role is bound by no
+/// ClusterRoleBinding (the operator binds it per injection-enabled namespace).
+#[test]
+fn no_cluster_role_binding_of_the_chart_grants_secrets() {
+    for extra in [&[][..], &["--set", "adminView.enabled=true"][..]] {
+        let objects = objects(&render(extra));
+        let bindings: Vec<ClusterRoleBinding> = objects
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRoleBinding")
+            .map(|o| serde_json::from_value(o.clone()).expect("a ClusterRoleBinding"))
+            .collect();
+        assert!(!bindings.is_empty(), "{extra:?}");
+        for binding in bindings {
+            assert_ne!(
+                binding.role_ref.name,
+                keys::SECRET_READER_ROLE,
+                "{extra:?}: the Secret reader is bound cluster-wide"
+            );
+            let role: ClusterRole = object(&objects, "ClusterRole", &binding.role_ref.name);
+            for rule in role.rules.iter().flatten() {
+                assert!(
+                    !rule.resources.iter().flatten().any(|r| r.starts_with("secrets") || r == "*"),
+                    "{extra:?}: ClusterRole {} (bound by {:?}) grants {rule:?}",
+                    binding.role_ref.name,
+                    binding.metadata.name
+                );
+            }
+        }
+    }
 }
 
 #[test]

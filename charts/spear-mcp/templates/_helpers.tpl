@@ -5,6 +5,7 @@ the operator's flags), so the chart is installed once per cluster.
 {{- define "spear-mcp.name" -}}spear-mcp{{- end -}}
 {{- define "spear-mcp.operatorName" -}}spear-operator{{- end -}}
 {{- define "spear-mcp.agentRoleName" -}}spear-mcp-agent{{- end -}}
+{{- define "spear-mcp.secretReaderName" -}}spear-operator-secret-reader{{- end -}}
 {{- define "spear-mcp.webhookConfigName" -}}spear-mcp-injector{{- end -}}
 {{- define "spear-mcp.webhookServiceName" -}}spear-operator-webhook{{- end -}}
 {{- define "spear-mcp.leaseName" -}}spear-operator{{- end -}}
