@@ -1467,8 +1467,10 @@ async fn an_app_with_many_sessions_is_not_capped_at_one_sources_share() {
     let mut clients = Vec::new();
     for i in 0..100 {
         let transport = StreamableHttpClientTransport::from_uri(url.clone());
-        let client = tokio::time::timeout(Duration::from_secs(20), ().serve(transport)).await;
-        clients.push(client.unwrap_or_else(|_| panic!("session {i} within 20 s")).expect("a session"));
+        match tokio::time::timeout(Duration::from_secs(20), ().serve(transport)).await {
+            Ok(client) => clients.push(client.expect("a session")),
+            Err(_) => panic!("session {i} within 20 s"),
+        }
     }
     let calls = clients.iter().map(|client| {
         let params = CallToolRequestParams::new("mcp__fx__echo")
