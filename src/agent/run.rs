@@ -135,6 +135,14 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
             keys::ANNOTATION_PROFILE
         )));
     };
+    if agent.api_key.is_none() {
+        // A pod injected by an operator older than the key, or an agent run by hand.
+        tracing::warn!(
+            "{} is not set: chat completions, /mcp and gRPC take any caller in the pod, its MCP server sidecars \
+             included; recreate the pod to get a key from the webhook",
+            keys::ENV_API_KEY
+        );
+    }
     let client_config = client_config(kubeconfig).await.map_err(RunError::Config)?;
     let namespace = match namespace.filter(|n| !n.is_empty()) {
         Some(namespace) => namespace,

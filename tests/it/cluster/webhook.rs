@@ -24,11 +24,14 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use rmcp::ServiceExt as _;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
+use spear::api::api_key::ApiKey;
 use spear::api::keys::{
-    AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_MCP_URL,
-    ENV_SIDECAR_SERVERS, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
+    AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_API_KEY, ENV_GRPC_ADDR,
+    ENV_MCP_URL, ENV_SIDECAR_SERVERS, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR,
+    SIDECAR_PREFIX,
 };
 use spear::api::secret_grant::{ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, SecretGrants};
 use spear::api::{HttpAuth, McpProfile, McpServer, ServiceAccountTokenAuth};
@@ -200,6 +203,18 @@ where
 }
 
 /// The parts of a stored pod an injection decides (not names, uids or timestamps).
+/// The pod's own key the webhook drew (the agent's `SPEAR_API_KEY`).
+fn api_key_of(pod: &Pod) -> ApiKey {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .filter(|c| c.name == AGENT_CONTAINER)
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == ENV_API_KEY)
+        .and_then(|e| ApiKey::parse(e.value.as_deref()?).ok())
+        .expect("the agent has the pod's API key")
+}
+
 fn injected_parts(pod: &Pod) -> (Option<BTreeMap<String, String>>, serde_json::Value) {
     let spec = serde_json::to_value(&pod.spec).expect("a pod spec serializes");
     (pod.metadata.annotations.clone(), spec)
@@ -249,10 +264,16 @@ async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
     sent.metadata.namespace = Some(ns.name.clone());
     let in_profile: Vec<McpServer> = servers[..3].to_vec();
     let enabled = labels(&[(LABEL_INJECTION, INJECTION_ENABLED)]);
-    let Decision::Patch { pod: expected, warnings, .. } =
-        inject::mutate(&sent, &enabled, Some(&stored_profile), &in_profile, &SecretGrants::default(), &inject_config())
-            .expect("mutate")
-    else {
+    let Decision::Patch { pod: expected, warnings, .. } = inject::mutate(
+        &sent,
+        &enabled,
+        Some(&stored_profile),
+        &in_profile,
+        &SecretGrants::default(),
+        &inject_config(),
+        &api_key_of(&admitted),
+    )
+    .expect("mutate") else {
         panic!("a pod naming an existing profile in an enabled namespace must be patched");
     };
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -779,7 +800,16 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let server = McpServer::test("fixture").running(&fixture).image("python:3.13-slim").allowing(["*"]);
     create(&ns.api::<McpServer>(), &server).await;
     create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fixture"])).await;
-    let pod = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+    // The app passes the pod's key on as the OpenAI SDK's variable, by the kubelet's expansion.
+    let mut app_pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev")]);
+    if let Some(spec) = app_pod.spec.as_mut() {
+        spec.containers[0].env = Some(vec![EnvVar {
+            name: "OPENAI_API_KEY".into(),
+            value: Some(format!("$({ENV_API_KEY})")),
+            ..Default::default()
+        }]);
+    }
+    let pod = create(&ns.api::<Pod>(), &app_pod).await;
     let spec = pod.spec.clone().expect("a stored pod has a spec");
     let all: Vec<&Container> = spec.init_containers.iter().flatten().chain(&spec.containers).collect();
     let find = |name: &str| *all.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no container {name}"));
@@ -808,11 +838,22 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let _agent = local.spawn(find(AGENT_CONTAINER));
     assert!(mcp_servers::wait_for_http(ports.http, READY_TIMEOUT).await, "the agent listens on its HTTP port");
 
-    // The app container's view: SPEAR_MCP_URL from its injected env.
-    let app = find("app");
-    let url = local.env(app).into_iter().find(|(n, _)| n == ENV_MCP_URL).map(|(_, v)| v).expect("SPEAR_MCP_URL is set");
+    // The app container's view: SPEAR_MCP_URL and the pod's key from its injected env.
+    let app_env = local.env(find("app"));
+    let var = |name: &str| app_env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    let url = var(ENV_MCP_URL).expect("SPEAR_MCP_URL is set");
     assert_eq!(url, format!("http://127.0.0.1:{}/mcp", ports.http));
-    let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await.expect("an MCP session with the agent");
+    let key = var(ENV_API_KEY).expect("SPEAR_API_KEY is set in the app");
+    assert_eq!(var("OPENAI_API_KEY").as_ref(), Some(&key), "$(SPEAR_API_KEY) expands in the app's own env");
+    assert_eq!(api_key_of(&pod).expose(), key, "the agent and the app have the same key");
+    let sidecar = local.env(find(&format!("{SIDECAR_PREFIX}fixture")));
+    assert!(
+        !sidecar.iter().any(|(n, v)| n == ENV_API_KEY || v.contains(&key)),
+        "the MCP server's sidecar must not see the pod's key: {sidecar:?}"
+    );
+    let config = StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(key);
+    let client =
+        ().serve(StreamableHttpClientTransport::from_config(config)).await.expect("an MCP session with the agent");
     // The python server takes a moment to start behind its bridge: poll, as an app would retry.
     let deadline = Instant::now() + READY_TIMEOUT;
     let echo = loop {
@@ -830,6 +871,47 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let text = serde_json::to_string(&result.content).expect("content serializes");
     assert!(text.contains("hello from the pod"), "{text}");
     let _ = client.cancel().await;
+
+    // A hostile server's sidecar shares the pod's loopback but not the key: every door refuses it.
+    let http = reqwest::Client::new();
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"sidecar","version":"1"}}}"#;
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"call every tool"}]}"#;
+    let doors = [(url.clone(), initialize), (format!("http://127.0.0.1:{}/v1/chat/completions", ports.http), chat)];
+    for (door, body) in &doors {
+        for authorization in
+            [None, Some("Bearer not-this-pods-key-0123456789".to_string()), Some(var(ENV_API_KEY).expect("key"))]
+        {
+            let mut request = http
+                .post(door)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(*body);
+            if let Some(value) = &authorization {
+                request = request.header("authorization", value);
+            }
+            let response = request.send().await.expect("the door answers");
+            assert_eq!(response.status(), 401, "{door} with {authorization:?}");
+        }
+    }
+    let tools = |key: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_spearlet"));
+        command.args(["tools", "list"]).env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)).env_remove(ENV_API_KEY);
+        if let Some(key) = key {
+            command.env(ENV_API_KEY, key);
+        }
+        command.output().expect("spearlet tools runs")
+    };
+    let refused = tools(None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "gRPC without the key: {stderr}");
+    assert!(stderr.contains(ENV_API_KEY), "the refusal names the key to send: {stderr}");
+    let listed = tools(var(ENV_API_KEY).as_deref());
+    let stdout = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success() && stdout.contains("echo"),
+        "gRPC with the app's key: {stdout}{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
 }
 
 #[test]
