@@ -158,6 +158,7 @@ pub(crate) enum TransportConfig {
 pub(crate) struct AuthConfig {
     mode: AuthModeConfig,
     scopes: Vec<String>,
+    issuer: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +185,11 @@ pub(crate) struct AuthEndpoint {
     /// The McpServer's `auth.scopes`: what a token request may ask for (empty: anything the
     /// server asks for).
     pub(crate) scopes: Vec<String>,
+    /// The authorization server's issuer identifier the McpServer pins (`auth.issuer`, or the
+    /// token-exchange audience it defaults to): the only authorization server that gets the
+    /// credential. `None`: the one the server's metadata names (only `private_key_jwt`, whose
+    /// assertion is bound to the issuer it is sent to, and the plain service-account token).
+    pub(crate) issuer: Option<String>,
 }
 
 /// See [`AuthEndpoint`].
@@ -228,7 +234,7 @@ impl AuthConfig {
             (None, Some(te)) => AuthModeConfig::ServiceAccountToken { grant: Some((te.grant, te.client_id.clone())) },
             (None, None) => AuthModeConfig::ServiceAccountToken { grant: None },
         };
-        AuthConfig { mode, scopes: auth.scopes.clone() }
+        AuthConfig { mode, scopes: auth.scopes.clone(), issuer: auth.pinned_issuer().map(str::to_string) }
     }
 
     fn resolve(&self, server: &str, lookup: &impl Fn(&str) -> Option<String>) -> Result<AuthEndpoint, MissingEnv> {
@@ -247,7 +253,7 @@ impl AuthConfig {
                 AuthMode::ServiceAccountToken { file: Path::new(&dir).join(server), grant: grant.clone() }
             }
         };
-        Ok(AuthEndpoint { mode, scopes: self.scopes.clone() })
+        Ok(AuthEndpoint { mode, scopes: self.scopes.clone(), issuer: self.issuer.clone() })
     }
 }
 
@@ -608,6 +614,7 @@ mod tests {
             secret_key_ref: SecretKeySelector { name: "s".into(), key: "k".into(), optional: None },
         };
         let cc = HttpAuth {
+            issuer: Some("https://sso.example.com".into()),
             client_credentials: Some(ClientCredentialsAuth {
                 client_id: "agent".into(),
                 client_secret: Some(secret),
@@ -634,6 +641,7 @@ mod tests {
         let Endpoint::Http { auth: Some(auth), .. } = &endpoint else { panic!("auth") };
         assert_eq!(auth.mode, AuthMode::ClientSecret { client_id: "agent".into(), secret: "cs-value".into() });
         assert_eq!(auth.scopes, ["mcp:read"]);
+        assert_eq!(auth.issuer.as_deref(), Some("https://sso.example.com"));
         assert!(!format!("{endpoint:?}").contains("cs-value"));
 
         let sa = HttpAuth {

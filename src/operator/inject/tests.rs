@@ -690,6 +690,7 @@ fn auth_secrets_reach_the_agent_and_service_account_tokens_only_the_agent() {
     use crate::api::{ClientCredentialsAuth, HeaderValueSource, HttpAuth, ServiceAccountTokenAuth};
     let secret_key_ref = SecretKeySelector { name: "remote-client".into(), key: "secret".into(), optional: None };
     let cc = HttpAuth {
+        issuer: Some("https://sso.example.com".into()),
         client_credentials: Some(ClientCredentialsAuth {
             client_id: "agent".into(),
             client_secret: Some(HeaderValueSource { secret_key_ref }),
