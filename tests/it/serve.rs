@@ -1117,7 +1117,7 @@ async fn tool_lists_of_small_values_and_costly_output_schemas_cannot_run_the_age
         let (_, content_type, _, body) =
             mcp_post(&client, http, Some(&session), None, call(id, "mcp__regex__match")).await;
         let reply = jsonrpc_message(&content_type, &body);
-        assert_eq!(reply["result"]["isError"], false, "{reply}");
+        assert_ne!(reply["result"]["isError"], true, "{reply}");
         assert_eq!(reply["result"]["structuredContent"]["s"], "zI", "{reply}");
         let (status, took) = healthz(admin);
         assert_eq!(status, Some(200));
