@@ -191,9 +191,9 @@ fn weigh(tool: &Tool) -> Weight {
     let output = tool.output_schema.as_deref();
     let other_bytes = [
         tool.name.len(),
-        tool.title.as_ref().map_or(0, |t| json_bytes(t)),
-        tool.annotations.as_ref().map_or(0, |a| json_bytes(a)),
-        tool.icons.as_ref().map_or(0, |i| json_bytes(i)),
+        tool.title.as_ref().map_or(0, json_bytes),
+        tool.annotations.as_ref().map_or(0, json_bytes),
+        tool.icons.as_ref().map_or(0, json_bytes),
         tool.meta.as_ref().map_or(0, |m| json_bytes(&m.0)),
     ]
     .into_iter()
