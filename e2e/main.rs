@@ -610,7 +610,7 @@ async fn identity_checks(client: &kube::Client, images: &Images, ns: &str, repor
     Api::<McpServer>::namespaced(client.clone(), ns).create(&PostParams::default(), &mcp_server).await?;
     let profile: McpProfile = serde_json::from_value(json!({
         "apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpProfile", "metadata": {"name": "identity"},
-        "spec": {"servers": ["identity"]},
+        "spec": {"servers": ["identity"], "identity": {"servers": ["identity"], "audiences": [AUDIENCE]}},
     }))?;
     Api::<McpProfile>::namespaced(client.clone(), ns).create(&PostParams::default(), &profile).await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);

@@ -18,7 +18,8 @@
 //! never asks anything (an h2 peer answers pings and so is never "dead"), would hold a task and
 //! a socket each forever, and enough of them stop `/healthz`, so the kubelet restarts a pod that
 //! was only being attacked. The limits are per listener (a flood on one port never starves
-//! another) and per source address (one peer never takes more than a quarter of a port).
+//! another) and per source address (one remote peer never takes more than a quarter of a port;
+//! loopback peers, all of a pod's own callers, share the whole listener).
 //! Refusing at the cap rather than waiting keeps the accept queue moving.
 
 use std::collections::HashMap;
@@ -73,8 +74,16 @@ impl Default for ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    fn per_source(&self) -> usize {
-        (self.max_connections / PER_SOURCE_DIVISOR).max(1)
+    /// The connections `source` may hold. The host's own address (`127.0.0.1`, `::1`) shares the
+    /// whole listener: in a pod every caller of the doors (the app, its clients' pools, sidecars)
+    /// comes from it, so a share could not tell them apart and would cap the app itself at a
+    /// quarter.
+    fn share_for(&self, source: IpAddr) -> usize {
+        let own = match source.to_canonical() {
+            IpAddr::V4(v4) => v4 == std::net::Ipv4Addr::LOCALHOST,
+            IpAddr::V6(v6) => v6 == std::net::Ipv6Addr::LOCALHOST,
+        };
+        if own { self.max_connections } else { (self.max_connections / PER_SOURCE_DIVISOR).max(1) }
     }
 }
 
@@ -208,8 +217,9 @@ where
             tracing::debug!(?peer, max = limits.max_connections, "connection refused: too many open connections");
             continue;
         };
-        let Some(source) = sources.take(peer.ip(), limits.per_source()) else {
-            tracing::debug!(?peer, max = limits.per_source(), "connection refused: too many from this source");
+        let share = limits.share_for(peer.ip());
+        let Some(source) = sources.take(peer.ip(), share) else {
+            tracing::debug!(?peer, max = share, "connection refused: too many from this source");
             continue;
         };
         let activity = Arc::new(Activity::default());
@@ -380,31 +390,50 @@ mod tests {
         task.await.expect("serve returns after shutdown");
     }
 
+    /// A connection from `source` to `addr` with a partial request head (it holds its slot).
+    async fn hold_from(source: &str, addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind(format!("{source}:0").parse().expect("addr")).expect("bind the source");
+        let mut stream = socket.connect(addr).await.expect("connect");
+        stream.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\n").await.expect("partial head");
+        stream
+    }
+
+    /// Whether `stream` was closed by the server without an answer.
+    async fn closed(stream: &mut TcpStream) -> bool {
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(500), stream.read(&mut buf)).await;
+        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+    }
+
     /// One source address holds at most a quarter of a listener's connections: the rest of the
-    /// port stays open to others (here: the cap of 8 leaves a source 2).
+    /// port stays open to others (here: the cap of 8 leaves a source 2). The host's own address
+    /// is every in-pod caller at once and shares the whole listener.
     #[tokio::test]
     async fn one_source_takes_at_most_its_share_of_the_connections() {
         let limits = ConnectionLimits { header_read_timeout: Duration::from_secs(5), max_connections: 8 };
         let (addr, stop, _task) = start(limits).await;
-        let mut held = Vec::new();
-        for _ in 0..2 {
-            let mut s = TcpStream::connect(addr).await.expect("connect");
-            s.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\n").await.expect("partial head");
-            held.push(s);
-        }
+        let mut held = vec![hold_from("127.0.0.2", addr).await, hold_from("127.0.0.2", addr).await];
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut third = TcpStream::connect(addr).await.expect("connect");
-        let mut buf = [0u8; 1];
-        let closed = tokio::time::timeout(Duration::from_millis(500), third.read(&mut buf)).await;
-        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "over its share: closed at once, got {closed:?}");
-        // Another source (127.0.0.2 is loopback too) still gets in.
-        let other = tokio::net::TcpSocket::new_v4().expect("socket");
-        other.bind("127.0.0.2:0".parse().expect("addr")).expect("bind 127.0.0.2");
-        let mut other = other.connect(addr).await.expect("connect from 127.0.0.2");
+        let mut third = hold_from("127.0.0.2", addr).await;
+        assert!(closed(&mut third).await, "over its share: closed at once");
+        // Another source still gets in.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind("127.0.0.3:0".parse().expect("addr")).expect("bind 127.0.0.3");
+        let mut other = socket.connect(addr).await.expect("connect from 127.0.0.3");
         other.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
         let mut body = String::new();
         other.read_to_string(&mut body).await.expect("read");
-        assert!(body.contains("127.0.0.2"), "{body}");
+        assert!(body.contains("127.0.0.3"), "{body}");
+        // 127.0.0.1 takes what is left of the listener (8 - 2), not a share of 2.
+        for _ in 0..6 {
+            held.push(hold_from("127.0.0.1", addr).await);
+        }
+        for stream in &mut held {
+            assert!(!closed(stream).await, "within the listener's cap: kept open");
+        }
+        let mut ninth = hold_from("127.0.0.1", addr).await;
+        assert!(closed(&mut ninth).await, "over the listener's cap: closed at once");
         stop.cancel();
     }
 

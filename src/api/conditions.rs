@@ -33,6 +33,8 @@ pub mod reasons {
     /// Some referenced servers are missing; `missingServers` lists them.
     pub(crate) const MISSING_SERVERS: &str = "MissingServers";
     /// A referenced Secret does not allow the object (`mcp.spear.dev/allowed-servers` or
-    /// `allowed-profiles`); the message names it. The Gateway API's reason for a missing grant.
+    /// `allowed-profiles`), or a profile's `spec.identity` does not grant a server the pod's
+    /// ServiceAccount identity it asks for; the message names it. The Gateway API's reason for a
+    /// missing grant.
     pub(crate) const REF_NOT_PERMITTED: &str = "RefNotPermitted";
 }

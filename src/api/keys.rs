@@ -79,6 +79,9 @@ pub const IMAGE_SPEARLET: &str = "/spearlet";
 pub const AGENT_ROLE: &str = "spear-mcp-agent";
 /// The operator's ClusterRole, and its Role in its own namespace.
 pub const OPERATOR_ROLE: &str = "spear-operator";
+/// The ClusterRole that reads Secrets (`get`), never bound cluster-wide: the operator binds it
+/// to itself, with a RoleBinding of the same name, in each injection-enabled namespace.
+pub const SECRET_READER_ROLE: &str = "spear-operator-secret-reader";
 /// The operator's leader-election Lease.
 pub const OPERATOR_LEASE: &str = "spear-operator";
 /// The Secret holding the webhook's serving certificate.
@@ -153,6 +156,8 @@ pub(crate) const ENV_LEASE_NAME: &str = "SPEAR_LEASE_NAME";
 pub(crate) const ENV_PROBE_INTERVAL_SECONDS: &str = "SPEAR_PROBE_INTERVAL_SECONDS";
 pub(crate) const ENV_PROBE_NAMESPACES: &str = "SPEAR_PROBE_NAMESPACES";
 pub(crate) const ENV_PROBE_DENY_CIDRS: &str = "SPEAR_PROBE_DENY_CIDRS";
+/// `spear-operator run --forbidden-token-audiences`.
+pub(crate) const ENV_FORBIDDEN_TOKEN_AUDIENCES: &str = "SPEAR_FORBIDDEN_TOKEN_AUDIENCES";
 pub(crate) const ENV_WEBHOOK_ADDR: &str = "SPEAR_WEBHOOK_ADDR";
 pub(crate) const ENV_WEBHOOK_CONFIG_NAME: &str = "SPEAR_WEBHOOK_CONFIG_NAME";
 pub(crate) const ENV_WEBHOOK_SERVICE_NAME: &str = "SPEAR_WEBHOOK_SERVICE_NAME";

@@ -115,6 +115,58 @@ pub struct McpProfileSpec {
     /// Default `tool_choice` for chat completions that do not set one (default `auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
+
+    /// Which of the profile's McpServers may act as the pod's ServiceAccount: receive a projected
+    /// token of it (`http.auth.serviceAccountToken`, `tokenExchange`), or mount its Kubernetes
+    /// API token into their sidecar (`stdio.mountServiceAccountToken`). Absent: none may. Written
+    /// by whoever owns the profile, not by the servers' authors: a server the grant does not cover
+    /// gets no token (the webhook leaves it out with a warning, and this profile's `ResolvedRefs`
+    /// condition says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<IdentityGrant>,
+}
+
+/// The McpServers of a profile that may use the pod's ServiceAccount identity.
+///
+/// A projected token goes to a server only when `servers` names it and `audiences` allows the
+/// audience it asks for. `*` in `audiences` allows any audience except the forbidden ones (the
+/// Kubernetes API server's, such as `https://kubernetes.default.svc` and the cluster's issuer,
+/// and cloud STSs' such as `sts.amazonaws.com`; the operator's `--forbidden-token-audiences`):
+/// those are allowed only when listed literally, because their token lets the server act as the
+/// workload on the Kubernetes API or in the cloud account.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdentityGrant {
+    /// McpServers (names in this namespace, or `*` for every server of the profile, now and
+    /// later) that may receive a projected token of the pod's ServiceAccount for
+    /// `spec.http.auth.serviceAccountToken` or `spec.http.auth.tokenExchange`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(length(min = 1, max = 63), regex(pattern = r"^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$")),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub servers: Vec<String>,
+
+    /// Audiences those tokens may carry, exactly as the McpServer's `audience` spells them. `*`
+    /// allows any audience except the forbidden ones: the Kubernetes API server's (such as
+    /// `https://kubernetes.default.svc`), the cluster's issuer, and cloud STSs' (such as
+    /// `sts.amazonaws.com`), set by the operator's `--forbidden-token-audiences`. A token for one
+    /// of those lets the server act as the workload there; list it literally to allow it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 1024)), extend("x-kubernetes-list-type" = "set"))]
+    pub audiences: Vec<String>,
+
+    /// stdio McpServers (names, or `*`) whose sidecar may mount the pod's Kubernetes API token
+    /// (`spec.stdio.mountServiceAccountToken: true`). Any other sidecar gets an empty directory
+    /// over the token path, whatever its McpServer says.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(length(min = 1, max = 63), regex(pattern = r"^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$")),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub mount_service_account_token: Vec<String>,
 }
 
 /// Loop budgets and call limits of a profile.

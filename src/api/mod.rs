@@ -12,6 +12,7 @@
 //! - [`manifest`]: YAML documents with line numbers, unknown fields refused.
 //! - [`env_ref`]: `${ENV:NAME}` / `${ENV:NAME:-default}` templates, and the names they may not read.
 //! - [`secret_grant`]: which McpServers and McpProfiles a Secret allows to reference it.
+//! - [`identity`]: which McpServers an McpProfile allows to act as the pod's ServiceAccount.
 //! - [`conditions`]: condition types and reasons of both statuses.
 //! - [`crd`]: rendering `crds/*.yaml`.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
@@ -21,6 +22,7 @@
 pub mod conditions;
 pub mod crd;
 pub mod env_ref;
+pub mod identity;
 pub mod keys;
 pub mod manifest;
 mod mcp_profile;

@@ -192,6 +192,11 @@ fn full_profile() -> McpProfile {
                 }),
             }),
             tool_choice: Some(ToolChoice::Required),
+            identity: Some(IdentityGrant {
+                servers: vec!["web".into()],
+                audiences: vec!["https://web.example.com".into()],
+                mount_service_account_token: vec!["fs".into()],
+            }),
         },
     );
     profile.status = Some(McpProfileStatus {

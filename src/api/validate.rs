@@ -615,7 +615,37 @@ impl Validate for McpProfile {
             let always = &selection.always_include;
             check_patterns(&mut p, "spec.chat.toolSelection.alwaysInclude", always, bounds::ALWAYS_INCLUDE);
         }
+        if let Some(identity) = &spec.identity {
+            check_granted_servers(&mut p, "spec.identity.servers", &identity.servers);
+            let mounts = &identity.mount_service_account_token;
+            check_granted_servers(&mut p, "spec.identity.mountServiceAccountToken", mounts);
+            p.max_items("spec.identity.audiences", &identity.audiences, bounds::SERVERS);
+            for (i, audience) in identity.audiences.iter().enumerate() {
+                let printable = audience.chars().all(|c| !c.is_whitespace() && !c.is_control());
+                if audience.is_empty() || audience.len() > 1024 || !printable {
+                    p.push(
+                        format!("spec.identity.audiences[{i}]"),
+                        format!("{audience:?} is not a token audience"),
+                        "use the audience exactly as the McpServer's auth spells it (1 to 1024 characters, no spaces), or * for any audience but the forbidden ones",
+                    );
+                }
+            }
+        }
         p.0
+    }
+}
+
+/// The server names of an identity grant: McpServer names, or `*`.
+fn check_granted_servers(p: &mut Problems, field: &str, names: &[String]) {
+    p.max_items(field, names, bounds::SERVERS);
+    for (i, name) in names.iter().enumerate() {
+        if name != "*" && !is_dns1123_label(name) {
+            p.push(
+                format!("{field}[{i}]"),
+                format!("'{name}' is not a valid McpServer name"),
+                "use the McpServer's metadata.name, a DNS-1123 label, or * for every server of the profile",
+            );
+        }
     }
 }
 

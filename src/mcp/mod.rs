@@ -28,6 +28,7 @@ pub(crate) mod oauth;
 pub(crate) mod oauth_http;
 pub mod output;
 pub(crate) mod output_schema;
+mod plain_error;
 pub mod pool;
 pub mod relay;
 pub(crate) mod token_source;

@@ -516,9 +516,11 @@ async fn read_token_file(file: &Path) -> Result<String, TokenError> {
     use tokio::io::AsyncReadExt as _;
     let missing = |e: std::io::Error| {
         TokenError::lasting(format!(
-            "cannot read the service-account token at {} ({e}); in a pod the webhook mounts it (the pod must be \
-             injected after spec.http.auth was set: restart it); in local mode set SPEAR_AUTH_TOKEN_DIR to a \
-             directory with a token file named after the server",
+            "cannot read the service-account token at {} ({e}); in a pod the webhook mounts it when the \
+             McpProfile's spec.identity grants this server and its audience (the pod's admission warnings and \
+             the profile's ResolvedRefs condition say why not), and the pod must be injected after spec.http.auth \
+             was set (restart it); in local mode set SPEAR_AUTH_TOKEN_DIR to a directory with a token file named \
+             after the server",
             file.display()
         ))
     };

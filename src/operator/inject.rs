@@ -5,7 +5,8 @@
 //! Pod + namespace labels + McpProfile + its McpServers + InjectConfig
 //!   │
 //!   ├─ gate ──▶ Skip  (namespace not enabled · inject: "false" · no profile annotation · already injected)
-//!   ├─ check ─▶ Deny  (unknown profile · name, port or env collision · hostNetwork · bad annotation)
+//!   ├─ check ─▶ Deny  (unknown profile · name, port or env collision · hostNetwork, hostPID,
+//!   │                  shareProcessNamespace · bad annotation)
 //!   └─ plan ──▶ volumes, init containers, sidecars, env ──ops──▶ json_patch::Patch
 //!                                                                 └─apply to the pod──▶ Patch { patch, pod }
 //! ```
@@ -35,6 +36,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::api::env_ref::{self, Segment};
+use crate::api::identity::{ForbiddenAudiences, IdentityRefusal};
 use crate::api::keys::{
     ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, AUTH_TOKEN_DIR,
     BIN_DIR, ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
@@ -106,6 +108,9 @@ pub struct InjectConfig {
     /// Extra environment of the agent container, after its own (the operator's `OTEL_*` trace
     /// settings, `telemetry::otel::agent_env`); empty adds nothing.
     pub agent_env: Vec<(String, String)>,
+    /// Token audiences a profile's `identity.audiences: ["*"]` does not cover
+    /// (`--forbidden-token-audiences`, plus the cluster's issuer when the operator learned it).
+    pub forbidden_audiences: ForbiddenAudiences,
 }
 
 impl InjectConfig {
@@ -119,6 +124,7 @@ impl InjectConfig {
             sidecar_default_resources: default_sidecar_resources(),
             ports: Ports::default(),
             agent_env: Vec::new(),
+            forbidden_audiences: ForbiddenAudiences::default(),
         }
     }
 }
@@ -288,10 +294,8 @@ pub fn mutate(
             "the pod already has a container named {AGENT_CONTAINER:?} but no {ANNOTATION_INJECTED} annotation, so it was not injected by spear: rename that container, or set {ANNOTATION_INJECT}: \"false\""
         ));
     }
-    if !is_dns1123_subdomain(profile_name) {
-        return deny(format!(
-            "annotation {ANNOTATION_PROFILE} is {profile_name:?}, which is not a valid McpProfile name: use the metadata.name of an McpProfile in namespace {namespace}"
-        ));
+    if let Some(message) = invalid_profile_annotation(profile_name, namespace) {
+        return deny(message);
     }
     let Some(profile) = profile else {
         return deny(format!(
@@ -305,6 +309,11 @@ pub fn mutate(
     if spec.share_process_namespace == Some(true) {
         return deny(format!(
             "the pod sets shareProcessNamespace, so every MCP server sidecar could see the agent's process and its environment (the model key and other servers' secrets) through /proc: remove shareProcessNamespace, or set {ANNOTATION_INJECT}: \"false\""
+        ));
+    }
+    if spec.host_pid == Some(true) {
+        return deny(format!(
+            "the pod sets hostPID, so its containers share the node's process namespace and could read the agent's environment (the model key and other servers' secrets) and the sidecars' through /proc: remove hostPID, or set {ANNOTATION_INJECT}: \"false\""
         ));
     }
     if spec.host_network == Some(true) {
@@ -326,6 +335,23 @@ pub fn mutate(
     let patched: Pod = serde_json::from_value(doc).map_err(InjectError::Deserialize)?;
     Ok(Decision::Patch { patch, pod: Box::new(patched), warnings: plan.warnings })
 }
+
+/// The Deny message for a `mcp.spear.dev/profile` annotation that cannot name an McpProfile (not
+/// a DNS-1123 subdomain of at most 253 characters); `None` when it can. The webhook checks it
+/// before it reads anything, so a caller's text never reaches an API path.
+pub fn invalid_profile_annotation(profile_name: &str, namespace: &str) -> Option<String> {
+    if is_dns1123_subdomain(profile_name) {
+        return None;
+    }
+    let shown: String = profile_name.chars().take(MAX_SHOWN_ANNOTATION).collect();
+    let cut = if shown.len() < profile_name.len() { "…" } else { "" };
+    Some(format!(
+        "annotation {ANNOTATION_PROFILE} is {shown:?}{cut}, which is not a valid McpProfile name (a DNS-1123 subdomain: lower-case letters, digits, '-' and '.', at most 253 characters): use the metadata.name of an McpProfile in namespace {namespace}"
+    ))
+}
+
+/// Characters of an invalid annotation quoted back in a denial.
+const MAX_SHOWN_ANNOTATION: usize = 64;
 
 // === impl Plan ===
 
@@ -363,13 +389,29 @@ impl Plan {
         let mut agent_secrets = AgentSecrets::default();
         let mut auth_tokens = Vec::new();
         for (&name, server) in &servers {
-            if let Some(stdio) = &server.spec.stdio
-                && !sidecars.add(name, stdio, &mut volumes, secrets, config, &mut warnings)
-            {
-                continue;
+            // The pod's identity goes only where the profile grants it (`api::identity`): a
+            // refused token is left out, a refused API-token mount stays masked.
+            let refused = profile.identity_refusals(server, &config.forbidden_audiences);
+            let token_granted = !refused.iter().any(IdentityRefusal::is_token);
+            let mount_granted = !refused.iter().any(|r| !r.is_token());
+            for refusal in &refused {
+                warnings.push(if refusal.is_token() {
+                    format!("{refusal}; the token was not injected")
+                } else {
+                    refusal.to_string()
+                });
+            }
+            if let Some(stdio) = &server.spec.stdio {
+                let mut stdio = stdio.clone();
+                stdio.mount_service_account_token &= mount_granted;
+                if !sidecars.add(name, &stdio, &mut volumes, secrets, config, &mut warnings) {
+                    continue;
+                }
             }
             agent_secrets.add_server(name, server, secrets, &mut warnings)?;
-            auth_tokens.extend(auth_token(name, server));
+            if token_granted {
+                auth_tokens.extend(auth_token(name, server));
+            }
         }
         // One projected volume, one token per server (its own audience), mounted into the agent
         // only: no sidecar, and not the app, sees a token meant for a remote server. The mount

@@ -404,6 +404,9 @@ pub(crate) fn failure_message(raw: &str) -> String {
     {
         "the server's answer exceeded the size limit"
     } else if lower.contains("connection refused")
+        || lower.contains("cannot resolve")
+        || lower.contains("closed the connection")
+        || lower.contains("tls handshake")
         || lower.contains("error sending request")
         || lower.contains("dns")
         || lower.contains("connect")
@@ -415,7 +418,7 @@ pub(crate) fn failure_message(raw: &str) -> String {
         || lower.contains("expected")
     {
         "the answer is not MCP (Streamable HTTP JSON-RPC)"
-    } else if lower.contains("timed out") || lower.contains("timeout") {
+    } else if lower.contains("timed out") || lower.contains("timeout") || lower.contains("no answer in time") {
         "the server did not answer in time"
     } else {
         "the MCP exchange failed"
@@ -586,6 +589,16 @@ mod tests {
             assert!(!message.contains("s3cr3t") && !message.contains("10.0.0.1"), "{raw} -> {message}");
         }
         assert!(failure_message("tools/list failed: oops").starts_with("tools/list failed"));
+        // The pool's plain transport errors keep their kind.
+        for (raw, kind) in [
+            ("initialize failed: connection refused at http://10.0.0.1/mcp: is the server running", "reached"),
+            ("initialize failed: cannot resolve the host at http://x.invalid/mcp: check", "reached"),
+            ("initialize failed: TLS handshake failed at https://10.0.0.1/mcp (bad cert): check", "reached"),
+            ("initialize failed: no answer in time at http://10.0.0.1/mcp: is the address", "in time"),
+        ] {
+            let message = failure_message(raw);
+            assert!(message.ends_with(kind) && !message.contains("10.0.0.1"), "{raw} -> {message}");
+        }
     }
 
     #[test]

@@ -9,12 +9,22 @@
 //!     └ subject: Group system:serviceaccounts:<namespace>  (every pod's service account there)
 //!
 //! ClusterRole spear-operator: read both kinds, write their status, events, watch namespaces,
-//!     get Secrets (metadata: the grant annotations of referenced Secrets),
-//!     create RoleBindings, read and write only those named spear-mcp-agent, `bind` and `get`
-//!     only the ClusterRole spear-mcp-agent (the chart installs it; no ClusterRole is ever
-//!     created or changed by the operator), its own webhook configuration
+//!     create RoleBindings, read and write only those named spear-mcp-agent and
+//!     spear-operator-secret-reader, `bind` only the ClusterRoles of those names and `get` the
+//!     agent's (the chart installs both; no ClusterRole is ever created or changed by the
+//!     operator), its own webhook configuration. No Secrets.
+//! ClusterRole spear-operator-secret-reader: get Secrets; never bound cluster-wide
+//!     ▲ roleRef
+//! RoleBinding spear-operator-secret-reader in every namespace labelled injection=enabled
+//!     └ subject: the operator itself (the grant annotations of referenced Secrets)
 //! Role spear-operator (its namespace): its leader Lease and its webhook certificate Secret
 //! ```
+//!
+//! Why Secrets per namespace: RBAC's `get` returns a Secret's data, not only the metadata the
+//! grant check asks for, and the operator's token is reachable through an open webhook. Bound
+//! only where injection is on, it reads no Secret of `kube-system` or of a namespace that does
+//! not use spear-mcp. What stays: with `create` on RoleBindings and `bind` on this role, a
+//! stolen operator token can bind it elsewhere, which is a write the audit log shows, not a read.
 //!
 //! The agent runs with the pod's own service account, so the binding names the namespace's
 //! service-account group rather than one account: any injected pod there can read the registry
@@ -28,7 +38,7 @@ use kube::core::ObjectMeta;
 
 use crate::api::keys::{
     AGENT_ROLE, FIELD_MANAGER, GROUP, LABEL_MANAGED_BY, LABEL_PART_OF, OPERATOR_LEASE, OPERATOR_ROLE, PART_OF,
-    WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION,
+    SECRET_READER_ROLE, WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION,
 };
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
@@ -94,8 +104,54 @@ pub fn agent_role_binding(namespace: &str) -> RoleBinding {
     }
 }
 
+/// The ClusterRole the operator binds to itself in each injection-enabled namespace: `get` on
+/// Secrets, for the grant annotations of the Secrets its objects reference (it asks for metadata
+/// only; RBAC cannot say so). Never bound by a ClusterRoleBinding.
+pub fn secret_reader_cluster_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(SECRET_READER_ROLE, None),
+        rules: Some(vec![rule(CORE, &["secrets"], &["get"])]),
+        ..ClusterRole::default()
+    }
+}
+
+/// The RoleBinding granting [`secret_reader_cluster_role`] in `namespace` to the operator,
+/// `subject`.
+pub fn secret_reader_binding(namespace: &str, subject: Subject) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(SECRET_READER_ROLE, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: Some(RBAC_GROUP.to_string()),
+            kind: "ClusterRole".to_string(),
+            name: SECRET_READER_ROLE.to_string(),
+        },
+        subjects: Some(vec![subject]),
+    }
+}
+
+/// The RBAC subject of an authenticated user name: a ServiceAccount for
+/// `system:serviceaccount:<namespace>:<name>` (the operator in a cluster), else a User.
+pub fn subject_of_user(username: &str) -> Subject {
+    let account = username.strip_prefix("system:serviceaccount:").and_then(|rest| rest.split_once(':'));
+    match account {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains(':') => Subject {
+            kind: "ServiceAccount".to_string(),
+            name: name.to_string(),
+            namespace: Some(namespace.to_string()),
+            api_group: None,
+        },
+        _ => Subject {
+            kind: "User".to_string(),
+            name: username.to_string(),
+            namespace: None,
+            api_group: Some(RBAC_GROUP.to_string()),
+        },
+    }
+}
+
 /// The operator's cluster-wide permissions: what the controller, the webhook and the RoleBinding
-/// reconciler need. Writes use server-side apply, which is the `patch` verb.
+/// reconciler need. Writes use server-side apply, which is the `patch` verb. No Secrets: see
+/// [`secret_reader_cluster_role`].
 pub fn operator_cluster_role() -> ClusterRole {
     let read = ["get", "list", "watch"];
     ClusterRole {
@@ -108,22 +164,21 @@ pub fn operator_cluster_role() -> ClusterRole {
             rule("events.k8s.io", &["events"], &["create", "patch"]),
             // Which namespaces are injection-enabled (RoleBindings; the webhook's defence in depth).
             rule(CORE, &["namespaces"], &read),
-            // Whether a Secret allows the McpServer or McpProfile that references it: metadata
-            // GETs by name (api::secret_grant). `get` cannot be limited to metadata; the
-            // operator never reads or logs the data. No list or watch.
-            rule(CORE, &["secrets"], &["get"]),
-            // The agent RoleBindings, all named spear-mcp-agent: reads and writes by that name
-            // (list and watch too: the reflector selects `metadata.name`, which the API server
-            // authorizes as the name). `create` cannot be limited by name (the object has none
-            // yet when it is checked), and `bind` below limits what a created binding may grant.
+            // The agent RoleBindings, all named spear-mcp-agent, and the operator's own Secret
+            // reader bindings: reads and writes by those names (list and watch too: the reflector
+            // selects `metadata.name`, which the API server authorizes as the name). `create`
+            // cannot be limited by name (the object has none yet when it is checked), and `bind`
+            // below limits what a created binding may grant.
             rule(RBAC_GROUP, &["rolebindings"], &["create"]),
             named(
                 rule(RBAC_GROUP, &["rolebindings"], &["get", "list", "watch", "update", "patch", "delete"]),
-                &[AGENT_ROLE],
+                &[AGENT_ROLE, SECRET_READER_ROLE],
             ),
             // Granting a ClusterRole needs `bind` on it (or holding all its permissions); limited
-            // to the agent's, so the operator cannot hand out any other role.
-            named(rule(RBAC_GROUP, &["clusterroles"], &["bind"]), &[AGENT_ROLE]),
+            // to the agent's and the Secret reader, so the operator cannot hand out any other
+            // role. It does not hold the Secret reader's `get secrets` cluster-wide: `bind` is
+            // what lets it grant that per namespace.
+            named(rule(RBAC_GROUP, &["clusterroles"], &["bind"]), &[AGENT_ROLE, SECRET_READER_ROLE]),
             // The agent's ClusterRole comes with the chart; the operator only checks that it is
             // there (a missing one is logged). It never creates or changes a ClusterRole: `create`
             // cannot be limited by name, and would let it mint roles up to its own permissions.
@@ -186,7 +241,11 @@ mod tests {
 
     fn all_rules() -> Vec<(&'static str, PolicyRule)> {
         let mut rules = Vec::new();
-        for (who, role) in [("agent", agent_cluster_role()), ("operator", operator_cluster_role())] {
+        for (who, role) in [
+            ("agent", agent_cluster_role()),
+            ("operator", operator_cluster_role()),
+            ("secret-reader", secret_reader_cluster_role()),
+        ] {
             rules.extend(role.rules.unwrap_or_default().into_iter().map(|r| (who, r)));
         }
         rules.extend(operator_role("spear-system").rules.unwrap_or_default().into_iter().map(|r| ("operator-ns", r)));
@@ -229,15 +288,51 @@ mod tests {
         assert!(rules.iter().all(|r| !r.resources.iter().flatten().any(|res| res.starts_with("secrets"))));
     }
 
+    fn grants_secrets(role: &ClusterRole) -> bool {
+        role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|res| res.starts_with("secrets")))
+    }
+
+    /// Security review N5: `get` on Secrets returns their data, so no ClusterRole a
+    /// ClusterRoleBinding gives the operator may grant Secrets; the Secret reader (bound per
+    /// injection-enabled namespace) only `get`s.
     #[test]
-    fn operator_gets_secrets_by_name_and_writes_only_its_own() {
-        // Cluster-wide only `get` (the grant annotations of referenced Secrets): never list,
-        // watch or a write.
-        let cluster = operator_cluster_role().rules.unwrap_or_default();
-        let secret_rules: Vec<_> =
-            cluster.iter().filter(|r| r.resources.iter().flatten().any(|res| res == "secrets")).collect();
-        assert_eq!(secret_rules.len(), 1);
-        assert_eq!(secret_rules[0].verbs, ["get"]);
+    fn no_cluster_role_bound_cluster_wide_lets_the_operator_read_secrets() {
+        // Bound by ClusterRoleBindings (the chart's operator binding; the admin view's when on).
+        for role in [operator_cluster_role(), admin_view_cluster_role()] {
+            assert!(!grants_secrets(&role), "{:?} grants secrets cluster-wide", role.metadata.name);
+        }
+        let reader = secret_reader_cluster_role().rules.unwrap_or_default();
+        assert_eq!(reader.len(), 1);
+        assert_eq!(
+            (reader[0].resources.as_deref(), reader[0].verbs.as_slice()),
+            (Some(&["secrets".to_string()][..]), &["get".to_string()][..])
+        );
+        let binding =
+            secret_reader_binding("team-a", subject_of_user("system:serviceaccount:spear-system:spear-operator"));
+        assert_eq!(binding.metadata.namespace.as_deref(), Some("team-a"));
+        assert_eq!(
+            (binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()),
+            ("ClusterRole", SECRET_READER_ROLE)
+        );
+    }
+
+    #[test]
+    fn the_operators_user_name_becomes_its_service_account_subject() {
+        let sa = subject_of_user("system:serviceaccount:spear-system:spear-operator");
+        assert_eq!(
+            (sa.kind.as_str(), sa.name.as_str(), sa.namespace.as_deref()),
+            ("ServiceAccount", "spear-operator", Some("spear-system"))
+        );
+        assert_eq!(sa.api_group, None);
+        for user in ["admin", "system:serviceaccount:broken", "system:serviceaccount::x", "system:serviceaccount:a:b:c"]
+        {
+            let subject = subject_of_user(user);
+            assert_eq!((subject.kind.as_str(), subject.name.as_str()), ("User", user));
+        }
+    }
+
+    #[test]
+    fn operator_writes_only_its_own_secrets_in_its_namespace() {
         let own = operator_role("spear-system");
         assert_eq!(own.metadata.namespace.as_deref(), Some("spear-system"));
         for r in own.rules.unwrap_or_default().iter().filter(|r| r.resources.iter().flatten().any(|s| s == "secrets")) {
@@ -254,7 +349,8 @@ mod tests {
         let binds: Vec<_> = rules.iter().filter(|r| r.verbs.iter().any(|v| v == "bind" || v == "escalate")).collect();
         assert_eq!(binds.len(), 1);
         assert_eq!(binds[0].verbs, ["bind"]);
-        assert_eq!(binds[0].resource_names.as_deref(), Some(&[AGENT_ROLE.to_string()][..]));
+        let names = [AGENT_ROLE.to_string(), SECRET_READER_ROLE.to_string()];
+        assert_eq!(binds[0].resource_names.as_deref(), Some(&names[..]));
         // The operator itself holds every permission it grants (so `bind` is belt and braces).
         for granted in agent_cluster_role().rules.unwrap_or_default() {
             for res in granted.resources.iter().flatten() {
@@ -288,6 +384,8 @@ mod tests {
         let metas = [
             agent_cluster_role().metadata,
             operator_cluster_role().metadata,
+            secret_reader_cluster_role().metadata,
+            secret_reader_binding("x", subject_of_user("admin")).metadata,
             agent_role_binding("x").metadata,
             operator_role("x").metadata,
         ];
@@ -320,13 +418,15 @@ mod tests {
     #[test]
     fn the_operator_never_creates_or_changes_a_cluster_role_and_touches_bindings_by_name() {
         let rules = operator_cluster_role().rules.unwrap_or_default();
+        let ours = [AGENT_ROLE.to_string(), SECRET_READER_ROLE.to_string()];
         for r in rules.iter().filter(|r| r.resources.iter().flatten().any(|s| s == "clusterroles")) {
             assert!(r.verbs.iter().all(|v| v == "get" || v == "bind"), "{r:?}");
-            assert_eq!(r.resource_names.as_deref(), Some(&[AGENT_ROLE.to_string()][..]), "{r:?}");
+            let names = r.resource_names.as_deref().unwrap_or_default();
+            assert!(!names.is_empty() && names.iter().all(|n| ours.contains(n)), "{r:?}");
         }
         for r in rules.iter().filter(|r| r.resources.iter().flatten().any(|s| s == "rolebindings")) {
             if r.verbs != ["create"] {
-                assert_eq!(r.resource_names.as_deref(), Some(&[AGENT_ROLE.to_string()][..]), "{r:?}");
+                assert_eq!(r.resource_names.as_deref(), Some(&ours[..]), "{r:?}");
             }
         }
     }

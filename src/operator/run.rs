@@ -32,6 +32,7 @@ use super::webhook::certs::{CertSource, Files, SelfSigned};
 use super::webhook::client_auth::ClientAuth;
 use super::webhook::rate_limit::RateLimit;
 use super::webhook::{self, NativeSidecars, WebhookConfig, WebhookError, WebhookMetrics};
+use crate::api::identity::ForbiddenAudiences;
 
 /// Time the controllers get to finish running reconciles and release the Lease after SIGTERM
 /// (Kubernetes' default termination grace period is 30 s).
@@ -72,6 +73,8 @@ pub(crate) struct OperatorConfig {
     pub(crate) webhook_rate_limit: RateLimit,
     /// `--admin-view-addr` and `--admin-view-allowed-hosts`; `None`: no admin view.
     pub(crate) admin_view: Option<AdminViewSettings>,
+    /// `--forbidden-token-audiences`; [`run`] adds the cluster's issuer when it can read it.
+    pub(crate) forbidden_audiences: ForbiddenAudiences,
 }
 
 /// Where the admin view listens and which `Host` names it answers.
@@ -98,6 +101,8 @@ impl OperatorConfig {
             instance: identity,
             concurrency: controller::DEFAULT_CONCURRENCY,
             metrics,
+            forbidden_audiences: self.forbidden_audiences.clone(),
+            operator_subject: None,
         }
     }
 
@@ -115,6 +120,7 @@ impl OperatorConfig {
         // Injected agents export traces where the operator does (its OTEL_* settings).
         let inject_config = InjectConfig {
             agent_env: crate::telemetry::otel::agent_env(std::env::vars()),
+            forbidden_audiences: self.forbidden_audiences.clone(),
             ..InjectConfig::new(self.agent_image.clone(), self.spearlet_image.clone())
         };
         let mut webhook_config = WebhookConfig::new(self.webhook_addr, inject_config, self.native_sidecars, cert);
@@ -127,12 +133,25 @@ impl OperatorConfig {
 }
 
 /// Runs the operator until `shutdown`; an error when a part stops on its own.
-pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub(crate) async fn run(mut config: OperatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     crate::install_crypto_provider();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster service account, or KUBECONFIG)")?;
     let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+    // The issuer is the API server's default audience (`--api-audiences`): a token for it is an
+    // API credential. An empty --forbidden-token-audiences means none is forbidden, not even it.
+    if !config.forbidden_audiences.patterns().is_empty() {
+        match cluster_issuer(&client).await {
+            Some(issuer) => {
+                tracing::info!(%issuer, "the cluster's service-account issuer is a forbidden token audience");
+                config.forbidden_audiences = config.forbidden_audiences.clone().with(issuer);
+            }
+            None => tracing::info!(
+                "could not read the cluster's service-account issuer (/.well-known/openid-configuration); forbidden token audiences are --forbidden-token-audiences alone"
+            ),
+        }
+    }
 
     let mut registry = Registry::default();
     crate::telemetry::register_log_drops(&mut registry);
@@ -162,6 +181,19 @@ pub(crate) async fn run(config: OperatorConfig, shutdown: CancellationToken) -> 
         tracing::error!(error = format!("{e:#}"), "spear-operator stopped");
     }
     outcome
+}
+
+/// How long the issuer discovery at start may take: it only adds to a deny list.
+const ISSUER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `issuer` of the API server's OIDC discovery document (readable by every ServiceAccount
+/// through the default `system:service-account-issuer-discovery` binding); `None` when it
+/// cannot be read.
+async fn cluster_issuer(client: &kube::Client) -> Option<String> {
+    let request =
+        kube::core::Request::new("/.well-known").get("openid-configuration", &kube::api::GetParams::default()).ok()?;
+    let document: serde_json::Value = tokio::time::timeout(ISSUER_TIMEOUT, client.request(request)).await.ok()?.ok()?;
+    document.get("issuer")?.as_str().filter(|s| !s.is_empty()).map(str::to_string)
 }
 
 /// Binds the admin server on `addr` (`/healthz`; `/readyz`, ready once leader election runs;

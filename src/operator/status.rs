@@ -21,7 +21,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::conditions::{reasons, types};
 use crate::api::manifest::Object;
-use crate::api::secret_grant::Refusal;
 use crate::api::{
     MAX_STATUS_TOOLS, McpProfile, McpProfileStatus, McpServer, McpServerStatus, ServerInfo, Transport, Validate,
     ValidationError,
@@ -295,15 +294,16 @@ fn tool_preview(
     names
 }
 
-/// Folds the Secret references of an object into its `ResolvedRefs` condition (see
-/// `api::secret_grant`): nothing when it references no Secret; `ResolvedRefs=False`,
-/// `RefNotPermitted` when a referenced Secret does not allow the object, its message naming the
-/// Secret and the annotation to add (appended to a `ResolvedRefs=False` already there).
-pub(crate) fn fold_secret_refusals(
+/// Folds the Secret references of an object (see `api::secret_grant`), and for a profile the
+/// identity its servers ask for (`api::identity`), into its `ResolvedRefs` condition: nothing when
+/// it references no Secret and asks for no identity; `ResolvedRefs=False`, `RefNotPermitted` when
+/// a grant is missing, its message naming the Secret or server and the fix (appended to a
+/// `ResolvedRefs=False` already there).
+pub(crate) fn fold_secret_refusals<R: std::fmt::Display>(
     status_conditions: &mut Vec<Condition>,
     old: &[Condition],
     references_secrets: bool,
-    refusals: &[Refusal],
+    refusals: &[R],
     generation: Option<i64>,
     now: Time,
 ) {

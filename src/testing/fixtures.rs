@@ -18,9 +18,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::{
-    ApprovalMode, ApprovalPolicy, ChatSpec, HeaderValueSource, HttpAuth, HttpHeader, McpProfile, McpProfileSpec,
-    McpServer, McpServerSpec, ProfileBudgets, SecretKeyRef, ServerBudgets, StdioSpec, ToolSelection, Transport,
-    UpstreamSpec,
+    ApprovalMode, ApprovalPolicy, ChatSpec, HeaderValueSource, HttpAuth, HttpHeader, IdentityGrant, McpProfile,
+    McpProfileSpec, McpServer, McpServerSpec, ProfileBudgets, SecretKeyRef, ServerBudgets, StdioSpec, ToolSelection,
+    Transport, UpstreamSpec,
 };
 use crate::testing::mcp_servers::Command;
 
@@ -84,6 +84,12 @@ impl McpServer {
     pub fn running(self, command: &Command) -> Self {
         let server = self.stdio(&command.program.to_string_lossy(), &command.args);
         command.env.iter().fold(server, |server, (name, value)| server.env(name, value))
+    }
+
+    /// Sets `spec.stdio.mountServiceAccountToken: true` (the sidecar asks for the pod's API token).
+    pub fn mounting_service_account_token(mut self) -> Self {
+        self.spec.stdio.get_or_insert_with(StdioSpec::default).mount_service_account_token = true;
+        self
     }
 
     /// Sets `spec.stdio.image`, the sidecar's image.
@@ -254,6 +260,26 @@ impl McpProfile {
     /// Sets `spec.chat.upstream.apiKeySecretRef` to the key `key` of the Secret `secret`.
     pub fn upstream_key(mut self, secret: &str, key: &str) -> Self {
         self.upstream_spec().api_key_secret_ref = Some(SecretKeyRef { name: secret.to_string(), key: key.to_string() });
+        self
+    }
+
+    /// Adds `servers` and `audiences` to `spec.identity`: those servers may receive a projected
+    /// token of the pod's ServiceAccount with those audiences.
+    pub fn granting_tokens<S: AsRef<str>, A: AsRef<str>>(
+        mut self,
+        servers: impl IntoIterator<Item = S>,
+        audiences: impl IntoIterator<Item = A>,
+    ) -> Self {
+        let identity = self.spec.identity.get_or_insert_with(IdentityGrant::default);
+        identity.servers.extend(strings(servers));
+        identity.audiences.extend(strings(audiences));
+        self
+    }
+
+    /// Adds `servers` to `spec.identity.mountServiceAccountToken`.
+    pub fn granting_token_mount<S: AsRef<str>>(mut self, servers: impl IntoIterator<Item = S>) -> Self {
+        let identity = self.spec.identity.get_or_insert_with(IdentityGrant::default);
+        identity.mount_service_account_token.extend(strings(servers));
         self
     }
 

@@ -196,7 +196,7 @@ fn chart_crds_are_the_generated_crds() {
 fn chart_rbac_equals_the_operator_rbac_objects() {
     let objects = objects(&render(&[]));
 
-    let expected = [rbac::operator_cluster_role(), rbac::agent_cluster_role()];
+    let expected = [rbac::operator_cluster_role(), rbac::agent_cluster_role(), rbac::secret_reader_cluster_role()];
     for want in expected {
         let name = name_of(&want.metadata);
         let got: ClusterRole = object(&objects, "ClusterRole", name);
@@ -237,6 +237,38 @@ fn chart_rbac_equals_the_operator_rbac_objects() {
     }
     // The operator binds the agent role by this name and keeps this configuration's caBundle.
     let _: MutatingWebhookConfiguration = object(&objects, "MutatingWebhookConfiguration", keys::WEBHOOK_CONFIGURATION);
+}
+
+/// Security review N5: whatever the values, no ClusterRole that a ClusterRoleBinding of the chart
+/// grants may let its subjects read Secrets; the Secret reader role is bound by no
+/// ClusterRoleBinding (the operator binds it per injection-enabled namespace).
+#[test]
+fn no_cluster_role_binding_of_the_chart_grants_secrets() {
+    for extra in [&[][..], &["--set", "adminView.enabled=true"][..]] {
+        let objects = objects(&render(extra));
+        let bindings: Vec<ClusterRoleBinding> = objects
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRoleBinding")
+            .map(|o| serde_json::from_value(o.clone()).expect("a ClusterRoleBinding"))
+            .collect();
+        assert!(!bindings.is_empty(), "{extra:?}");
+        for binding in bindings {
+            assert_ne!(
+                binding.role_ref.name,
+                keys::SECRET_READER_ROLE,
+                "{extra:?}: the Secret reader is bound cluster-wide"
+            );
+            let role: ClusterRole = object(&objects, "ClusterRole", &binding.role_ref.name);
+            for rule in role.rules.iter().flatten() {
+                assert!(
+                    !rule.resources.iter().flatten().any(|r| r.starts_with("secrets") || r == "*"),
+                    "{extra:?}: ClusterRole {} (bound by {:?}) grants {rule:?}",
+                    binding.role_ref.name,
+                    binding.metadata.name
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -455,6 +487,7 @@ fn invalid_values_are_refused_with_the_value_named() {
         ("webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiServerCIDRs"),
         ("webhook.clientAuth.enabled=true", "webhook.clientAuth.caConfigMap"),
         ("webhook.rateLimit.burst=0", "/webhook/rateLimit/burst"),
+        ("adminView.enabled=true,adminView.service.enabled=true", "webhook.networkPolicy.enabled=true"),
     ] {
         let output = Command::new(helm())
             .args(["template", RELEASE, CHART, "--namespace", NAMESPACE, "--set", set])
@@ -560,7 +593,14 @@ fn the_admin_view_is_off_by_default_and_on_brings_its_pods_role_and_chosen_addre
     assert!(!default.contains("admin-view"), "the default rendering has no admin view");
     for (service, addr) in [(false, "127.0.0.1:8090"), (true, "0.0.0.0:8090")] {
         let service_value = format!("adminView.service.enabled={service}");
-        let extra = ["--set", "adminView.enabled=true", "--set", service_value.as_str()];
+        let extra = [
+            "--set",
+            "adminView.enabled=true",
+            "--set",
+            service_value.as_str(),
+            "--set",
+            "adminView.service.allowWithoutNetworkPolicy=true",
+        ];
         let objects = objects(&render(&extra));
         let role: ClusterRole = object(&objects, "ClusterRole", rbac::ADMIN_VIEW_ROLE);
         assert_eq!(

@@ -329,10 +329,14 @@ fn group_alive(pgid: u32) -> bool {
 
 /// The fixture behind `sh -c SCRIPT`, where SCRIPT runs the server as `"$0" "$@"`.
 fn wrapped(script: &str) -> Command {
-    let fixture = mcp_servers::fixture_stdio(&[]);
-    let mut args = vec!["-c".to_string(), script.to_string(), fixture.program.to_string_lossy().into_owned()];
-    args.extend(fixture.args.iter().cloned());
-    Command { program: "/bin/sh".into(), args, env: fixture.env.clone() }
+    wrapping(&mcp_servers::fixture_stdio(&[]), script)
+}
+
+/// `server` behind `sh -c SCRIPT`, where SCRIPT runs it as `"$0" "$@"`.
+fn wrapping(server: &Command, script: &str) -> Command {
+    let mut args = vec!["-c".to_string(), script.to_string(), server.program.to_string_lossy().into_owned()];
+    args.extend(server.args.iter().cloned());
+    Command { program: "/bin/sh".into(), args, env: server.env.clone() }
 }
 
 /// A stopped server's process group gets SIGTERM and a grace period before SIGKILL, so a package
@@ -407,6 +411,71 @@ async fn a_slow_start_outlives_callers_budgets_and_lists_within_its_startup_budg
     assert!(tools.iter().any(|t| t.name == "echo"), "{tools:?}");
     assert!(pool.status("slow").expect("status").starting.is_none());
     assert_eq!(std::fs::read_to_string(&starts).expect("starts").lines().count(), 1, "started once, never restarted");
+    pool.shutdown().await;
+}
+
+/// Servers that need longer to start than rmcp's 10 s `server/discover` probe waits (a cold
+/// `npx` or `uvx` download) are listed within the default startup budget, in the revision they
+/// speak: a 2025-11-25 server answers the abandoned probe late with an error, which is dropped,
+/// and is started once; a 2026-07-28 server answers it late with a result and is started again
+/// speaking that revision. Before, the late error failed every start of a 2025 server.
+#[tokio::test]
+async fn servers_slower_to_start_than_the_discover_probe_are_listed_in_their_revision() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let modern = mcp_servers::fixture_stdio(&[]);
+    let legacy = mcp_servers::everything_stdio();
+    let cases = [
+        ("legacy-15", &legacy, 15, "2025-11-25", 1),
+        ("legacy-30", &legacy, 30, "2025-11-25", 1),
+        ("modern-15", &modern, 15, "2026-07-28", 2),
+        ("modern-30", &modern, 30, "2026-07-28", 2),
+    ];
+    let starts = |id: &str| dir.path().join(id);
+    let servers = cases.iter().map(|(id, server, delay, ..)| {
+        let script = format!("echo start >> {}; sleep {delay}; exec \"$0\" \"$@\"", starts(id).display());
+        McpServer::test(id).running(&wrapping(server, &script)).allowing(["*"])
+    });
+    let pool =
+        pool_with(servers.collect(), PoolOptions { startup_wait: Duration::from_millis(500), ..options() }).await;
+    for (id, ..) in &cases {
+        let listing = pool.list_tools(id).await.expect_err("a first listing starts the server");
+        assert!(listing.retryable, "{id}: {listing:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(110);
+    while cases.iter().any(|(id, ..)| pool.status(id).is_some_and(|s| s.starting.is_some())) {
+        let states: Vec<_> = cases.iter().map(|(id, ..)| (id, pool.status(id))).collect();
+        assert!(Instant::now() < deadline, "every start ends within the default 120 s budget: {states:?}");
+        tokio::time::sleep(SECOND).await;
+    }
+    for (id, _, delay, revision, started) in cases {
+        let tools = pool
+            .list_tools(id)
+            .await
+            .unwrap_or_else(|e| panic!("{id} (up after {delay} s): {e:?}; {:?}", pool.status(id)));
+        assert!(tools.iter().any(|t| t.name == "echo"), "{id}: {tools:?}");
+        let spoken = pool.status(id).and_then(|s| s.protocol_version);
+        assert_eq!(spoken.as_deref(), Some(revision), "{id}");
+        let count = std::fs::read_to_string(starts(id)).expect("starts").lines().count();
+        assert_eq!(count, started, "{id}: starts");
+    }
+    pool.shutdown().await;
+}
+
+/// A server that cannot be reached is reported by cause, URL and fix, never by rmcp's Rust
+/// types ("Send message error Transport [rmcp::transport::worker::WorkerTransport<...>]").
+#[tokio::test]
+async fn an_unreachable_server_is_reported_by_cause_url_and_fix() {
+    let port = mcp_servers::free_port();
+    let pool = pool_with(vec![McpServer::test("gone").http_at(port).allowing(["*"])], options()).await;
+    let error = pool.list_tools("gone").await.expect_err("nothing listens there");
+    assert_eq!(
+        error.message,
+        format!(
+            "initialize failed: connection refused at http://127.0.0.1:{port}/mcp: is the server running and listening there?"
+        )
+    );
+    let status = format!("{:?}", pool.status("gone"));
+    assert!(!status.contains("rmcp::") && status.contains("connection refused at"), "{status}");
     pool.shutdown().await;
 }
 

@@ -1558,3 +1558,41 @@ fn a_servers_request_is_never_put_to_another_callers_session() {
     assert!(elicited["texts"].to_string().contains("decline"), "the server was told declined: {elicited}");
     assert!(sampled["texts"].to_string().contains("sampling refused by spearlet"), "{sampled}");
 }
+
+/// Every caller in a pod comes from 127.0.0.1, so the per-source share of a port must not cap an
+/// app: 100 rmcp Streamable HTTP sessions, each with its own connection pool (a connection for
+/// requests and the session's GET stream: about 200 connections, past a quarter of the default
+/// 512), all open and all call through one agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_with_many_sessions_is_not_capped_at_one_sources_share() {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+
+    spear::install_crypto_provider();
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    let url = format!("http://127.0.0.1:{}/mcp", served.http);
+    let mut clients = Vec::new();
+    for i in 0..100 {
+        let transport = StreamableHttpClientTransport::from_uri(url.clone());
+        match tokio::time::timeout(Duration::from_secs(20), ().serve(transport)).await {
+            Ok(client) => clients.push(client.expect("a session")),
+            Err(_) => panic!("session {i} within 20 s"),
+        }
+    }
+    let calls = clients.iter().map(|client| {
+        let params = CallToolRequestParams::new("mcp__fx__echo")
+            .with_arguments(json!({"text": "hi"}).as_object().cloned().unwrap_or_default());
+        tokio::time::timeout(Duration::from_secs(20), client.call_tool(params))
+    });
+    for (i, answer) in futures::future::join_all(calls).await.into_iter().enumerate() {
+        let result = answer.unwrap_or_else(|_| panic!("call {i} within 20 s")).expect("the call");
+        assert_ne!(result.is_error, Some(true), "call {i}: {result:?}");
+    }
+    for client in clients {
+        let _ = client.cancel().await;
+    }
+    drop(served);
+}

@@ -5,6 +5,7 @@ the operator's flags), so the chart is installed once per cluster.
 {{- define "spear-mcp.name" -}}spear-mcp{{- end -}}
 {{- define "spear-mcp.operatorName" -}}spear-operator{{- end -}}
 {{- define "spear-mcp.agentRoleName" -}}spear-mcp-agent{{- end -}}
+{{- define "spear-mcp.secretReaderName" -}}spear-operator-secret-reader{{- end -}}
 {{- define "spear-mcp.webhookConfigName" -}}spear-mcp-injector{{- end -}}
 {{- define "spear-mcp.webhookServiceName" -}}spear-operator-webhook{{- end -}}
 {{- define "spear-mcp.leaseName" -}}spear-operator{{- end -}}
@@ -94,6 +95,11 @@ A digest wins over a tag; an empty tag falls back to the second element.
 {{- define "spear-mcp.validate" -}}
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection) -}}
 {{- fail "operator.replicas > 1 needs operator.leaderElection=true: only one replica may write status and RoleBindings" -}}
+{{- end -}}
+{{- with .Values.adminView -}}
+{{- if and .enabled .service.enabled (not .service.allowWithoutNetworkPolicy) (not $.Values.webhook.networkPolicy.enabled) -}}
+{{- fail "adminView.service.enabled=true needs webhook.networkPolicy.enabled=true (the view has no authentication; the policy opens its port to webhook.networkPolicy.adminViewFrom only), or adminView.service.allowWithoutNetworkPolicy=true when something else guards the port" -}}
+{{- end -}}
 {{- end -}}
 {{- with .Values.webhook.clientAuth -}}
 {{- if and .enabled (not (or .caConfigMap .caSecret)) -}}

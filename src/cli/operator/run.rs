@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, ValueEnum};
 
+use crate::api::identity::{DEFAULT_FORBIDDEN_AUDIENCES, ForbiddenAudiences};
 use crate::api::keys;
 use crate::cli::{run_until_signal, usage};
 use crate::operator::probe::{AddressDenyList, ProbeConfig, ProbeNamespaces};
@@ -57,6 +58,15 @@ pub(crate) struct RunArgs {
     /// refused too.
     #[arg(long, env = keys::ENV_PROBE_DENY_CIDRS, default_value = AddressDenyList::DEFAULT)]
     probe_deny_cidrs: AddressDenyList,
+
+    /// Token audiences (comma-separated patterns, `*` any run of characters, ASCII case
+    /// ignored) an McpProfile's `identity.audiences: ["*"]` does not cover: the grant must list
+    /// them literally. The default names the Kubernetes API server's and well-known cloud STSs';
+    /// the cluster's service-account issuer is added when the operator can read it. Setting the
+    /// flag replaces the list; an empty value forbids none.
+    #[arg(long, env = keys::ENV_FORBIDDEN_TOKEN_AUDIENCES, value_delimiter = ',',
+          default_values_t = DEFAULT_FORBIDDEN_AUDIENCES.iter().map(|a| a.to_string()).collect::<Vec<_>>())]
+    forbidden_token_audiences: Vec<String>,
 
     #[command(flatten)]
     webhook: WebhookArgs,
@@ -163,6 +173,7 @@ impl RunArgs {
             probe_interval_seconds,
             probe_namespaces,
             probe_deny_cidrs,
+            forbidden_token_audiences,
             webhook,
             admin_view,
         } = self;
@@ -225,6 +236,7 @@ impl RunArgs {
                 burst: webhook.webhook_rate_limit_burst,
             },
             admin_view,
+            forbidden_audiences: ForbiddenAudiences::new(forbidden_token_audiences),
         })
     }
 
@@ -292,6 +304,19 @@ mod tests {
         assert_eq!(view.allowed_hosts, ["view.example", "x.svc"]);
         let error = config(&["--admin-view-addr=0.0.0.0:8090", "--admin-view-allowed-hosts=,"]).expect_err("no host");
         assert!(error.contains("--admin-view-allowed-hosts"), "{error}");
+    }
+
+    #[test]
+    fn forbidden_token_audiences_default_to_the_api_servers_and_cloud_stss_and_can_be_replaced() {
+        let defaults = config(&[]).expect("the defaults parse").forbidden_audiences;
+        assert_eq!(defaults, ForbiddenAudiences::default());
+        assert!(
+            defaults.forbids("https://kubernetes.default.svc.cluster.local") && defaults.forbids("sts.amazonaws.com")
+        );
+        let replaced = config(&["--forbidden-token-audiences=https://issuer.example, aud-*"]).expect("parses");
+        assert_eq!(replaced.forbidden_audiences.patterns(), ["https://issuer.example", "aud-*"]);
+        let none = config(&["--forbidden-token-audiences="]).expect("parses");
+        assert!(none.forbidden_audiences.patterns().is_empty());
     }
 
     #[test]

@@ -15,9 +15,10 @@
 //! (list_changed, what a server sends during a call). The transports import only this file.
 //!
 //! Revisions: rmcp's probe waits 10 s for `server/discover` and then sends `initialize` on the
-//! same stream. A server still starting (`npx` downloading) answers the probe late and the start
-//! fails with a response-id conflict; that server speaks 2026-07-28, so it is started again
-//! speaking it (`Start::late_discover`).
+//! same stream. A server still starting (`npx` downloading) answers the probe late: a late error
+//! (a 2025 server) is dropped (`late_probe.rs`) and the start goes on; a late result fails it with
+//! a response-id conflict, and as that server speaks 2026-07-28 it is started again speaking it
+//! (`Start::late_discover`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,6 +41,7 @@ use crate::child::GroupGuard;
 mod frame;
 mod handler;
 mod http;
+mod late_probe;
 mod socket;
 mod stdio;
 
@@ -277,13 +279,19 @@ impl Start<'_> {
         T: IntoTransport<RoleClient, E, A>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        let transport = late_probe::LateProbeAnswers::new(transport.into_transport());
         self.handler.clone().serve_with_lifecycle(transport, lifecycle).await.map_err(|e| {
             match &e {
                 ClientInitializeError::ConflictInitResponseId(..) => self.late_discover.store(true, Ordering::Relaxed),
                 ClientInitializeError::ExpectedInitResult(Some(_)) => self.odd_discover.store(true, Ordering::Relaxed),
                 _ => {}
             }
-            unavailable(format!("initialize failed: {e}"))
+            match &e {
+                ClientInitializeError::TransportError { error, .. } => {
+                    unavailable(format!("initialize failed: {}", super::plain_error::plain(error)))
+                }
+                _ => unavailable(format!("initialize failed: {e}")),
+            }
         })
     }
 

@@ -413,7 +413,11 @@ impl Slot {
                         "the reply exceeded the transport's frame limit and was dropped; the session was restarted",
                     )
                 } else {
-                    let message = format!("the session broke: {other}");
+                    let cause = match &other {
+                        ServiceError::TransportSend(error) => crate::mcp::plain_error::plain(error),
+                        _ => other.to_string(),
+                    };
+                    let message = format!("the session broke: {cause}");
                     self.health.lock().down(&message);
                     McpError::new(ErrorCode::McpUnavailable, message)
                 }

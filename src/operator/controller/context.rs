@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{RoleBinding, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::{ControllerMetrics, KIND_NAMESPACE};
 use crate::api::conditions::{reasons, types};
+use crate::api::identity::ForbiddenAudiences;
 use crate::api::keys::{API_VERSION, FIELD_MANAGER, KIND_PROFILE, KIND_SERVER};
 use crate::api::secret_grant::SecretGrants;
 use crate::api::{McpProfile, McpServer};
@@ -115,6 +116,9 @@ pub(super) struct Context {
     pub(super) namespaces_ready: CacheReady,
     pub(super) probe: ProbeConfig,
     pub(super) metrics: ControllerMetrics,
+    pub(super) forbidden_audiences: ForbiddenAudiences,
+    /// The operator as an RBAC subject; `None`: unknown, so no Secret reader bindings.
+    pub(super) operator_subject: Option<Subject>,
     /// Set once the agent ClusterRole was checked in this term.
     pub(super) agent_role_checked: AtomicBool,
 }
@@ -177,23 +181,31 @@ pub(super) fn now() -> Time {
 }
 
 impl Context {
-    /// The annotations of the named Secrets of `namespace` (metadata GETs; never the data).
+    /// The annotations of the named Secrets of `namespace` (metadata GETs; never the data);
+    /// `None` when the operator may not read Secrets there: it holds `get secrets` only in
+    /// injection-enabled namespaces (`rbac::secret_reader_binding`), where pods can use them.
     pub(super) async fn secret_grants(
         &self,
         namespace: &str,
         names: impl Iterator<Item = &str>,
-    ) -> Result<SecretGrants, Error> {
+    ) -> Result<Option<SecretGrants>, Error> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let mut grants = SecretGrants::default();
         for name in names.collect::<BTreeSet<_>>() {
-            let meta = api.get_metadata_opt(name).await.map_err(|source| Error::ReadSecret {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                source: Box::new(source),
-            })?;
+            let meta = match api.get_metadata_opt(name).await {
+                Ok(meta) => meta,
+                Err(kube::Error::Api(status)) if status.code == 403 => return Ok(None),
+                Err(source) => {
+                    return Err(Error::ReadSecret {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        source: Box::new(source),
+                    });
+                }
+            };
             grants.insert(name, meta.map(|m| m.metadata.annotations.unwrap_or_default()));
         }
-        Ok(grants)
+        Ok(Some(grants))
     }
 
     /// Publishes a Warning Event on `obj` when its `Accepted` turned False (or its problems

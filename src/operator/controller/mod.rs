@@ -12,8 +12,9 @@
 //!                                       Accepted turned False? ─▶ Warning Event (events.k8s.io)
 //! managed RoleBinding reflector (store) ─each event─▶ its namespace ─┐
 //! Namespace watch ─▶ Controller ◀─reconcile_on────────────────────────┘
-//!      └─▶ labelled: agent ClusterRole (once per term) + RoleBinding when not current (SSA)
-//!          not labelled: delete the RoleBinding we manage there
+//!      └─▶ labelled: agent ClusterRole (once per term) + RoleBinding when not current (SSA),
+//!                    and the operator's own Secret reader RoleBinding (SSA)
+//!          not labelled: delete the RoleBindings we manage there
 //! ```
 //!
 //! `server.rs`, `profile.rs` and `namespace.rs` hold one controller each; `context.rs` what their
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{RoleBinding, Subject};
 use kube::Client;
 use kube::runtime::controller::Config as RunConfig;
 use kube::runtime::events::{Recorder, Reporter};
@@ -39,6 +40,7 @@ use super::leader::{Elector, LeaderConfig};
 use super::probe::ProbeConfig;
 use super::scope::Scope;
 use crate::api::McpServer;
+use crate::api::identity::ForbiddenAudiences;
 use crate::api::keys::FIELD_MANAGER;
 
 mod context;
@@ -71,6 +73,13 @@ pub struct ControllerConfig {
     pub(crate) concurrency: u16,
     /// Counters and the leader/ready gauges; clones share them.
     pub metrics: ControllerMetrics,
+    /// Token audiences an identity grant's `*` does not cover: a profile's `ResolvedRefs` reports
+    /// the servers asking for them as the webhook does.
+    pub forbidden_audiences: ForbiddenAudiences,
+    /// Who the operator is, as an RBAC subject, for the Secret reader RoleBinding it keeps in
+    /// each injection-enabled namespace; `None`: asked of the API server (a SelfSubjectReview)
+    /// at the start of each term.
+    pub operator_subject: Option<Subject>,
 }
 
 impl ControllerConfig {
@@ -83,6 +92,8 @@ impl ControllerConfig {
             instance: FIELD_MANAGER.to_string(),
             concurrency: DEFAULT_CONCURRENCY,
             metrics: ControllerMetrics::default(),
+            forbidden_audiences: ForbiddenAudiences::default(),
+            operator_subject: None,
         }
     }
 }
@@ -156,7 +167,11 @@ async fn lead_while_elected(
 /// running reconciles) before this returns.
 async fn run_term(client: Client, config: &ControllerConfig, token: CancellationToken) {
     let run_config = RunConfig::default().concurrency(config.concurrency);
-    let (ctx, feeds) = Context::new(&client, config);
+    let subject = match &config.operator_subject {
+        Some(subject) => Some(subject.clone()),
+        None => namespace::own_subject(&client).await,
+    };
+    let (ctx, feeds) = Context::new(&client, config, subject);
     let scope = &config.scope;
     let (namespace_cache, server_controller) =
         server_controller(&client, scope, run_config.clone(), &ctx, feeds.namespaces, &token);
@@ -179,7 +194,7 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
 
 impl Context {
     /// The context of one term, and the writing ends of the caches it reads.
-    fn new(client: &Client, config: &ControllerConfig) -> (Arc<Context>, Feeds) {
+    fn new(client: &Client, config: &ControllerConfig, operator_subject: Option<Subject>) -> (Arc<Context>, Feeds) {
         let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: Some(config.instance.clone()) };
         let (servers, server_writer) = reflector::store::<McpServer>();
         let (bindings, binding_writer) = reflector::store::<RoleBinding>();
@@ -198,6 +213,8 @@ impl Context {
             namespaces_ready,
             probe: config.probe.clone(),
             metrics: config.metrics.clone(),
+            forbidden_audiences: config.forbidden_audiences.clone(),
+            operator_subject,
             agent_role_checked: AtomicBool::new(false),
         });
         let feeds = Feeds {

@@ -1,14 +1,17 @@
-//! The agent's RoleBinding in every injection-enabled namespace, and none elsewhere.
+//! The agent's RoleBinding in every injection-enabled namespace, and none elsewhere; the same
+//! for the operator's own Secret reader binding (`rbac::secret_reader_binding`): it reads the
+//! grant annotations of Secrets only where pods can use them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding, Subject};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as RunConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -19,8 +22,10 @@ use tracing::Instrument;
 
 use super::context::{Context, Error, Feed, TRIGGER_BUFFER, cache, error_policy, log_outcome, stopped};
 use super::metrics::{ControllerMetrics, KIND_NAMESPACE};
-use crate::api::keys::{AGENT_ROLE, FIELD_MANAGER, INJECTION_ENABLED, LABEL_INJECTION, LABEL_MANAGED_BY};
-use crate::operator::rbac::{agent_role_binding, binding_is_current};
+use crate::api::keys::{
+    AGENT_ROLE, FIELD_MANAGER, INJECTION_ENABLED, LABEL_INJECTION, LABEL_MANAGED_BY, SECRET_READER_ROLE,
+};
+use crate::operator::rbac::{agent_role_binding, binding_is_current, secret_reader_binding, subject_of_user};
 use crate::operator::scope::Scope;
 use crate::telemetry::error_chain;
 
@@ -93,16 +98,47 @@ async fn reconcile_namespace(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Re
             Some(current) if binding_is_current(&current, &desired) => {}
             Some(current) if current.role_ref != desired.role_ref => {
                 // `roleRef` is immutable: replace the binding.
-                delete_binding(&api, &name, &ctx.metrics).await?;
+                delete_binding(&api, AGENT_ROLE, &name, &ctx.metrics).await?;
                 apply_binding(&api, &name, &desired, &ctx.metrics).await?;
             }
             _ => apply_binding(&api, &name, &desired, &ctx.metrics).await?,
         }
+        // Not cached (the reflector watches one name): applied on every reconcile, a no-op
+        // write when unchanged, and again after SECRET_READER_RECHECK in case it was deleted.
+        if let Some(subject) = &ctx.operator_subject {
+            apply_binding(&api, &name, &secret_reader_binding(&name, subject.clone()), &ctx.metrics).await?;
+            return Ok(Action::requeue(SECRET_READER_RECHECK));
+        }
     } else if current.is_some() {
-        delete_binding(&api, &name, &ctx.metrics).await?;
-        tracing::info!(namespace = %name, "injection disabled: removed the agent RoleBinding");
+        delete_binding(&api, AGENT_ROLE, &name, &ctx.metrics).await?;
+        delete_binding(&api, SECRET_READER_ROLE, &name, &ctx.metrics).await?;
+        tracing::info!(namespace = %name, "injection disabled: removed the agent and Secret reader RoleBindings");
     }
     Ok(Action::await_change())
+}
+
+/// How often an enabled namespace's Secret reader binding is applied again.
+const SECRET_READER_RECHECK: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The operator's own RBAC subject, from a SelfSubjectReview (every authenticated user may ask,
+/// through `system:basic-user`); `None`, logged, when it cannot be learned: the operator then
+/// reads no Secret, so references are not granted (the webhook answers with an error).
+pub(super) async fn own_subject(client: &Client) -> Option<Subject> {
+    let api: Api<SelfSubjectReview> = Api::all(client.clone());
+    match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
+        Ok(review) => {
+            let user = review.status.and_then(|s| s.user_info).and_then(|u| u.username).filter(|u| !u.is_empty());
+            let subject = user.as_deref().map(subject_of_user);
+            if subject.is_none() {
+                tracing::warn!("the SelfSubjectReview named no user: no Secret reader RoleBindings");
+            }
+            subject
+        }
+        Err(error) => {
+            tracing::warn!(error = %error_chain(&error), "cannot learn the operator's own user (SelfSubjectReview): no Secret reader RoleBindings, so Secret grants cannot be checked");
+            None
+        }
+    }
 }
 
 /// Whether a namespace's labels opt it into injection (`mcp.spear.dev/injection=enabled`).
@@ -116,28 +152,31 @@ async fn apply_binding(
     desired: &RoleBinding,
     metrics: &ControllerMetrics,
 ) -> Result<(), Error> {
-    api.patch(AGENT_ROLE, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired)).await.map_err(
-        |source| Error::ApplyRoleBinding {
-            name: AGENT_ROLE,
-            namespace: namespace.to_string(),
-            source: Box::new(source),
-        },
-    )?;
+    let name =
+        if desired.metadata.name.as_deref() == Some(SECRET_READER_ROLE) { SECRET_READER_ROLE } else { AGENT_ROLE };
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired)).await.map_err(|source| {
+        Error::ApplyRoleBinding { name, namespace: namespace.to_string(), source: Box::new(source) }
+    })?;
     ControllerMetrics::count(&metrics.rbac_writes, "RoleBinding");
-    tracing::info!(%namespace, "applied the agent RoleBinding");
+    if name == AGENT_ROLE {
+        tracing::info!(%namespace, "applied the agent RoleBinding");
+    } else {
+        tracing::debug!(%namespace, binding = name, "applied the RoleBinding");
+    }
     Ok(())
 }
 
-async fn delete_binding(api: &Api<RoleBinding>, namespace: &str, metrics: &ControllerMetrics) -> Result<(), Error> {
-    match api.delete(AGENT_ROLE, &DeleteParams::default()).await {
+async fn delete_binding(
+    api: &Api<RoleBinding>,
+    name: &'static str,
+    namespace: &str,
+    metrics: &ControllerMetrics,
+) -> Result<(), Error> {
+    match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.is_not_found() => {}
         Err(source) => {
-            return Err(Error::DeleteRoleBinding {
-                name: AGENT_ROLE,
-                namespace: namespace.to_string(),
-                source: Box::new(source),
-            });
+            return Err(Error::DeleteRoleBinding { name, namespace: namespace.to_string(), source: Box::new(source) });
         }
     }
     ControllerMetrics::count(&metrics.rbac_writes, "RoleBinding");

@@ -23,6 +23,7 @@ use super::context::{
     now, stopped,
 };
 use super::metrics::ControllerMetrics;
+use crate::api::identity::server_identity_uses;
 use crate::api::keys::{KIND_PROFILE, KIND_SERVER};
 use crate::api::secret_grant::profile_secret_ref;
 use crate::api::{McpProfile, McpServer};
@@ -189,8 +190,15 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
     let reference = profile_secret_ref(&profile);
     let grants = ctx.secret_grants(&namespace, reference.iter().map(|r| r.secret.as_str())).await?;
     let old = profile.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let refusals: Vec<_> = grants.profile_refusal(&profile).into_iter().collect();
-    fold_secret_refusals(&mut status.conditions, old, reference.is_some(), &refusals, profile.metadata.generation, now);
+    // Unreadable Secrets (a namespace without injection, so no pod can use them): not checked.
+    let secret_refusal = grants.as_ref().and_then(|g| g.profile_refusal(&profile));
+    let mut refusals: Vec<String> = secret_refusal.iter().map(ToString::to_string).collect();
+    // The pod's identity, as the webhook grants it: a server it would leave out shows here.
+    let asks_identity = servers.iter().any(|s| !server_identity_uses(s).is_empty());
+    let identity_refusals = servers.iter().flat_map(|s| profile.identity_refusals(s, &ctx.forbidden_audiences));
+    refusals.extend(identity_refusals.map(|r| r.to_string()));
+    let needs_grants = (reference.is_some() && grants.is_some()) || asks_identity;
+    fold_secret_refusals(&mut status.conditions, old, needs_grants, &refusals, profile.metadata.generation, now);
     if profile.status.as_ref() != Some(&status) {
         let api: Api<McpProfile> = Api::namespaced(ctx.client.clone(), &namespace);
         apply_status(&api, &namespace, &name, &status, &ctx.metrics).await?;

@@ -99,15 +99,18 @@ async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<A
     let references = server_secret_refs(&server);
     let grants = ctx.secret_grants(&namespace, references.iter().map(|r| r.secret.as_str())).await?;
     let old = server.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let refusals = grants.server_refusals(&server);
-    fold_secret_refusals(
-        &mut status.conditions,
-        old,
-        !references.is_empty(),
-        &refusals,
-        server.metadata.generation,
-        now.clone(),
-    );
+    // Unreadable Secrets (a namespace without injection, so no pod can use them): not checked.
+    if let Some(grants) = grants {
+        let refusals = grants.server_refusals(&server);
+        fold_secret_refusals(
+            &mut status.conditions,
+            old,
+            !references.is_empty(),
+            &refusals,
+            server.metadata.generation,
+            now.clone(),
+        );
+    }
     if server.status.as_ref() != Some(&status) {
         let api: Api<McpServer> = Api::namespaced(ctx.client.clone(), &namespace);
         apply_status(&api, &namespace, &name, &status, &ctx.metrics).await?;

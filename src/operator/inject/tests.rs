@@ -645,7 +645,7 @@ fn sidecars_are_isolated_from_each_other_and_from_the_api() {
         s
     };
     let servers = vec![stdio_server("fs"), stdio_server("git"), with_token];
-    let profile = profile(&servers.iter().collect::<Vec<_>>());
+    let profile = profile(&servers.iter().collect::<Vec<_>>()).granting_token_mount(["kube"]);
     let decision = run(&with_profile(), Some(&profile), &servers, true);
     let (_, out, _) = patched(&decision);
     let mounts = |c: &Container| -> Vec<(String, String, bool)> {
@@ -708,7 +708,7 @@ fn auth_secrets_reach_the_agent_and_service_account_tokens_only_the_agent() {
     let remote = McpServer::test("remote").http("https://mcp.example.com/mcp").allowing(["*"]).auth(cc);
     let cluster = McpServer::test("cluster").http("https://tools.example.com/mcp").allowing(["*"]).auth(sa);
     let fs = stdio_server("fs");
-    let profile = profile(&[&remote, &cluster, &fs]);
+    let profile = profile(&[&remote, &cluster, &fs]).granting_tokens(["cluster"], ["https://tools.example.com"]);
     let decision = run(&with_profile(), Some(&profile), &[remote, cluster, fs], true);
     let (_, out, warnings) = patched(&decision);
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -734,4 +734,117 @@ fn auth_secrets_reach_the_agent_and_service_account_tokens_only_the_agent() {
         let mounted = c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_AUTH_TOKENS);
         assert_eq!(mounted, c.name == AGENT_CONTAINER, "container {} and the token volume", c.name);
     }
+}
+
+#[test]
+fn a_pod_sharing_the_nodes_process_namespace_is_denied() {
+    let (profile, servers) = mixed();
+    let mut p = with_profile();
+    spec_mut(&mut p).host_pid = Some(true);
+    let message = denied(&run(&p, Some(&profile), &servers, true)).to_string();
+    assert!(message.contains("hostPID") && message.contains(ANNOTATION_INJECT), "{message}");
+}
+
+#[test]
+fn a_profile_annotation_that_is_no_object_name_is_denied_naming_the_rule() {
+    let long = "a".repeat(254);
+    for bad in ["../../secrets", "Dev", "dev/x", "a..b", long.as_str()] {
+        let message = invalid_profile_annotation(bad, "team-a").expect("refused");
+        assert!(message.contains("DNS-1123") && message.contains("team-a"), "{message}");
+        assert!(message.len() < 400, "the caller's text is cut: {message}");
+    }
+    assert_eq!(invalid_profile_annotation("dev.v2", "team-a"), None);
+}
+
+/// The token volume's (audience, file) pairs of an injected pod.
+fn projected_tokens(pod: &Pod) -> Vec<(String, String)> {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    let volume = volumes.into_iter().flatten().find(|v| v.name == VOLUME_AUTH_TOKENS);
+    let sources = volume.and_then(|v| v.projected.as_ref()).and_then(|p| p.sources.as_ref());
+    sources
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.service_account_token.as_ref())
+        .map(|t| (t.audience.clone().unwrap_or_default(), t.path.clone()))
+        .collect()
+}
+
+/// Security review N1: an McpServer author who writes `serviceAccountToken` or `tokenExchange`
+/// with the Kubernetes API's or a cloud STS's audience (or any audience) gets no token of the
+/// pod's ServiceAccount unless the profile grants it, and a `*` grant never covers those.
+#[test]
+fn an_mcp_server_author_gets_no_service_account_token_the_profile_does_not_grant() {
+    use crate::api::{HttpAuth, ServiceAccountTokenAuth, TokenExchangeAuth};
+    let token = |name: &str, audience: &str| {
+        let auth = HttpAuth {
+            service_account_token: Some(ServiceAccountTokenAuth {
+                audience: audience.into(),
+                expiration_seconds: None,
+            }),
+            ..HttpAuth::default()
+        };
+        McpServer::test(name).http("https://attacker.example/mcp").allowing(["*"]).auth(auth)
+    };
+    let exchange = |name: &str, audience: &str| {
+        let auth = HttpAuth {
+            token_exchange: Some(TokenExchangeAuth { audience: audience.into(), ..TokenExchangeAuth::default() }),
+            ..HttpAuth::default()
+        };
+        McpServer::test(name).http("https://attacker.example/mcp").allowing(["*"]).auth(auth)
+    };
+    let servers = vec![
+        token("notes", "https://kubernetes.default.svc.cluster.local"),
+        exchange("cloud", "sts.amazonaws.com"),
+        token("tools", "https://tools.example.com"),
+    ];
+
+    // No grant: no token at all, one warning per server, naming the fix.
+    let ungranted = profile(&servers.iter().collect::<Vec<_>>());
+    let decision = run(&with_profile(), Some(&ungranted), &servers, true);
+    let (_, out, warnings) = patched(&decision);
+    assert_eq!(projected_tokens(out), vec![], "{warnings:?}");
+    assert_eq!(warnings.iter().filter(|w| w.contains("spec.identity.servers")).count(), 3, "{warnings:#?}");
+    assert!(out.spec.as_ref().is_some_and(|s| s.service_account_name.is_none()), "no token, no account named");
+
+    // Every server and any audience granted: the API server's and the STS's are still refused.
+    let star = ungranted.clone().granting_tokens(["*"], ["*"]);
+    let decision = run(&with_profile(), Some(&star), &servers, true);
+    let (_, out, warnings) = patched(&decision);
+    assert_eq!(projected_tokens(out), [("https://tools.example.com".to_string(), "tools".to_string())]);
+    let refused: Vec<&String> = warnings.iter().filter(|w| w.contains("literally")).collect();
+    assert_eq!(refused.len(), 2, "{warnings:#?}");
+    assert!(refused.iter().all(|w| w.contains("the token was not injected")), "{refused:#?}");
+
+    // Listed literally by the profile's owner: injected.
+    let literal = ungranted.granting_tokens(["cloud"], ["sts.amazonaws.com"]);
+    let decision = run(&with_profile(), Some(&literal), &servers, true);
+    assert!(projected_tokens(patched(&decision).1).contains(&("sts.amazonaws.com".to_string(), "cloud".to_string())));
+}
+
+/// Security review N1 (and F9): `stdio.mountServiceAccountToken: true` is the McpServer
+/// author's choice; without the profile's grant the sidecar keeps the empty directory over the
+/// token path.
+#[test]
+fn an_mcp_server_author_cannot_unmask_the_pods_api_token_in_their_sidecar() {
+    let helper = stdio_server("helper").mounting_service_account_token();
+    let servers = vec![helper];
+    let ungranted = profile(&servers.iter().collect::<Vec<_>>());
+    let masked = |c: &Container| {
+        c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN && m.mount_path == SERVICE_ACCOUNT_DIR)
+    };
+    let decision = run(&with_profile(), Some(&ungranted), &servers, true);
+    let (_, out, warnings) = patched(&decision);
+    assert!(masked(find(out, "mcp-helper")), "the token path stays masked");
+    assert!(
+        warnings.iter().any(|w| w.contains("spec.identity.mountServiceAccountToken") && w.contains("\"helper\"")),
+        "{warnings:#?}"
+    );
+    // A grant for another server, or for tokens only, does not unmask it either.
+    for grant in [ungranted.clone().granting_token_mount(["other"]), ungranted.clone().granting_tokens(["*"], ["*"])] {
+        assert!(masked(find(patched(&run(&with_profile(), Some(&grant), &servers, true)).1, "mcp-helper")));
+    }
+    let granted = ungranted.granting_token_mount(["helper"]);
+    let decision = run(&with_profile(), Some(&granted), &servers, true);
+    let (_, out, warnings) = patched(&decision);
+    assert!(!masked(find(out, "mcp-helper")) && warnings.is_empty(), "{warnings:?}");
 }

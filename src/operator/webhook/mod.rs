@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! API server ──TLS (CertResolver, hot-swapped by certs)──▶ accept loop ──▶ axum /mutate-pods
-//!   AdmissionReview<Pod> ──▶ Lookup::fetch(namespace, profile)
+//!   AdmissionReview<Pod> ──▶ namespace and profile annotation checked (Deny, before any read)
+//!                        ──▶ Lookup::fetch(namespace, profile)
 //!                              CachedLookup: namespace, McpProfile, McpServers from reflector
 //!                              stores (cache.rs), a miss read through with a bounded GET;
 //!                              the metadata of referenced Secrets by bounded GETs ∥
@@ -50,6 +51,7 @@ use self::client_auth::{ClientAuth, ClientAuthError};
 use self::rate_limit::{Limiting, RateLimit, SourceLimiter};
 use super::inject::{self, Decision, InjectConfig, InjectError};
 use super::scope::Scope;
+use crate::api::validate::is_dns1123_label;
 use crate::http_server::ConnectionLimits;
 use crate::telemetry::error_chain;
 
@@ -281,6 +283,13 @@ pub(crate) async fn review<L: Lookup>(
 ) -> Result<Reviewed, ReviewError> {
     let response = AdmissionResponse::from(&request);
     let allow = |reason| Reviewed { response: response.clone(), decision: Admission::Skip, reason };
+    let deny = |message: String| {
+        let mut response = response.clone().deny(message);
+        // 403 Forbidden, as built-in admission plugins answer; unset, the API server says 400.
+        response.result.code = 403;
+        response.result.reason = "Forbidden".to_string();
+        Reviewed { response, decision: Admission::Deny, reason: "" }
+    };
     // The configuration registers CREATE only; anything else passes untouched.
     if request.operation != Operation::Create {
         return Ok(allow("not_create"));
@@ -294,7 +303,17 @@ pub(crate) async fn review<L: Lookup>(
         .ok_or(ReviewError::NoNamespace)?;
     pod.metadata.namespace = Some(namespace.clone());
 
-    let inputs = lookup.fetch(&namespace, wanted_profile(&pod)).await?;
+    // Before any read: the request's text (its namespace with a default-open webhook, the pod's
+    // annotation always) must not choose what the lookup asks the API server for.
+    if !is_dns1123_label(&namespace) {
+        let shown: String = namespace.chars().take(64).collect();
+        return Ok(deny(format!("the admission request's namespace {shown:?} is not a valid namespace name")));
+    }
+    let wanted = wanted_profile(&pod);
+    if let Some(message) = wanted.and_then(|name| inject::invalid_profile_annotation(name, &namespace)) {
+        return Ok(deny(message));
+    }
+    let inputs = lookup.fetch(&namespace, wanted).await?;
     let servers = match &inputs.profile {
         Some(profile) => profile_servers(profile, inputs.servers),
         None => Vec::new(),
@@ -310,13 +329,7 @@ pub(crate) async fn review<L: Lookup>(
             }
             Reviewed { response, decision: Admission::Patch, reason: "" }
         }
-        Decision::Deny { message } => {
-            let mut response = response.deny(message);
-            // 403 Forbidden, as built-in admission plugins answer; unset, the API server says 400.
-            response.result.code = 403;
-            response.result.reason = "Forbidden".to_string();
-            Reviewed { response, decision: Admission::Deny, reason: "" }
-        }
+        Decision::Deny { message } => deny(message),
     })
 }
 
@@ -572,7 +585,57 @@ pub async fn serve(client: Client, config: WebhookConfig, shutdown: Cancellation
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+    use crate::api::keys::ANNOTATION_PROFILE;
+    use crate::testing::fixtures;
+
+    /// A lookup that counts its calls and finds nothing.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    impl Lookup for Counting {
+        async fn fetch(&self, _namespace: &str, _profile: Option<&str>) -> Result<Inputs, LookupError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Inputs::default())
+        }
+    }
+
+    fn request(namespace: &str, profile: &str) -> AdmissionRequest<Pod> {
+        let pod = fixtures::app_pod(&[(ANNOTATION_PROFILE, profile)]);
+        let body = fixtures::pod_create_review("uid-1", namespace, "alice", &pod);
+        let review: AdmissionReview<Pod> = serde_json::from_slice(&body).expect("a review parses");
+        review.try_into().expect("the review has a request")
+    }
+
+    /// Security review F17: the annotation (and the request's namespace, caller-chosen when the
+    /// webhook is open) is checked before the lookup, so no text of the caller reaches a read.
+    #[test]
+    fn a_profile_annotation_that_is_no_object_name_is_denied_before_any_api_read() {
+        let long = "a".repeat(254);
+        let config = InjectConfig::new("agent:1", "spearlet:1");
+        for (namespace, profile, says) in [
+            ("team-a", "../../../api/v1/namespaces/kube-system/secrets", "not a valid McpProfile name"),
+            ("team-a", long.as_str(), "at most 253 characters"),
+            ("team-a", "Dev", "not a valid McpProfile name"),
+            ("../kube-system", "dev", "not a valid namespace name"),
+        ] {
+            let lookup = Counting::default();
+            let reviewed =
+                futures::executor::block_on(review(&lookup, &config, request(namespace, profile))).expect("answers");
+            assert_eq!(lookup.0.load(Ordering::SeqCst), 0, "{profile:?} in {namespace:?} was looked up");
+            assert_eq!(reviewed.decision, Admission::Deny, "{profile:?}");
+            assert_eq!(reviewed.response.result.code, 403);
+            assert!(reviewed.response.result.message.contains(says), "{}", reviewed.response.result.message);
+        }
+        // A valid name is looked up (and, absent, denied by the mutation as before).
+        let lookup = Counting::default();
+        let reviewed =
+            futures::executor::block_on(review(&lookup, &config, request("team-a", "dev"))).expect("answers");
+        assert_eq!(lookup.0.load(Ordering::SeqCst), 1);
+        assert_eq!(reviewed.decision, Admission::Skip, "Inputs::default() is a namespace without the label");
+    }
 
     fn version(major: &str, minor: &str) -> Info {
         Info { major: major.into(), minor: minor.into(), ..Info::default() }

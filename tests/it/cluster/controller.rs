@@ -377,6 +377,42 @@ async fn a_profile_resolves_its_servers_and_follows_servers_appearing_and_going(
     assert_eq!(found.status.expect("settled").missing_servers, ["later"]);
 }
 
+/// Security review N1: a profile shows, before any pod is created, which of its servers ask for
+/// the pod's ServiceAccount identity that its `spec.identity` does not grant (here the API
+/// server's audience, which a `*` grant does not cover), and stops once the grant names it.
+#[tokio::test]
+async fn a_profile_reports_a_server_asking_for_the_pods_identity_it_does_not_grant() {
+    use spear::api::{HttpAuth, ServiceAccountTokenAuth};
+    let ns = ControlPlane::shared().namespace("ctl-identity").await;
+    let profiles = ns.api::<McpProfile>();
+    let auth = HttpAuth {
+        service_account_token: Some(ServiceAccountTokenAuth {
+            audience: "https://kubernetes.default.svc".into(),
+            expiration_seconds: None,
+        }),
+        ..HttpAuth::default()
+    };
+    let notes = McpServer::test("notes").http("http://127.0.0.1:9/mcp").allowing(["*"]).auth(auth);
+    create(&ns.api::<McpServer>(), &notes).await;
+    create(&profiles, &McpProfile::test("dev").servers(["notes"]).granting_tokens(["*"], ["*"])).await;
+    let _controller = Running::start(ns.client.clone(), config(&ns));
+
+    let found = wait_for(&profiles, "dev", "ResolvedRefs=False, RefNotPermitted", |p| {
+        profile_condition(p, "ResolvedRefs").is_some_and(|c| c.reason == "RefNotPermitted")
+    })
+    .await;
+    let refs = profile_condition(&found, "ResolvedRefs").expect("set");
+    assert_eq!(refs.status, "False");
+    assert!(refs.message.contains("\"notes\"") && refs.message.contains("literally"), "{}", refs.message);
+
+    let literal = serde_json::json!({"spec": {"identity": {"audiences": ["https://kubernetes.default.svc"]}}});
+    profiles.patch("dev", &PatchParams::default(), &Patch::Merge(&literal)).await.expect("granting it literally");
+    wait_for(&profiles, "dev", "ResolvedRefs=True", |p| {
+        profile_condition(p, "ResolvedRefs").is_some_and(|c| c.status == "True")
+    })
+    .await;
+}
+
 // === writes ===
 
 /// Counts resourceVersions per object name seen by a watch of `api` (creation included).
@@ -492,24 +528,35 @@ async fn an_injection_enabled_namespace_keeps_the_agent_binding_until_the_label_
     bindings.delete("spear-mcp-agent", &DeleteParams::default()).await.expect("deleting the binding");
     wait_for(&bindings, "spear-mcp-agent", "the binding recreated", |b| b.metadata.uid != uid).await;
 
-    // The namespace leaves injection: the binding goes.
+    // With it, the operator's own Secret reader binding.
+    let reader = wait_for(&bindings, "spear-operator-secret-reader", "the Secret reader RoleBinding", |_| true).await;
+    assert_eq!(
+        (reader.role_ref.kind.as_str(), reader.role_ref.name.as_str()),
+        ("ClusterRole", "spear-operator-secret-reader")
+    );
+
+    // The namespace leaves injection: both bindings go.
     namespaces.patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label(None))).await.expect("removing the label");
-    eventually("the binding removed", || async {
-        match bindings.get_opt("spear-mcp-agent").await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    for name in ["spear-mcp-agent", "spear-operator-secret-reader"] {
+        eventually(&format!("{name} removed"), || async {
+            match bindings.get_opt(name).await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
 }
 
 /// The operator's RBAC from `src/operator/rbac.rs` (what the chart installs) is enough for the
 /// controllers, and no more: run as a service account holding exactly those roles, they write
 /// status and the agent RoleBinding; the same account cannot create or change a ClusterRole, bind
-/// another role, or touch a RoleBinding of another name.
+/// another role, or touch a RoleBinding of another name. Security review N5: it reads a Secret's
+/// grant only in an injection-enabled namespace (through the Secret reader RoleBinding it keeps
+/// there), and no Secret of a namespace without injection.
 #[tokio::test]
 async fn the_controllers_run_on_the_operators_rbac_which_grants_no_cluster_role_or_foreign_binding() {
-    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleRef, Subject};
     use spear::operator::rbac;
 
@@ -531,6 +578,9 @@ async fn the_controllers_run_on_the_operators_rbac_which_grants_no_cluster_role_
     let cluster_roles = Api::<ClusterRole>::all(admin.clone());
     let agent_role = rbac::agent_cluster_role();
     cluster_roles.patch("spear-mcp-agent", &apply, &Patch::Apply(&agent_role)).await.expect("the agent role");
+    let reader_role = rbac::secret_reader_cluster_role();
+    let reader = "spear-operator-secret-reader";
+    cluster_roles.patch(reader, &apply, &Patch::Apply(&reader_role)).await.expect("the Secret reader role");
     let mut operator_role = rbac::operator_cluster_role();
     operator_role.metadata.name = Some(format!("spear-test-operator-{}", ns.name));
     create(&cluster_roles, &operator_role).await;
@@ -561,6 +611,24 @@ async fn the_controllers_run_on_the_operators_rbac_which_grants_no_cluster_role_
     kubeconfig.auth_info.impersonate = Some(format!("system:serviceaccount:{}:{account}", ns.name));
     let operator = Client::try_from(kubeconfig).expect("an impersonating client");
 
+    // Secrets with a grant, here and in a namespace without injection.
+    let secret = |name: &str| -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "annotations": {"mcp.spear.dev/allowed-servers": "web"}},
+            "stringData": {"token": "s3cret"},
+        }))
+        .expect("a Secret")
+    };
+    create(&ns.api::<Secret>(), &secret("web-token")).await;
+    let plain = ControlPlane::shared().namespace("ctl-least-plain").await;
+    create(&plain.api::<Secret>(), &secret("elsewhere")).await;
+    let forbidden_read = |result: Result<(), kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    };
+    let secrets_here = Api::<Secret>::namespaced(operator.clone(), &ns.name);
+    forbidden_read(secrets_here.get_metadata("web-token").await.map(drop), "a Secret before injection is enabled");
+
     // What the controllers need: status of both kinds and the agent RoleBinding.
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     let label = serde_json::json!({"metadata": {"labels": {"mcp.spear.dev/injection": "enabled"}}});
@@ -574,6 +642,26 @@ async fn the_controllers_run_on_the_operators_rbac_which_grants_no_cluster_role_
     })
     .await;
     wait_for(&ns.api::<RoleBinding>(), "spear-mcp-agent", "the agent RoleBinding", |_| true).await;
+
+    // The Secret grant check works where injection is on: the operator keeps its reader binding
+    // there, and the server's status says the Secret allows it.
+    wait_for(&ns.api::<RoleBinding>(), reader, "the Secret reader RoleBinding", |b| {
+        b.subjects.iter().flatten().any(|s| s.kind == "ServiceAccount" && s.name == account)
+    })
+    .await;
+    eventually("the operator reads the grant in its enabled namespace", || async {
+        secrets_here.get_metadata("web-token").await.map(drop).map_err(|e| e.to_string())
+    })
+    .await;
+    let web =
+        McpServer::test("web").http("http://127.0.0.1:9/mcp").secret_header("Authorization", "web-token", "token");
+    create(&ns.api::<McpServer>(), &web).await;
+    wait_for(&ns.api::<McpServer>(), "web", "ResolvedRefs=True", |s| server_has(s, "ResolvedRefs", "True")).await;
+    // And nowhere else: not a Secret of a namespace without injection, nor of kube-system.
+    let secrets_elsewhere = Api::<Secret>::namespaced(operator.clone(), &plain.name);
+    forbidden_read(secrets_elsewhere.get_metadata("elsewhere").await.map(drop), "a Secret where injection is off");
+    let system = Api::<Secret>::namespaced(operator.clone(), "kube-system");
+    forbidden_read(system.list_metadata(&ListParams::default()).await.map(drop), "listing kube-system's Secrets");
 
     // What it must not do, each refused by the API server's authorizer.
     let forbidden = |result: Result<(), kube::Error>, what: &str| match result {

@@ -234,8 +234,10 @@ async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
     for server in &servers {
         create(&ns.api::<McpServer>(), server).await;
     }
-    let stored_profile =
-        create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fs", "fixture", "remote"])).await;
+    let profile = McpProfile::test("dev")
+        .servers(["fs", "fixture", "remote"])
+        .granting_tokens(["remote"], ["https://mcp.example.com"]);
+    let stored_profile = create(&ns.api::<McpProfile>(), &profile).await;
 
     let pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev")]);
     let admitted = create(&ns.api::<Pod>(), &pod).await;
@@ -350,6 +352,75 @@ async fn a_registry_author_cannot_route_a_secret_not_granted_to_their_server_int
         [(AGENT_CONTAINER.to_string(), "SPEAR_SECRET_GITHUB_AUTHORIZATION".to_string(), "github-token".to_string())],
         "only the granted reference is injected"
     );
+    drop(webhook);
+}
+
+/// Security review N1: writing an McpServer must not mean acting as the workload's
+/// ServiceAccount. The attacker's servers ask for a token with the test API server's own audience
+/// (its issuer), a cloud STS's, and for the API token in their sidecar; the profile grants tokens
+/// to every server for any audience (`*`) but mounts to none. The pod the API server stores has
+/// neither the API-audience token nor the STS one, and the sidecar's token path stays masked.
+#[tokio::test]
+async fn a_registry_author_cannot_obtain_the_pods_service_account_identity_without_a_profile_grant() {
+    const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-identity").await;
+    let webhook = Webhook::start(&ns, inject_config()).await;
+    let token = |name: &str, audience: &str| {
+        McpServer::test(name).http("https://attacker.example/mcp").allowing(["*"]).auth(HttpAuth {
+            service_account_token: Some(ServiceAccountTokenAuth {
+                audience: audience.into(),
+                expiration_seconds: None,
+            }),
+            ..Default::default()
+        })
+    };
+    let servers = [
+        token("notes", API_AUDIENCE),
+        token("cloud", "sts.amazonaws.com"),
+        token("tools", "https://tools.example.com"),
+        McpServer::test("helper")
+            .stdio("python", ["server.py"])
+            .image("python:3.13-slim")
+            .allowing(["*"])
+            .mounting_service_account_token(),
+    ];
+    for server in &servers {
+        create(&ns.api::<McpServer>(), server).await;
+    }
+    let profile = McpProfile::test("dev").servers(["notes", "cloud", "tools", "helper"]).granting_tokens(["*"], ["*"]);
+    create(&ns.api::<McpProfile>(), &profile).await;
+
+    let admitted = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+    let spec = admitted.spec.as_ref().expect("a stored pod has a spec");
+    let projected: Vec<(String, String)> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.name == "spear-auth-tokens")
+        .flat_map(|v| v.projected.iter().flat_map(|p| p.sources.iter().flatten()))
+        .filter_map(|s| s.service_account_token.as_ref())
+        .map(|t| (t.audience.clone().unwrap_or_default(), t.path.clone()))
+        .collect();
+    assert_eq!(
+        projected,
+        [("https://tools.example.com".to_string(), "tools".to_string())],
+        "only the granted audience"
+    );
+    let helper = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .find(|c| c.name == format!("{SIDECAR_PREFIX}helper"))
+        .expect("the helper sidecar");
+    let token_path = helper
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount")
+        .expect("something is mounted over the token path");
+    assert_eq!(token_path.name, "spear-no-token", "the sidecar gets the empty mask, not the API token");
     drop(webhook);
 }
 
