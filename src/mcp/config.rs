@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::api::env_ref::{self, MissingEnv, Template};
 use crate::api::keys::{AUTH_TOKEN_DIR, ENV_AUTH_TOKEN_DIR};
-use crate::api::names::{SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
+use crate::api::names::{http_destination, SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
 use crate::api::{
     AUTH_CLIENT_SECRET, AUTH_PRIVATE_KEY, HttpAuth, JwtAlgorithm, McpServer, ServerBudgets, TokenGrant, Transport,
 };
@@ -56,6 +56,12 @@ pub enum Mode {
         /// `<server>=<uid>`): the agent talks to a socket only when `SO_PEERCRED` says that uid
         /// listens on it, so no other container can stand in for the server.
         peer_uids: BTreeMap<String, u32>,
+        /// Where each Streamable HTTP server's delivered credentials were granted to go (the
+        /// webhook's `SPEAR_GRANTED_DESTINATIONS`, `names::http_destination` at admission); `None`
+        /// when not known. A server whose live spec hashes otherwise (its URL, issuer or token
+        /// mode was edited since) is not connected: what the pod holds for it was granted for
+        /// the old destination.
+        destinations: Option<BTreeMap<String, String>>,
     },
 }
 
@@ -64,7 +70,13 @@ impl Mode {
     /// have a sidecar, every `SPEAR_SECRET_*` is read and no peer uid is checked (what a pod
     /// injected by an older webhook, or a test, gives).
     pub fn sidecar(socket_dir: impl Into<PathBuf>) -> Self {
-        Mode::Sidecar { socket_dir: socket_dir.into(), sidecars: None, secret_refs: None, peer_uids: BTreeMap::new() }
+        Mode::Sidecar {
+            socket_dir: socket_dir.into(),
+            sidecars: None,
+            secret_refs: None,
+            peer_uids: BTreeMap::new(),
+            destinations: None,
+        }
     }
 }
 
@@ -140,6 +152,9 @@ pub(crate) enum TransportConfig {
     },
     /// A stdio server this pod has no sidecar for: it joined the profile after the pod started.
     MissingSidecar,
+    /// A Streamable HTTP server whose URL, issuer or token mode moved after the pod was admitted
+    /// (see [`Mode::Sidecar`]'s `destinations`): never connected, its credentials stay unsent.
+    DestinationMoved,
     /// Streamable HTTP.
     Http {
         /// Endpoint URL.
@@ -279,6 +294,8 @@ pub(crate) enum Endpoint {
     },
     /// See [`TransportConfig::MissingSidecar`].
     MissingSidecar,
+    /// See [`TransportConfig::DestinationMoved`].
+    DestinationMoved,
     /// See [`TransportConfig::Http`].
     Http {
         url: String,
@@ -299,6 +316,7 @@ impl Endpoint {
             }
             Endpoint::Socket { .. } => "sidecar".to_string(),
             Endpoint::MissingSidecar => "no sidecar".to_string(),
+            Endpoint::DestinationMoved => "moved".to_string(),
             Endpoint::Http { .. } => "http".to_string(),
         }
     }
@@ -319,6 +337,7 @@ impl std::fmt::Debug for Endpoint {
                 f.debug_struct("Socket").field("path", path).field("peer_uid", peer_uid).finish()
             }
             Endpoint::MissingSidecar => f.write_str("MissingSidecar"),
+            Endpoint::DestinationMoved => f.write_str("DestinationMoved"),
             Endpoint::Http { url, headers, auth } => f
                 .debug_struct("Http")
                 .field("url", url)
@@ -387,6 +406,13 @@ impl ServerConfig {
                     working_dir: stdio.working_dir.as_ref().map(PathBuf::from),
                 }
             }
+            (Transport::StreamableHttp, Mode::Sidecar { destinations: Some(granted), .. })
+                if spec.http.as_ref().is_some_and(|http| {
+                    granted.get(&id).is_some_and(|granted| *granted != http_destination(http))
+                }) =>
+            {
+                TransportConfig::DestinationMoved
+            }
             (Transport::StreamableHttp, _) => {
                 let http = spec.http.as_ref().ok_or_else(|| err("spec.http is required"))?;
                 let mut headers = Vec::with_capacity(http.headers.len());
@@ -438,6 +464,7 @@ impl ServerConfig {
             }
             TransportConfig::Socket { path, peer_uid } => Endpoint::Socket { path: path.clone(), peer_uid: *peer_uid },
             TransportConfig::MissingSidecar => Endpoint::MissingSidecar,
+            TransportConfig::DestinationMoved => Endpoint::DestinationMoved,
             TransportConfig::Http { url, headers, templates_read_env, auth } => {
                 let nothing = |_: &str| None;
                 let templates: &dyn Fn(&str) -> Option<String> =

@@ -268,6 +268,18 @@ impl Start<'_> {
                 retryable: false,
                 refused_by_server: None,
             }),
+            Endpoint::DestinationMoved => Err(McpError {
+                code: ErrorCode::McpUnavailable,
+                message: format!(
+                    "McpServer '{}' was edited after this pod started (http.url, http.auth.issuer or the token \
+                     mode): the credentials the pod holds for it were granted for the old destination and are \
+                     not sent to the new one; recreate the pod (for example `kubectl rollout restart`) to have \
+                     the new destination granted",
+                    self.server_id
+                ),
+                retryable: false,
+                refused_by_server: None,
+            }),
             Endpoint::Http { url, headers, auth: _ } => Ok((http::open(self, url, headers, lifecycle).await?, None)),
         }
     }

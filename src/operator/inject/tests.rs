@@ -289,6 +289,20 @@ fn injecting_twice_changes_nothing() {
 }
 
 #[test]
+fn the_agent_learns_where_each_delivered_value_was_granted_to_go() {
+    let (profile, mut servers) = with_secrets();
+    // `plain` gets nothing delivered, so nothing binds it.
+    servers.push(http_server("plain"));
+    let profile = profile.servers(["plain"]);
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    let destinations = env_of(find(out, AGENT_CONTAINER), ENV_GRANTED_DESTINATIONS).and_then(|e| e.value.clone());
+    let web = servers.iter().find(|s| s.metadata.name.as_deref() == Some("web")).and_then(|s| s.spec.http.as_ref());
+    let expected = format!("web={}", http_destination(web.expect("web is an http server")));
+    assert_eq!(destinations, Some(expected));
+}
+
+#[test]
 fn gates_skip_in_order() {
     let (profile, servers) = mixed();
     let not_enabled = BTreeMap::from([(LABEL_INJECTION.to_string(), "disabled".to_string())]);
