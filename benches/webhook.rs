@@ -31,6 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
+use spear::api::api_key::ApiKey;
 use spear::api::keys::{ANNOTATION_PROFILE, INJECTION_ENABLED, LABEL_INJECTION};
 use spear::api::{McpProfile, McpServer};
 use spear::operator::inject::{self, Decision, InjectConfig};
@@ -114,8 +115,10 @@ async fn in_process(size: &Size) {
     let mut mutate = Vec::with_capacity(size.in_process);
     for _ in 0..size.in_process {
         let started = Instant::now();
-        let decision =
-            inject::mutate(&pod, &enabled(), Some(&profile), &servers, &Default::default(), &config).expect("mutate");
+        // As the webhook does: a key drawn per pod.
+        let key = ApiKey::random().expect("the OS has randomness");
+        let decision = inject::mutate(&pod, &enabled(), Some(&profile), &servers, &Default::default(), &config, &key)
+            .expect("mutate");
         mutate.push(started.elapsed());
         assert!(matches!(decision, Decision::Patch { .. }), "{decision:?}");
     }

@@ -463,6 +463,10 @@ async fn namespace_checks(
         probe["spear_paths"].as_array().is_some_and(Vec::is_empty),
         "the app container sees the agent's or the servers' files: {probe}"
     );
+    // The doors are on the pod's loopback, which its MCP server sidecars share: without the
+    // pod's key (the app's, never a sidecar's) they answer 401.
+    let nokey = driver.get("/nokey", &[]).await?;
+    ensure!(nokey == json!({"mcp": 401, "chat": 401}), "the doors answered a caller without the pod's key: {nokey}");
     let token = driver
         .call(
             "mcp__filesystem__read_text_file",
@@ -475,7 +479,7 @@ async fn namespace_checks(
         "the filesystem server's sidecar has a service-account token (or the probe is vacuous): {token}"
     );
     rbac_checks(client, ns, other).await?;
-    report.ok("isolation: the app sees no socket; server sidecars have no token; the agent's RBAC reads McpServers in its namespace only");
+    report.ok("isolation: the app sees no socket; the doors refuse callers without the pod's key; server sidecars have no token; the agent's RBAC reads McpServers in its namespace only");
 
     // 6. An McpServer edit reaches the running pod without a restart.
     let long_tool = format!("mcp__everything__{LONG_TOOL}");

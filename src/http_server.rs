@@ -27,7 +27,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -39,7 +39,8 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
@@ -120,44 +121,58 @@ impl Drop for SourceSlot {
     }
 }
 
-/// Requests in flight on one connection, and a wake-up when that changes.
-#[derive(Default)]
+/// Requests in flight on one connection, and when the last one ended. Counting costs two atomic
+/// operations and a clock read per request, and wakes nothing: the connection's task looks only
+/// when a check is due (a notification per request start and end would wake it twice per
+/// request, under a lock).
 struct Activity {
     in_flight: AtomicUsize,
-    changed: Notify,
+    /// When the connection started; `last_end_ms` counts from it.
+    started: Instant,
+    /// Milliseconds after `started` at which the last request ended (0: none yet, so idle since
+    /// the connection began).
+    last_end_ms: AtomicU64,
 }
 
 struct InFlight(Arc<Activity>);
 
 impl Activity {
+    fn new() -> Self {
+        Activity { in_flight: AtomicUsize::new(0), started: Instant::now(), last_end_ms: AtomicU64::new(0) }
+    }
+
     fn start(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.changed.notify_waiters();
         InFlight(self.clone())
     }
 
-    /// Returns once no request has been in flight for `timeout`.
+    /// Returns once no request has been in flight for `timeout`: it sleeps until the earliest
+    /// moment that could be true and looks again, so a busy connection costs one timer per
+    /// `timeout`, not one per request.
     async fn idle_for(&self, timeout: Duration) {
+        let mut check = Instant::now() + timeout;
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
+            tokio::time::sleep_until(check).await;
+            let now = Instant::now();
             if self.in_flight.load(Ordering::Acquire) > 0 {
-                changed.await;
+                check = now + timeout;
                 continue;
             }
-            tokio::select! {
-                () = tokio::time::sleep(timeout) => return,
-                () = changed => {}
+            let idle_since = self.started + Duration::from_millis(self.last_end_ms.load(Ordering::Acquire));
+            if now >= idle_since + timeout {
+                return;
             }
+            check = idle_since + timeout;
         }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        let ended = u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // Before the decrement: whoever sees no request in flight sees when the last one ended.
+        self.0.last_end_ms.store(ended, Ordering::Release);
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.changed.notify_waiters();
     }
 }
 
@@ -222,7 +237,7 @@ where
             tracing::debug!(?peer, max = share, "connection refused: too many from this source");
             continue;
         };
-        let activity = Arc::new(Activity::default());
+        let activity = Arc::new(Activity::new());
         let counted = activity.clone();
         let service = router.clone().map_request(move |mut request: axum::http::Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));

@@ -20,6 +20,8 @@ route of its own into the pod. Every MCP operation is made by the real PyPI `mcp
                                         tools/call as raw JSON-RPC over one keep-alive connection
                                         and one session (no SDK), comparable with e2e/app/direct.py
     GET /probe                          what this container can see of the agent's private parts
+    GET /nokey                          {"mcp": status, "chat": status}: the doors asked without
+                                        the pod's key, as a sidecar would ask them (401 expected)
 
 Errors answer 500 with {"error": "..."}; the test prints them. On SIGTERM the driver stops taking
 requests, lets the ones in flight finish (the test deletes the pod during a long tool call and
@@ -37,6 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import anyio
+import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -44,6 +47,9 @@ from common import percentiles, send_json
 
 MCP_URL = os.environ.get("SPEAR_MCP_URL", "")
 CHAT_URL = os.environ.get("SPEAR_CHAT_URL", "")
+# The pod's key for the agent's doors (set by the webhook in the app containers only).
+API_KEY = os.environ.get("SPEAR_API_KEY", "")
+AUTH = {"Authorization": f"Bearer {API_KEY}"} if API_KEY else {}
 PORT = int(os.environ.get("E2E_DRIVER_PORT", "8080"))
 
 
@@ -52,10 +58,12 @@ def text_of(result):
 
 
 async def with_session(work):
-    async with streamable_http_client(MCP_URL) as streams:
-        async with ClientSession(streams[0], streams[1]) as session:
-            await session.initialize()
-            return await work(session)
+    # The MCP SDK's own timeouts (30 s, 300 s for a held stream), plus the pod's key.
+    async with httpx2.AsyncClient(headers=AUTH, timeout=httpx2.Timeout(30, read=300)) as http:
+        async with streamable_http_client(MCP_URL, http_client=http) as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                return await work(session)
 
 
 async def tools(_q):
@@ -111,7 +119,7 @@ async def watch(q):
 async def chat(q):
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=CHAT_URL, api_key="unused-the-agent-holds-the-key", max_retries=0, timeout=60)
+    client = AsyncOpenAI(base_url=CHAT_URL, api_key=API_KEY, max_retries=0, timeout=60)
     completion = await client.chat.completions.create(
         model="e2e-model", messages=[{"role": "user", "content": q.get("content", "echo something")}]
     )
@@ -129,7 +137,7 @@ def rawbench(q):
     name, args, n = q["name"], json.loads(q.get("args", "{}")), int(q.get("n", "1000"))
     url = urlparse(MCP_URL)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **AUTH}
 
     def rpc(body):
         conn.request("POST", url.path, json.dumps(body), headers)
@@ -158,6 +166,21 @@ def rawbench(q):
             raise RuntimeError(f"call {i}: {data}")
     conn.close()
     return percentiles(samples)
+
+
+def nokey(_q):
+    """The doors asked without the key: what a server's sidecar, on the same loopback, gets."""
+    import http.client
+
+    statuses = {}
+    for door, url in (("mcp", MCP_URL), ("chat", CHAT_URL + "/chat/completions")):
+        url = urlparse(url)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"} if door == "mcp" else {"model": "m", "messages": []}
+        conn.request("POST", url.path, json.dumps(body), {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+        statuses[door] = conn.getresponse().status
+        conn.close()
+    return statuses
 
 
 def probe(_q):
@@ -207,6 +230,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self.answer(200, "ok")
             if url.path == "/probe":
                 return self.answer(200, probe(q))
+            if url.path == "/nokey":
+                return self.answer(200, nokey(q))
             if url.path == "/rawbench":
                 return self.answer(200, rawbench(q))
             route = ROUTES.get(url.path)

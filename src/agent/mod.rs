@@ -5,6 +5,7 @@
 //!   approval, budgets, audit) every door uses.
 //! - [`resources`]: resources, prompts and completions through the same policy and audit.
 //! - [`doors`]: chat completions, `/mcp` and gRPC, each over the core.
+//! - [`key_guard`]: the doors' API key check (the pod's sidecars share its loopback).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/effective` (loopback).
 //! - [`audit`]: one JSON line per tool call.
 //! - [`server_state`]: `mcp_server_state`, each server's state read from the pool at scrape time.
@@ -17,6 +18,7 @@ pub mod audit;
 pub mod core;
 pub(crate) mod doors;
 pub(crate) mod http_guard;
+mod key_guard;
 mod resources;
 mod revision;
 pub mod run;

@@ -128,8 +128,16 @@ fn only_profile(snapshot: &crate::registry::snapshot::Snapshot, dir: &std::path:
 
 /// Runs the in-pod agent until `cancel`, or until the registry watch dies.
 pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<(), RunError> {
-    let PodConfig { profile, namespace, socket_dir, sidecar_servers, secret_refs, granted_destinations, kubeconfig, agent } =
-        config;
+    let PodConfig {
+        profile,
+        namespace,
+        socket_dir,
+        sidecar_servers,
+        secret_refs,
+        granted_destinations,
+        kubeconfig,
+        agent,
+    } = config;
     crate::install_crypto_provider();
     let Some(profile) = profile.filter(|p| !p.is_empty()) else {
         return Err(RunError::Config(format!(
@@ -139,6 +147,14 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
             keys::ANNOTATION_PROFILE
         )));
     };
+    if agent.api_key.is_none() {
+        // A pod injected by an operator older than the key, or an agent run by hand.
+        tracing::warn!(
+            "{} is not set: chat completions, /mcp and gRPC take any caller in the pod, its MCP server sidecars \
+             included; recreate the pod to get a key from the webhook",
+            keys::ENV_API_KEY
+        );
+    }
     let client_config = client_config(kubeconfig).await.map_err(RunError::Config)?;
     let namespace = match namespace.filter(|n| !n.is_empty()) {
         Some(namespace) => namespace,

@@ -29,7 +29,9 @@ use super::doors::chat::ChatService;
 use super::doors::grpc;
 use super::doors::mcp::McpEndpoint;
 use super::http_guard::{self, Allowed};
+use super::key_guard;
 use super::revision::revision_layer;
+use crate::api::api_key::ApiKey;
 use crate::chat::{UpstreamOverride, UpstreamTimeouts};
 use crate::http_server::{self, ConnectionLimits};
 
@@ -80,6 +82,9 @@ pub struct AgentConfig {
     pub connection_limits: ConnectionLimits,
     /// How long a `/mcp` session may go unused before it is closed (its id then gets 404).
     pub mcp_session_idle: Duration,
+    /// The key chat completions, `/mcp` and gRPC require as a bearer (`api::api_key`); `None`
+    /// admits every caller that reaches them.
+    pub api_key: Option<ApiKey>,
 }
 
 /// The three bound listeners (bound first, so a taken port fails fast and names its flag).
@@ -122,8 +127,8 @@ impl Listeners {
     }
 }
 
-/// The HTTP router of port 4040: chat completions and `/mcp` behind the browser guard, every
-/// answer stamped with the registry revision.
+/// The HTTP router of port 4040: chat completions and `/mcp` behind the browser guard, then the
+/// key check, every answer stamped with the registry revision.
 pub(crate) fn http_router(
     agent: Agent,
     chat: ChatService,
@@ -132,10 +137,10 @@ pub(crate) fn http_router(
 ) -> Router {
     let mcp = McpEndpoint::router(agent.clone(), shutdown, config.allowed_hosts.clone(), config.mcp_session_idle);
     let allowed = Allowed::new(config.allowed_hosts.clone(), config.allowed_origins.clone());
-    super::doors::chat::router(chat)
+    let doors = super::doors::chat::router(chat)
         .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn_with_state(agent, revision_layer))
-        .layer(middleware::from_fn_with_state(allowed, http_guard::guard))
+        .layer(middleware::from_fn_with_state(agent, revision_layer));
+    key_guard::guarded(doors, config.api_key.clone()).layer(middleware::from_fn_with_state(allowed, http_guard::guard))
 }
 
 /// Serves every door until `cancel`, then shuts down in order (see the module doc). The agent's
@@ -156,7 +161,8 @@ pub(crate) async fn serve(
     let http = http_router(agent.clone(), chat, doors_stop.clone(), config);
     let limits = config.connection_limits;
     let http_server = http_server::serve(listeners.http, http, limits, doors_stop.clone());
-    let grpc_server = grpc::serve(agent.clone(), listeners.grpc, limits, doors_stop.clone());
+    let grpc_options = grpc::GrpcOptions { api_key: config.api_key.clone(), ..grpc::GrpcOptions::default() };
+    let grpc_server = grpc::serve_with(agent.clone(), grpc_options, listeners.grpc, limits, doors_stop.clone());
     // No web page, rebound or not: a page has no business reading the tool set or metrics. Probes
     // and scrapers use the pod's IP, which the admin guard accepts with the listed names.
     let admin = admin::router(agent.clone(), metrics).layer(middleware::from_fn_with_state(

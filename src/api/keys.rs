@@ -114,12 +114,14 @@ pub(crate) const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
 pub(crate) const ENV_UPSTREAM_API_KEY: &str = "SPEAR_UPSTREAM_API_KEY";
 
 // Environment the webhook gives app containers.
+/// The pod's API key (`api_key`): on the agent and the app containers, first in their env.
+pub const ENV_API_KEY: &str = "SPEAR_API_KEY";
 /// The aggregated MCP endpoint.
 pub const ENV_MCP_URL: &str = "SPEAR_MCP_URL";
 /// The OpenAI-compatible base URL.
 pub(crate) const ENV_CHAT_URL: &str = "SPEAR_CHAT_URL";
 /// The agent's gRPC address; `spearlet tools` reads it too.
-pub(crate) const ENV_GRPC_ADDR: &str = "SPEAR_GRPC_ADDR";
+pub const ENV_GRPC_ADDR: &str = "SPEAR_GRPC_ADDR";
 
 // The other flags' variables (every flag reads one; see `--help`).
 pub(crate) const ENV_LOG: &str = "SPEAR_LOG";

@@ -15,10 +15,12 @@
 //! - [`identity`]: which McpServers an McpProfile allows to act as the pod's ServiceAccount.
 //! - [`conditions`]: condition types and reasons of both statuses.
 //! - [`crd`]: rendering `crds/*.yaml`.
+//! - [`api_key`]: the per-pod key app containers send to the agent's doors.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
 //!   and role names): one definition for the webhook, the agent, the operator and the tests.
 //! - `names`: the names both sides derive (secret env vars and refs, the socket file, short hashes).
 
+pub mod api_key;
 pub mod conditions;
 pub mod crd;
 pub mod env_ref;

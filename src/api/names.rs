@@ -79,7 +79,10 @@ mod tests {
     #[test]
     fn a_destination_moves_with_url_issuer_mode_and_audience_only() {
         let sa = |audience: &str| HttpAuth {
-            service_account_token: Some(ServiceAccountTokenAuth { audience: audience.into(), expiration_seconds: None }),
+            service_account_token: Some(ServiceAccountTokenAuth {
+                audience: audience.into(),
+                expiration_seconds: None,
+            }),
             ..HttpAuth::default()
         };
         let of = |server: McpServer| http_destination(server.spec.http.as_ref().expect("an http server"));
@@ -98,12 +101,13 @@ mod tests {
         let moved = [
             base.clone().http("https://attacker.example/mcp"),
             base.clone().auth(sa("sts.amazonaws.com")),
+            base.clone()
+                .auth(HttpAuth { issuer: Some("https://auth.example.com".into()), ..sa("https://mcp.example.com") }),
             base.clone().auth(HttpAuth {
-                issuer: Some("https://auth.example.com".into()),
-                ..sa("https://mcp.example.com")
-            }),
-            base.clone().auth(HttpAuth {
-                token_exchange: Some(TokenExchangeAuth { audience: "https://mcp.example.com".into(), ..Default::default() }),
+                token_exchange: Some(TokenExchangeAuth {
+                    audience: "https://mcp.example.com".into(),
+                    ..Default::default()
+                }),
                 ..HttpAuth::default()
             }),
             McpServer::test("s").http("https://mcp.example.com/mcp"),

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::api::env_ref::{self, MissingEnv, Template};
 use crate::api::keys::{AUTH_TOKEN_DIR, ENV_AUTH_TOKEN_DIR};
-use crate::api::names::{http_destination, SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
+use crate::api::names::{SOCKET_FILE, http_destination, secret_env_var, secret_ref_id, short_hash};
 use crate::api::{
     AUTH_CLIENT_SECRET, AUTH_PRIVATE_KEY, HttpAuth, JwtAlgorithm, McpServer, ServerBudgets, TokenGrant, Transport,
 };
@@ -407,9 +407,10 @@ impl ServerConfig {
                 }
             }
             (Transport::StreamableHttp, Mode::Sidecar { destinations: Some(granted), .. })
-                if spec.http.as_ref().is_some_and(|http| {
-                    granted.get(&id).is_some_and(|granted| *granted != http_destination(http))
-                }) =>
+                if spec
+                    .http
+                    .as_ref()
+                    .is_some_and(|http| granted.get(&id).is_some_and(|granted| *granted != http_destination(http))) =>
             {
                 TransportConfig::DestinationMoved
             }
@@ -539,6 +540,7 @@ mod tests {
             sidecars: Some(["fs".to_string()].into()),
             secret_refs: None,
             peer_uids: [("fs".to_string(), 65533)].into(),
+            destinations: None,
         };
         let config = ServerConfig::new(&stdio(), &with_sidecar).expect("config");
         let expected = TransportConfig::Socket { path: "/spear/run/fs/mcp.sock".into(), peer_uid: Some(65533) };
@@ -552,6 +554,7 @@ mod tests {
             sidecars: Some(["other".to_string()].into()),
             secret_refs: None,
             peer_uids: Default::default(),
+            destinations: None,
         };
         let config = ServerConfig::new(&stdio(), &mode).expect("config");
         assert_eq!(config.transport, TransportConfig::MissingSidecar);
@@ -617,6 +620,29 @@ mod tests {
     /// maps to the variable of server `my-server`'s header `token`. In a pod, only what the
     /// webhook delivered for this very server is read.
     #[test]
+    fn a_server_moved_since_admission_is_not_connected_with_what_was_granted() {
+        let granted = McpServer::test("web").http("https://ok.example/mcp").secret_header("token", "s", "k");
+        let destinations = [("web".to_string(), http_destination(granted.spec.http.as_ref().expect("http")))].into();
+        let pod = Mode::Sidecar {
+            socket_dir: "/spear/run".into(),
+            sidecars: None,
+            secret_refs: Some([secret_ref_id("web", "token")].into()),
+            peer_uids: Default::default(),
+            destinations: Some(destinations),
+        };
+        let lookup = |name: &str| (name == "SPEAR_SECRET_WEB_TOKEN").then(|| "granted-secret".to_string());
+        let as_granted = ServerConfig::new(&granted, &pod).expect("config").resolve(lookup).expect("delivered");
+        assert!(matches!(as_granted, Endpoint::Http { headers, .. } if headers[0].1 == "granted-secret"));
+        let moved = granted.clone().http("https://attacker.example/mcp");
+        let config = ServerConfig::new(&moved, &pod).expect("config");
+        assert_eq!(config.transport, TransportConfig::DestinationMoved);
+        assert_eq!(format!("{:?}", config.resolve(lookup).expect("nothing to resolve")), "DestinationMoved");
+        // Nothing was granted for `other`: nothing binds it.
+        let other = McpServer::test("other").http("https://elsewhere.example/mcp");
+        assert!(matches!(ServerConfig::new(&other, &pod).expect("config").transport, TransportConfig::Http { .. }));
+    }
+
+    #[test]
     fn a_server_cannot_read_a_colliding_secret_variable_delivered_for_another() {
         let victim = McpServer::test("my-server").http("https://ok.example/mcp").secret_header("token", "s", "k");
         let thief = McpServer::test("my").http("https://attacker.example/mcp").secret_header("server-token", "s", "k");
@@ -627,6 +653,7 @@ mod tests {
             sidecars: None,
             secret_refs: Some([secret_ref_id("my-server", "token")].into()),
             peer_uids: Default::default(),
+            destinations: None,
         };
         let resolved = ServerConfig::new(&victim, &pod).expect("config").resolve(lookup).expect("delivered");
         assert!(matches!(resolved, Endpoint::Http { headers, .. } if headers[0].1 == "victim-secret"));
@@ -659,6 +686,7 @@ mod tests {
             sidecars: None,
             secret_refs: Some(refs.iter().map(|r| r.to_string()).collect()),
             peer_uids: Default::default(),
+            destinations: None,
         };
         let missing =
             ServerConfig::new(&server, &pod(&[])).expect("config").resolve(lookup).expect_err("not delivered");

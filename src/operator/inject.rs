@@ -35,16 +35,18 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::api::api_key::ApiKey;
 use crate::api::env_ref::{self, Segment};
 use crate::api::identity::{ForbiddenAudiences, IdentityRefusal};
 use crate::api::keys::{
     ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, AUTH_TOKEN_DIR,
-    BIN_DIR, ENV_ADMIN_ADDR, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE,
-    ENV_GRANTED_DESTINATIONS, ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER,
-    INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX,
-    SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX, VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
+    BIN_DIR, ENV_ADMIN_ADDR, ENV_API_KEY, ENV_CHAT_URL, ENV_GRANTED_DESTINATIONS, ENV_GRPC_ADDR, ENV_HTTP_ADDR,
+    ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE, ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR,
+    ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC,
+    PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX, SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX,
+    VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
-use crate::api::names::{http_destination, SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
+use crate::api::names::{SOCKET_FILE, http_destination, secret_env_var, secret_ref_id, short_hash};
 use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
@@ -250,7 +252,7 @@ fn deny(message: impl Into<String>) -> Result<Decision, InjectError> {
 /// `profile`'s stdio `servers` (the McpServers the profile resolves to; the order does not
 /// matter). `profile` is the McpProfile the pod's annotation names, `None` when it does not
 /// exist. `pod.metadata.namespace` should be set (the webhook copies it from the request): the
-/// messages name it.
+/// messages name it. `api_key` is this pod's own (`api::api_key`), drawn by the caller.
 pub fn mutate(
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
@@ -258,6 +260,7 @@ pub fn mutate(
     servers: &[McpServer],
     secrets: &SecretGrants,
     config: &InjectConfig,
+    api_key: &ApiKey,
 ) -> Result<Decision, InjectError> {
     // Checked again here although the webhook's namespaceSelector filters already: a
     // misconfigured webhook must not inject everywhere.
@@ -322,7 +325,7 @@ pub fn mutate(
         ));
     }
 
-    let plan = match Plan::build(profile_name, profile, servers, secrets, config) {
+    let plan = match Plan::build(profile_name, profile, servers, secrets, config, api_key) {
         Ok(plan) => plan,
         Err(message) => return deny(message),
     };
@@ -365,6 +368,9 @@ struct Plan {
     containers: Vec<Container>,
     /// Set on the pod's own containers (and, with native sidecars, its init containers).
     app_env: Vec<EnvVar>,
+    /// `SPEAR_API_KEY`, first in the agent's and the pod's own containers' env (so that theirs can
+    /// refer to it as `$(SPEAR_API_KEY)`); per pod, so not part of the marker hash.
+    api_key: EnvVar,
     app_init_env: bool,
     warnings: Vec<String>,
 }
@@ -377,6 +383,7 @@ impl Plan {
         servers: &[McpServer],
         secrets: &SecretGrants,
         config: &InjectConfig,
+        api_key: &ApiKey,
     ) -> Result<Self, String> {
         let mut warnings = Vec::new();
         // Sorted and deduplicated by name: the result must not depend on list order, or the
@@ -443,8 +450,10 @@ impl Plan {
             value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
             ..EnvVar::default()
         });
+        let api_key = env(ENV_API_KEY, api_key.expose());
         let delivered = Delivered { secret_refs: &secret_refs, destinations: &destinations };
         let mut agent = agent_container(profile_name, &sidecar_servers, delivered, secret_env.collect(), config);
+        agent.env.get_or_insert_default().insert(0, api_key.clone());
         if volumes.iter().any(|v| v.name == VOLUME_AUTH_TOKENS) {
             agent.volume_mounts.get_or_insert_default().push(mount(VOLUME_AUTH_TOKENS, AUTH_TOKEN_DIR, true));
         }
@@ -466,7 +475,15 @@ impl Plan {
             env(ENV_CHAT_URL, format!("http://127.0.0.1:{}/v1", ports.http)),
             env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)),
         ];
-        Ok(Plan { volumes, init_containers, containers, app_env, app_init_env: config.native_sidecars, warnings })
+        Ok(Plan {
+            volumes,
+            init_containers,
+            containers,
+            app_env,
+            api_key,
+            app_init_env: config.native_sidecars,
+            warnings,
+        })
     }
 
     /// A Deny message when the pod already uses a name or port the plan needs.
@@ -477,6 +494,16 @@ impl Plan {
         if let Some(c) = ours.clone().find(|c| own.iter().any(|o| o.name == c.name)) {
             return Some(format!(
                 "the pod already has a container named {:?}, which spear needs for its injected containers: rename it, or set {ANNOTATION_INJECT}: \"false\"",
+                c.name
+            ));
+        }
+        // Its own value would not be this pod's key, and every call to the agent would be refused.
+        let own_init = spec.init_containers.iter().flatten().filter(|_| self.app_init_env);
+        if let Some(c) =
+            spec.containers.iter().chain(own_init).find(|c| c.env.iter().flatten().any(|e| e.name == ENV_API_KEY))
+        {
+            return Some(format!(
+                "container {:?} sets {ENV_API_KEY}, which spear sets to the pod's own key for the agent: remove it from the container's env (refer to it as $({ENV_API_KEY}) instead), or set {ANNOTATION_INJECT}: \"false\"",
                 c.name
             ));
         }
@@ -538,7 +565,8 @@ impl Plan {
         Ok(Patch(ops))
     }
 
-    /// Adds the app env vars `c` does not set itself (its own value wins).
+    /// Puts the pod's key first in `c`'s env and adds the app env vars `c` does not set itself
+    /// (its own value wins).
     fn app_env_ops(
         &self,
         ops: &mut Vec<PatchOperation>,
@@ -550,13 +578,31 @@ impl Plan {
         let missing: Vec<&EnvVar> =
             self.app_env.iter().filter(|e| !existing.iter().any(|x| x.name == e.name)).collect();
         let index = index.to_string();
-        extend(ops, &["spec", list, &index, "env"], c.env.as_ref().map(Vec::len), false, to_values(&missing)?);
+        let path = ["spec", list, &index, "env"];
+        let key = to_values(std::slice::from_ref(&self.api_key))?;
+        match c.env {
+            // No env yet: one list, the key first.
+            None => extend(ops, &path, None, false, key.into_iter().chain(to_values(&missing)?).collect()),
+            Some(_) => {
+                extend(ops, &path, Some(existing.len()), true, key);
+                extend(ops, &path, Some(existing.len() + 1), false, to_values(&missing)?);
+            }
+        }
         Ok(())
     }
 
-    /// The marker's value: a hash of everything injected, so a pod shows which injection it got.
+    /// The marker's value: a hash of everything injected but the pod's own key, so a pod shows
+    /// which injection it got.
     fn hash(&self) -> Result<String, InjectError> {
-        let injected = (&self.volumes, &self.init_containers, &self.containers, &self.app_env, self.app_init_env);
+        let keyless = |list: &[Container]| -> Vec<Container> {
+            let mut list = list.to_vec();
+            for c in &mut list {
+                c.env.iter_mut().for_each(|env| env.retain(|e| e.name != ENV_API_KEY));
+            }
+            list
+        };
+        let (init_containers, containers) = (keyless(&self.init_containers), keyless(&self.containers));
+        let injected = (&self.volumes, &init_containers, &containers, &self.app_env, self.app_init_env);
         let bytes = serde_json::to_vec(&injected).map_err(InjectError::Serialize)?;
         Ok(short_hash(&bytes))
     }

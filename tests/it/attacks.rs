@@ -513,3 +513,144 @@ fn the_admin_port_refuses_a_rebound_host_name() {
     assert_eq!(request_with_host(port, "GET", "/metrics", &format!("agent.example:{port}")), Some(200));
     assert_eq!(request_with_host(port, "GET", "/metrics", &format!("rebind.evil.example:{port}")), Some(403));
 }
+
+/// A stand-in chat upstream (the hosted model API cannot run here) on a loopback port: answers
+/// every request with one final completion and records each request's head.
+fn recording_upstream() -> (String, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the stand-in upstream");
+    let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    let heads = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let recorded = heads.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+            let (mut head, mut length) = (String::new(), 0usize);
+            loop {
+                let mut line = String::new();
+                if std::io::BufRead::read_line(&mut reader, &mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(n) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = n.trim().parse().unwrap_or(0);
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            recorded.lock().push(head);
+            let answer = r#"{"id":"c","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"done"},"finish_reason":"stop"}]}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (url, heads)
+}
+
+/// The pod's MCP server sidecars share its loopback: with the pod's key set, none of the doors
+/// (`/mcp`, chat completions, gRPC) answers a caller without it, whatever it sends instead; the
+/// app's own clients (PyPI `openai`, rmcp, `spearlet tools`) get through with it, and the key
+/// goes no further than the agent (the chat upstream never sees it).
+#[tokio::test]
+async fn a_caller_without_the_pods_key_reaches_no_door_and_the_key_goes_no_further() {
+    use rmcp::ServiceExt as _;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    const KEY: &str = "pods-key_0123456789-abcdefghij";
+    spear::install_crypto_provider();
+    let (upstream_url, upstream_heads) = recording_upstream();
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = crate::serve::serve(dir, &["--audit-log", "off", "--upstream-url", &upstream_url, "--api-key", KEY]);
+    let mcp = format!("http://127.0.0.1:{}/mcp", served.http);
+    let chat = format!("http://127.0.0.1:{}/v1/chat/completions", served.http);
+
+    let http = reqwest::Client::new();
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"sidecar","version":"1"}}}"#;
+    let completion = r#"{"model":"m","messages":[{"role":"user","content":"call every tool"}]}"#;
+    let wrong = [
+        None,
+        Some(KEY.to_string()),
+        Some(format!("Basic {KEY}")),
+        Some(format!("Bearer {KEY}x")),
+        Some(format!("Bearer {}", &KEY[..KEY.len() - 1])),
+        Some(format!("Bearer {}", KEY.to_ascii_uppercase())),
+        Some("Bearer ".to_string()),
+    ];
+    for (door, body) in [(&mcp, initialize), (&chat, completion)] {
+        for authorization in &wrong {
+            let mut request = http
+                .post(door)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(body);
+            if let Some(value) = authorization {
+                request = request.header("authorization", value);
+            }
+            let response = request.send().await.expect("the door answers");
+            assert_eq!(response.status().as_u16(), 401, "{door} with {authorization:?}");
+            assert!(response.headers().get("www-authenticate").is_some(), "{door}: a challenge");
+            let text = response.text().await.expect("a body");
+            assert!(text.contains("invalid_api_key") && !text.contains(KEY), "{door}: {text}");
+        }
+    }
+    let transport = StreamableHttpClientTransport::from_uri(mcp.clone());
+    assert!(().serve(transport).await.is_err(), "an rmcp client without the key gets no session");
+
+    let mut registry = McpRegistryClient::connect(format!("http://127.0.0.1:{}", served.grpc)).await.expect("gRPC");
+    let refused = registry.list(pb::ListRequest::default()).await.expect_err("gRPC without the key");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let mut request = tonic::Request::new(pb::ListRequest::default());
+    request.metadata_mut().insert("authorization", "Bearer not-the-pods-key-0123456789".parse().expect("ascii"));
+    assert_eq!(registry.list(request).await.expect_err("a wrong key").code(), tonic::Code::Unauthenticated);
+    assert!(upstream_heads.lock().is_empty(), "no refused request reached the upstream");
+
+    // The app's clients, with the key.
+    let config = StreamableHttpClientTransportConfig::with_uri(mcp.clone()).auth_header(KEY);
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.expect("a session with the key");
+    let tools = client.list_all_tools().await.expect("tools");
+    assert!(tools.iter().any(|t| t.name == "mcp__fx__echo"), "{tools:?}");
+    let _ = client.cancel().await;
+    let tools_cli = |key: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spearlet"));
+        command
+            .args(["tools", "list", "--grpc-addr", &format!("127.0.0.1:{}", served.grpc)])
+            .env_remove("SPEAR_API_KEY");
+        if let Some(key) = key {
+            command.env("SPEAR_API_KEY", key);
+        }
+        command.output().expect("spearlet tools runs")
+    };
+    let without = tools_cli(None);
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert_eq!(without.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("SPEAR_API_KEY"), "the refusal says what to send: {stderr}");
+    let with = tools_cli(Some(KEY));
+    assert!(with.status.success(), "{}", String::from_utf8_lossy(&with.stderr));
+    assert!(String::from_utf8_lossy(&with.stdout).contains("mcp__fx__echo"));
+
+    let sdk = "import openai, sys\nclient = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)\n\
+               print(client.chat.completions.create(model='m', messages=[{'role': 'user', 'content': 'hi'}]).choices[0].message.content)";
+    let base = format!("http://127.0.0.1:{}/v1", served.http);
+    let run_sdk = |key: &str| {
+        Command::new(spear::testing::mcp_servers::python()).args(["-c", sdk, &base, key]).output().expect("python runs")
+    };
+    let refused = run_sdk("sk-the-callers-own-key-0123");
+    assert!(!refused.status.success(), "the OpenAI SDK with another key is refused");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("AuthenticationError"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let answered = run_sdk(KEY);
+    assert!(answered.status.success(), "{}", String::from_utf8_lossy(&answered.stderr));
+    assert_eq!(String::from_utf8_lossy(&answered.stdout).trim(), "done");
+    let heads = upstream_heads.lock().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(!heads[0].contains(KEY), "the pod's key reached the upstream: {}", heads[0]);
+    assert!(!heads[0].to_ascii_lowercase().contains("authorization"), "no key configured: none sent: {}", heads[0]);
+}

@@ -282,6 +282,7 @@ fn explain_connect_lists_tools_and_gives_tool_level_reasons() {
 #[test]
 fn operator_inject_prints_the_pod_the_webhook_would_admit() {
     use k8s_openapi::api::core::v1::Pod;
+    use spear::api::api_key::ApiKey;
     use spear::api::secret_grant::SecretGrants;
     use spear::operator::inject::{self, Decision, InjectConfig};
 
@@ -310,8 +311,17 @@ fn operator_inject_prints_the_pod_the_webhook_would_admit() {
     pod.metadata.namespace = Some("team-a".into());
     let labels = [("mcp.spear.dev/injection".to_string(), "enabled".to_string())].into();
     let grants = SecretGrants::allow_all(["openai"]);
+    // The key is drawn per pod: the same mutation with the key it printed.
+    let key = printed
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == "SPEAR_API_KEY")
+        .and_then(|e| ApiKey::parse(e.value.as_deref()?).ok())
+        .expect("the pod's API key is injected");
     let Decision::Patch { pod: expected, .. } =
-        inject::mutate(&pod, &labels, Some(&profile), &servers, &grants, &InjectConfig::new(image, image))
+        inject::mutate(&pod, &labels, Some(&profile), &servers, &grants, &InjectConfig::new(image, image), &key)
             .expect("mutate")
     else {
         panic!("the example profile injects")

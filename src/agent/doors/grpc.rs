@@ -44,6 +44,7 @@ use tracing::Instrument;
 
 use crate::agent::audit::Door;
 use crate::agent::core::{Agent, AgentState, CallContext, ToolCall};
+use crate::api::api_key::ApiKey;
 use crate::http_server::ConnectionLimits;
 use crate::mcp::arguments::arguments_from_json;
 use crate::mcp::pool::ItemRead;
@@ -73,7 +74,7 @@ pub const REVISION_METADATA: &str = crate::api::keys::HEADER_REGISTRY_REVISION;
 pub(crate) const REQUEST_ID_METADATA: &str = "x-request-id";
 
 /// Tuning of the gRPC door.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct GrpcOptions {
     /// A session unused for this long is gone (NOT_FOUND).
     pub(crate) session_idle_timeout: Duration,
@@ -81,6 +82,8 @@ pub(crate) struct GrpcOptions {
     pub(crate) max_sessions: usize,
     /// Registry views kept for Watch to resume from.
     pub(crate) history: usize,
+    /// The bearer every call must carry (`agent::key_guard`); `None` admits every caller.
+    pub(crate) api_key: Option<ApiKey>,
 }
 
 impl Default for GrpcOptions {
@@ -95,6 +98,7 @@ impl Default for GrpcOptions {
             // 32 revisions: a client that reconnects after a short blip resumes with a diff;
             // one that was gone longer lists again.
             history: 32,
+            api_key: None,
         }
     }
 }
@@ -159,7 +163,9 @@ pub(crate) async fn serve_with(
     shutdown: CancellationToken,
 ) -> Result<(), GrpcError> {
     let addr = listener.local_addr().map_err(|source| GrpcError::Listener { source })?;
+    let key = options.api_key.clone();
     let router = services(agent, options, shutdown.clone())?.prepare().into_axum_router();
+    let router = crate::agent::key_guard::guarded(router, key);
     tracing::info!(%addr, "gRPC door listening");
     // The server loop of every other port (connection cap, per-source share, idle connections
     // closed, h2 pings); a Watch stream is a request in flight for as long as it lasts. Small
@@ -860,7 +866,7 @@ mod tests {
     }
 
     fn options(max: usize) -> GrpcOptions {
-        GrpcOptions { session_idle_timeout: Duration::from_secs(60), max_sessions: max, history: 4 }
+        GrpcOptions { session_idle_timeout: Duration::from_secs(60), max_sessions: max, history: 4, api_key: None }
     }
 
     #[test]

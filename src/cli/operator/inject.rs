@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::api::api_key::ApiKey;
 use crate::api::keys::{self, INJECTION_ENABLED, LABEL_INJECTION};
 use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
 use crate::api::{McpProfile, McpServer};
@@ -97,7 +98,9 @@ impl InjectArgs {
         let mut config = InjectConfig::new(self.agent_image, self.spearlet_image);
         config.native_sidecars = !self.classic_sidecars;
 
-        let decision = inject::mutate(&pod, &labels, profile.as_ref(), &servers, &grants, &config)?;
+        // Each run draws a new key: a pod applied from this output carries it in its spec.
+        let api_key = ApiKey::random().map_err(|e| anyhow::anyhow!("drawing the pod's API key from the OS: {e}"))?;
+        let decision = inject::mutate(&pod, &labels, profile.as_ref(), &servers, &grants, &config, &api_key)?;
         let out = match decision {
             Decision::Deny { message } => {
                 tell(format_args!("denied: {message}"));

@@ -5,6 +5,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::agent::{AgentConfig, AuditTarget};
+use crate::api::api_key::ApiKey;
 use crate::api::keys;
 use crate::chat::UpstreamOverride;
 use crate::cli::usage;
@@ -63,6 +64,17 @@ pub struct AgentArgs {
     /// closes it; its client then gets 404 and initializes a new one.
     #[arg(long, env = keys::ENV_MCP_SESSION_IDLE_SECONDS, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) mcp_session_idle_seconds: u64,
+    /// The key chat completions, /mcp and gRPC require as `Authorization: Bearer <key>` (16 to
+    /// 512 characters of a bearer token's alphabet). The webhook sets it in a pod; unset in local
+    /// mode, the doors take any caller on loopback. Prefer the variable: a flag's value shows in
+    /// the process list.
+    #[arg(long, env = keys::ENV_API_KEY, hide_env_values = true, value_name = "KEY", value_parser = parse_api_key)]
+    pub(crate) api_key: Option<ApiKey>,
+}
+
+/// `--api-key`'s parser: the key, or why it is not one.
+pub(crate) fn parse_api_key(value: &str) -> Result<ApiKey, String> {
+    ApiKey::parse(value).map_err(|e| format!("the key {e}"))
 }
 
 impl AgentArgs {
@@ -92,6 +104,7 @@ impl AgentArgs {
                 max_connections: usize::from(self.max_connections),
             },
             mcp_session_idle: Duration::from_secs(self.mcp_session_idle_seconds),
+            api_key: self.api_key,
         })
     }
 }

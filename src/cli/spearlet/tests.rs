@@ -35,7 +35,16 @@ fn injected_pod() -> Pod {
         ..Pod::default()
     };
     let enabled = BTreeMap::from([(keys::LABEL_INJECTION.to_string(), keys::INJECTION_ENABLED.to_string())]);
-    match mutate(&pod, &enabled, Some(&dev), &[fs], &Default::default(), &InjectConfig::new("agent:1", "spearlet:1")) {
+    let key = crate::api::api_key::ApiKey::random().expect("the OS has randomness");
+    match mutate(
+        &pod,
+        &enabled,
+        Some(&dev),
+        &[fs],
+        &Default::default(),
+        &InjectConfig::new("agent:1", "spearlet:1"),
+        &key,
+    ) {
         Ok(Decision::Patch { pod, .. }) => *pod,
         other => panic!("expected the pod to be injected, got {other:?}"),
     }

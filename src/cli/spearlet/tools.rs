@@ -15,12 +15,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use super::agent_args::parse_api_key;
 use crate::agent::grpc::pb;
 use crate::agent::grpc::pb::mcp_registry_client::McpRegistryClient;
 use crate::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
-use crate::api::keys::{ENV_GRPC_ADDR, ENV_TOOLS_ARGS, ENV_TOOLS_SERVER, PORT_GRPC};
+use crate::api::api_key::ApiKey;
+use crate::api::keys::{ENV_API_KEY, ENV_GRPC_ADDR, ENV_TOOLS_ARGS, ENV_TOOLS_SERVER, PORT_GRPC};
 use crate::cli::{EXIT_INVALID, block_on, say, tell, usage};
 use crate::telemetry::error_chain;
 
@@ -37,6 +42,10 @@ pub struct GrpcArgs {
     /// Address of the agent's gRPC door (`host:port`, or an `http://` URL).
     #[arg(long, env = ENV_GRPC_ADDR, default_value_t = format!("127.0.0.1:{PORT_GRPC}"), value_name = "ADDR")]
     grpc_addr: String,
+    /// The agent's API key, sent as `authorization: Bearer <key>` (in a pod, the webhook sets the
+    /// variable).
+    #[arg(long, env = ENV_API_KEY, hide_env_values = true, value_name = "KEY", value_parser = parse_api_key)]
+    api_key: Option<ApiKey>,
 }
 
 /// `spearlet tools …`: list and call the tools this pod may use, through the agent's gRPC door.
@@ -112,6 +121,7 @@ impl Failure {
         let message = format!("{what}: {}", status.message());
         match status.code() {
             tonic::Code::PermissionDenied
+            | tonic::Code::Unauthenticated
             | tonic::Code::NotFound
             | tonic::Code::ResourceExhausted
             | tonic::Code::FailedPrecondition => Failure::Refused(message),
@@ -134,8 +144,21 @@ impl Failure {
 // === connection ===
 
 struct Clients {
-    sessions: McpSessionsClient<Channel>,
-    registry: McpRegistryClient<Channel>,
+    sessions: McpSessionsClient<InterceptedService<Channel, Bearer>>,
+    registry: McpRegistryClient<InterceptedService<Channel, Bearer>>,
+}
+
+/// Sends the API key with every call, when there is one.
+#[derive(Clone)]
+struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 /// `host:port` → `http://host:port`; a URL is kept.
@@ -152,9 +175,21 @@ async fn connect(grpc: &GrpcArgs) -> Result<Clients, Failure> {
     let endpoint = Endpoint::from_shared(endpoint_uri(addr))
         .map_err(|e| Failure::Usage(format!("--grpc-addr '{addr}' is not a valid address: {e}")))?
         .connect_timeout(CONNECT_TIMEOUT);
+    // The key's alphabet is a header value's: this cannot fail for a parsed key.
+    let bearer = match &grpc.api_key {
+        Some(key) => Some(
+            MetadataValue::try_from(format!("Bearer {}", key.expose()))
+                .map_err(|_| Failure::Usage(format!("--api-key (env {ENV_API_KEY}) is not a valid header value")))?,
+        ),
+        None => None,
+    };
     let channel =
         endpoint.connect().await.map_err(|e| Failure::Connect { addr: addr.to_string(), reason: error_chain(&e) })?;
-    Ok(Clients { sessions: McpSessionsClient::new(channel.clone()), registry: McpRegistryClient::new(channel) })
+    let bearer = Bearer(bearer);
+    Ok(Clients {
+        sessions: McpSessionsClient::with_interceptor(channel.clone(), bearer.clone()),
+        registry: McpRegistryClient::with_interceptor(channel, bearer),
+    })
 }
 
 impl Clients {

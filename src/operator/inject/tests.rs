@@ -116,8 +116,15 @@ fn granted(profile: Option<&McpProfile>, servers: &[McpServer]) -> SecretGrants 
     SecretGrants::allow_all(names.iter().map(String::as_str))
 }
 
+/// The pod key of every case (the webhook draws a random one per pod).
+const KEY: &str = "test-key-of-the-pod-0123456789";
+
+fn key() -> ApiKey {
+    ApiKey::parse(KEY).expect("a valid key")
+}
+
 fn run(pod: &Pod, profile: Option<&McpProfile>, servers: &[McpServer], native: bool) -> Decision {
-    match mutate(pod, &enabled(), profile, servers, &granted(profile, servers), &config(native)) {
+    match mutate(pod, &enabled(), profile, servers, &granted(profile, servers), &config(native), &key()) {
         Ok(d) => d,
         Err(e) => panic!("mutate failed: {e}"),
     }
@@ -206,7 +213,7 @@ fn cases() -> Vec<Case> {
     vec![
         case("no_profile_annotation", pod(&[]), mixed(true)),
         case("namespace_not_enabled", with_profile(), |p| {
-            mutate(p, &BTreeMap::new(), None, &[], &SecretGrants::default(), &config(true)).expect("decides")
+            mutate(p, &BTreeMap::new(), None, &[], &SecretGrants::default(), &config(true), &key()).expect("decides")
         }),
         case("opt_out", pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "false")]), mixed(true)),
         case("classic_sidecars", with_profile(), mixed(false)),
@@ -303,11 +310,83 @@ fn the_agent_learns_where_each_delivered_value_was_granted_to_go() {
 }
 
 #[test]
+fn the_pods_key_is_first_in_the_agents_and_the_apps_env_and_in_no_sidecar() {
+    let (profile, servers) = with_secrets();
+    for native in [false, true] {
+        let mut input = with_profile();
+        let spec = spec_mut(&mut input);
+        spec.init_containers = Some(vec![container("migrate")]);
+        spec.containers[0].env = Some(vec![env("OPENAI_API_KEY", "$(SPEAR_API_KEY)")]);
+        let decision = run(&input, Some(&profile), &servers, native);
+        let (_, out, _) = patched(&decision);
+        let spec = out.spec.as_ref().expect("spec");
+        for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+            let first = c.env.iter().flatten().next();
+            let keyed = c.env.iter().flatten().filter(|e| e.name == ENV_API_KEY).collect::<Vec<_>>();
+            // The app's own init containers run before the agent without native sidecars.
+            let gets_key = c.name == AGENT_CONTAINER || c.name == "app" || (native && c.name == "migrate");
+            if gets_key {
+                assert_eq!(
+                    first.map(|e| (e.name.as_str(), e.value.as_deref())),
+                    Some((ENV_API_KEY, Some(KEY))),
+                    "{}",
+                    c.name
+                );
+                assert_eq!(keyed.len(), 1, "{}", c.name);
+            } else {
+                assert!(keyed.is_empty(), "native={native}: {} must not see the pod's key", c.name);
+            }
+        }
+        // Before the app's own variables, which may therefore refer to it.
+        let app: Vec<&str> = find(out, "app").env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert_eq!(app[..2], [ENV_API_KEY, "OPENAI_API_KEY"]);
+    }
+}
+
+#[test]
+fn the_marker_does_not_depend_on_the_pods_key() {
+    let (profile, servers) = with_secrets();
+    let marker = |key: &ApiKey| {
+        let decision = mutate(
+            &with_profile(),
+            &enabled(),
+            Some(&profile),
+            &servers,
+            &granted(Some(&profile), &servers),
+            &config(true),
+            key,
+        )
+        .expect("decides");
+        let (_, out, _) = patched(&decision);
+        out.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_INJECTED)).cloned().expect("a marker")
+    };
+    let other = ApiKey::random().expect("the OS has randomness");
+    assert_eq!(marker(&key()), marker(&other));
+}
+
+#[test]
+fn an_app_container_setting_the_key_itself_is_denied() {
+    let (profile, servers) = mixed();
+    let mut input = with_profile();
+    spec_mut(&mut input).containers[0].env = Some(vec![env(ENV_API_KEY, "my-own-key-0123456789")]);
+    let message = denied(&run(&input, Some(&profile), &servers, true)).to_string();
+    assert!(message.contains("\"app\" sets SPEAR_API_KEY") && message.contains("$(SPEAR_API_KEY)"), "{message}");
+}
+
+#[test]
 fn gates_skip_in_order() {
     let (profile, servers) = mixed();
     let not_enabled = BTreeMap::from([(LABEL_INJECTION.to_string(), "disabled".to_string())]);
-    let d = mutate(&with_profile(), &not_enabled, Some(&profile), &servers, &SecretGrants::default(), &config(true))
-        .expect("decides");
+    let d = mutate(
+        &with_profile(),
+        &not_enabled,
+        Some(&profile),
+        &servers,
+        &SecretGrants::default(),
+        &config(true),
+        &key(),
+    )
+    .expect("decides");
     assert_eq!(d, Decision::Skip { reason: SkipReason::NamespaceNotEnabled });
     let opted_out = pod(&[(ANNOTATION_PROFILE, "dev"), (ANNOTATION_INJECT, "False")]);
     assert_eq!(run(&opted_out, Some(&profile), &servers, true), Decision::Skip { reason: SkipReason::OptedOut });
@@ -580,9 +659,16 @@ fn long_server_names_give_unique_valid_container_names() {
 fn ports_are_configurable() {
     let (profile, servers) = mixed();
     let config = InjectConfig { ports: Ports { http: 5050, grpc: 5051, admin: 5052 }, ..config(true) };
-    let decision =
-        mutate(&with_profile(), &enabled(), Some(&profile), &servers, &granted(Some(&profile), &servers), &config)
-            .expect("decides");
+    let decision = mutate(
+        &with_profile(),
+        &enabled(),
+        Some(&profile),
+        &servers,
+        &granted(Some(&profile), &servers),
+        &config,
+        &key(),
+    )
+    .expect("decides");
     let (_, out, _) = patched(&decision);
     let app = find(out, "app");
     assert_eq!(env_of(app, ENV_MCP_URL).and_then(|e| e.value.as_deref()), Some("http://127.0.0.1:5050/mcp"));
@@ -610,6 +696,7 @@ fn a_profile_other_than_the_annotated_one_is_an_error() {
         &servers,
         &granted(Some(&profile), &servers),
         &config(true),
+        &key(),
     );
     assert!(matches!(result, Err(InjectError::ProfileMismatch { .. })), "{result:?}");
 }
@@ -621,7 +708,7 @@ fn references_their_secret_does_not_grant_are_left_out_with_a_warning() {
     // web-credentials grants another server; fs-secret and openai do not exist.
     grants.insert("web-credentials", Some([(ANNOTATION_ALLOWED_SERVERS.to_string(), "other".to_string())].into()));
     let decision =
-        mutate(&with_profile(), &enabled(), Some(&profile), &servers, &grants, &config(true)).expect("decides");
+        mutate(&with_profile(), &enabled(), Some(&profile), &servers, &grants, &config(true), &key()).expect("decides");
     let (_, pod, warnings) = patched(&decision);
     let spec = pod.spec.as_ref().expect("spec");
     let secret_vars: Vec<&str> = spec

@@ -51,6 +51,7 @@ use self::client_auth::{ClientAuth, ClientAuthError};
 use self::rate_limit::{Limiting, RateLimit, SourceLimiter};
 use super::inject::{self, Decision, InjectConfig, InjectError};
 use super::scope::Scope;
+use crate::api::api_key::ApiKey;
 use crate::api::validate::is_dns1123_label;
 use crate::http_server::ConnectionLimits;
 use crate::telemetry::error_chain;
@@ -223,6 +224,9 @@ pub(crate) enum ReviewError {
     /// The patch could not be serialized.
     #[error("serializing the injection patch failed")]
     Patch(#[from] SerializePatchError),
+    /// The OS gave no randomness for the pod's API key.
+    #[error("drawing the pod's API key from the OS failed: {0}")]
+    Randomness(getrandom::Error),
 }
 
 impl ReviewError {
@@ -234,6 +238,7 @@ impl ReviewError {
             ReviewError::Lookup(LookupError::Kube { .. }) => "lookup_failed",
             ReviewError::Inject(_) => "inject_failed",
             ReviewError::Patch(_) => "patch_failed",
+            ReviewError::Randomness(_) => "randomness_failed",
         }
     }
 }
@@ -318,8 +323,16 @@ pub(crate) async fn review<L: Lookup>(
         Some(profile) => profile_servers(profile, inputs.servers),
         None => Vec::new(),
     };
-    let decision =
-        inject::mutate(&pod, &inputs.namespace_labels, inputs.profile.as_ref(), &servers, &inputs.secrets, config)?;
+    let api_key = ApiKey::random().map_err(ReviewError::Randomness)?;
+    let decision = inject::mutate(
+        &pod,
+        &inputs.namespace_labels,
+        inputs.profile.as_ref(),
+        &servers,
+        &inputs.secrets,
+        config,
+        &api_key,
+    )?;
     Ok(match decision {
         Decision::Skip { reason } => allow(reason.as_str()),
         Decision::Patch { patch, warnings, .. } => {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use serde_json::{Value, json};
+use spear::api::api_key::ApiKey;
 use spear::api::keys::{ANNOTATION_PROFILE, INJECTION_ENABLED, LABEL_INJECTION};
 use spear::api::{McpProfile, McpServer};
 use spear::operator::inject::{self, Decision, InjectConfig};
@@ -162,9 +163,15 @@ async fn kubectl_spear_reads_the_pods_profile_and_injection_and_names_each_fix()
     sent.metadata.namespace = Some(ns.name.clone());
     let enabled = BTreeMap::from([(LABEL_INJECTION.to_string(), INJECTION_ENABLED.to_string())]);
     let config = InjectConfig::new("example.com/agent:1", "example.com/spearlet:1");
-    let Ok(Decision::Patch { pod: injected, .. }) =
-        inject::mutate(&sent, &enabled, Some(&profiles[0]), &servers[..2], &Default::default(), &config)
-    else {
+    let Ok(Decision::Patch { pod: injected, .. }) = inject::mutate(
+        &sent,
+        &enabled,
+        Some(&profiles[0]),
+        &servers[..2],
+        &Default::default(),
+        &config,
+        &ApiKey::random().expect("randomness"),
+    ) else {
         panic!("a pod naming an existing profile in an enabled namespace must be patched");
     };
     for pod in [*injected, app_pod("plain", Some("dev")), app_pod("bare", None), app_pod("typo", Some("dve"))] {

@@ -564,6 +564,7 @@ fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
         audit_arguments: false,
         connection_limits: Default::default(),
         mcp_session_idle: Duration::from_secs(300),
+        api_key: None,
     }
 }
 

@@ -24,11 +24,14 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use rmcp::ServiceExt as _;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
+use spear::api::api_key::ApiKey;
 use spear::api::keys::{
-    AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_MCP_URL,
-    ENV_SIDECAR_SERVERS, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR, SIDECAR_PREFIX,
+    AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, BIN_DIR, ENV_API_KEY, ENV_GRPC_ADDR,
+    ENV_MCP_URL, ENV_SIDECAR_SERVERS, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, RUN_DIR,
+    SIDECAR_PREFIX,
 };
 use spear::api::secret_grant::{ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, SecretGrants};
 use spear::api::{HttpAuth, McpProfile, McpServer, ServiceAccountTokenAuth};
@@ -200,6 +203,18 @@ where
 }
 
 /// The parts of a stored pod an injection decides (not names, uids or timestamps).
+/// The pod's own key the webhook drew (the agent's `SPEAR_API_KEY`).
+fn api_key_of(pod: &Pod) -> ApiKey {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .filter(|c| c.name == AGENT_CONTAINER)
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == ENV_API_KEY)
+        .and_then(|e| ApiKey::parse(e.value.as_deref()?).ok())
+        .expect("the agent has the pod's API key")
+}
+
 fn injected_parts(pod: &Pod) -> (Option<BTreeMap<String, String>>, serde_json::Value) {
     let spec = serde_json::to_value(&pod.spec).expect("a pod spec serializes");
     (pod.metadata.annotations.clone(), spec)
@@ -249,10 +264,16 @@ async fn admitted_pod_is_stored_with_exactly_the_injection_mutate_computes() {
     sent.metadata.namespace = Some(ns.name.clone());
     let in_profile: Vec<McpServer> = servers[..3].to_vec();
     let enabled = labels(&[(LABEL_INJECTION, INJECTION_ENABLED)]);
-    let Decision::Patch { pod: expected, warnings, .. } =
-        inject::mutate(&sent, &enabled, Some(&stored_profile), &in_profile, &SecretGrants::default(), &inject_config())
-            .expect("mutate")
-    else {
+    let Decision::Patch { pod: expected, warnings, .. } = inject::mutate(
+        &sent,
+        &enabled,
+        Some(&stored_profile),
+        &in_profile,
+        &SecretGrants::default(),
+        &inject_config(),
+        &api_key_of(&admitted),
+    )
+    .expect("mutate") else {
         panic!("a pod naming an existing profile in an enabled namespace must be patched");
     };
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -655,6 +676,8 @@ struct LocalPod {
     namespace: String,
     name: String,
     kubeconfig: PathBuf,
+    /// The values of the Secrets the pod's env refers to: (Secret, key) → value.
+    secrets: BTreeMap<(String, String), String>,
 }
 
 impl LocalPod {
@@ -686,6 +709,16 @@ impl LocalPod {
     fn env(&self, container: &Container) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = Vec::new();
         for EnvVar { name, value, value_from } in container.env.iter().flatten() {
+            let secret = value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref());
+            if let Some(secret) = secret {
+                let key = (secret.name.clone(), secret.key.clone());
+                let value = self
+                    .secrets
+                    .get(&key)
+                    .unwrap_or_else(|| panic!("{}: env {name} needs Secret {key:?}", container.name));
+                env.push((name.clone(), value.clone()));
+                continue;
+            }
             let value = match (value, value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
                 (Some(value), _) => expand(value, &env),
                 (None, Some(field)) if field.field_path == "metadata.namespace" => self.namespace.clone(),
@@ -779,7 +812,16 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let server = McpServer::test("fixture").running(&fixture).image("python:3.13-slim").allowing(["*"]);
     create(&ns.api::<McpServer>(), &server).await;
     create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["fixture"])).await;
-    let pod = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+    // The app passes the pod's key on as the OpenAI SDK's variable, by the kubelet's expansion.
+    let mut app_pod = app_pod("app", &[(ANNOTATION_PROFILE, "dev")]);
+    if let Some(spec) = app_pod.spec.as_mut() {
+        spec.containers[0].env = Some(vec![EnvVar {
+            name: "OPENAI_API_KEY".into(),
+            value: Some(format!("$({ENV_API_KEY})")),
+            ..Default::default()
+        }]);
+    }
+    let pod = create(&ns.api::<Pod>(), &app_pod).await;
     let spec = pod.spec.clone().expect("a stored pod has a spec");
     let all: Vec<&Container> = spec.init_containers.iter().flatten().chain(&spec.containers).collect();
     let find = |name: &str| *all.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no container {name}"));
@@ -793,6 +835,7 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
         namespace: ns.name.clone(),
         name: pod.metadata.name.clone().expect("the API server named the pod"),
         kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
+        secrets: BTreeMap::new(),
     };
     // The run dir holds one volume per server (what the kubelet mounts at /spear/run/<server>).
     for d in [&local.bin, &local.run, &local.tmp, &local.run.join("fixture")] {
@@ -808,11 +851,22 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let _agent = local.spawn(find(AGENT_CONTAINER));
     assert!(mcp_servers::wait_for_http(ports.http, READY_TIMEOUT).await, "the agent listens on its HTTP port");
 
-    // The app container's view: SPEAR_MCP_URL from its injected env.
-    let app = find("app");
-    let url = local.env(app).into_iter().find(|(n, _)| n == ENV_MCP_URL).map(|(_, v)| v).expect("SPEAR_MCP_URL is set");
+    // The app container's view: SPEAR_MCP_URL and the pod's key from its injected env.
+    let app_env = local.env(find("app"));
+    let var = |name: &str| app_env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    let url = var(ENV_MCP_URL).expect("SPEAR_MCP_URL is set");
     assert_eq!(url, format!("http://127.0.0.1:{}/mcp", ports.http));
-    let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await.expect("an MCP session with the agent");
+    let key = var(ENV_API_KEY).expect("SPEAR_API_KEY is set in the app");
+    assert_eq!(var("OPENAI_API_KEY").as_ref(), Some(&key), "$(SPEAR_API_KEY) expands in the app's own env");
+    assert_eq!(api_key_of(&pod).expose(), key, "the agent and the app have the same key");
+    let sidecar = local.env(find(&format!("{SIDECAR_PREFIX}fixture")));
+    assert!(
+        !sidecar.iter().any(|(n, v)| n == ENV_API_KEY || v.contains(&key)),
+        "the MCP server's sidecar must not see the pod's key: {sidecar:?}"
+    );
+    let config = StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(key);
+    let client =
+        ().serve(StreamableHttpClientTransport::from_config(config)).await.expect("an MCP session with the agent");
     // The python server takes a moment to start behind its bridge: poll, as an app would retry.
     let deadline = Instant::now() + READY_TIMEOUT;
     let echo = loop {
@@ -830,6 +884,47 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
     let text = serde_json::to_string(&result.content).expect("content serializes");
     assert!(text.contains("hello from the pod"), "{text}");
     let _ = client.cancel().await;
+
+    // A hostile server's sidecar shares the pod's loopback but not the key: every door refuses it.
+    let http = reqwest::Client::new();
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"sidecar","version":"1"}}}"#;
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"call every tool"}]}"#;
+    let doors = [(url.clone(), initialize), (format!("http://127.0.0.1:{}/v1/chat/completions", ports.http), chat)];
+    for (door, body) in &doors {
+        for authorization in
+            [None, Some("Bearer not-this-pods-key-0123456789".to_string()), Some(var(ENV_API_KEY).expect("key"))]
+        {
+            let mut request = http
+                .post(door)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(*body);
+            if let Some(value) = &authorization {
+                request = request.header("authorization", value);
+            }
+            let response = request.send().await.expect("the door answers");
+            assert_eq!(response.status(), 401, "{door} with {authorization:?}");
+        }
+    }
+    let tools = |key: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_spearlet"));
+        command.args(["tools", "list"]).env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)).env_remove(ENV_API_KEY);
+        if let Some(key) = key {
+            command.env(ENV_API_KEY, key);
+        }
+        command.output().expect("spearlet tools runs")
+    };
+    let refused = tools(None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "gRPC without the key: {stderr}");
+    assert!(stderr.contains(ENV_API_KEY), "the refusal names the key to send: {stderr}");
+    let listed = tools(var(ENV_API_KEY).as_deref());
+    let stdout = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success() && stdout.contains("echo"),
+        "gRPC with the app's key: {stdout}{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
 }
 
 #[test]
@@ -1230,4 +1325,108 @@ async fn the_webhook_answers_from_its_caches_and_sees_a_profile_edit_within_a_se
     assert_eq!(after, before, "answered from the caches, without reading through");
     eprintln!("profile edit reached the webhook after {seen:?}");
     drop(webhook);
+}
+
+/// A Secret value granted to an McpServer goes only where it was granted to go: an edit that
+/// moves the server's URL after the pod was admitted leaves it unsent (the server is unavailable,
+/// saying to recreate the pod), where running agents used to follow the edit with the Secret.
+#[tokio::test]
+async fn a_server_moved_after_admission_gets_none_of_the_pods_credentials() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-moved").await;
+    let ports = Ports { http: free_port(), grpc: free_port(), admin: free_port() };
+    let _webhook = Webhook::start(&ns, InjectConfig { ports, ..inject_config() }).await;
+
+    const SECRET_VALUE: &str = "granted-for-the-first-url-only";
+    let mut secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("web-token".into()),
+            annotations: Some([(ANNOTATION_ALLOWED_SERVERS.to_string(), "web".to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    secret.string_data = Some([("token".to_string(), SECRET_VALUE.to_string())].into());
+    create(&ns.api::<Secret>(), &secret).await;
+    let granted_port = free_port();
+    let _granted = tokio::process::Command::from(mcp_servers::fixture_http(granted_port, &[]).to_std())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the granted server starts");
+    assert!(mcp_servers::wait_for_http(granted_port, READY_TIMEOUT).await, "the granted server listens");
+    let server =
+        McpServer::test("web").http_at(granted_port).secret_header("x-token", "web-token", "token").allowing(["*"]);
+    create(&ns.api::<McpServer>(), &server).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["web"])).await;
+    let pod = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+    let spec = pod.spec.clone().expect("a stored pod has a spec");
+    let agent = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .find(|c| c.name == AGENT_CONTAINER)
+        .expect("the agent");
+
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temp dir");
+    let local = LocalPod {
+        bin: dir.path().join("bin"),
+        run: dir.path().join("run"),
+        tmp: dir.path().join("tmp"),
+        namespace: ns.name.clone(),
+        name: pod.metadata.name.clone().expect("the API server named the pod"),
+        kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
+        secrets: [(("web-token".to_string(), "token".to_string()), SECRET_VALUE.to_string())].into(),
+    };
+    for d in [&local.bin, &local.run, &local.tmp] {
+        std::fs::create_dir(d).expect("creating a volume dir");
+    }
+    let init = spec.init_containers.iter().flatten().find(|c| c.name == INIT_CONTAINER).expect("spear-init");
+    assert!(local.spawn(init).wait().await.expect("spear-init runs").success());
+    let _agent = local.spawn(agent);
+    assert!(mcp_servers::wait_for_http(ports.http, READY_TIMEOUT).await, "the agent listens");
+    let key = local.env(agent).into_iter().find(|(n, _)| n == ENV_API_KEY).map(|(_, v)| v).expect("the pod's key");
+    let url = format!("http://127.0.0.1:{}/mcp", ports.http);
+    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(key);
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.expect("an MCP session");
+    let echo = |text: &'static str| {
+        let mut params = CallToolRequestParams::new("mcp__web__echo");
+        params.arguments = serde_json::json!({ "text": text }).as_object().cloned();
+        client.call_tool(params)
+    };
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        match echo("before the edit").await {
+            Ok(result) if result.is_error != Some(true) => break,
+            other => assert!(Instant::now() < deadline, "the granted server's echo never answered: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The McpServer's editor points it at their own listener.
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the new destination");
+    elsewhere.set_nonblocking(true).expect("nonblocking");
+    let moved_to = format!("http://{}/mcp", elsewhere.local_addr().expect("addr"));
+    let patch = serde_json::json!({"spec": {"http": {"url": moved_to}}});
+    ns.api::<McpServer>().patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("the edit");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let refusal = loop {
+        let text = match echo("after the edit").await {
+            Ok(result) => serde_json::to_string(&result.content).unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        if text.contains("recreate the pod") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the moved server was never refused: {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(refusal.contains("granted for the old destination"), "{refusal}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        matches!(elsewhere.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the agent connected to the moved server's new URL, with the Secret granted for the old one"
+    );
+    let _ = client.cancel().await;
 }
