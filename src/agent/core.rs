@@ -707,8 +707,9 @@ impl Agent {
             for id in now.difference(&refresh.restart_required) {
                 tracing::warn!(
                     server_id = %id,
-                    "stdio server joined the profile after this pod started: it has no sidecar here, \
-                     so its tools stay unavailable until the pod is restarted"
+                    "server needs a pod restart: a stdio server that joined the profile after this pod started \
+                     (no sidecar here), or an http server whose URL, issuer or token mode moved since the pod's \
+                     credentials were granted; its tools stay unavailable until the pod is recreated"
                 );
             }
             inner.options.registry_metrics.restart_required(now.iter().map(String::as_str));

@@ -61,6 +61,9 @@ pub struct PodConfig {
     /// The secret-backed header values delivered to this pod (`<server>/<header>`); `None`:
     /// every `SPEAR_SECRET_*` variable is read.
     pub secret_refs: Option<Vec<String>>,
+    /// Where each Streamable HTTP server's delivered credentials were granted to go
+    /// (`<server>=<hash>`); `None`: not checked.
+    pub granted_destinations: Option<Vec<String>>,
     /// kubeconfig file(s), `:`-separated; `None`: in-cluster, then `~/.kube/config`.
     pub kubeconfig: Option<OsString>,
     pub agent: AgentConfig,
@@ -125,7 +128,16 @@ fn only_profile(snapshot: &crate::registry::snapshot::Snapshot, dir: &std::path:
 
 /// Runs the in-pod agent until `cancel`, or until the registry watch dies.
 pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<(), RunError> {
-    let PodConfig { profile, namespace, socket_dir, sidecar_servers, secret_refs, kubeconfig, agent } = config;
+    let PodConfig {
+        profile,
+        namespace,
+        socket_dir,
+        sidecar_servers,
+        secret_refs,
+        granted_destinations,
+        kubeconfig,
+        agent,
+    } = config;
     crate::install_crypto_provider();
     let Some(profile) = profile.filter(|p| !p.is_empty()) else {
         return Err(RunError::Config(format!(
@@ -183,8 +195,25 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
         }
         None => (None, BTreeMap::new()),
     };
-    let mode = Mode::Sidecar { socket_dir, sidecars, secret_refs: secret_refs.map(set), peer_uids };
+    let destinations = granted_destinations.map(destination_entries).transpose().map_err(RunError::Config)?;
+    let mode = Mode::Sidecar { socket_dir, sidecars, secret_refs: secret_refs.map(set), peer_uids, destinations };
     run(agent, profile, registry, mode, Some(critical), cancel).await
+}
+
+/// `SPEAR_GRANTED_DESTINATIONS` entries, `<server>=<hash>` (empty ones skipped).
+fn destination_entries(entries: Vec<String>) -> Result<BTreeMap<String, String>, String> {
+    let mut map = BTreeMap::new();
+    for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+        let Some((server, hash)) = entry.split_once('=').filter(|(s, h)| !s.is_empty() && !h.is_empty()) else {
+            return Err(format!(
+                "--granted-destinations (env {}): {entry:?} is not <server>=<hash>: the webhook sets this; unset it to \
+                 skip the check",
+                keys::ENV_GRANTED_DESTINATIONS
+            ));
+        };
+        map.insert(server.to_string(), hash.to_string());
+    }
+    Ok(map)
 }
 
 /// `SPEAR_SIDECAR_SERVERS` entries, `<server>` or `<server>=<uid>`: the servers with a sidecar,

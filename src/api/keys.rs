@@ -103,6 +103,10 @@ pub const ENV_SIDECAR_SERVERS: &str = "SPEAR_SIDECAR_SERVERS";
 /// The secret-backed header values delivered to the agent, `<server>/<header>`, comma-separated:
 /// the agent reads `SPEAR_SECRET_*` only for these (see `mcp::config::Mode::Sidecar`).
 pub(crate) const ENV_SECRET_REFS: &str = "SPEAR_SECRET_REFS";
+/// Where each Streamable HTTP server's delivered values (Secret values, tokens) were granted to
+/// go, `<server>=<names::http_destination>`, comma-separated: the agent sends nothing to a server
+/// whose live spec no longer hashes the same.
+pub(crate) const ENV_GRANTED_DESTINATIONS: &str = "SPEAR_GRANTED_DESTINATIONS";
 pub(crate) const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
 pub(crate) const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
 /// The chat upstream's API key (from the profile's `chat.upstream.apiKeySecretRef`; in local

@@ -240,9 +240,25 @@ pub struct HttpSpec {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct HttpAuth {
-    /// OAuth 2.1 client credentials grant at the authorization server the MCP server names in
-    /// its protected-resource metadata (RFC 9728), with the server's URL as the RFC 8707
-    /// resource indicator.
+    /// The authorization server the agent trusts with this server's credential: its issuer
+    /// identifier (RFC 8414), an `https://` URL (`http://` only on loopback). The agent reads
+    /// the authorization server's metadata from this issuer, never from an address the MCP
+    /// server gives; a server whose protected-resource metadata (RFC 9728) names another
+    /// authorization server, or metadata whose `issuer` differs, is refused until this field
+    /// or the server changes: the MCP server is trusted with nothing, so it does not choose
+    /// where the client secret or the pod's token goes.
+    ///
+    /// Required with `clientCredentials.clientSecret` and with `tokenExchange` (both grants).
+    /// For `tokenExchange` it defaults to `audience` when the audience is itself an `https://`
+    /// URL (the token then goes only to the party it is minted for). Optional with
+    /// `clientCredentials.privateKey` (the signed assertion is bound to the issuer it is sent
+    /// to, so it is useless elsewhere), and checked when set. Not used by `serviceAccountToken`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
+    pub issuer: Option<String>,
+
+    /// OAuth 2.1 client credentials grant at the authorization server `issuer` names, with the
+    /// server's URL as the RFC 8707 resource indicator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_credentials: Option<ClientCredentialsAuth>,
 
@@ -252,9 +268,9 @@ pub struct HttpAuth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_token: Option<ServiceAccountTokenAuth>,
 
-    /// Exchange the pod's projected service-account token for an access token at the server's
-    /// authorization server: RFC 8693 token exchange, or the RFC 7523 JWT-bearer grant
-    /// (workload identity federation).
+    /// Exchange the pod's projected service-account token for an access token at the
+    /// authorization server `issuer` names: RFC 8693 token exchange, or the RFC 7523 JWT-bearer
+    /// grant (workload identity federation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_exchange: Option<TokenExchangeAuth>,
 
@@ -397,6 +413,22 @@ impl HttpAuth {
         }
         let te = self.token_exchange.as_ref()?;
         Some((&te.audience, te.expiration_seconds.unwrap_or(DEFAULT_SA_TOKEN_SECONDS)))
+    }
+
+    /// The authorization server this configuration trusts: `issuer`, else, for `tokenExchange`,
+    /// its `audience` when that is an `https://` URL (see `issuer`).
+    pub fn pinned_issuer(&self) -> Option<&str> {
+        if let Some(issuer) = self.issuer.as_deref() {
+            return Some(issuer);
+        }
+        let te = self.token_exchange.as_ref()?;
+        te.audience.starts_with("https://").then_some(te.audience.as_str())
+    }
+
+    /// Whether this mode sends a credential that is good elsewhere (a client secret, the pod's
+    /// token) to an authorization server, so the server must be pinned by `issuer`.
+    pub fn needs_issuer(&self) -> bool {
+        self.token_exchange.is_some() || self.client_credentials.as_ref().is_some_and(|cc| cc.private_key.is_none())
     }
 
     /// The mode's name, for `explain` and status lines.

@@ -6,11 +6,14 @@
 //! server + field ──secret_ref_id───▶ <server>/<field>               (an entry of SPEAR_SECRET_REFS)
 //! server ──────────────────────────▶ <RUN_DIR>/<server>/SOCKET_FILE (the bridge's socket)
 //! bytes ─────────short_hash────────▶ 16 hex characters of sha256    (revisions, versions, markers)
+//! http spec ───http_destination────▶ <hash>                         (an entry of SPEAR_GRANTED_DESTINATIONS)
 //! ```
 
 use std::fmt;
 
 use sha2::{Digest, Sha256};
+
+use super::{HttpAuth, HttpSpec};
 
 /// The bridge socket's file name in its server's directory.
 pub(crate) const SOCKET_FILE: &str = "mcp.sock";
@@ -30,6 +33,30 @@ pub(crate) fn secret_ref_id(server: &str, header: &str) -> String {
     format!("{server}/{header}")
 }
 
+/// Where `http`'s delivered credentials go: its URL, the authorization server it trusts and how
+/// the pod's identity is presented (mode and audience). The webhook records it for each server
+/// it delivers a Secret value or a token to; the agent sends them only while the live McpServer
+/// still hashes the same (an edit of any of these moves them elsewhere). Scopes, client ids and
+/// lifetimes are left out: they change no destination.
+pub(crate) fn http_destination(http: &HttpSpec) -> String {
+    let auth = http.auth.as_ref();
+    let mode = auth.map(|a| {
+        if a.client_credentials.is_some() {
+            "clientCredentials"
+        } else if a.service_account_token.is_some() {
+            "serviceAccountToken"
+        } else if a.token_exchange.is_some() {
+            "tokenExchange"
+        } else {
+            "none"
+        }
+    });
+    let audience = auth.and_then(HttpAuth::service_account_token).map(|(audience, _)| audience);
+    let issuer = auth.and_then(HttpAuth::pinned_issuer);
+    let fields = serde_json::json!([http.url, issuer, mode, audience]);
+    short_hash(fields.to_string().as_bytes())
+}
+
 /// Hex characters kept from a sha256 digest: 64 bits, far beyond any registry's size.
 const HASH_HEX_LEN: usize = 16;
 
@@ -47,6 +74,48 @@ pub(crate) fn short_hash(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{McpServer, ServiceAccountTokenAuth, TokenExchangeAuth};
+
+    #[test]
+    fn a_destination_moves_with_url_issuer_mode_and_audience_only() {
+        let sa = |audience: &str| HttpAuth {
+            service_account_token: Some(ServiceAccountTokenAuth {
+                audience: audience.into(),
+                expiration_seconds: None,
+            }),
+            ..HttpAuth::default()
+        };
+        let of = |server: McpServer| http_destination(server.spec.http.as_ref().expect("an http server"));
+        let base = McpServer::test("s").http("https://mcp.example.com/mcp").auth(sa("https://mcp.example.com"));
+        let same = of(base.clone());
+        assert_eq!(of(base.clone().header("x-team", "a").allowing(["*"])), same, "headers and allowlists move nothing");
+        let mut longer = base.clone();
+        if let Some(auth) = longer.spec.http.as_mut().and_then(|h| h.auth.as_mut()) {
+            auth.scopes = vec!["read".into()];
+            if let Some(token) = auth.service_account_token.as_mut() {
+                token.expiration_seconds = Some(7200);
+            }
+        }
+        assert_eq!(of(longer), same, "scopes and lifetimes move nothing");
+
+        let moved = [
+            base.clone().http("https://attacker.example/mcp"),
+            base.clone().auth(sa("sts.amazonaws.com")),
+            base.clone()
+                .auth(HttpAuth { issuer: Some("https://auth.example.com".into()), ..sa("https://mcp.example.com") }),
+            base.clone().auth(HttpAuth {
+                token_exchange: Some(TokenExchangeAuth {
+                    audience: "https://mcp.example.com".into(),
+                    ..Default::default()
+                }),
+                ..HttpAuth::default()
+            }),
+            McpServer::test("s").http("https://mcp.example.com/mcp"),
+        ];
+        for server in moved {
+            assert_ne!(of(server.clone()), same, "{:?}", server.spec.http);
+        }
+    }
 
     #[test]
     fn secret_env_vars_are_upper_case_with_underscores() {

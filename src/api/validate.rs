@@ -451,6 +451,7 @@ fn validate_auth(p: &mut Problems, auth: &HttpAuth) {
             );
         }
     }
+    validate_issuer(p, auth);
     let audiences = [
         auth.service_account_token
             .as_ref()
@@ -468,6 +469,53 @@ fn validate_auth(p: &mut Problems, auth: &HttpAuth) {
                 "use 600 to 86400 (the kubelet's bounds for projected tokens)",
             );
         }
+    }
+}
+
+/// `auth.issuer`: a clean issuer URL, present where the mode sends a credential that is good
+/// elsewhere (see `HttpAuth::issuer`).
+fn validate_issuer(p: &mut Problems, auth: &HttpAuth) {
+    const FIELD: &str = "spec.http.auth.issuer";
+    if let Some(issuer) = auth.issuer.as_deref() {
+        let before = p.0.len();
+        check_http_url(p, FIELD, issuer);
+        if p.0.len() == before
+            && let Ok(u) = url::Url::parse(issuer)
+        {
+            let loopback = match u.host() {
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                None => false,
+            };
+            if u.scheme() == "http" && !loopback {
+                p.push(
+                    FIELD,
+                    "an http:// issuer would receive the credential in clear text",
+                    "use the authorization server's https:// issuer (http:// is for loopback only)",
+                );
+            }
+            if u.query().is_some() || u.fragment().is_some() {
+                p.push(
+                    FIELD,
+                    "an issuer identifier has no query or fragment (RFC 8414 section 2)",
+                    "use the issuer exactly as the authorization server's metadata names it",
+                );
+            }
+        }
+    } else if auth.needs_issuer() && auth.pinned_issuer().is_none() {
+        let why = if auth.token_exchange.is_some() {
+            "tokenExchange sends the pod's service-account token to an authorization server, and its audience \
+             is not an https:// URL to default to"
+        } else {
+            "clientCredentials.clientSecret sends the client secret to an authorization server"
+        };
+        p.push(
+            FIELD,
+            format!("is required: {why}, which the MCP server must not choose"),
+            "set issuer to the authorization server's issuer identifier (the `issuer` of its \
+             /.well-known/oauth-authorization-server metadata), for example https://sso.example.com",
+        );
     }
 }
 
@@ -728,6 +776,7 @@ mod tests {
                 "spec.http.headers[0].name",
                 "spec.http.auth",
                 "spec.http.auth.scopes[1]",
+                "spec.http.auth.issuer",
                 "spec.http.auth.serviceAccountToken.expirationSeconds",
                 "spec.http.auth.tokenExchange.audience",
             ]
@@ -739,6 +788,49 @@ mod tests {
             Some(crate::api::ServiceAccountTokenAuth { audience: "a".into(), expiration_seconds: None });
         s.spec.http.as_mut().expect("http").headers.clear();
         assert_eq!(fields(&s.validate()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn modes_that_send_a_credential_elsewhere_pin_the_authorization_server() {
+        use crate::api::{ClientCredentialsAuth, HeaderValueSource, HttpAuth, TokenExchangeAuth};
+        let with = |auth: HttpAuth| {
+            let mut s = stdio_server("web");
+            s.spec.transport = Transport::StreamableHttp;
+            s.spec.stdio = None;
+            s.spec.http =
+                Some(HttpSpec { url: "https://mcp.example.com/mcp".into(), headers: vec![], auth: Some(auth) });
+            s.validate()
+        };
+        let secret = ClientCredentialsAuth {
+            client_id: "spear".into(),
+            client_secret: Some(HeaderValueSource {
+                secret_key_ref: k8s_openapi::api::core::v1::SecretKeySelector {
+                    name: "s".into(),
+                    key: "k".into(),
+                    optional: None,
+                },
+            }),
+            private_key: None,
+        };
+        let exchange = |audience: &str| TokenExchangeAuth { audience: audience.into(), ..Default::default() };
+        let cc = HttpAuth { client_credentials: Some(secret.clone()), ..Default::default() };
+        let errors = with(cc.clone());
+        assert_eq!(fields(&errors), ["spec.http.auth.issuer"]);
+        assert!(errors[0].message.contains("client secret") && errors[0].fix.contains("issuer"), "{errors:?}");
+        let pinned = HttpAuth { issuer: Some("https://sso.example.com".into()), ..cc };
+        assert_eq!(fields(&with(pinned)), Vec::<String>::new());
+        // tokenExchange: the audience is the default when it is an https URL.
+        let te = |audience: &str| HttpAuth { token_exchange: Some(exchange(audience)), ..Default::default() };
+        assert_eq!(fields(&with(te("sts.amazonaws.com"))), ["spec.http.auth.issuer"]);
+        assert_eq!(fields(&with(te("https://sso.example.com"))), Vec::<String>::new());
+        assert_eq!(te("https://sso.example.com").pinned_issuer(), Some("https://sso.example.com"));
+        // Clear text, queries and fragments are refused.
+        for bad in ["http://sso.example.com", "https://sso.example.com/?x=1", "ftp://sso.example.com"] {
+            let auth = HttpAuth { issuer: Some(bad.into()), ..te("sts.amazonaws.com") };
+            assert_eq!(fields(&with(auth)), ["spec.http.auth.issuer"], "{bad}");
+        }
+        let loopback = HttpAuth { issuer: Some("http://127.0.0.1:8080".into()), ..te("sts.amazonaws.com") };
+        assert_eq!(fields(&with(loopback)), Vec::<String>::new());
     }
 
     #[test]

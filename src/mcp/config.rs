@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::api::env_ref::{self, MissingEnv, Template};
 use crate::api::keys::{AUTH_TOKEN_DIR, ENV_AUTH_TOKEN_DIR};
-use crate::api::names::{SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
+use crate::api::names::{SOCKET_FILE, http_destination, secret_env_var, secret_ref_id, short_hash};
 use crate::api::{
     AUTH_CLIENT_SECRET, AUTH_PRIVATE_KEY, HttpAuth, JwtAlgorithm, McpServer, ServerBudgets, TokenGrant, Transport,
 };
@@ -56,6 +56,12 @@ pub enum Mode {
         /// `<server>=<uid>`): the agent talks to a socket only when `SO_PEERCRED` says that uid
         /// listens on it, so no other container can stand in for the server.
         peer_uids: BTreeMap<String, u32>,
+        /// Where each Streamable HTTP server's delivered credentials were granted to go (the
+        /// webhook's `SPEAR_GRANTED_DESTINATIONS`, `names::http_destination` at admission); `None`
+        /// when not known. A server whose live spec hashes otherwise (its URL, issuer or token
+        /// mode was edited since) is not connected: what the pod holds for it was granted for
+        /// the old destination.
+        destinations: Option<BTreeMap<String, String>>,
     },
 }
 
@@ -64,7 +70,13 @@ impl Mode {
     /// have a sidecar, every `SPEAR_SECRET_*` is read and no peer uid is checked (what a pod
     /// injected by an older webhook, or a test, gives).
     pub fn sidecar(socket_dir: impl Into<PathBuf>) -> Self {
-        Mode::Sidecar { socket_dir: socket_dir.into(), sidecars: None, secret_refs: None, peer_uids: BTreeMap::new() }
+        Mode::Sidecar {
+            socket_dir: socket_dir.into(),
+            sidecars: None,
+            secret_refs: None,
+            peer_uids: BTreeMap::new(),
+            destinations: None,
+        }
     }
 }
 
@@ -140,6 +152,9 @@ pub(crate) enum TransportConfig {
     },
     /// A stdio server this pod has no sidecar for: it joined the profile after the pod started.
     MissingSidecar,
+    /// A Streamable HTTP server whose URL, issuer or token mode moved after the pod was admitted
+    /// (see [`Mode::Sidecar`]'s `destinations`): never connected, its credentials stay unsent.
+    DestinationMoved,
     /// Streamable HTTP.
     Http {
         /// Endpoint URL.
@@ -158,6 +173,7 @@ pub(crate) enum TransportConfig {
 pub(crate) struct AuthConfig {
     mode: AuthModeConfig,
     scopes: Vec<String>,
+    issuer: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +200,11 @@ pub(crate) struct AuthEndpoint {
     /// The McpServer's `auth.scopes`: what a token request may ask for (empty: anything the
     /// server asks for).
     pub(crate) scopes: Vec<String>,
+    /// The authorization server's issuer identifier the McpServer pins (`auth.issuer`, or the
+    /// token-exchange audience it defaults to): the only authorization server that gets the
+    /// credential. `None`: the one the server's metadata names (only `private_key_jwt`, whose
+    /// assertion is bound to the issuer it is sent to, and the plain service-account token).
+    pub(crate) issuer: Option<String>,
 }
 
 /// See [`AuthEndpoint`].
@@ -228,7 +249,7 @@ impl AuthConfig {
             (None, Some(te)) => AuthModeConfig::ServiceAccountToken { grant: Some((te.grant, te.client_id.clone())) },
             (None, None) => AuthModeConfig::ServiceAccountToken { grant: None },
         };
-        AuthConfig { mode, scopes: auth.scopes.clone() }
+        AuthConfig { mode, scopes: auth.scopes.clone(), issuer: auth.pinned_issuer().map(str::to_string) }
     }
 
     fn resolve(&self, server: &str, lookup: &impl Fn(&str) -> Option<String>) -> Result<AuthEndpoint, MissingEnv> {
@@ -247,7 +268,7 @@ impl AuthConfig {
                 AuthMode::ServiceAccountToken { file: Path::new(&dir).join(server), grant: grant.clone() }
             }
         };
-        Ok(AuthEndpoint { mode, scopes: self.scopes.clone() })
+        Ok(AuthEndpoint { mode, scopes: self.scopes.clone(), issuer: self.issuer.clone() })
     }
 }
 
@@ -273,6 +294,8 @@ pub(crate) enum Endpoint {
     },
     /// See [`TransportConfig::MissingSidecar`].
     MissingSidecar,
+    /// See [`TransportConfig::DestinationMoved`].
+    DestinationMoved,
     /// See [`TransportConfig::Http`].
     Http {
         url: String,
@@ -293,6 +316,7 @@ impl Endpoint {
             }
             Endpoint::Socket { .. } => "sidecar".to_string(),
             Endpoint::MissingSidecar => "no sidecar".to_string(),
+            Endpoint::DestinationMoved => "moved".to_string(),
             Endpoint::Http { .. } => "http".to_string(),
         }
     }
@@ -313,6 +337,7 @@ impl std::fmt::Debug for Endpoint {
                 f.debug_struct("Socket").field("path", path).field("peer_uid", peer_uid).finish()
             }
             Endpoint::MissingSidecar => f.write_str("MissingSidecar"),
+            Endpoint::DestinationMoved => f.write_str("DestinationMoved"),
             Endpoint::Http { url, headers, auth } => f
                 .debug_struct("Http")
                 .field("url", url)
@@ -381,6 +406,14 @@ impl ServerConfig {
                     working_dir: stdio.working_dir.as_ref().map(PathBuf::from),
                 }
             }
+            (Transport::StreamableHttp, Mode::Sidecar { destinations: Some(granted), .. })
+                if spec
+                    .http
+                    .as_ref()
+                    .is_some_and(|http| granted.get(&id).is_some_and(|granted| *granted != http_destination(http))) =>
+            {
+                TransportConfig::DestinationMoved
+            }
             (Transport::StreamableHttp, _) => {
                 let http = spec.http.as_ref().ok_or_else(|| err("spec.http is required"))?;
                 let mut headers = Vec::with_capacity(http.headers.len());
@@ -432,6 +465,7 @@ impl ServerConfig {
             }
             TransportConfig::Socket { path, peer_uid } => Endpoint::Socket { path: path.clone(), peer_uid: *peer_uid },
             TransportConfig::MissingSidecar => Endpoint::MissingSidecar,
+            TransportConfig::DestinationMoved => Endpoint::DestinationMoved,
             TransportConfig::Http { url, headers, templates_read_env, auth } => {
                 let nothing = |_: &str| None;
                 let templates: &dyn Fn(&str) -> Option<String> =
@@ -506,6 +540,7 @@ mod tests {
             sidecars: Some(["fs".to_string()].into()),
             secret_refs: None,
             peer_uids: [("fs".to_string(), 65533)].into(),
+            destinations: None,
         };
         let config = ServerConfig::new(&stdio(), &with_sidecar).expect("config");
         let expected = TransportConfig::Socket { path: "/spear/run/fs/mcp.sock".into(), peer_uid: Some(65533) };
@@ -519,6 +554,7 @@ mod tests {
             sidecars: Some(["other".to_string()].into()),
             secret_refs: None,
             peer_uids: Default::default(),
+            destinations: None,
         };
         let config = ServerConfig::new(&stdio(), &mode).expect("config");
         assert_eq!(config.transport, TransportConfig::MissingSidecar);
@@ -584,6 +620,29 @@ mod tests {
     /// maps to the variable of server `my-server`'s header `token`. In a pod, only what the
     /// webhook delivered for this very server is read.
     #[test]
+    fn a_server_moved_since_admission_is_not_connected_with_what_was_granted() {
+        let granted = McpServer::test("web").http("https://ok.example/mcp").secret_header("token", "s", "k");
+        let destinations = [("web".to_string(), http_destination(granted.spec.http.as_ref().expect("http")))].into();
+        let pod = Mode::Sidecar {
+            socket_dir: "/spear/run".into(),
+            sidecars: None,
+            secret_refs: Some([secret_ref_id("web", "token")].into()),
+            peer_uids: Default::default(),
+            destinations: Some(destinations),
+        };
+        let lookup = |name: &str| (name == "SPEAR_SECRET_WEB_TOKEN").then(|| "granted-secret".to_string());
+        let as_granted = ServerConfig::new(&granted, &pod).expect("config").resolve(lookup).expect("delivered");
+        assert!(matches!(as_granted, Endpoint::Http { headers, .. } if headers[0].1 == "granted-secret"));
+        let moved = granted.clone().http("https://attacker.example/mcp");
+        let config = ServerConfig::new(&moved, &pod).expect("config");
+        assert_eq!(config.transport, TransportConfig::DestinationMoved);
+        assert_eq!(format!("{:?}", config.resolve(lookup).expect("nothing to resolve")), "DestinationMoved");
+        // Nothing was granted for `other`: nothing binds it.
+        let other = McpServer::test("other").http("https://elsewhere.example/mcp");
+        assert!(matches!(ServerConfig::new(&other, &pod).expect("config").transport, TransportConfig::Http { .. }));
+    }
+
+    #[test]
     fn a_server_cannot_read_a_colliding_secret_variable_delivered_for_another() {
         let victim = McpServer::test("my-server").http("https://ok.example/mcp").secret_header("token", "s", "k");
         let thief = McpServer::test("my").http("https://attacker.example/mcp").secret_header("server-token", "s", "k");
@@ -594,6 +653,7 @@ mod tests {
             sidecars: None,
             secret_refs: Some([secret_ref_id("my-server", "token")].into()),
             peer_uids: Default::default(),
+            destinations: None,
         };
         let resolved = ServerConfig::new(&victim, &pod).expect("config").resolve(lookup).expect("delivered");
         assert!(matches!(resolved, Endpoint::Http { headers, .. } if headers[0].1 == "victim-secret"));
@@ -608,6 +668,7 @@ mod tests {
             secret_key_ref: SecretKeySelector { name: "s".into(), key: "k".into(), optional: None },
         };
         let cc = HttpAuth {
+            issuer: Some("https://sso.example.com".into()),
             client_credentials: Some(ClientCredentialsAuth {
                 client_id: "agent".into(),
                 client_secret: Some(secret),
@@ -625,6 +686,7 @@ mod tests {
             sidecars: None,
             secret_refs: Some(refs.iter().map(|r| r.to_string()).collect()),
             peer_uids: Default::default(),
+            destinations: None,
         };
         let missing =
             ServerConfig::new(&server, &pod(&[])).expect("config").resolve(lookup).expect_err("not delivered");
@@ -634,6 +696,7 @@ mod tests {
         let Endpoint::Http { auth: Some(auth), .. } = &endpoint else { panic!("auth") };
         assert_eq!(auth.mode, AuthMode::ClientSecret { client_id: "agent".into(), secret: "cs-value".into() });
         assert_eq!(auth.scopes, ["mcp:read"]);
+        assert_eq!(auth.issuer.as_deref(), Some("https://sso.example.com"));
         assert!(!format!("{endpoint:?}").contains("cs-value"));
 
         let sa = HttpAuth {

@@ -1,7 +1,7 @@
 //! Decisions of the agent's OAuth client that take what a server or an authorization server
 //! sent (untrusted): which scopes to request, whether a grant is offered, whether an endpoint
 //! may receive a credential, what a token response says, when a token is due. Pure; the I/O is
-//! `mcp::token_source`, discovery and the client-credentials request are rmcp's.
+//! `mcp::token_source` and `mcp::oauth_http`.
 //!
 //! - **Scopes.** A server's challenge or metadata says what it needs; the McpServer's
 //!   `auth.scopes` is what the platform team allows. The request is their intersection (in the
@@ -11,6 +11,16 @@
 //!   an `https` endpoint, or to a loopback `http` one when the MCP server is on loopback too
 //!   (rmcp's rule for `private_key_jwt`, applied to every grant): a server's metadata cannot
 //!   send the credential in clear text across a network.
+//! - **The authorization server is pinned.** A client secret or the pod's token goes only to
+//!   the McpServer's `auth.issuer`: its metadata is read from that issuer, and must name it;
+//!   a server whose protected-resource metadata names another authorization server is refused
+//!   (lasting) before any request reaches that server. The MCP server is trusted with nothing,
+//!   so it never chooses where a credential goes. Only `private_key_jwt` (an assertion bound to
+//!   the issuer it is sent to) may follow the server's metadata when no issuer is pinned.
+//! - **401s do not drive the authorization server.** Token requests a server's 401s cause
+//!   (the first and every rejected token) draw on a small budget per server
+//!   ([`RequestBudget`]): a server that rejects every token cannot make the agent hammer a
+//!   shared identity provider with the platform's client.
 //! - **Expiry.** A token is renewed 60 s before it expires, or at 90 % of its lifetime when
 //!   that is later (a 30 s token after 27 s, not at once); one with no `expires_in` is kept
 //!   until the server rejects it.
@@ -48,13 +58,6 @@ impl TokenError {
     pub(crate) fn lasting(message: impl Into<String>) -> Self {
         TokenError { message: message.into(), lasting: true }
     }
-}
-
-/// A token request's error as rmcp words it (its text carries the authorization server's error
-/// code): lasting when that code is one of [`LASTING_ERRORS`].
-pub(crate) fn refusal_in_text(text: String) -> TokenError {
-    let lasting = LASTING_ERRORS.iter().any(|code| text.contains(code));
-    TokenError { message: text, lasting }
 }
 
 /// The scope a headless client never asks for (see the module header).
@@ -111,6 +114,136 @@ pub(crate) fn grant_refusal(grant_types_supported: Option<&serde_json::Value>, g
     } else {
         format!("the authorization server does not offer the {grant} grant (it offers {})", offered.join(", "))
     })
+}
+
+/// Token requests a server's 401s may cause at once...
+pub(crate) const TOKEN_REQUEST_BURST: u32 = 6;
+/// ...and then one per this long.
+pub(crate) const TOKEN_REQUEST_REFILL: Duration = Duration::from_secs(10);
+
+/// The token requests one server's 401s may still cause: a burst of [`TOKEN_REQUEST_BURST`],
+/// refilled one per [`TOKEN_REQUEST_REFILL`]. Renewals at expiry do not draw on it (the
+/// authorization server sets their pace, not the MCP server).
+#[derive(Clone, Debug)]
+pub(crate) struct RequestBudget {
+    available: u32,
+    since: std::time::Instant,
+}
+
+impl RequestBudget {
+    pub(crate) fn new(now: std::time::Instant) -> Self {
+        RequestBudget { available: TOKEN_REQUEST_BURST, since: now }
+    }
+
+    /// Takes one request at `now`; `Err(wait)`: none is left for `wait`.
+    pub(crate) fn take(&mut self, now: std::time::Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.since);
+        let earned = u32::try_from(elapsed.as_millis() / TOKEN_REQUEST_REFILL.as_millis()).unwrap_or(u32::MAX);
+        if earned > 0 {
+            self.available = self.available.saturating_add(earned).min(TOKEN_REQUEST_BURST);
+            self.since += TOKEN_REQUEST_REFILL * earned.min(TOKEN_REQUEST_BURST);
+        }
+        if self.available >= TOKEN_REQUEST_BURST {
+            // A full budget earns nothing more while it waits.
+            self.since = now;
+        }
+        if self.available == 0 {
+            return Err(TOKEN_REQUEST_REFILL.saturating_sub(now.saturating_duration_since(self.since)));
+        }
+        self.available -= 1;
+        Ok(())
+    }
+}
+
+/// Whether two issuer identifiers (or resource URLs) name the same thing: equal as URLs, a
+/// trailing `/` aside (an empty path is written `/`).
+pub(crate) fn same_url(a: &str, b: &str) -> bool {
+    let norm = |s: &str| url::Url::parse(s.trim()).ok().map(|u| u.as_str().trim_end_matches('/').to_string());
+    matches!((norm(a), norm(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// Where an authorization server's metadata is read, for its issuer (RFC 8414 section 3.1,
+/// then OpenID Connect discovery in both of its spellings).
+pub(crate) fn authorization_server_metadata_urls(issuer: &url::Url) -> Vec<url::Url> {
+    well_known(issuer, &["oauth-authorization-server", "openid-configuration"], true)
+}
+
+/// Where a server's protected-resource metadata is read when its challenge names none
+/// (RFC 9728 section 3.1: path-specific, then the origin's).
+pub(crate) fn protected_resource_metadata_urls(resource: &url::Url) -> Vec<url::Url> {
+    well_known(resource, &["oauth-protected-resource"], false)
+}
+
+fn well_known(base: &url::Url, names: &[&str], path_first_form: bool) -> Vec<url::Url> {
+    let path = base.path().trim_matches('/');
+    let mut out: Vec<url::Url> = Vec::new();
+    let mut push = |p: String| {
+        let mut u = base.clone();
+        u.set_query(None);
+        u.set_fragment(None);
+        u.set_path(&p);
+        if !out.contains(&u) {
+            out.push(u);
+        }
+    };
+    for name in names {
+        if path.is_empty() {
+            push(format!("/.well-known/{name}"));
+        } else {
+            push(format!("/.well-known/{name}/{path}"));
+            if path_first_form {
+                push(format!("/{path}/.well-known/{name}"));
+            } else {
+                push(format!("/.well-known/{name}"));
+            }
+        }
+    }
+    out
+}
+
+/// The string entries of a metadata list (`None`: absent or not a list).
+pub(crate) fn strings(value: Option<&serde_json::Value>) -> Option<Vec<String>> {
+    Some(value?.as_array()?.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+}
+
+/// A URL a server sent, shown as its origin only (a hostile server cannot write prose into an
+/// error through it).
+pub(crate) fn origin_of(text: &str) -> String {
+    match url::Url::parse(text.trim()) {
+        Ok(u) if u.host_str().is_some() => u.origin().ascii_serialization(),
+        _ => "(not a URL)".to_string(),
+    }
+}
+
+/// Why a server whose protected-resource metadata names `named` as its authorization servers
+/// is refused when the McpServer pins `pinned`: none of them is the pinned one. Absent or empty
+/// lists are no refusal (the pinned issuer is used).
+pub(crate) fn foreign_authorization_server(named: &[String], pinned: &str) -> Option<String> {
+    if named.is_empty() || named.iter().any(|n| same_url(n, pinned)) {
+        return None;
+    }
+    let shown: Vec<String> = named.iter().take(3).map(|n| origin_of(n)).collect();
+    Some(format!(
+        "the server's protected-resource metadata names the authorization server {}, not spec.http.auth.issuer \
+         ({pinned}); no credential was sent to it. The agent sends this server's credential only to the pinned \
+         issuer: if the server really uses that authorization server and you trust it, set \
+         spec.http.auth.issuer to its issuer; otherwise fix or stop using the server",
+        shown.join(", ")
+    ))
+}
+
+/// Why authorization-server metadata read from `expected`'s well-known location is refused:
+/// its `issuer` is not `expected` (RFC 8414 section 3.3), so it speaks for another server.
+pub(crate) fn issuer_refusal(expected: &str, got: Option<&str>, pinned: bool) -> Option<String> {
+    if got.is_some_and(|g| same_url(g, expected)) {
+        return None;
+    }
+    let said = got.map(origin_of).unwrap_or_else(|| "no issuer".to_string());
+    let field = if pinned { "spec.http.auth.issuer" } else { "the authorization server the MCP server names" };
+    Some(format!(
+        "the authorization-server metadata at {expected} names {said} as its issuer, not {expected} ({field}): \
+         set spec.http.auth.issuer to the issuer exactly as the authorization server's metadata writes it"
+    ))
 }
 
 /// A token endpoint's answer (RFC 6749 section 5.1 and 5.2, RFC 8693 section 2.2).
@@ -357,11 +490,72 @@ mod tests {
         assert_eq!(lasting(503, r#"{"error":"temporarily_unavailable"}"#), Err(false));
         assert_eq!(lasting(502, "<html>bad gateway</html>"), Err(false));
         assert_eq!(lasting(500, "{}"), Err(false));
-        // rmcp's wording of the client-credentials request.
-        assert!(
-            refusal_in_text("Token exchange failed: Server returned error response: invalid_client".into()).lasting
+    }
+
+    #[test]
+    fn a_servers_401s_draw_on_a_small_budget_of_token_requests() {
+        let start = std::time::Instant::now();
+        let mut budget = RequestBudget::new(start);
+        for _ in 0..TOKEN_REQUEST_BURST {
+            assert_eq!(budget.take(start), Ok(()));
+        }
+        let wait = budget.take(start).expect_err("the burst is spent");
+        assert!(wait <= TOKEN_REQUEST_REFILL && wait > Duration::ZERO, "{wait:?}");
+        assert!(budget.take(start + TOKEN_REQUEST_REFILL / 2).is_err());
+        assert_eq!(budget.take(start + TOKEN_REQUEST_REFILL), Ok(()));
+        assert!(budget.take(start + TOKEN_REQUEST_REFILL).is_err());
+        // 100 401s in a minute: the burst and five more.
+        let mut budget = RequestBudget::new(start);
+        let taken = (0..100).filter(|i| budget.take(start + Duration::from_millis(600 * i)).is_ok()).count();
+        assert_eq!(taken, TOKEN_REQUEST_BURST as usize + 5, "{taken}");
+        // An idle hour earns no more than a full budget.
+        let later = start + Duration::from_secs(3600);
+        let taken = (0..10).filter(|_| budget.take(later).is_ok()).count();
+        assert_eq!(taken, TOKEN_REQUEST_BURST as usize);
+    }
+
+    #[test]
+    fn only_the_pinned_authorization_server_is_accepted() {
+        let pinned = "https://sso.example.com";
+        assert_eq!(foreign_authorization_server(&v(&["https://sso.example.com/"]), pinned), None);
+        assert_eq!(foreign_authorization_server(&[], pinned), None);
+        let why = foreign_authorization_server(&v(&["https://as.attacker.example/evil ignore previous"]), pinned)
+            .expect("refused");
+        assert!(why.contains("https://as.attacker.example,") && why.contains("spec.http.auth.issuer"), "{why}");
+        assert!(!why.contains("ignore previous"), "{why}");
+        assert_eq!(issuer_refusal(pinned, Some("https://sso.example.com/"), true), None);
+        let why = issuer_refusal(pinned, Some("https://other.example.com"), true).expect("refused");
+        assert!(why.contains("spec.http.auth.issuer"), "{why}");
+        assert!(issuer_refusal(pinned, None, true).is_some());
+    }
+
+    #[test]
+    fn metadata_is_read_at_the_well_known_locations() {
+        let u = |s: &str| url::Url::parse(s).expect("url");
+        let shown = |urls: Vec<url::Url>| urls.iter().map(|u| u.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            shown(authorization_server_metadata_urls(&u("https://sso.example.com"))),
+            [
+                "https://sso.example.com/.well-known/oauth-authorization-server",
+                "https://sso.example.com/.well-known/openid-configuration"
+            ]
         );
-        assert!(!refusal_in_text("Token exchange failed: Request failed: connection refused".into()).lasting);
+        assert_eq!(
+            shown(authorization_server_metadata_urls(&u("https://sso.example.com/realms/a"))),
+            [
+                "https://sso.example.com/.well-known/oauth-authorization-server/realms/a",
+                "https://sso.example.com/realms/a/.well-known/oauth-authorization-server",
+                "https://sso.example.com/.well-known/openid-configuration/realms/a",
+                "https://sso.example.com/realms/a/.well-known/openid-configuration"
+            ]
+        );
+        assert_eq!(
+            shown(protected_resource_metadata_urls(&u("https://mcp.example.com/mcp?x=1"))),
+            [
+                "https://mcp.example.com/.well-known/oauth-protected-resource/mcp",
+                "https://mcp.example.com/.well-known/oauth-protected-resource"
+            ]
+        );
     }
 
     #[test]

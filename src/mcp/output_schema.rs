@@ -6,24 +6,40 @@
 //! Decisions:
 //! - a result with `isError: true` is not checked (the schema describes successful output);
 //! - no `structuredContent` from a tool that declares an `outputSchema` violates it;
-//! - the schema is the server's, so untrusted: patterns use the `regex` crate (linear time, no
-//!   backtracking) within a compiled-size limit, and nothing is fetched (no remote or file
-//!   `$ref`). A schema that does not compile cannot be checked: the result passes unchecked and
-//!   the reason is logged once per tool list (the call is not the caller's fault);
-//! - validators are compiled once per listed schema and kept with it (`Pool`'s slot).
+//! - the schema is the server's, so untrusted: its size is capped when it is listed
+//!   (`limits`), at most [`MAX_PATTERNS`] regular expressions are compiled per schema, each
+//!   with the `regex` crate (linear time, no backtracking) within a compiled-size limit, and
+//!   nothing is fetched (no remote or file `$ref`). A schema over a cap, like one that does not
+//!   compile, cannot be checked: the result passes unchecked and the reason is logged once per
+//!   tool list (the call is not the caller's fault);
+//! - validators are compiled once per listed schema, off the runtime's threads
+//!   (`spawn_blocking`, so a costly schema never stalls other requests), and kept with it
+//!   (`Pool`'s slot).
 
 use jsonschema::{PatternOptions, Validator};
 use rmcp::model::{CallToolResult, JsonObject};
 use serde_json::Value;
 
 /// Compiled size limit of one pattern of a server's schema (the `regex` crate's unit: bytes of
-/// its program). 1 MiB admits any reasonable pattern and bounds what a hostile one costs.
-const MAX_PATTERN_SIZE: usize = 1 << 20;
+/// its program), and of its lazy DFA's cache. 256 KiB admits any reasonable pattern and bounds
+/// what a hostile one costs.
+const MAX_PATTERN_SIZE: usize = 256 << 10;
+/// Regular expressions (`pattern` values, `patternProperties` keys) compiled for one schema:
+/// with [`MAX_PATTERN_SIZE`], a schema costs at most some tens of MiB. Real schemas have a
+/// handful.
+pub(crate) const MAX_PATTERNS: usize = 64;
 /// Longest violation quoted in an error (instance paths and messages quote the server's data).
 const MAX_VIOLATION_BYTES: usize = 300;
 
-/// Compiles a server's `outputSchema`; the error says why it cannot be used.
+/// Compiles a server's `outputSchema`; the error says why it cannot be used. Costly (run it
+/// off the runtime's threads).
 pub(crate) fn compile(schema: &JsonObject) -> Result<Validator, String> {
+    let count = patterns_in(schema);
+    if count > MAX_PATTERNS {
+        return Err(format!(
+            "it has {count} regular expressions (pattern, patternProperties), over the agent's cap of {MAX_PATTERNS}"
+        ));
+    }
     let patterns = PatternOptions::regex().size_limit(MAX_PATTERN_SIZE).dfa_size_limit(MAX_PATTERN_SIZE);
     jsonschema::options()
         .with_pattern_options(patterns)
@@ -48,6 +64,32 @@ pub(crate) fn check(validator: &Validator, result: &CallToolResult) -> Result<()
             Err(cut(&format!("its structuredContent does not conform to its outputSchema at {at}: {error}")))
         }
     }
+}
+
+/// Regular expressions in `schema`: every string `pattern` and every key of a
+/// `patternProperties`, anywhere (counting too many is safe).
+fn patterns_in(schema: &JsonObject) -> usize {
+    let mut count = 0usize;
+    let mut stack: Vec<&JsonObject> = vec![schema];
+    let mut values: Vec<&Value> = Vec::new();
+    while let Some(object) = stack.pop() {
+        for (key, value) in object {
+            match (key.as_str(), value) {
+                ("pattern", Value::String(_)) => count += 1,
+                ("patternProperties", Value::Object(map)) => count += map.len(),
+                _ => {}
+            }
+            values.push(value);
+        }
+        while let Some(value) = values.pop() {
+            match value {
+                Value::Object(map) => stack.push(map),
+                Value::Array(items) => values.extend(items),
+                _ => {}
+            }
+        }
+    }
+    count
 }
 
 fn cut(text: &str) -> String {
@@ -104,6 +146,21 @@ mod tests {
         // A pattern too big to compile within the limit is refused.
         let huge = compile(&schema(serde_json::json!({"type": "string", "pattern": "(\\w{1000}){1000}"})));
         assert!(huge.is_err(), "{huge:?}");
+        // Many patterns: not compiled at all (cannot be checked), at once.
+        let many = serde_json::json!({"type": "object", "properties": {"s": {"type": "string",
+            "allOf": vec![serde_json::json!({"pattern": "\\w{200}|zI"}); 2000]}}});
+        let started = std::time::Instant::now();
+        let Err(refused) = compile(&schema(many)) else { panic!("over the pattern cap") };
+        assert!(refused.contains("2000 regular expressions"), "{refused}");
+        assert!(started.elapsed() < std::time::Duration::from_millis(500));
+        let mut properties = serde_json::Map::new();
+        for i in 0..100 {
+            properties.insert(format!("^p{i}$"), serde_json::json!({}));
+        }
+        let keyed = compile(&schema(serde_json::json!({"patternProperties": properties})));
+        assert!(keyed.is_err_and(|e| e.contains("100 regular expressions")));
+        let few = serde_json::json!({"allOf": vec![serde_json::json!({"pattern": "^a"}); MAX_PATTERNS]});
+        assert!(compile(&schema(few)).is_ok());
         // Violations quoting huge data are cut.
         let strict = compile(&schema(serde_json::json!({"type": "object", "properties": {"n": {"type": "number"}}})))
             .expect("compiles");

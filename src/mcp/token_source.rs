@@ -3,36 +3,41 @@
 //! ```text
 //! request ──current()──▶ cached token (OAuth modes; renewed past its renewal time)
 //!                        | the service-account token file, read on every use (the kubelet rotates it)
-//!   401 + WWW-Authenticate ──renew(rejected, challenge)──▶ discovery (rmcp: RFC 9728 + RFC 8414)
-//!        ──▶ client credentials (rmcp) | RFC 8693 token exchange | RFC 7523 JWT-bearer (here)
+//!   401 + WWW-Authenticate ──renew(rejected, challenge)──▶ (once per configuration) discovery:
+//!        protected-resource metadata (RFC 9728) from the server, authorization-server metadata
+//!        (RFC 8414) from the pinned issuer
+//!        ──▶ client credentials | RFC 8693 token exchange | RFC 7523 JWT-bearer
 //!        ──▶ the request is sent again, once
 //! ```
 //!
 //! - **Single flight.** One async mutex per server is held across a fetch: concurrent 401s
 //!   wait for the one fetch, and a task whose rejected token was already replaced takes the
 //!   new one instead of fetching again.
-//! - **Discovery** follows the server's challenge (its `resource_metadata`, else the
-//!   well-known locations) on every 401, since the server may have moved to another
-//!   authorization server; an expiry renewal reuses what was found.
+//! - **The authorization server is the McpServer's, not the MCP server's.** With
+//!   `auth.issuer` (required wherever a client secret or the pod's token is sent) the metadata
+//!   is read from that issuer only; a server whose metadata names another authorization server
+//!   is refused, lasting, before any request reaches it (`oauth::foreign_authorization_server`).
+//! - **Discovery once.** What discovery found, or the lasting refusal it ended in, is kept for
+//!   the life of this source (a configuration change makes a new one): a 401 does not make the
+//!   agent discover again, so a server cannot move the credential by changing its metadata.
+//! - **Budget.** Token requests caused by 401s draw on `oauth::RequestBudget`; renewals at
+//!   expiry do not.
+//! - **One HTTP client** (`oauth_http`) for discovery and every token request: its address
+//!   policy refuses link-local and metadata addresses, and it follows no redirect.
 //! - **Secrets** (client secrets, keys, tokens) never reach a log, an error or a metric: errors
 //!   carry what the authorization server said and which endpoint, never a request body.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use rmcp::transport::auth::{AuthorizationManager, AuthorizationMetadata, ClientCredentialsConfig};
 use tokio::time::Instant;
 
 use super::config::{AuthEndpoint, AuthMode};
-use super::oauth::{self, IssuedToken, TokenError};
+use super::oauth::{self, IssuedToken, RequestBudget, TokenError};
+use super::oauth_http::OAuthHttp;
 use crate::api::{JwtAlgorithm, TokenGrant};
 use crate::telemetry::PoolMetrics;
 
-/// A token endpoint gets this long to answer.
-const TOKEN_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bytes read of a token endpoint's answer.
-const MAX_TOKEN_RESPONSE_BYTES: usize = 64 * 1024;
 /// Bytes read of a service-account token file (a JWT is a few KiB).
 const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
 
@@ -68,14 +73,29 @@ struct Cached {
     renew_at: Option<Instant>,
 }
 
-#[derive(Default)]
+/// What discovery found: the authorization server and what its metadata says.
+struct Discovered {
+    /// Its issuer identifier (the audience of a `private_key_jwt` assertion).
+    issuer: String,
+    token_endpoint: url::Url,
+    grant_types_supported: Option<serde_json::Value>,
+    auth_methods: Option<Vec<String>>,
+    signing_algs: Option<Vec<String>>,
+    /// The authorization server's `scopes_supported` (asked for when the server names none).
+    server_scopes: Vec<String>,
+    /// The protected-resource metadata's `scopes_supported`.
+    resource_scopes: Vec<String>,
+}
+
 struct State {
     token: Option<Cached>,
-    /// The authorization server found last time, and its metadata (reused by an expiry
-    /// renewal).
-    manager: Option<(AuthorizationManager, AuthorizationMetadata)>,
+    /// What discovery found, or the lasting refusal it ended in: kept for the life of the
+    /// source (module header).
+    discovery: Option<Result<Arc<Discovered>, TokenError>>,
     /// The server's last challenge.
     challenge: Option<String>,
+    /// Token requests the server's 401s may still cause.
+    budget: RequestBudget,
 }
 
 /// The tokens of one server. Shared by its sessions: a reconnect keeps the cached token.
@@ -83,27 +103,31 @@ pub(crate) struct TokenSource {
     server: Arc<str>,
     url: String,
     auth: AuthEndpoint,
-    /// Token requests follow no redirect (one would carry the credential elsewhere); an
-    /// error here (the TLS backend could not start) fails each request rather than falling back
-    /// to a client that follows redirects.
-    http: Result<reqwest::Client, String>,
+    http: OAuthHttp,
     metrics: PoolMetrics,
     state: tokio::sync::Mutex<State>,
 }
 
 impl TokenSource {
     pub(crate) fn new(server: Arc<str>, url: String, auth: AuthEndpoint, metrics: PoolMetrics) -> Self {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(TOKEN_REQUEST_TIMEOUT)
-            .build()
-            .map_err(|e| crate::telemetry::error_chain(&e));
-        TokenSource { server, url, auth, http, metrics, state: tokio::sync::Mutex::default() }
+        let http = OAuthHttp::new(&url);
+        let state = State {
+            token: None,
+            discovery: None,
+            challenge: None,
+            budget: RequestBudget::new(std::time::Instant::now()),
+        };
+        TokenSource { server, url, auth, http, metrics, state: tokio::sync::Mutex::new(state) }
     }
 
     /// What this source was built from: a source is reused while its config is unchanged.
     pub(crate) fn auth(&self) -> &AuthEndpoint {
         &self.auth
+    }
+
+    /// The server URL this source gets tokens for.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     /// The token to send now; `None` before the first challenge of an OAuth mode (the request
@@ -113,6 +137,9 @@ impl TokenSource {
             return read_token_file(file).await.map(Some);
         }
         let mut state = self.state.lock().await;
+        if let Some(Err(refusal)) = &state.discovery {
+            return Err(refusal.clone());
+        }
         match &state.token {
             None => Ok(None),
             Some(cached) if cached.renew_at.is_none_or(|at| Instant::now() < at) => Ok(Some(cached.token.clone())),
@@ -145,9 +172,8 @@ impl TokenSource {
             // Another request renewed it while this one waited.
             return Ok(cached.token.clone());
         }
+        // The challenge's scope is used; the authorization server found before is kept.
         state.challenge = Some(challenge.to_string());
-        // Follow the challenge: the server may point to another authorization server now.
-        state.manager = None;
         let reason =
             if state.token.is_some() || rejected.is_some() { FetchReason::Rejected } else { FetchReason::Initial };
         self.fetch(&mut state, Some(challenge), reason).await
@@ -159,6 +185,22 @@ impl TokenSource {
         challenge: Option<&str>,
         reason: FetchReason,
     ) -> Result<String, TokenError> {
+        if let Some(Err(refusal)) = &state.discovery {
+            return Err(refusal.clone());
+        }
+        if reason != FetchReason::Expiry
+            && let Err(wait) = state.budget.take(std::time::Instant::now())
+        {
+            let error = TokenError::transient(format!(
+                "the server keeps rejecting access tokens: the agent asks the authorization server at most {} times \
+                 at once, then once every {} s, for one server (next in {} s)",
+                oauth::TOKEN_REQUEST_BURST,
+                oauth::TOKEN_REQUEST_REFILL.as_secs(),
+                wait.as_secs().max(1)
+            ));
+            tracing::warn!(server_id = %self.server, reason = reason.as_str(), error = %error, "access token request not sent");
+            return Err(error);
+        }
         state.token = None;
         let result = self.fetch_inner(state, challenge).await;
         self.metrics.token_fetch(&self.server, reason.as_str(), result.is_ok());
@@ -181,61 +223,188 @@ impl TokenSource {
         }
     }
 
-    async fn fetch_inner(&self, state: &mut State, challenge: Option<&str>) -> Result<IssuedToken, TokenError> {
-        if state.manager.is_none() {
-            let manager = AuthorizationManager::new_allowing_private_addresses(self.url.as_str())
-                .await
-                .map_err(|e| TokenError::transient(format!("OAuth discovery for {}: {e}", self.url)))?;
-            let resolution = manager.resolve_metadata_from_challenge(challenge).await.map_err(|e| {
-                TokenError::transient(format!(
-                    "OAuth discovery (protected-resource and authorization-server metadata): {e}"
-                ))
-            })?;
-            let mut manager = manager;
-            manager.set_metadata(resolution.metadata.clone());
-            state.manager = Some((manager, resolution.metadata));
+    /// The authorization server, discovered once (module header).
+    async fn discovered(&self, state: &mut State, challenge: Option<&str>) -> Result<Arc<Discovered>, TokenError> {
+        match &state.discovery {
+            Some(Ok(found)) => return Ok(found.clone()),
+            Some(Err(refusal)) => return Err(refusal.clone()),
+            None => {}
         }
-        let Some((manager, metadata)) = state.manager.as_mut() else {
-            return Err(TokenError::lasting("no authorization server was found"));
+        match self.discover(challenge).await {
+            Ok(found) => {
+                let found = Arc::new(found);
+                state.discovery = Some(Ok(found.clone()));
+                Ok(found)
+            }
+            Err(e) => {
+                if e.lasting {
+                    state.discovery = Some(Err(e.clone()));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn discover(&self, challenge: Option<&str>) -> Result<Discovered, TokenError> {
+        let resource = url::Url::parse(&self.url).map_err(|e| TokenError::lasting(format!("the server URL: {e}")))?;
+        let prm = self.resource_metadata(&resource, challenge).await?;
+        let named = oauth::strings(prm.as_ref().and_then(|m| m.get("authorization_servers"))).unwrap_or_default();
+        let resource_scopes = oauth::strings(prm.as_ref().and_then(|m| m.get("scopes_supported"))).unwrap_or_default();
+        let (issuer, pinned) = match &self.auth.issuer {
+            Some(pinned) => {
+                if let Some(why) = oauth::foreign_authorization_server(&named, pinned) {
+                    return Err(TokenError::lasting(why));
+                }
+                (pinned.clone(), true)
+            }
+            // Only private_key_jwt: its assertion is bound to the issuer it is sent to.
+            None => (named.first().cloned().unwrap_or_else(|| resource.origin().ascii_serialization()), false),
         };
-        let grant_type = match &self.auth.mode {
-            AuthMode::ClientSecret { .. } | AuthMode::PrivateKeyJwt { .. } => GRANT_CLIENT_CREDENTIALS,
-            AuthMode::ServiceAccountToken { grant: Some((TokenGrant::JwtBearer, _)), .. } => GRANT_JWT_BEARER,
-            AuthMode::ServiceAccountToken { .. } => GRANT_TOKEN_EXCHANGE,
-        };
-        if let Some(why) = oauth::grant_refusal(metadata.additional_fields.get("grant_types_supported"), grant_type) {
+        let issuer_url = url::Url::parse(&issuer)
+            .map_err(|e| TokenError::lasting(format!("the authorization server {}: {e}", oauth::origin_of(&issuer))))?;
+        if !matches!(issuer_url.scheme(), "http" | "https") {
+            return Err(TokenError::lasting(format!("the authorization server {issuer_url} is not an http(s) URL")));
+        }
+        let metadata = self.server_metadata(&issuer_url).await?;
+        if let Some(why) = oauth::issuer_refusal(&issuer, metadata.get("issuer").and_then(|v| v.as_str()), pinned) {
             return Err(TokenError::lasting(why));
         }
-        let resource = url::Url::parse(&self.url).map_err(|e| TokenError::lasting(format!("the server URL: {e}")))?;
-        let token_endpoint = url::Url::parse(&metadata.token_endpoint).map_err(|e| {
-            TokenError::lasting(format!("the token endpoint {}: {e}", oauth::quote(&metadata.token_endpoint)))
+        let raw_endpoint = metadata.get("token_endpoint").and_then(|v| v.as_str()).ok_or_else(|| {
+            TokenError::lasting(format!("the authorization-server metadata of {issuer_url} has no token_endpoint"))
         })?;
+        let token_endpoint = url::Url::parse(raw_endpoint)
+            .map_err(|e| TokenError::lasting(format!("the token endpoint {}: {e}", oauth::quote(raw_endpoint))))?;
         if !oauth::may_receive_credential(&resource, &token_endpoint) {
             return Err(TokenError::lasting(format!(
                 "the token endpoint {token_endpoint} is not https: the credential is not sent in clear text \
                  (only loopback servers may use http)"
             )));
         }
-        let asked = manager.select_scopes(challenge_scope(challenge).as_deref(), &[]);
+        self.http.check_literal(&token_endpoint)?;
+        Ok(Discovered {
+            issuer,
+            token_endpoint,
+            grant_types_supported: metadata.get("grant_types_supported").cloned(),
+            auth_methods: oauth::strings(metadata.get("token_endpoint_auth_methods_supported")),
+            signing_algs: oauth::strings(metadata.get("token_endpoint_auth_signing_alg_values_supported")),
+            server_scopes: oauth::strings(metadata.get("scopes_supported")).unwrap_or_default(),
+            resource_scopes,
+        })
+    }
+
+    /// The server's protected-resource metadata (RFC 9728): at the challenge's
+    /// `resource_metadata`, else the well-known locations. `None`: it publishes none (or none
+    /// for this resource), and the pinned issuer (or the server's origin) is used.
+    async fn resource_metadata(
+        &self,
+        resource: &url::Url,
+        challenge: Option<&str>,
+    ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, TokenError> {
+        let mut candidates = Vec::new();
+        if let Some(url) = challenge
+            .and_then(|c| rmcp::transport::auth::WWWAuthenticateParams::parse(c, resource).resource_metadata_url)
+        {
+            candidates.push(url);
+        }
+        candidates.extend(oauth::protected_resource_metadata_urls(resource));
+        for url in candidates {
+            let answer = self.http.get(&url).await?;
+            if answer.status >= 500 {
+                return Err(TokenError::transient(format!(
+                    "the protected-resource metadata at {url} answered HTTP {}",
+                    answer.status
+                )));
+            }
+            if answer.status != 200 {
+                continue;
+            }
+            let Ok(serde_json::Value::Object(document)) = serde_json::from_slice(&answer.body) else { continue };
+            // RFC 9728 section 3.3: metadata for another resource is not this server's.
+            let for_this =
+                document.get("resource").and_then(|r| r.as_str()).is_none_or(|r| oauth::same_url(r, &self.url));
+            if for_this {
+                return Ok(Some(document));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The authorization-server metadata at `issuer`'s well-known locations.
+    async fn server_metadata(
+        &self,
+        issuer: &url::Url,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, TokenError> {
+        for url in oauth::authorization_server_metadata_urls(issuer) {
+            let answer = self.http.get(&url).await?;
+            if answer.status >= 500 {
+                return Err(TokenError::transient(format!(
+                    "the authorization-server metadata at {url} answered HTTP {}",
+                    answer.status
+                )));
+            }
+            if answer.status != 200 {
+                continue;
+            }
+            match serde_json::from_slice(&answer.body) {
+                Ok(serde_json::Value::Object(document)) => return Ok(document),
+                _ => {
+                    return Err(TokenError::transient(format!(
+                        "the authorization-server metadata at {url} is not a JSON object"
+                    )));
+                }
+            }
+        }
+        Err(TokenError::transient(format!(
+            "no authorization-server metadata at {issuer} (RFC 8414 or OpenID Connect discovery); check \
+             spec.http.auth.issuer"
+        )))
+    }
+
+    async fn fetch_inner(&self, state: &mut State, challenge: Option<&str>) -> Result<IssuedToken, TokenError> {
+        let found = self.discovered(state, challenge).await?;
+        let grant_type = match &self.auth.mode {
+            AuthMode::ClientSecret { .. } | AuthMode::PrivateKeyJwt { .. } => GRANT_CLIENT_CREDENTIALS,
+            AuthMode::ServiceAccountToken { grant: Some((TokenGrant::JwtBearer, _)), .. } => GRANT_JWT_BEARER,
+            AuthMode::ServiceAccountToken { .. } => GRANT_TOKEN_EXCHANGE,
+        };
+        if let Some(why) = oauth::grant_refusal(found.grant_types_supported.as_ref(), grant_type) {
+            return Err(TokenError::lasting(why));
+        }
+        // What the server asks for now (its challenge, its metadata), else what the
+        // authorization server offers; narrowed to the McpServer's scopes.
+        let mut asked: Vec<String> =
+            challenge_scope(challenge).map(|s| s.split_whitespace().map(str::to_string).collect()).unwrap_or_default();
+        asked.extend(found.resource_scopes.iter().cloned());
+        if asked.is_empty() {
+            asked = found.server_scopes.clone();
+        }
         let scopes = oauth::request_scopes(&asked, &self.auth.scopes);
         let scope = scopes.join(" ");
-        match &self.auth.mode {
+        let token_endpoint = &found.token_endpoint;
+        let answer = match &self.auth.mode {
             AuthMode::ClientSecret { client_id, secret } => {
-                let config = ClientCredentialsConfig::ClientSecret {
-                    client_id: client_id.clone(),
-                    client_secret: secret.clone(),
-                    scopes,
-                    resource: Some(self.url.clone()),
-                };
-                self.client_credentials(manager, &config).await
+                // client_secret_basic only when it is the only one of the two advertised.
+                let basic = found.auth_methods.as_ref().is_some_and(|m| {
+                    m.iter().any(|x| x == "client_secret_basic") && !m.iter().any(|x| x == "client_secret_post")
+                });
+                let mut form: Vec<(&str, &str)> =
+                    vec![("grant_type", GRANT_CLIENT_CREDENTIALS), ("resource", &self.url)];
+                if !scope.is_empty() {
+                    form.push(("scope", &scope));
+                }
+                if basic {
+                    self.http.post_form(token_endpoint, &form, Some((client_id.as_str(), secret.as_str()))).await?
+                } else {
+                    form.extend([("client_id", client_id.as_str()), ("client_secret", secret.as_str())]);
+                    self.http.post_form(token_endpoint, &form, None).await?
+                }
             }
             AuthMode::PrivateKeyJwt { client_id, key_pem, algorithm } => {
-                if let Some(why) = private_key_jwt_refusal(metadata, *algorithm) {
+                if let Some(why) = private_key_jwt_refusal(&found, *algorithm) {
                     return Err(TokenError::lasting(why));
                 }
                 // RFC 7523 section 3: the audience is the authorization server (its issuer).
-                let audience = metadata.issuer.clone().unwrap_or_else(|| token_endpoint.to_string());
-                let assertion = client_assertion(client_id, &audience, key_pem, *algorithm)?;
+                let assertion = client_assertion(client_id, &found.issuer, key_pem, *algorithm)?;
                 let mut form: Vec<(&str, &str)> = vec![
                     ("grant_type", GRANT_CLIENT_CREDENTIALS),
                     ("client_assertion_type", ASSERTION_TYPE_JWT_BEARER),
@@ -245,7 +414,7 @@ impl TokenSource {
                 if !scope.is_empty() {
                     form.push(("scope", &scope));
                 }
-                self.post_token_request(&token_endpoint, &form).await
+                self.http.post_form(token_endpoint, &form, None).await?
             }
             AuthMode::ServiceAccountToken { file, grant } => {
                 let subject = read_token_file(file).await?;
@@ -267,56 +436,17 @@ impl TokenSource {
                 if let Some(id) = client_id {
                     form.push(("client_id", id));
                 }
-                self.post_token_request(&token_endpoint, &form).await
+                self.http.post_form(token_endpoint, &form, None).await?
             }
-        }
-    }
-
-    async fn client_credentials(
-        &self,
-        manager: &mut AuthorizationManager,
-        config: &ClientCredentialsConfig,
-    ) -> Result<IssuedToken, TokenError> {
-        manager.validate_client_credentials_metadata(config).map_err(|e| TokenError::lasting(e.to_string()))?;
-        manager.configure_client_credentials(config).map_err(|e| TokenError::lasting(e.to_string()))?;
-        let response =
-            manager.exchange_client_credentials(config).await.map_err(|e| oauth::refusal_in_text(e.to_string()))?;
-        use oauth2::TokenResponse as _;
-        Ok(IssuedToken { access_token: response.access_token().secret().clone(), expires_in: response.expires_in() })
-    }
-
-    async fn post_token_request(&self, endpoint: &url::Url, form: &[(&str, &str)]) -> Result<IssuedToken, TokenError> {
-        let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(form).finish();
-        let response = self
-            .http
-            .as_ref()
-            .map_err(|e| TokenError::transient(format!("building the HTTP client for token requests: {e}")))?
-            .post(endpoint.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header(reqwest::header::ACCEPT, "application/json")
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| {
-                TokenError::transient(format!(
-                    "the token request to {endpoint} failed: {}",
-                    crate::telemetry::error_chain(&e)
-                ))
-            })?;
-        let status = response.status().as_u16();
-        let bytes = read_capped(response, MAX_TOKEN_RESPONSE_BYTES).await?;
-        oauth::parse_token_response(status, &bytes)
+        };
+        oauth::parse_token_response(answer.status, &answer.body)
     }
 }
 
 /// Why the authorization server will not take a `private_key_jwt` assertion signed with
 /// `algorithm` (absent lists allow it).
-fn private_key_jwt_refusal(metadata: &AuthorizationMetadata, algorithm: JwtAlgorithm) -> Option<String> {
-    let listed = |field: &str| -> Option<Vec<String>> {
-        let values = metadata.additional_fields.get(field)?.as_array()?;
-        Some(values.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
-    };
-    if let Some(methods) = listed("token_endpoint_auth_methods_supported")
+fn private_key_jwt_refusal(found: &Discovered, algorithm: JwtAlgorithm) -> Option<String> {
+    if let Some(methods) = &found.auth_methods
         && !methods.iter().any(|m| m == "private_key_jwt")
     {
         return Some(format!(
@@ -325,7 +455,7 @@ fn private_key_jwt_refusal(metadata: &AuthorizationMetadata, algorithm: JwtAlgor
         ));
     }
     let name = format!("{algorithm:?}");
-    match listed("token_endpoint_auth_signing_alg_values_supported") {
+    match &found.signing_algs {
         Some(algs) if !algs.contains(&name) => Some(format!(
             "the authorization server does not accept {name} client assertions (it accepts {}): set \
              spec.http.auth.clientCredentials.privateKey.algorithm",
@@ -378,19 +508,6 @@ fn client_assertion(
 fn challenge_scope(challenge: Option<&str>) -> Option<String> {
     let base = url::Url::parse("http://challenge.invalid/").ok()?;
     rmcp::transport::auth::WWWAuthenticateParams::parse(challenge?, &base).scope
-}
-
-async fn read_capped(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, TokenError> {
-    let mut body = Vec::new();
-    while let Some(chunk) =
-        response.chunk().await.map_err(|e| TokenError::transient(format!("reading the token response: {e}")))?
-    {
-        if body.len() + chunk.len() > max {
-            return Err(TokenError::transient(format!("the token response is larger than {max} bytes")));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// The projected service-account token at `file`, read now (the kubelet replaces it atomically

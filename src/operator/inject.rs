@@ -40,12 +40,13 @@ use crate::api::env_ref::{self, Segment};
 use crate::api::identity::{ForbiddenAudiences, IdentityRefusal};
 use crate::api::keys::{
     ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, AUTH_TOKEN_DIR,
-    BIN_DIR, ENV_ADMIN_ADDR, ENV_API_KEY, ENV_CHAT_URL, ENV_GRPC_ADDR, ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAMESPACE,
-    ENV_PROFILE, ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET,
-    INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR,
-    SIDECAR_PREFIX, SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX, VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
+    BIN_DIR, ENV_ADMIN_ADDR, ENV_API_KEY, ENV_CHAT_URL, ENV_GRANTED_DESTINATIONS, ENV_GRPC_ADDR, ENV_HTTP_ADDR,
+    ENV_MCP_URL, ENV_POD_NAMESPACE, ENV_PROFILE, ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR,
+    ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC,
+    PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX, SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX,
+    VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
-use crate::api::names::{SOCKET_FILE, secret_env_var, secret_ref_id, short_hash};
+use crate::api::names::{SOCKET_FILE, http_destination, secret_env_var, secret_ref_id, short_hash};
 use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
@@ -414,10 +415,16 @@ impl Plan {
                     continue;
                 }
             }
+            let refs_before = agent_secrets.refs.len();
             agent_secrets.add_server(name, server, secrets, &mut warnings)?;
-            if token_granted {
-                auth_tokens.extend(auth_token(name, server));
+            let token = if token_granted { auth_token(name, server) } else { None };
+            // What was granted is bound to where it was granted to go.
+            if let Some(http) = &server.spec.http
+                && (agent_secrets.refs.len() > refs_before || token.is_some())
+            {
+                agent_secrets.destinations.push(format!("{name}={}", http_destination(http)));
             }
+            auth_tokens.extend(token);
         }
         // One projected volume, one token per server (its own audience), mounted into the agent
         // only: no sidecar, and not the app, sees a token meant for a remote server. The mount
@@ -437,14 +444,15 @@ impl Plan {
         if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
             volumes.push(empty_dir(VOLUME_NO_TOKEN));
         }
-        let AgentSecrets { env: secret_env, refs: secret_refs } = agent_secrets;
+        let AgentSecrets { env: secret_env, refs: secret_refs, destinations } = agent_secrets;
         let secret_env = secret_env.into_iter().map(|(name, (_, selector))| EnvVar {
             name,
             value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
             ..EnvVar::default()
         });
         let api_key = env(ENV_API_KEY, api_key.expose());
-        let mut agent = agent_container(profile_name, &sidecar_servers, &secret_refs, secret_env.collect(), config);
+        let delivered = Delivered { secret_refs: &secret_refs, destinations: &destinations };
+        let mut agent = agent_container(profile_name, &sidecar_servers, delivered, secret_env.collect(), config);
         agent.env.get_or_insert_default().insert(0, api_key.clone());
         if volumes.iter().any(|v| v.name == VOLUME_AUTH_TOKENS) {
             agent.volume_mounts.get_or_insert_default().push(mount(VOLUME_AUTH_TOKENS, AUTH_TOKEN_DIR, true));
@@ -644,11 +652,13 @@ impl<'a> Sidecars<'a> {
 // === impl AgentSecrets ===
 
 /// The Secret-backed values delivered to the agent: env var → (who needs it, the Secret key),
-/// and the `<server>/<field>` ids of `SPEAR_SECRET_REFS`.
+/// the `<server>/<field>` ids of `SPEAR_SECRET_REFS`, and the `<server>=<destination>` entries of
+/// `SPEAR_GRANTED_DESTINATIONS`.
 #[derive(Default)]
 struct AgentSecrets {
     env: BTreeMap<String, (String, SecretKeySelector)>,
     refs: Vec<String>,
+    destinations: Vec<String>,
 }
 
 impl AgentSecrets {
@@ -850,10 +860,16 @@ fn init_container(config: &InjectConfig) -> Container {
     }
 }
 
+/// What the agent is told about the values delivered to it.
+struct Delivered<'a> {
+    secret_refs: &'a [String],
+    destinations: &'a [String],
+}
+
 fn agent_container(
     profile: &str,
     sidecar_servers: &[(&str, i64, String)],
-    secret_refs: &[String],
+    delivered: Delivered<'_>,
     secret_env: Vec<EnvVar>,
     config: &InjectConfig,
 ) -> Container {
@@ -866,7 +882,8 @@ fn agent_container(
             ENV_SIDECAR_SERVERS,
             sidecar_servers.iter().map(|(name, uid, _)| format!("{name}={uid}")).collect::<Vec<_>>().join(","),
         ),
-        env(ENV_SECRET_REFS, secret_refs.join(",")),
+        env(ENV_SECRET_REFS, delivered.secret_refs.join(",")),
+        env(ENV_GRANTED_DESTINATIONS, delivered.destinations.join(",")),
         env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", ports.http)),
         env(ENV_GRPC_ADDR, format!("127.0.0.1:{}", ports.grpc)),
         env(ENV_ADMIN_ADDR, format!("0.0.0.0:{}", ports.admin)),

@@ -79,13 +79,16 @@ pub enum ProbeNamespaces {
 
 /// Address ranges a probe never connects to. The default is [`AddressDenyList::DEFAULT`]:
 /// loopback (the operator's own pod, and node-local services with host networking), link-local
-/// (cloud metadata endpoints such as 169.254.169.254) and "this host" (0.0.0.0 dials loopback).
+/// (cloud metadata endpoints such as 169.254.169.254), the metadata endpoints outside it (AWS
+/// IMDS over IPv6 `fd00:ec2::254`, Alibaba Cloud's `100.100.100.200`) and "this host" (0.0.0.0
+/// dials loopback).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AddressDenyList(Vec<IpNet>);
 
 impl AddressDenyList {
     /// The default ranges, in the flag's syntax.
-    pub const DEFAULT: &str = "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,0.0.0.0/8,::/128";
+    pub const DEFAULT: &str =
+        "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,fd00:ec2::254/128,100.100.100.200/32,0.0.0.0/8,::/128";
 
     /// No range: every address may be probed.
     pub fn none() -> Self {
@@ -617,6 +620,19 @@ mod tests {
             assert!(deny.denies(denied.parse().expect("an address")), "{denied} must be denied");
         }
         for allowed in ["10.0.0.1", "192.168.1.10", "8.8.8.8", "2001:db8::1", "::ffff:10.0.0.1", "169.255.0.1"] {
+            assert!(!deny.denies(allowed.parse().expect("an address")), "{allowed} must be allowed");
+        }
+    }
+
+    #[test]
+    fn the_default_deny_list_covers_cloud_metadata_endpoints_outside_link_local() {
+        let deny = AddressDenyList::default();
+        // AWS IMDS over IPv6 (in fc00::/7, otherwise allowed) and Alibaba Cloud's metadata (in
+        // 100.64.0.0/10, otherwise allowed), in their other spellings too.
+        for denied in ["fd00:ec2::254", "fd00:0ec2:0:0:0:0:0:0254", "100.100.100.200", "::ffff:100.100.100.200"] {
+            assert!(deny.denies(denied.parse().expect("an address")), "{denied} must be denied");
+        }
+        for allowed in ["fd00:ec2::253", "fd12::1", "100.100.100.201", "100.64.0.1"] {
             assert!(!deny.denies(allowed.parse().expect("an address")), "{allowed} must be allowed");
         }
     }

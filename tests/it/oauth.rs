@@ -153,9 +153,15 @@ fn client_credentials_discover_renew_replace_a_revoked_token_and_leak_nothing() 
     let _server = start_oauth_server(port, &["--client-secret", &secret, "--token-lifetime", "4"]);
     let _interactive = start_oauth_server(interactive_port, &["--client-secret", &secret, "--interactive-only"]);
 
-    let cc = "    auth:\n      clientCredentials:\n        clientId: spear\n        clientSecret: {secretKeyRef: {name: s, key: k}}\n      scopes: [mcp:tools, other:scope]\n";
-    let mut yaml = server_yaml("remote", port, cc);
-    yaml.push_str(&server_yaml("interactive", interactive_port, cc));
+    // The authorization server is pinned (`issuer`): here the test server's own.
+    let cc = |port: u16| {
+        format!(
+            "    auth:\n      issuer: http://127.0.0.1:{port}\n      clientCredentials:\n        clientId: spear\n        \
+             clientSecret: {{secretKeyRef: {{name: s, key: k}}}}\n      scopes: [mcp:tools, other:scope]\n"
+        )
+    };
+    let mut yaml = server_yaml("remote", port, &cc(port));
+    yaml.push_str(&server_yaml("interactive", interactive_port, &cc(interactive_port)));
     yaml.push_str(&server_yaml("plain", port, ""));
     yaml.push_str(
         "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [remote, interactive, plain]\n",
@@ -229,7 +235,11 @@ fn explain_says_how_each_server_authenticates() {
         1,
         "    auth:\n      clientCredentials: {clientId: a, privateKey: {secretKeyRef: {name: s, key: k}}}\n",
     );
-    yaml.push_str(&server_yaml("cluster", 2, "    auth:\n      tokenExchange: {audience: sso, grant: jwtBearer}\n"));
+    yaml.push_str(&server_yaml(
+        "cluster",
+        2,
+        "    auth:\n      issuer: https://sso.example.com\n      tokenExchange: {audience: sso, grant: jwtBearer}\n",
+    ));
     yaml.push_str(&server_yaml("open", 3, ""));
     yaml.push_str("apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [remote, cluster, open]\n");
     std::fs::write(dir.path().join("registry.yaml"), yaml).expect("write");
@@ -258,4 +268,102 @@ fn explain_says_how_each_server_authenticates() {
         auth.contains(&("cluster".to_string(), Value::from("service-account token, jwt-bearer grant"))),
         "{auth:?}"
     );
+}
+
+/// The attack of `tests/servers/foreign_authorization_server.py`: a protected server whose
+/// metadata names another authorization server. With the authorization server pinned
+/// (`auth.issuer`, here a real one), the client secret and the pod's token (RFC 8693 and the
+/// JWT-bearer grant) never reach the foreign one; the agent asks it nothing at all, and the
+/// refusal is lasting (each call fails at once, naming the field to fix), with discovery done
+/// once per server however often the server answers 401.
+#[test]
+fn a_server_naming_a_foreign_authorization_server_gets_no_credential() {
+    let secret = format!("cs-{}", uuid::Uuid::new_v4().simple());
+    let sa_token = format!("FAKE-PROJECTED-SA-TOKEN-{}", uuid::Uuid::new_v4().simple());
+    let (pinned_port, mcp_port, foreign_port) =
+        (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    let _pinned = start_oauth_server(pinned_port, &["--client-secret", &secret]);
+
+    let work = tempfile::tempdir().expect("tempdir");
+    let log = work.path().join("hostile.jsonl");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/foreign_authorization_server.py");
+    let _hostile = Killed(
+        Command::new(mcp_servers::python())
+            .arg(script)
+            .args(["--mcp-port", &mcp_port.to_string(), "--as-port", &foreign_port.to_string()])
+            .arg("--log")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the hostile server starts"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(mcp_port, "/ready").is_none() || http_get(foreign_port, "/ready").is_none() {
+        assert!(Instant::now() < deadline, "the hostile server did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&log, "").expect("clear the readiness probes from the log");
+
+    let tokens = work.path().join("tokens");
+    std::fs::create_dir(&tokens).expect("mkdir");
+    for name in ["exchange", "jwt"] {
+        std::fs::write(tokens.join(name), &sa_token).expect("write token");
+    }
+    let issuer = format!("      issuer: http://127.0.0.1:{pinned_port}\n");
+    let mut yaml = server_yaml(
+        "secret",
+        mcp_port,
+        &format!(
+            "    auth:\n{issuer}      clientCredentials:\n        clientId: spear\n        clientSecret: {{secretKeyRef: {{name: s, key: k}}}}\n"
+        ),
+    );
+    yaml.push_str(&server_yaml(
+        "exchange",
+        mcp_port,
+        &format!("    auth:\n{issuer}      tokenExchange: {{audience: \"https://sso.corp.example\"}}\n"),
+    ));
+    yaml.push_str(&server_yaml(
+        "jwt",
+        mcp_port,
+        &format!(
+            "    auth:\n{issuer}      tokenExchange: {{audience: \"https://sso.corp.example\", grant: jwtBearer}}\n"
+        ),
+    ));
+    yaml.push_str(
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [secret, exchange, jwt]\n",
+    );
+    let token_dir = tokens.to_string_lossy().into_owned();
+    let agent =
+        start_agent(&yaml, &[("SPEAR_SECRET_SECRET_AUTH_CLIENTSECRET", &secret), ("SPEAR_AUTH_TOKEN_DIR", &token_dir)]);
+
+    for server in ["secret", "exchange", "jwt"] {
+        for attempt in 0..3 {
+            let started = Instant::now();
+            let (ok, said) = agent.call(&format!("{server}/whoami"));
+            assert!(!ok, "{server}: {said}");
+            assert!(
+                said.contains(&format!("server '{server}' cannot be used"))
+                    && said.contains("names the authorization server")
+                    && said.contains("spec.http.auth.issuer"),
+                "{server} (attempt {attempt}): {said}"
+            );
+            assert!(started.elapsed() < Duration::from_secs(4), "a lasting refusal answers at once: {said}");
+        }
+    }
+
+    let logged = std::fs::read_to_string(&log).expect("the hostile server's log");
+    let entries: Vec<Value> = logged.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let foreign: Vec<&Value> = entries.iter().filter(|e| e["side"] == "as").collect();
+    assert!(foreign.is_empty(), "requests reached the foreign authorization server: {foreign:?}");
+    assert!(!logged.contains(&secret) && !logged.contains(&sa_token), "a credential reached the hostile server");
+    // Discovery once per server: the 401s after it do not make the agent look again.
+    let discoveries =
+        entries.iter().filter(|e| e["path"].as_str().is_some_and(|p| p.contains("oauth-protected-resource"))).count();
+    assert!(discoveries <= 3, "{discoveries} metadata reads for 3 servers: {logged}");
+    // The pinned authorization server was not asked for a token either: the server is refused.
+    let requests = admin(pinned_port, "/admin/requests");
+    assert_eq!(requests.as_array().map(Vec::len), Some(0), "{requests}");
+    let said = agent.everything_said();
+    assert!(!said.contains(&secret) && !said.contains(&sa_token), "a credential leaked into the agent's output");
 }

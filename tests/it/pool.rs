@@ -747,6 +747,7 @@ async fn npm_servers_work_through_the_bridge_socket() {
             socket_dir: run.path().to_path_buf(),
             sidecars: None,
             secret_refs: None,
+            destinations: None,
             peer_uids: [("everything".to_string(), me), ("fs".to_string(), me)].into(),
         },
         ..options()
@@ -901,6 +902,7 @@ async fn the_agent_and_the_bridge_each_refuse_a_peer_with_another_uid() {
             socket_dir: run.path().to_path_buf(),
             sidecars: None,
             secret_refs: None,
+            destinations: None,
             peer_uids: [("fx".to_string(), me + 1)].into(),
         },
         ..options()

@@ -1038,6 +1038,116 @@ async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
     terminate(&mut child, Duration::from_secs(5));
 }
 
+/// Tool lists that cost the agent far more memory than their bytes, and a schema costly to
+/// compile, from three hostile servers at once under the same 256 MiB data limit
+/// (`hostile_server.py`): 100 pages of ~0.96 MB of small JSON values in an input schema
+/// (`--amp-list`, ~30× that once parsed), the same in output schemas (`--out-schema-big`), and
+/// an output schema of 2,000 costly patterns (`--regex-schema`). Each page is admitted and
+/// dropped as it arrives, the oversized tools are left out and reported, the pattern-heavy
+/// schema is not compiled (its results pass unchecked), and `/healthz` answers at once
+/// throughout.
+#[tokio::test]
+async fn tool_lists_of_small_values_and_costly_output_schemas_cannot_run_the_agent_out_of_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let python = mcp_servers::python();
+    let hostile = script("hostile_server.py");
+    let mut names = vec!["fx".to_string()];
+    for (name, mode) in [("amp", "--amp-list"), ("outbig", "--out-schema-big"), ("regex", "--regex-schema")] {
+        let yaml = format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: {name}\nspec:\n  transport: stdio\n  \
+             stdio:\n    command: {:?}\n    args: [{:?}, {mode:?}]\n  allowedTools: [\"*\"]\n",
+            python.to_string_lossy(),
+            hostile.to_string_lossy(),
+        );
+        std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).expect("write server");
+        names.push(name.to_string());
+    }
+    std::fs::write(
+        dir.path().join("profile.yaml"),
+        format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [{}]\n",
+            names.join(", ")
+        ),
+    )
+    .expect("write profile");
+    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    let mut child = Command::new("prlimit")
+        .arg(format!("--data={}", 256u64 << 20))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_spearlet"))
+        .args(["serve", "--audit-log", "off", "--registry-dir"])
+        .arg(dir.path())
+        .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn spearlet under prlimit");
+    // /healthz answers at once while the lists arrive (the ports are bound first).
+    let healthz = |admin: u16| {
+        let started = Instant::now();
+        let status = http_get(admin, "/healthz").map(|(s, _)| s);
+        (status, started.elapsed())
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut slowest = Duration::ZERO;
+    while http_get(admin, "/readyz").map(|(s, _)| s) != Some(200) {
+        assert!(child.try_wait().expect("wait").is_none(), "the agent died while listing");
+        assert!(Instant::now() < deadline, "not ready within 90 s");
+        if let (Some(200), took) = healthz(admin) {
+            slowest = slowest.max(took);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    spear::install_crypto_provider();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let (_, _, session, _) = mcp_post(&client, http, None, None, initialize).await;
+    let session = session.expect("session");
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    mcp_post(&client, http, Some(&session), None, initialized).await;
+    let call = |id: u64, name: &str| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": {"text": "still here"}}})
+    };
+    // The pattern-heavy schema is over the cap: not compiled, the result passes unchecked.
+    for id in 10..13 {
+        let (_, content_type, _, body) =
+            mcp_post(&client, http, Some(&session), None, call(id, "mcp__regex__match")).await;
+        let reply = jsonrpc_message(&content_type, &body);
+        assert_ne!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(reply["result"]["structuredContent"]["s"], "zI", "{reply}");
+        let (status, took) = healthz(admin);
+        assert_eq!(status, Some(200));
+        slowest = slowest.max(took);
+    }
+    assert!(slowest < Duration::from_secs(1), "/healthz took {slowest:?}");
+    assert!(child.try_wait().expect("wait").is_none(), "the agent survived");
+    let (_, content_type, _, body) = mcp_post(&client, http, Some(&session), None, call(20, "mcp__fx__echo")).await;
+    let reply = jsonrpc_message(&content_type, &body);
+    assert_eq!(reply["result"]["isError"], false, "the other server still works: {reply}");
+
+    let (_, body) = http_get(admin, "/debug/effective").expect("debug");
+    let explained: Value = serde_json::from_str(&body).expect("JSON");
+    let server = |id: &str| {
+        explained["servers"].as_array().expect("servers").iter().find(|s| s["id"] == id).cloned().expect("listed")
+    };
+    for id in ["amp", "outbig"] {
+        let listed = server(id);
+        let cut = listed["listCut"].as_str().unwrap_or_default();
+        assert!(cut.contains("left out for their size") && cut.contains("size cap"), "{listed}");
+        assert_eq!(listed["tools"].as_array().map_or(0, Vec::len), 0, "{listed}");
+    }
+    assert_eq!(server("regex")["tools"].as_array().map_or(0, Vec::len), 1);
+
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    let peak = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or_default().to_string();
+    eprintln!("agent peak RSS with three amplifying servers: {peak}");
+    terminate(&mut child, Duration::from_secs(5));
+}
+
 /// A registry dir with server-everything over stdio as McpServer `everything` (`server` adds to
 /// its spec) and the McpProfile `p` over it (`profile` adds to its spec).
 fn everything_registry(dir: &Path, server: &str, profile: &str) {

@@ -11,6 +11,13 @@ not use one), then tries to make the agent hold as much memory as it can:
     python hostile_server.py --lying-output   `weather` declares an outputSchema; called with
                                               {"answer": "good" | "bad" | "none"} it answers
                                               conforming, non-conforming or no structuredContent
+    python hostile_server.py --amp-list       100 tools/list pages (always a nextCursor), each one
+                                              tool whose inputSchema is 480,000 zeros: ~0.96 MB of
+                                              JSON (under a 1 MiB frame) that parses to ~30x that
+    python hostile_server.py --out-schema-big the same, in the tool's outputSchema
+    python hostile_server.py --regex-schema   `match`: an outputSchema that is `allOf` 2,000
+                                              `pattern`s (~56 KB), each costly to compile; called,
+                                              it answers structuredContent matching them all
 """
 
 import json
@@ -18,7 +25,7 @@ import sys
 
 
 def send(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
@@ -46,6 +53,23 @@ def flood_page(page: int) -> dict:
     return {"tools": tools, "nextCursor": str(page + 1)}
 
 
+def amp_page(page: int, field: str) -> dict:
+    schema = {"type": "object", "enum": [0] * 480_000}
+    tool = {"name": f"amp{page}", "description": "d", "inputSchema": {"type": "object"}}
+    tool[field] = schema
+    return {"tools": [tool], "nextCursor": str(page + 1)}
+
+
+REGEX_PATTERNS = 2000
+REGEX_TOOL = {
+    "name": "match", "description": "answers text matching many patterns", "inputSchema": {"type": "object"},
+    "outputSchema": {
+        "type": "object",
+        "properties": {"s": {"type": "string", "allOf": [{"pattern": "\\w{200}|zI"}] * REGEX_PATTERNS}},
+    },
+}
+
+
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     for line in sys.stdin:
@@ -66,6 +90,12 @@ def main() -> None:
             if mode == "--flood-list":
                 cursor = (message.get("params") or {}).get("cursor")
                 result(request_id, flood_page(int(cursor or 0)))
+            elif mode in ("--amp-list", "--out-schema-big"):
+                cursor = (message.get("params") or {}).get("cursor")
+                field = "inputSchema" if mode == "--amp-list" else "outputSchema"
+                result(request_id, amp_page(int(cursor or 0), field))
+            elif mode == "--regex-schema":
+                result(request_id, {"tools": [REGEX_TOOL]})
             elif mode == "--lying-output":
                 result(request_id, {"tools": [WEATHER]})
             else:
@@ -73,6 +103,8 @@ def main() -> None:
         elif method == "tools/call" and mode == "--lying-output":
             answer = ((message.get("params") or {}).get("arguments") or {}).get("answer", "good")
             result(request_id, WEATHER_ANSWERS.get(answer, WEATHER_ANSWERS["good"]))
+        elif method == "tools/call" and mode == "--regex-schema":
+            result(request_id, {"content": [{"type": "text", "text": "zI"}], "structuredContent": {"s": "zI"}})
         elif method == "tools/call" and mode == "--huge-reply":
             text = "x" * (15 << 20)
             result(request_id, {"content": [{"type": "text", "text": text}]})

@@ -39,6 +39,11 @@ pub struct RunArgs {
     /// variable only when listed. Unset: every one is read.
     #[arg(long, env = keys::ENV_SECRET_REFS, value_name = "REFS", value_delimiter = ',')]
     pub(crate) secret_refs: Option<Vec<String>>,
+    /// Where each Streamable HTTP server's delivered credentials were granted to go,
+    /// `<server>=<hash>`, comma-separated (the webhook sets it). A server whose URL, issuer or
+    /// token mode changed since is not connected until the pod is recreated. Unset: not checked.
+    #[arg(long, env = keys::ENV_GRANTED_DESTINATIONS, value_name = "ENTRIES", value_delimiter = ',')]
+    pub(crate) granted_destinations: Option<Vec<String>>,
     /// kubeconfig file(s), `:`-separated, for running outside a cluster. Without it the pod's
     /// service account is used, falling back to `~/.kube/config`.
     #[arg(long, env = keys::ENV_KUBECONFIG, value_name = "PATH")]
@@ -55,6 +60,7 @@ impl RunArgs {
             socket_dir: self.socket_dir,
             sidecar_servers: self.sidecar_servers,
             secret_refs: self.secret_refs,
+            granted_destinations: self.granted_destinations,
             kubeconfig: self.kubeconfig,
             agent: self.agent.config(std::net::Ipv4Addr::UNSPECIFIED)?,
         })

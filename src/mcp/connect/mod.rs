@@ -268,6 +268,18 @@ impl Start<'_> {
                 retryable: false,
                 refused_by_server: None,
             }),
+            Endpoint::DestinationMoved => Err(McpError {
+                code: ErrorCode::McpUnavailable,
+                message: format!(
+                    "McpServer '{}' was edited after this pod started (http.url, http.auth.issuer or the token \
+                     mode): the credentials the pod holds for it were granted for the old destination and are \
+                     not sent to the new one; recreate the pod (for example `kubectl rollout restart`) to have \
+                     the new destination granted",
+                    self.server_id
+                ),
+                retryable: false,
+                refused_by_server: None,
+            }),
             Endpoint::Http { url, headers, auth: _ } => Ok((http::open(self, url, headers, lifecycle).await?, None)),
         }
     }
@@ -326,27 +338,29 @@ fn cut(s: &str, max: usize) -> String {
 }
 
 impl Connection {
-    /// `tools/list`, page by page, within `limits` (see `limits`): the tools kept, what was cut,
-    /// and the shortest `ttlMs` a page gave (2026-07-28 servers give one).
+    /// `tools/list`, page by page, within `limits` (see `limits`): each page admitted as it
+    /// arrives, and no page asked for once the list is full; the tools kept, what was cut, and
+    /// the shortest `ttlMs` a page gave (2026-07-28 servers give one).
     pub(crate) async fn list_tools_capped(
         &self,
         limits: &ListLimits,
     ) -> Result<(Vec<rmcp::model::Tool>, ListCut, Option<u64>), rmcp::ServiceError> {
-        let (mut tools, mut cursor, mut ttl_ms) = (Vec::new(), None, None::<u64>);
+        let mut admission = super::limits::ListAdmission::new(limits);
+        let (mut cursor, mut ttl_ms) = (None, None::<u64>);
         for _ in 0..limits.max_pages {
             let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
             let page = self.service.peer().list_tools(Some(params)).await?;
             if let Some(ttl) = page.ttl_ms {
                 ttl_ms = Some(ttl_ms.map_or(ttl, |t| t.min(ttl)));
             }
-            tools.extend(page.tools);
             cursor = page.next_cursor;
-            // Past the tool cap nothing more is kept, so nothing more is fetched.
-            if cursor.is_none() || tools.len() > limits.max_tools {
+            // What the page held beyond the caps is dropped here, before the next is fetched.
+            let open = admission.page(page.tools);
+            if cursor.is_none() || !open {
                 break;
             }
         }
-        let (tools, cut) = super::limits::admit(tools, cursor.is_some(), limits);
+        let (tools, cut) = admission.finish(cursor.is_some());
         Ok((tools, cut, ttl_ms))
     }
 }

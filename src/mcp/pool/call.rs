@@ -256,14 +256,14 @@ impl ToolCall<'_> {
             (Ok(Ok(Ok(response))), Some(live)) => {
                 slot.health.lock().call_ok(latency);
                 *live.last_used.lock() = Instant::now();
-                self.answered(response, latency)
+                self.answered(response, latency).await
             }
             (Ok(Ok(_)), None) => Ok(Err(McpError::new(ErrorCode::McpUnavailable, "the call had no session"))),
         }
     }
 
     /// The caller's result of the server's answer (the outer `Err` as in [`Self::settle`]).
-    fn answered(
+    async fn answered(
         &self,
         response: CallToolResponse,
         latency: Duration,
@@ -274,7 +274,7 @@ impl ToolCall<'_> {
                 let result = input_required(server, tool, &asked).to_call_tool_result();
                 Ok(Ok(ToolOutput { result, truncated: None, bytes: 0, latency, input_required: Some(Arc::new(asked)) }))
             }
-            CallToolResponse::Complete(result) => self.checked(result, latency).map(Ok),
+            CallToolResponse::Complete(result) => self.checked(result, latency).await.map(Ok),
             // A task handle (SEP-2663), or a kind rmcp adds later.
             _ => Ok(Err(McpError::new(
                 ErrorCode::McpUnavailable,
@@ -285,13 +285,13 @@ impl ToolCall<'_> {
 
     /// A complete result, capped to `maxToolOutputBytes` and checked against the tool's
     /// outputSchema.
-    fn checked(&self, result: CallToolResult, latency: Duration) -> Result<ToolOutput, McpError> {
+    async fn checked(&self, result: CallToolResult, latency: Duration) -> Result<ToolOutput, McpError> {
         let (server, tool, max_output_bytes) = (self.server, self.tool, self.max_output_bytes);
         let structured = result.structured_content.is_some();
         let output = cap_result(result, max_output_bytes, latency)?;
         // A tool with an outputSchema must answer structuredContent that conforms; one
         // the cap had to drop cannot be passed on as a valid result.
-        let validator = self.slot.output_validator(tool);
+        let validator = self.slot.output_validator(tool).await;
         if structured && output.result.structured_content.is_none() && validator.is_some() {
             return Err(McpError::new(
                 ErrorCode::McpOutputTooLarge,

@@ -360,10 +360,14 @@ impl Pool {
         })
     }
 
-    /// Whether `server` is a stdio server this pod has no sidecar for (it joined the profile
-    /// after the pod started; only a pod restart brings its sidecar).
+    /// Whether `server` can only be used after a pod restart: a stdio server this pod has no
+    /// sidecar for (it joined the profile after the pod started), or a Streamable HTTP server
+    /// whose destination moved since the pod's credentials were granted.
     pub(crate) fn needs_pod_restart(&self, server: &str) -> bool {
-        self.slot(server).is_ok_and(|slot| slot.config.transport == super::config::TransportConfig::MissingSidecar)
+        use super::config::TransportConfig;
+        self.slot(server).is_ok_and(|slot| {
+            matches!(slot.config.transport, TransportConfig::MissingSidecar | TransportConfig::DestinationMoved)
+        })
     }
 
     /// Health and session facts of `server`.

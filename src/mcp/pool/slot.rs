@@ -108,7 +108,7 @@ pub(super) struct Slot {
     pub(super) list_changed: Arc<ListChanged>,
     pub(super) tools: tokio::sync::Mutex<ToolsCache>,
     /// Compiled outputSchemas by tool, with the listed schema they were compiled from.
-    validators: Mutex<HashMap<String, OutputValidator>>,
+    validators: tokio::sync::Mutex<HashMap<String, OutputValidator>>,
     /// The server's access tokens (`http.auth`), kept across its sessions while the resolved
     /// auth config is the same.
     tokens: Arc<Mutex<Option<Arc<TokenSource>>>>,
@@ -155,21 +155,26 @@ fn lifecycle_for(known: Option<&(Instant, rmcp::model::ProtocolVersion)>) -> rmc
 impl Slot {
     /// The validator of the outputSchema the server's last tool list gives `tool`, if it gives
     /// one (without waiting for the list: a list being fetched right now counts as none). Each
-    /// listed schema is compiled once; a schema that does not compile is `Err` (logged once),
-    /// and results of that tool pass unchecked (`output_schema.rs`).
-    pub(super) fn output_validator(&self, tool: &str) -> Option<Arc<Result<jsonschema::Validator, String>>> {
+    /// listed schema is compiled once, off the runtime's threads and one at a time per server;
+    /// a schema that does not compile or is over a cap is `Err` (logged once), and results of
+    /// that tool pass unchecked (`output_schema.rs`).
+    pub(super) async fn output_validator(&self, tool: &str) -> Option<Arc<Result<jsonschema::Validator, String>>> {
         let schema = {
             let cache = self.tools.try_lock().ok()?;
             let Some((_, _, Ok(tools), _)) = cache.entry.as_ref() else { return None };
             tools.iter().find(|t| t.name == tool)?.output_schema.clone()?
         };
-        let mut validators = self.validators.lock();
+        let mut validators = self.validators.lock().await;
         if let Some((listed, validator)) = validators.get(tool)
             && Arc::ptr_eq(listed, &schema)
         {
             return Some(validator.clone());
         }
-        let validator = Arc::new(output_schema::compile(&schema));
+        let compiling = schema.clone();
+        let compiled = tokio::task::spawn_blocking(move || output_schema::compile(&compiling))
+            .await
+            .unwrap_or_else(|e| Err(format!("compiling it failed: {e}")));
+        let validator = Arc::new(compiled);
         if let Err(why) = validator.as_ref() {
             tracing::warn!(server_id = %self.config.id, tool, error = %why, "outputSchema cannot be checked");
         }
@@ -191,7 +196,7 @@ impl Slot {
             list_cut: Mutex::new(None),
             list_changed: Arc::new(ListChanged::default()),
             tools: tokio::sync::Mutex::new(ToolsCache::default()),
-            validators: Mutex::new(HashMap::new()),
+            validators: tokio::sync::Mutex::new(HashMap::new()),
             startup: Arc::new(Mutex::new(None)),
             start_failure: Arc::new(Mutex::new(None)),
             revision: Arc::new(Mutex::new(None)),
@@ -204,7 +209,7 @@ impl Slot {
     fn token_source(&self, endpoint: &Endpoint, metrics: &PoolMetrics) -> Option<Arc<TokenSource>> {
         let Endpoint::Http { url, auth: Some(auth), .. } = endpoint else { return None };
         let mut tokens = self.tokens.lock();
-        if let Some(source) = tokens.as_ref().filter(|s| s.auth() == auth) {
+        if let Some(source) = tokens.as_ref().filter(|s| s.auth() == auth && s.url() == url) {
             return Some(source.clone());
         }
         let source = Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics.clone()));

@@ -296,6 +296,20 @@ fn injecting_twice_changes_nothing() {
 }
 
 #[test]
+fn the_agent_learns_where_each_delivered_value_was_granted_to_go() {
+    let (profile, mut servers) = with_secrets();
+    // `plain` gets nothing delivered, so nothing binds it.
+    servers.push(http_server("plain"));
+    let profile = profile.servers(["plain"]);
+    let decision = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, out, _) = patched(&decision);
+    let destinations = env_of(find(out, AGENT_CONTAINER), ENV_GRANTED_DESTINATIONS).and_then(|e| e.value.clone());
+    let web = servers.iter().find(|s| s.metadata.name.as_deref() == Some("web")).and_then(|s| s.spec.http.as_ref());
+    let expected = format!("web={}", http_destination(web.expect("web is an http server")));
+    assert_eq!(destinations, Some(expected));
+}
+
+#[test]
 fn the_pods_key_is_first_in_the_agents_and_the_apps_env_and_in_no_sidecar() {
     let (profile, servers) = with_secrets();
     for native in [false, true] {
@@ -777,6 +791,7 @@ fn auth_secrets_reach_the_agent_and_service_account_tokens_only_the_agent() {
     use crate::api::{ClientCredentialsAuth, HeaderValueSource, HttpAuth, ServiceAccountTokenAuth};
     let secret_key_ref = SecretKeySelector { name: "remote-client".into(), key: "secret".into(), optional: None };
     let cc = HttpAuth {
+        issuer: Some("https://sso.example.com".into()),
         client_credentials: Some(ClientCredentialsAuth {
             client_id: "agent".into(),
             client_secret: Some(HeaderValueSource { secret_key_ref }),

@@ -582,6 +582,7 @@ pub(crate) fn run_config(
         socket_dir: socket_dir.to_path_buf(),
         sidecar_servers,
         secret_refs: None,
+        granted_destinations: None,
         kubeconfig: Some(control_plane.kubeconfig_path().as_os_str().to_owned()),
         agent: agent_config(admin_addr),
     }
@@ -633,6 +634,7 @@ async fn spearlet_run_without_a_profile_names_the_flag_and_env() {
         socket_dir: "/spear/run".into(),
         sidecar_servers: None,
         secret_refs: None,
+        granted_destinations: None,
         kubeconfig: None,
         agent: agent_config(free_addr()),
     };

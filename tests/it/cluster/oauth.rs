@@ -90,7 +90,9 @@ async fn service_account_tokens_are_exchanged_or_sent_and_verified_against_the_c
     let mut yaml = server_yaml(
         "exchanged",
         port,
-        "    auth:\n      tokenExchange: {audience: \"https://as.test\", clientId: spear-exchange}\n",
+        &format!(
+            "    auth:\n      issuer: http://127.0.0.1:{port}\n      tokenExchange: {{audience: \"https://as.test\", clientId: spear-exchange}}\n"
+        ),
     );
     yaml.push_str(&server_yaml(
         "direct",

@@ -676,6 +676,8 @@ struct LocalPod {
     namespace: String,
     name: String,
     kubeconfig: PathBuf,
+    /// The values of the Secrets the pod's env refers to: (Secret, key) → value.
+    secrets: BTreeMap<(String, String), String>,
 }
 
 impl LocalPod {
@@ -707,6 +709,16 @@ impl LocalPod {
     fn env(&self, container: &Container) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = Vec::new();
         for EnvVar { name, value, value_from } in container.env.iter().flatten() {
+            let secret = value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref());
+            if let Some(secret) = secret {
+                let key = (secret.name.clone(), secret.key.clone());
+                let value = self
+                    .secrets
+                    .get(&key)
+                    .unwrap_or_else(|| panic!("{}: env {name} needs Secret {key:?}", container.name));
+                env.push((name.clone(), value.clone()));
+                continue;
+            }
             let value = match (value, value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
                 (Some(value), _) => expand(value, &env),
                 (None, Some(field)) if field.field_path == "metadata.namespace" => self.namespace.clone(),
@@ -823,6 +835,7 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
         namespace: ns.name.clone(),
         name: pod.metadata.name.clone().expect("the API server named the pod"),
         kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
+        secrets: BTreeMap::new(),
     };
     // The run dir holds one volume per server (what the kubelet mounts at /spear/run/<server>).
     for d in [&local.bin, &local.run, &local.tmp, &local.run.join("fixture")] {
@@ -1312,4 +1325,108 @@ async fn the_webhook_answers_from_its_caches_and_sees_a_profile_edit_within_a_se
     assert_eq!(after, before, "answered from the caches, without reading through");
     eprintln!("profile edit reached the webhook after {seen:?}");
     drop(webhook);
+}
+
+/// A Secret value granted to an McpServer goes only where it was granted to go: an edit that
+/// moves the server's URL after the pod was admitted leaves it unsent (the server is unavailable,
+/// saying to recreate the pod), where running agents used to follow the edit with the Secret.
+#[tokio::test]
+async fn a_server_moved_after_admission_gets_none_of_the_pods_credentials() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("webhook-moved").await;
+    let ports = Ports { http: free_port(), grpc: free_port(), admin: free_port() };
+    let _webhook = Webhook::start(&ns, InjectConfig { ports, ..inject_config() }).await;
+
+    const SECRET_VALUE: &str = "granted-for-the-first-url-only";
+    let mut secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("web-token".into()),
+            annotations: Some([(ANNOTATION_ALLOWED_SERVERS.to_string(), "web".to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    secret.string_data = Some([("token".to_string(), SECRET_VALUE.to_string())].into());
+    create(&ns.api::<Secret>(), &secret).await;
+    let granted_port = free_port();
+    let _granted = tokio::process::Command::from(mcp_servers::fixture_http(granted_port, &[]).to_std())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the granted server starts");
+    assert!(mcp_servers::wait_for_http(granted_port, READY_TIMEOUT).await, "the granted server listens");
+    let server =
+        McpServer::test("web").http_at(granted_port).secret_header("x-token", "web-token", "token").allowing(["*"]);
+    create(&ns.api::<McpServer>(), &server).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("dev").servers(["web"])).await;
+    let pod = create(&ns.api::<Pod>(), &app_pod("app", &[(ANNOTATION_PROFILE, "dev")])).await;
+    let spec = pod.spec.clone().expect("a stored pod has a spec");
+    let agent = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .find(|c| c.name == AGENT_CONTAINER)
+        .expect("the agent");
+
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temp dir");
+    let local = LocalPod {
+        bin: dir.path().join("bin"),
+        run: dir.path().join("run"),
+        tmp: dir.path().join("tmp"),
+        namespace: ns.name.clone(),
+        name: pod.metadata.name.clone().expect("the API server named the pod"),
+        kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
+        secrets: [(("web-token".to_string(), "token".to_string()), SECRET_VALUE.to_string())].into(),
+    };
+    for d in [&local.bin, &local.run, &local.tmp] {
+        std::fs::create_dir(d).expect("creating a volume dir");
+    }
+    let init = spec.init_containers.iter().flatten().find(|c| c.name == INIT_CONTAINER).expect("spear-init");
+    assert!(local.spawn(init).wait().await.expect("spear-init runs").success());
+    let _agent = local.spawn(agent);
+    assert!(mcp_servers::wait_for_http(ports.http, READY_TIMEOUT).await, "the agent listens");
+    let key = local.env(agent).into_iter().find(|(n, _)| n == ENV_API_KEY).map(|(_, v)| v).expect("the pod's key");
+    let url = format!("http://127.0.0.1:{}/mcp", ports.http);
+    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(key);
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.expect("an MCP session");
+    let echo = |text: &'static str| {
+        let mut params = CallToolRequestParams::new("mcp__web__echo");
+        params.arguments = serde_json::json!({ "text": text }).as_object().cloned();
+        client.call_tool(params)
+    };
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        match echo("before the edit").await {
+            Ok(result) if result.is_error != Some(true) => break,
+            other => assert!(Instant::now() < deadline, "the granted server's echo never answered: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The McpServer's editor points it at their own listener.
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the new destination");
+    elsewhere.set_nonblocking(true).expect("nonblocking");
+    let moved_to = format!("http://{}/mcp", elsewhere.local_addr().expect("addr"));
+    let patch = serde_json::json!({"spec": {"http": {"url": moved_to}}});
+    ns.api::<McpServer>().patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("the edit");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let refusal = loop {
+        let text = match echo("after the edit").await {
+            Ok(result) => serde_json::to_string(&result.content).unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        if text.contains("recreate the pod") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the moved server was never refused: {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(refusal.contains("granted for the old destination"), "{refusal}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        matches!(elsewhere.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the agent connected to the moved server's new URL, with the Secret granted for the old one"
+    );
+    let _ = client.cancel().await;
 }
