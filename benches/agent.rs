@@ -18,6 +18,8 @@
 //!   ≤ 1 ms per round.
 //! - tracing off vs on (issue 17): A against AT, the same agent exporting every span over
 //!   OTLP/HTTP to a loopback sink in this process; latency alternating, CPU per call, RSS.
+//! - the pod's API key: A against AK, the same agent with `--api-key` and clients sending it;
+//!   latency alternating, throughput and CPU per call.
 //! - idle RSS of `spearlet serve` on `examples/registry` with its servers connected (target
 //!   ≤ 15 MiB), next to the RSS of the bare echo server process as a floor.
 //!
@@ -38,6 +40,7 @@ use std::time::{Duration, Instant};
 use rmcp::model::{CallToolRequestParams, ProtocolVersion};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
 use serde_json::json;
 use spear::agent::grpc::pb;
@@ -78,7 +81,7 @@ async fn call(client: &Client, tool: &str) -> Result<Duration, String> {
 }
 
 async fn http_client(url: &str) -> Client {
-    http_client_speaking(url, Revision::Sessions).await
+    http_client_speaking(url, Revision::Sessions, None).await
 }
 
 /// The two MCP revisions a client may speak: 2025-11-25 (`initialize`, a session) and
@@ -89,8 +92,13 @@ enum Revision {
     Stateless,
 }
 
-async fn http_client_speaking(url: &str, revision: Revision) -> Client {
-    let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+/// An HTTP MCP client of `url` speaking `revision`, sending `key` as its bearer token when given.
+async fn http_client_speaking(url: &str, revision: Revision, key: Option<&str>) -> Client {
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
+    if let Some(key) = key {
+        config = config.auth_header(key);
+    }
+    let transport = StreamableHttpClientTransport::from_config(config);
     let client = match revision {
         Revision::Sessions => ().serve(transport).await,
         Revision::Stateless => {
@@ -123,10 +131,11 @@ async fn throughput_with_cpu(
     revision: Revision,
     size: &Size,
     processes: &[(&str, u32)],
+    key: Option<&str>,
 ) -> (u64, u64) {
     let before: Vec<Duration> = processes.iter().map(|(_, pid)| cpu_time(*pid)).collect();
     let started = Instant::now();
-    let (calls, errors) = throughput(url, tool, revision, size.clients, size.throughput_for).await;
+    let (calls, errors) = throughput(url, tool, revision, size.clients, size.throughput_for, key).await;
     let wall = started.elapsed();
     let used: Vec<Duration> =
         processes.iter().zip(&before).map(|((_, pid), before)| cpu_time(*pid).saturating_sub(*before)).collect();
@@ -279,10 +288,17 @@ fn echo_registry(dir: &Path, exe: &Path, args: &str) {
 }
 
 /// `clients` sessions calling `tool` in a loop for `duration`: (calls, errors).
-async fn throughput(url: &str, tool: &str, revision: Revision, clients: usize, duration: Duration) -> (u64, u64) {
+async fn throughput(
+    url: &str,
+    tool: &str,
+    revision: Revision,
+    clients: usize,
+    duration: Duration,
+    key: Option<&str>,
+) -> (u64, u64) {
     let mut sessions = Vec::with_capacity(clients);
     for _ in 0..clients {
-        sessions.push(http_client_speaking(url, revision).await);
+        sessions.push(http_client_speaking(url, revision, key).await);
     }
     let calls = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -324,7 +340,7 @@ async fn run(size: Size) {
     assert!(mcp_servers::wait_for_http(echo_port, Duration::from_secs(10)).await, "the HTTP echo server listens");
     let echo_url = format!("http://127.0.0.1:{echo_port}/mcp");
     let bare_http = http_client(&echo_url).await;
-    let bare_http_stateless = http_client_speaking(&echo_url, Revision::Stateless).await;
+    let bare_http_stateless = http_client_speaking(&echo_url, Revision::Stateless, None).await;
 
     // A: the agent, forwarding to the echo server over stdio.
     let registry = dir.path().join("registry");
@@ -340,7 +356,7 @@ async fn run(size: Size) {
         start_agent_with(&registry, "bench", &dir.path().join("audit.log"), &["--upstream-url", &upstream_url]).await;
     let agent_url = format!("http://127.0.0.1:{agent_http}/mcp");
     let through_agent = http_client(&agent_url).await;
-    let through_agent_stateless = http_client_speaking(&agent_url, Revision::Stateless).await;
+    let through_agent_stateless = http_client_speaking(&agent_url, Revision::Stateless, None).await;
 
     // G: a bare tonic echo in its own process; AG: the agent's gRPC door.
     let grpc_echo_port = mcp_servers::free_port();
@@ -464,12 +480,12 @@ async fn run(size: Size) {
     let bench_pid = std::process::id();
     let h_processes = [("clients", bench_pid), ("echo HTTP server", http_echo.0.id().unwrap_or(0))];
     let (h_calls, h_errors) =
-        throughput_with_cpu("H", &echo_url, "echo", Revision::Sessions, &size, &h_processes).await;
+        throughput_with_cpu("H", &echo_url, "echo", Revision::Sessions, &size, &h_processes, None).await;
     let agent_pid = agent.0.id().unwrap_or(0);
     let a_processes =
         [("clients", bench_pid), ("agent", agent_pid), ("stdio echo server", first_child(agent_pid).unwrap_or(0))];
     let (a_calls, a_errors) =
-        throughput_with_cpu("A", &agent_url, "mcp__echo__echo", Revision::Sessions, &size, &a_processes).await;
+        throughput_with_cpu("A", &agent_url, "mcp__echo__echo", Revision::Sessions, &size, &a_processes, None).await;
     println!(
         "throughput, {} clients for {secs:.1} s: H {:.0} calls/s ({h_errors} errors), A {:.0} calls/s ({a_errors} errors), A/H {:.2}",
         size.clients,
@@ -479,9 +495,9 @@ async fn run(size: Size) {
     );
     // The same with 2026-07-28 stateless clients on both sides.
     let (h26_calls, h26_errors) =
-        throughput_with_cpu("H26", &echo_url, "echo", Revision::Stateless, &size, &h_processes).await;
+        throughput_with_cpu("H26", &echo_url, "echo", Revision::Stateless, &size, &h_processes, None).await;
     let (a26_calls, a26_errors) =
-        throughput_with_cpu("A26", &agent_url, "mcp__echo__echo", Revision::Stateless, &size, &a_processes).await;
+        throughput_with_cpu("A26", &agent_url, "mcp__echo__echo", Revision::Stateless, &size, &a_processes, None).await;
     println!(
         "throughput, 2026-07-28 stateless: H26 {:.0} calls/s ({h26_errors} errors), A26 {:.0} calls/s ({a26_errors} errors), A26/H26 {:.2}",
         h26_calls as f64 / secs,
@@ -493,7 +509,7 @@ async fn run(size: Size) {
         start_agent_with(&registry, "bench", &dir.path().join("audit2.log"), &["--worker-threads", "2"]).await;
     let agent2_url = format!("http://127.0.0.1:{agent2_http}/mcp");
     let (a2_calls, a2_errors) =
-        throughput(&agent2_url, "mcp__echo__echo", Revision::Sessions, size.clients, size.throughput_for).await;
+        throughput(&agent2_url, "mcp__echo__echo", Revision::Sessions, size.clients, size.throughput_for, None).await;
     println!(
         "throughput, agent with --worker-threads 2: {:.0} calls/s ({a2_errors} errors), A2/H {:.2}",
         a2_calls as f64 / secs,
@@ -512,7 +528,7 @@ async fn run(size: Size) {
         [("clients", bench_pid), ("agent", agent3_pid), ("stdio echo server", first_child(agent3_pid).unwrap_or(0))];
     let agent3_url = format!("http://127.0.0.1:{agent3_http}/mcp");
     let (a3_calls, a3_errors) =
-        throughput_with_cpu("AB", &agent3_url, "mcp__echo__echo", Revision::Sessions, &size, &a3_processes).await;
+        throughput_with_cpu("AB", &agent3_url, "mcp__echo__echo", Revision::Sessions, &size, &a3_processes, None).await;
     println!(
         "throughput, agent -> echo server on tokio's blocking stdio: {:.0} calls/s ({a3_errors} errors), AB/H {:.2}",
         a3_calls as f64 / secs,
@@ -520,6 +536,7 @@ async fn run(size: Size) {
     );
     drop(agent3);
     tracing_cost(&registry, dir.path(), &size, &agent_url, a_calls).await;
+    api_key_cost(&registry, dir.path(), &size, &agent_url, a_calls).await;
     println!(
         "RSS after load: agent {:.1} MiB, bare echo server {:.1} MiB",
         rss_kib(agent_pid) as f64 / 1024.0,
@@ -588,7 +605,7 @@ async fn tracing_cost(registry: &Path, dir: &Path, size: &Size, agent_url: &str,
         [("clients", bench_pid), ("agent", traced_pid), ("stdio echo server", first_child(traced_pid).unwrap_or(0))];
     let secs = size.throughput_for.as_secs_f64();
     let (at_calls, at_errors) =
-        throughput_with_cpu("AT", &traced_url, "mcp__echo__echo", Revision::Sessions, size, &at_processes).await;
+        throughput_with_cpu("AT", &traced_url, "mcp__echo__echo", Revision::Sessions, size, &at_processes, None).await;
     // Let the last batch go out before counting.
     tokio::time::sleep(Duration::from_secs(6)).await;
     println!(
@@ -598,6 +615,51 @@ async fn tracing_cost(registry: &Path, dir: &Path, size: &Size, agent_url: &str,
         batches.load(Ordering::Relaxed)
     );
     println!("RSS after load, tracing on: agent {:.1} MiB", rss_kib(traced_pid) as f64 / 1024.0);
+}
+
+/// The pod's API key on the call path: AK is A with `--api-key` and clients sending the key (every
+/// request checked, its `Authorization` dropped), the way every injected pod runs. Latency
+/// alternating with A, then throughput and CPU per call, as for AT.
+async fn api_key_cost(registry: &Path, dir: &Path, size: &Size, agent_url: &str, a_calls: u64) {
+    const KEY: &str = "bench-key-of-the-pod-0123456789abcdef";
+    let (keyed, keyed_http, _, _) =
+        start_agent_with(registry, "bench", &dir.join("audit-keyed.log"), &["--api-key", KEY]).await;
+    let keyed_url = format!("http://127.0.0.1:{keyed_http}/mcp");
+    let (off, on) =
+        (http_client(agent_url).await, http_client_speaking(&keyed_url, Revision::Sessions, Some(KEY)).await);
+    for _ in 0..50 {
+        call(&off, "mcp__echo__echo").await.expect("A warm-up");
+        call(&on, "mcp__echo__echo").await.expect("AK warm-up");
+    }
+    let (mut a, mut ak) = (Vec::new(), Vec::new());
+    for _ in 0..size.latency_calls {
+        a.push(call(&off, "mcp__echo__echo").await.expect("A"));
+        ak.push(call(&on, "mcp__echo__echo").await.expect("AK"));
+    }
+    a.sort();
+    ak.sort();
+    let (a50, a99, k50, k99) =
+        (us(percentile(&a, 0.5)), us(percentile(&a, 0.99)), us(percentile(&ak, 0.5)), us(percentile(&ak, 0.99)));
+    println!(
+        "API key: latency, {} calls each, alternating: A (none) p50 {a50:.1} us p99 {a99:.1} us; AK (--api-key, sent) \
+         p50 {k50:.1} us p99 {k99:.1} us; AK/A p50 {:.2} p99 {:.2}",
+        a.len(),
+        k50 / a50,
+        k99 / a99
+    );
+    let keyed_pid = keyed.0.id().unwrap_or(0);
+    let processes = [
+        ("clients", std::process::id()),
+        ("agent", keyed_pid),
+        ("stdio echo server", first_child(keyed_pid).unwrap_or(0)),
+    ];
+    let (ak_calls, ak_errors) =
+        throughput_with_cpu("AK", &keyed_url, "mcp__echo__echo", Revision::Sessions, size, &processes, Some(KEY)).await;
+    println!(
+        "throughput, API key: AK {:.0} calls/s ({ak_errors} errors), AK/A {:.2}",
+        ak_calls as f64 / size.throughput_for.as_secs_f64(),
+        ak_calls as f64 / a_calls.max(1) as f64
+    );
 }
 
 async fn idle_rss(dir: &Path, floor_pid: u32) {

@@ -1129,8 +1129,23 @@ async fn tool_lists_of_small_values_and_costly_output_schemas_cannot_run_the_age
     let reply = jsonrpc_message(&content_type, &body);
     assert_eq!(reply["result"]["isError"], false, "the other server still works: {reply}");
 
-    let (_, body) = http_get(admin, "/debug/effective").expect("debug");
-    let explained: Value = serde_json::from_str(&body).expect("JSON");
+    // 100 pages of ~1 MB each take a while on a loaded machine: wait until both amplifying
+    // servers are listed (their cut reported), the agent alive and /healthz answering.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let explained = loop {
+        let (_, body) = http_get(admin, "/debug/effective").expect("debug");
+        let explained: Value = serde_json::from_str(&body).expect("JSON");
+        let cut = |id: &str| {
+            explained["servers"].as_array().is_some_and(|a| a.iter().any(|s| s["id"] == id && s["listCut"].is_string()))
+        };
+        if cut("amp") && cut("outbig") {
+            break explained;
+        }
+        assert!(child.try_wait().expect("wait").is_none(), "the agent died while listing");
+        assert!(Instant::now() < deadline, "amp and outbig not listed within 120 s: {body}");
+        assert_eq!(healthz(admin).0, Some(200), "/healthz while listing");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let server = |id: &str| {
         explained["servers"].as_array().expect("servers").iter().find(|s| s["id"] == id).cloned().expect("listed")
     };
