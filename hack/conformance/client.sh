@@ -22,20 +22,37 @@ trap cleanup EXIT
 mkdir -p "$WORK/registry" "$WORK/tokens"
 # An auth scenario's credentials (its MCP_CONFORMANCE_CONTEXT) become the McpServer's
 # http.auth, the secrets the env vars local mode reads for them (what the webhook sets in a pod),
-# a workload JWT the token file of the server (what the webhook's projected volume holds).
-AUTH_YAML="$(python3 - "$WORK/tokens" <<'PY'
-import json, os, sys
+# a workload JWT the token file of the server (what the webhook's projected volume holds). The
+# authorization server is pinned (http.auth.issuer) to the one the scenario's server names in its
+# protected-resource metadata: the harness plays the platform team that looked it up once.
+AUTH_YAML="$(python3 - "$WORK/tokens" "$URL" <<'PY'
+import json, os, sys, urllib.parse, urllib.request
 ctx = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
 ref = '{secretKeyRef: {name: sut, key: value}}'
+
+def issuer_of(url):
+    u = urllib.parse.urlsplit(url)
+    for path in (f"/.well-known/oauth-protected-resource{u.path}", "/.well-known/oauth-protected-resource"):
+        try:
+            with urllib.request.urlopen(f"{u.scheme}://{u.netloc}{path}", timeout=5) as answer:
+                servers = json.load(answer).get("authorization_servers") or []
+        except Exception:
+            continue
+        if servers:
+            return servers[0]
+    return None
+
+issuer = issuer_of(sys.argv[2]) if ctx else None
+pin = f'issuer: {json.dumps(issuer)}, ' if issuer else ''
 if "private_key_pem" in ctx:
     alg = ctx.get("signing_algorithm", "ES256")
     print(f'    auth: {{clientCredentials: {{clientId: {json.dumps(ctx["client_id"])}, privateKey: {{secretKeyRef: {{name: sut, key: value}}, algorithm: {alg}}}}}}}')
 elif "client_secret" in ctx and "idp_client_id" not in ctx:
-    print(f'    auth: {{clientCredentials: {{clientId: {json.dumps(ctx["client_id"])}, clientSecret: {ref}}}}}')
+    print(f'    auth: {{{pin}clientCredentials: {{clientId: {json.dumps(ctx["client_id"])}, clientSecret: {ref}}}}}')
 elif "valid_jwt" in ctx:
     with open(os.path.join(sys.argv[1], "sut"), "w") as f:
         f.write(ctx["valid_jwt"])
-    print(f'    auth: {{tokenExchange: {{audience: conformance, grant: jwtBearer, clientId: {json.dumps(ctx["client_id"])}}}}}')
+    print(f'    auth: {{{pin}tokenExchange: {{audience: conformance, grant: jwtBearer, clientId: {json.dumps(ctx["client_id"])}}}}}')
 PY
 )"
 CTX_SECRET="$(python3 -c 'import json, os; c = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}"); print(c.get("private_key_pem") or c.get("client_secret") or "")')"

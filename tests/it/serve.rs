@@ -30,6 +30,31 @@ impl Drop for Served {
     }
 }
 
+/// A child process terminated (SIGTERM, then SIGKILL) when dropped, also when its test panics:
+/// a failed test must not leave an agent and its servers running.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            terminate(&mut self.0, Duration::from_secs(5));
+        }
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
 fn terminate(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let deadline = Instant::now() + grace;
@@ -974,17 +999,19 @@ async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
     .expect("write profile");
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
     // RLIMIT_DATA counts the heap and every writable private mapping: what the agent really holds.
-    let mut child = Command::new("prlimit")
-        .arg(format!("--data={}", 256u64 << 20))
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_spearlet"))
-        .args(["serve", "--audit-log", "off", "--registry-dir"])
-        .arg(dir.path())
-        .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn spearlet under prlimit");
+    let mut child = Reaped(
+        Command::new("prlimit")
+            .arg(format!("--data={}", 256u64 << 20))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["serve", "--audit-log", "off", "--registry-dir"])
+            .arg(dir.path())
+            .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn spearlet under prlimit"),
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while http_get(admin, "/readyz").map(|(s, _)| s) != Some(200) {
         assert!(child.try_wait().expect("wait").is_none(), "the agent died while starting");
@@ -1072,17 +1099,19 @@ async fn tool_lists_of_small_values_and_costly_output_schemas_cannot_run_the_age
     )
     .expect("write profile");
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
-    let mut child = Command::new("prlimit")
-        .arg(format!("--data={}", 256u64 << 20))
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_spearlet"))
-        .args(["serve", "--audit-log", "off", "--registry-dir"])
-        .arg(dir.path())
-        .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn spearlet under prlimit");
+    let mut child = Reaped(
+        Command::new("prlimit")
+            .arg(format!("--data={}", 256u64 << 20))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["serve", "--audit-log", "off", "--registry-dir"])
+            .arg(dir.path())
+            .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn spearlet under prlimit"),
+    );
     // /healthz answers at once while the lists arrive (the ports are bound first).
     let healthz = |admin: u16| {
         let started = Instant::now();
