@@ -55,6 +55,25 @@ impl std::ops::DerefMut for Reaped {
     }
 }
 
+/// `spearlet serve` over `dir` under a 256 MiB data limit (RLIMIT_DATA counts the heap and every
+/// writable private mapping: what the agent really holds): the process and its http, grpc and
+/// admin ports.
+fn serve_under_data_limit(dir: &Path) -> (Reaped, u16, u16, u16) {
+    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    let child = Command::new("prlimit")
+        .arg(format!("--data={}", 256u64 << 20))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_spearlet"))
+        .args(["serve", "--audit-log", "off", "--registry-dir"])
+        .arg(dir)
+        .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn spearlet under prlimit");
+    (Reaped(child), http, grpc, admin)
+}
+
 fn terminate(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let deadline = Instant::now() + grace;
@@ -997,21 +1016,7 @@ async fn hostile_servers_cannot_run_the_agent_out_of_memory() {
         ),
     )
     .expect("write profile");
-    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
-    // RLIMIT_DATA counts the heap and every writable private mapping: what the agent really holds.
-    let mut child = Reaped(
-        Command::new("prlimit")
-            .arg(format!("--data={}", 256u64 << 20))
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_spearlet"))
-            .args(["serve", "--audit-log", "off", "--registry-dir"])
-            .arg(dir.path())
-            .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn spearlet under prlimit"),
-    );
+    let (mut child, http, _grpc, admin) = serve_under_data_limit(dir.path());
     let deadline = Instant::now() + Duration::from_secs(60);
     while http_get(admin, "/readyz").map(|(s, _)| s) != Some(200) {
         assert!(child.try_wait().expect("wait").is_none(), "the agent died while starting");
@@ -1098,20 +1103,7 @@ async fn tool_lists_of_small_values_and_costly_output_schemas_cannot_run_the_age
         ),
     )
     .expect("write profile");
-    let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
-    let mut child = Reaped(
-        Command::new("prlimit")
-            .arg(format!("--data={}", 256u64 << 20))
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_spearlet"))
-            .args(["serve", "--audit-log", "off", "--registry-dir"])
-            .arg(dir.path())
-            .args(["--http-addr", &format!("127.0.0.1:{http}"), "--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn spearlet under prlimit"),
-    );
+    let (mut child, http, _grpc, admin) = serve_under_data_limit(dir.path());
     // /healthz answers at once while the lists arrive (the ports are bound first).
     let healthz = |admin: u16| {
         let started = Instant::now();
