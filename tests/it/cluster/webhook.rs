@@ -681,6 +681,28 @@ struct LocalPod {
 }
 
 impl LocalPod {
+    /// The stored `pod` run under `dir`, its bin, run and tmp volumes created there.
+    fn new(
+        dir: &std::path::Path,
+        pod: &Pod,
+        control_plane: &ControlPlane,
+        secrets: BTreeMap<(String, String), String>,
+    ) -> Self {
+        let local = LocalPod {
+            bin: dir.join("bin"),
+            run: dir.join("run"),
+            tmp: dir.join("tmp"),
+            namespace: pod.metadata.namespace.clone().expect("a stored pod has a namespace"),
+            name: pod.metadata.name.clone().expect("the API server named the pod"),
+            kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
+            secrets,
+        };
+        for d in [&local.bin, &local.run, &local.tmp] {
+            std::fs::create_dir(d).expect("creating a volume dir");
+        }
+        local
+    }
+
     /// A mount path of the pod rewritten to its local directory. The sidecar's `/tmp` is only
     /// rewritten as a whole value (HOME, TMPDIR): paths below it may be the checkout's own (a
     /// clone under /tmp), which the server command needs as they are.
@@ -828,19 +850,9 @@ async fn injected_agent_and_bridge_serve_a_tool_call_as_local_processes() {
 
     // Not under /tmp: the sidecar's /tmp mount is rewritten by prefix, and must not match it.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temp dir");
-    let local = LocalPod {
-        bin: dir.path().join("bin"),
-        run: dir.path().join("run"),
-        tmp: dir.path().join("tmp"),
-        namespace: ns.name.clone(),
-        name: pod.metadata.name.clone().expect("the API server named the pod"),
-        kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
-        secrets: BTreeMap::new(),
-    };
+    let local = LocalPod::new(dir.path(), &pod, control_plane, BTreeMap::new());
     // The run dir holds one volume per server (what the kubelet mounts at /spear/run/<server>).
-    for d in [&local.bin, &local.run, &local.tmp, &local.run.join("fixture")] {
-        std::fs::create_dir(d).expect("creating a volume dir");
-    }
+    std::fs::create_dir(local.run.join("fixture")).expect("creating a volume dir");
     // The kubelet runs the spear-init container first: the spearlet installs itself into the
     // bin volume (the image has no `cp`), where the containers below run it.
     let init = local.spawn(find(INIT_CONTAINER)).wait().await.expect("spear-init runs");
@@ -1370,18 +1382,8 @@ async fn a_server_moved_after_admission_gets_none_of_the_pods_credentials() {
         .expect("the agent");
 
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temp dir");
-    let local = LocalPod {
-        bin: dir.path().join("bin"),
-        run: dir.path().join("run"),
-        tmp: dir.path().join("tmp"),
-        namespace: ns.name.clone(),
-        name: pod.metadata.name.clone().expect("the API server named the pod"),
-        kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
-        secrets: [(("web-token".to_string(), "token".to_string()), SECRET_VALUE.to_string())].into(),
-    };
-    for d in [&local.bin, &local.run, &local.tmp] {
-        std::fs::create_dir(d).expect("creating a volume dir");
-    }
+    let secrets = [(("web-token".to_string(), "token".to_string()), SECRET_VALUE.to_string())].into();
+    let local = LocalPod::new(dir.path(), &pod, control_plane, secrets);
     let init = spec.init_containers.iter().flatten().find(|c| c.name == INIT_CONTAINER).expect("spear-init");
     assert!(local.spawn(init).wait().await.expect("spear-init runs").success());
     let _agent = local.spawn(agent);
