@@ -579,17 +579,7 @@ async fn tracing_cost(registry: &Path, dir: &Path, size: &Size, agent_url: &str,
     .await;
     let traced_url = format!("http://127.0.0.1:{traced_http}/mcp");
     let (off, on) = (http_client(agent_url).await, http_client(&traced_url).await);
-    for _ in 0..50 {
-        call(&off, "mcp__echo__echo").await.expect("A warm-up");
-        call(&on, "mcp__echo__echo").await.expect("AT warm-up");
-    }
-    let (mut a, mut at) = (Vec::new(), Vec::new());
-    for _ in 0..size.latency_calls {
-        a.push(call(&off, "mcp__echo__echo").await.expect("A"));
-        at.push(call(&on, "mcp__echo__echo").await.expect("AT"));
-    }
-    a.sort();
-    at.sort();
+    let (a, at) = alternating(&off, &on, size.latency_calls).await;
     let (a50, a99, t50, t99) =
         (us(percentile(&a, 0.5)), us(percentile(&a, 0.99)), us(percentile(&at, 0.5)), us(percentile(&at, 0.99)));
     println!(
@@ -617,6 +607,23 @@ async fn tracing_cost(registry: &Path, dir: &Path, size: &Size, agent_url: &str,
     println!("RSS after load, tracing on: agent {:.1} MiB", rss_kib(traced_pid) as f64 / 1024.0);
 }
 
+/// `calls` echo calls on each of two agents' clients, one by one in turn after 50 warm-up calls
+/// each: both sets of latencies, sorted.
+async fn alternating(first: &Client, second: &Client, calls: usize) -> (Vec<Duration>, Vec<Duration>) {
+    for _ in 0..50 {
+        call(first, "mcp__echo__echo").await.expect("warm-up of the first");
+        call(second, "mcp__echo__echo").await.expect("warm-up of the second");
+    }
+    let (mut a, mut b) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+    for _ in 0..calls {
+        a.push(call(first, "mcp__echo__echo").await.expect("a call of the first"));
+        b.push(call(second, "mcp__echo__echo").await.expect("a call of the second"));
+    }
+    a.sort();
+    b.sort();
+    (a, b)
+}
+
 /// The pod's API key on the call path: AK is A with `--api-key` and clients sending the key (every
 /// request checked, its `Authorization` dropped), the way every injected pod runs. Latency
 /// alternating with A, then throughput and CPU per call, as for AT.
@@ -627,17 +634,7 @@ async fn api_key_cost(registry: &Path, dir: &Path, size: &Size, agent_url: &str,
     let keyed_url = format!("http://127.0.0.1:{keyed_http}/mcp");
     let (off, on) =
         (http_client(agent_url).await, http_client_speaking(&keyed_url, Revision::Sessions, Some(KEY)).await);
-    for _ in 0..50 {
-        call(&off, "mcp__echo__echo").await.expect("A warm-up");
-        call(&on, "mcp__echo__echo").await.expect("AK warm-up");
-    }
-    let (mut a, mut ak) = (Vec::new(), Vec::new());
-    for _ in 0..size.latency_calls {
-        a.push(call(&off, "mcp__echo__echo").await.expect("A"));
-        ak.push(call(&on, "mcp__echo__echo").await.expect("AK"));
-    }
-    a.sort();
-    ak.sort();
+    let (a, ak) = alternating(&off, &on, size.latency_calls).await;
     let (a50, a99, k50, k99) =
         (us(percentile(&a, 0.5)), us(percentile(&a, 0.99)), us(percentile(&ak, 0.5)), us(percentile(&ak, 0.99)));
     println!(
