@@ -45,16 +45,46 @@ pub const EXAMPLE_REGISTRY: &str = concat!(
 // === manifest ===
 
 /// What [`manifest::parse`] made of a text: each valid object as JSON (with its `apiVersion`
-/// and `kind`), and each problem's line and field.
+/// and `kind`), and each problem's line, field and message.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ManifestRead {
     pub documents: Vec<Value>,
-    pub problems: Vec<(usize, String)>,
+    pub problems: Vec<(usize, String, String)>,
 }
 
 /// Reads a manifest text ([`manifest::parse`]).
 pub fn parse_manifest(text: &str) -> ManifestRead {
-    let parsed = manifest::parse(text);
+    manifest_read(manifest::parse(text))
+}
+
+/// A parse's budget, or what it spent of one ([`manifest::Budget`], [`manifest::Spent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ManifestCost {
+    pub nodes: usize,
+    pub scalar_bytes: usize,
+    pub path_bytes: usize,
+}
+
+/// The budget every real parse has ([`manifest::Budget::FILE`]).
+pub const MANIFEST_FILE_BUDGET: ManifestCost = ManifestCost {
+    nodes: manifest::Budget::FILE.nodes,
+    scalar_bytes: manifest::Budget::FILE.scalar_bytes,
+    path_bytes: manifest::Budget::FILE.path_bytes,
+};
+
+/// The most text a parse reads ([`manifest::MAX_MANIFEST_BYTES`]).
+pub const MAX_MANIFEST_BYTES: usize = manifest::MAX_MANIFEST_BYTES;
+
+/// Reads a manifest text under `budget` ([`manifest::parse_within`]), with what it spent.
+pub fn parse_manifest_within(text: &str, budget: ManifestCost) -> (ManifestRead, ManifestCost) {
+    let budget =
+        manifest::Budget { nodes: budget.nodes, scalar_bytes: budget.scalar_bytes, path_bytes: budget.path_bytes };
+    let (parsed, spent) = manifest::parse_within(text, budget);
+    let spent = ManifestCost { nodes: spent.nodes, scalar_bytes: spent.scalar_bytes, path_bytes: spent.path_bytes };
+    (manifest_read(parsed), spent)
+}
+
+fn manifest_read(parsed: manifest::Parsed) -> ManifestRead {
     let documents = parsed
         .documents
         .iter()
@@ -64,7 +94,7 @@ pub fn parse_manifest(text: &str) -> ManifestRead {
         })
         .map(|v| v.unwrap_or(Value::Null))
         .collect();
-    ManifestRead { documents, problems: parsed.problems.into_iter().map(|p| (p.line, p.field)).collect() }
+    ManifestRead { documents, problems: parsed.problems.into_iter().map(|p| (p.line, p.field, p.message)).collect() }
 }
 
 // === env templates and the kubelet ===

@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     // YAML breaks lines at `\n`, `\r\n` and a lone `\r`.
     let breaks = text.matches('\n').count() + text.matches('\r').count() - text.matches("\r\n").count();
     let lines = breaks + 2;
-    for (line, field) in &read.problems {
+    for (line, field, _) in &read.problems {
         assert!((1..=lines).contains(line), "problem on {field} at line {line} of {lines}");
     }
     for object in &read.documents {

@@ -119,18 +119,45 @@ pub(crate) const MAX_MANIFEST_BYTES: usize = 8 << 20;
 /// Deepest nesting of mappings and sequences in a document. The resource types nest about eight
 /// levels at most (label selector expressions); the rest is headroom.
 pub(crate) const MAX_DEPTH: usize = 64;
-// The budgets below hold for one parse (a file or stdin, every document in it): a document
-// under them repeated many times in one file must not multiply what is held.
-/// Nodes in one parse, alias expansions included: far above any real registry file (a server
-/// with a thousand tool patterns is a few thousand nodes).
-pub(crate) const MAX_NODES: usize = 200_000;
-/// Scalar bytes in one parse, alias expansions included (four times the largest text).
-pub(crate) const MAX_SCALAR_BYTES: usize = 32 << 20;
-/// Bytes of field paths in one parse's line indexes (a long key repeats in every path below it).
-pub(crate) const MAX_PATH_BYTES: usize = 32 << 20;
+/// What one parse (a file or stdin, every document in it) may spend. The budget is the file's: a
+/// document under it repeated many times in one file must not multiply what is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Budget {
+    /// Nodes, alias expansions included.
+    pub nodes: usize,
+    /// Scalar bytes, alias expansions included.
+    pub scalar_bytes: usize,
+    /// Bytes of field paths in the line indexes (a long key repeats in every path below it).
+    pub path_bytes: usize,
+}
+
+impl Budget {
+    /// Every parse's budget. Nodes: far above any real registry file (a server with a thousand
+    /// tool patterns is a few thousand nodes). Scalar and path bytes: four times the largest text.
+    pub(crate) const FILE: Budget = Budget { nodes: 200_000, scalar_bytes: 32 << 20, path_bytes: 32 << 20 };
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget::FILE
+    }
+}
+
+/// What a parse spent of its [`Budget`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Spent {
+    pub nodes: usize,
+    pub scalar_bytes: usize,
+    pub path_bytes: usize,
+}
 
 /// Reads every document of `text`; nothing that fails is returned as an object.
 pub fn parse(text: &str) -> Parsed {
+    parse_within(text, Budget::FILE).0
+}
+
+/// [`parse`] under `budget`, with what it spent (up to where it stopped).
+pub(crate) fn parse_within(text: &str, budget: Budget) -> (Parsed, Spent) {
     let mut parsed = Parsed::default();
     if text.len() > MAX_MANIFEST_BYTES {
         parsed.problems.push(Problem {
@@ -139,9 +166,20 @@ pub fn parse(text: &str) -> Parsed {
             message: format!("the manifest is {} bytes; at most {MAX_MANIFEST_BYTES} are read", text.len()),
             fix: "split it into several files".into(),
         });
-        return parsed;
+        return (parsed, Spent::default());
     }
-    let mut builder = Builder::default();
+    // The YAML scanner takes a NUL for the end of the stream: what follows would vanish unread.
+    if let Some(at) = text.find('\0') {
+        let line = 1 + text[..at].matches('\n').count();
+        parsed.problems.push(Problem {
+            line,
+            field: "document".into(),
+            message: "the manifest contains a NUL byte: the text after it would be ignored".into(),
+            fix: "save the file as plain UTF-8 text".into(),
+        });
+        return (parsed, Spent::default());
+    }
+    let mut builder = Builder { budget, ..Builder::default() };
     let mut parser = Parser::new_from_str(text);
     loop {
         match parser.next_token() {
@@ -154,18 +192,19 @@ pub fn parse(text: &str) -> Parsed {
                     message: format!("YAML syntax error: {}", e.info()),
                     fix: "fix the YAML syntax at this line".into(),
                 });
-                return parsed;
+                return (parsed, builder.spent());
             }
         }
         if let Some(problem) = builder.over_limit.take() {
             parsed.problems.push(problem);
-            return parsed;
+            return (parsed, builder.spent());
         }
     }
+    let spent = builder.spent();
     for doc in builder.docs {
         read_document(doc, &mut parsed);
     }
-    parsed
+    (parsed, spent)
 }
 
 fn read_document(doc: RawDocument, parsed: &mut Parsed) {
@@ -335,6 +374,7 @@ struct Builder {
     path_bytes: usize,
     /// Set when the document went past a cap: parsing stops with this problem.
     over_limit: Option<Problem>,
+    budget: Budget,
 }
 
 fn join(parent: &str, key: &str) -> String {
@@ -395,18 +435,28 @@ impl Builder {
         }
     }
 
-    /// Spends `cost` on the current document; past a cap, records the problem and says so.
+    fn spent(&self) -> Spent {
+        Spent { nodes: self.cost.nodes, scalar_bytes: self.cost.scalar_bytes, path_bytes: self.path_bytes }
+    }
+
+    /// Spends `cost` of the file's budget; past it, records the problem and says so.
     fn spend(&mut self, cost: Cost, line: usize) -> bool {
         self.cost.nodes = self.cost.nodes.saturating_add(cost.nodes);
         self.cost.scalar_bytes = self.cost.scalar_bytes.saturating_add(cost.scalar_bytes);
+        self.within_budget(line)
+    }
+
+    /// Whether the file is still within its budget; if not, records the problem.
+    fn within_budget(&mut self, line: usize) -> bool {
+        let Budget { nodes, scalar_bytes, path_bytes } = self.budget;
         let exceeded = if self.stack.len() > MAX_DEPTH {
             Some(format!("mappings and sequences nest deeper than {MAX_DEPTH} levels"))
-        } else if self.cost.nodes > MAX_NODES {
-            Some(format!("the file has more than {MAX_NODES} nodes (aliases count as copies)"))
-        } else if self.cost.scalar_bytes > MAX_SCALAR_BYTES {
-            Some(format!("the file's values exceed {MAX_SCALAR_BYTES} bytes (aliases count as copies)"))
-        } else if self.path_bytes > MAX_PATH_BYTES {
-            Some(format!("the file's field paths exceed {MAX_PATH_BYTES} bytes (very long keys, deeply nested)"))
+        } else if self.cost.nodes > nodes {
+            Some(format!("the file has more than {nodes} nodes (aliases count as copies)"))
+        } else if self.cost.scalar_bytes > scalar_bytes {
+            Some(format!("the file's values exceed {scalar_bytes} bytes (aliases count as copies)"))
+        } else if self.path_bytes > path_bytes {
+            Some(format!("the file's field paths exceed {path_bytes} bytes (very long keys, deeply nested)"))
         } else {
             None
         };
@@ -514,6 +564,10 @@ impl MarkedEventReceiver for Builder {
                 self.place(value, line);
             }
             Event::StreamStart | Event::StreamEnd | Event::Nothing => {}
+        }
+        // A key's path is indexed after its node was spent: the last key of a file is counted here.
+        if self.over_limit.is_none() {
+            self.within_budget(line);
         }
     }
 }
@@ -697,6 +751,30 @@ spec:
         assert_eq!(parsed.documents, vec![]);
         let over = parsed.problems.iter().filter(|p| p.message.contains("the file's values exceed")).count();
         assert_eq!(over, 1, "{:?}", parsed.problems.iter().map(|p| &p.message).collect::<Vec<_>>());
+    }
+
+    /// A sequence item's path is indexed after its node is spent: the last one of a file was
+    /// never checked against the budget.
+    #[test]
+    fn the_last_path_of_a_file_counts_against_its_budget() {
+        let within = |path_bytes| Budget { path_bytes, ..Budget::FILE };
+        // `x` as a key, `x` again as the sequence's frame, `x[0]`, `x[1]`.
+        let (parsed, spent) = parse_within("x: [a, b]", within(10));
+        assert_eq!(spent.path_bytes, 10);
+        assert!(parsed.problems.iter().all(|p| !p.message.contains("field paths")), "{:?}", parsed.problems);
+        let (parsed, _) = parse_within("x: [a, b]", within(9));
+        assert_eq!(parsed.problems.len(), 1);
+        assert!(parsed.problems[0].message.contains("field paths exceed 9 bytes"), "{:?}", parsed.problems);
+    }
+
+    #[test]
+    fn a_nul_byte_does_not_hide_the_rest_of_a_file() {
+        let text = format!("{SERVER}\0---\n{}", SERVER.replace("name: fs", "name: hidden"));
+        let parsed = parse(&text);
+        assert_eq!(parsed.documents.len(), 0);
+        assert_eq!(parsed.problems.len(), 1);
+        assert_eq!(parsed.problems[0].line, 11);
+        assert!(parsed.problems[0].message.contains("NUL byte"), "{:?}", parsed.problems);
     }
 
     #[test]
