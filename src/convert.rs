@@ -207,6 +207,7 @@ fn to_mcp_server(legacy: LegacyServer) -> Result<McpServer, ConvertError> {
             denied_prompts: legacy.denied_prompts,
             approval_policy: None,
             budgets,
+            pinning: None,
         },
     ))
 }

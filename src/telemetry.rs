@@ -317,11 +317,19 @@ pub struct RegistryMetrics {
     revision: Gauge,
     degraded: Gauge,
     restart_required: Family<ServerLabels, Gauge>,
+    pin_findings: Family<PinLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PinLabels {
+    server_id: String,
+    /// `pin_mismatch` or `not_pinned`.
+    reason: String,
 }
 
 impl RegistryMetrics {
-    /// Metrics registered as `mcp_registry_revision`, `mcp_registry_degraded` and
-    /// `mcp_server_restart_required`.
+    /// Metrics registered as `mcp_registry_revision`, `mcp_registry_degraded`,
+    /// `mcp_server_restart_required` and `mcp_tool_pin_mismatch`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = RegistryMetrics::default();
         registry.register(
@@ -339,7 +347,20 @@ impl RegistryMetrics {
             "1 for each stdio server of the profile this pod has no sidecar for (added after the pod started: restart the pod)",
             metrics.restart_required.clone(),
         );
+        registry.register(
+            "mcp_tool_pin_mismatch",
+            "Listed tools that do not match their pin (spec.pinning), by server and reason: withheld under enforce, served under warn",
+            metrics.pin_findings.clone(),
+        );
         metrics
+    }
+
+    /// How many listed tools of each server do not match their pins now, by reason.
+    pub(crate) fn pin_findings<'a>(&self, findings: impl IntoIterator<Item = (&'a str, String)>) {
+        self.pin_findings.clear();
+        for (server_id, reason) in findings {
+            self.pin_findings.get_or_create(&PinLabels { server_id: server_id.to_string(), reason }).inc();
+        }
     }
 
     /// The profile's stdio servers that need a pod restart now (all others read 0 or vanish).

@@ -29,7 +29,7 @@ use crate::mcp::health::{Health, HealthState};
 use crate::mcp::{ErrorCode, McpError, Pool, ToolOutput};
 use crate::policy::effective::{Listing, ProfileCatalog, Unlisted};
 use crate::policy::name::Route;
-use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, RequestScope, ServerTools};
+use crate::policy::{CompiledProfile, EffectiveSet, PolicyError, Reason, RequestScope, ServerTools};
 use crate::registry::snapshot::{Revision, Snapshot};
 use crate::registry::view::RegistryView;
 use crate::telemetry::otel;
@@ -667,6 +667,9 @@ impl Agent {
                 self.apply_snapshot(&snapshot, &mut refresh).await;
             }
             let (catalog, changes, failed) = self.list_tools(&snapshot, &mut refresh).await;
+            if let Some(catalog) = &catalog {
+                self.report_pins(catalog, &mut refresh);
+            }
             self.publish(snapshot, catalog, refresh.profile_error.clone(), refresh.first_lists_done);
             let wait = self.next_wait(failed, &mut refresh.retry);
             let next = wait_for_change(&cancel, &mut registry_rx, changes, wait, &mut refresh.relisted_for_change);
@@ -715,6 +718,25 @@ impl Agent {
             inner.options.registry_metrics.restart_required(now.iter().map(String::as_str));
             refresh.restart_required = now;
         }
+    }
+
+    /// Logs each tool that newly stops matching its pin (once per change, not per round) and
+    /// sets the gauge.
+    fn report_pins(&self, catalog: &ProfileCatalog, refresh: &mut Refresh) {
+        let now = catalog.pin_findings();
+        if now == refresh.pin_findings {
+            return;
+        }
+        for (server_id, tool, reason, served) in now.difference(&refresh.pin_findings) {
+            tracing::warn!(
+                server_id = %server_id, tool = %tool, reason = %reason, served,
+                "tool does not match its pin: the server changed or added it since it was pinned; \
+                 review it, then run spearlet pin (withheld under pinning.mode enforce)"
+            );
+        }
+        let findings = now.iter().map(|(server, _, reason, _)| (&**server, reason.to_string()));
+        self.inner.options.registry_metrics.pin_findings(findings);
+        refresh.pin_findings = now;
     }
 
     /// Lists the profile's servers' tools (concurrently, publishing each newly listed server at
@@ -837,6 +859,8 @@ struct Refresh {
     restart_required: BTreeSet<String>,
     /// When the last re-list for a `list_changed` began.
     relisted_for_change: Option<Instant>,
+    /// Listed tools not matching their pins, as last reported.
+    pin_findings: BTreeSet<(Arc<str>, Arc<str>, Reason, bool)>,
 }
 
 impl Refresh {
@@ -850,6 +874,7 @@ impl Refresh {
             retry,
             restart_required: BTreeSet::new(),
             relisted_for_change: None,
+            pin_findings: BTreeSet::new(),
         }
     }
 }

@@ -138,6 +138,12 @@ pub struct McpServerSpec {
     /// Limits applied to every call to this server. A profile can tighten them, never loosen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<ServerBudgets>,
+
+    /// Pins each tool to the definition a person reviewed (`spearlet pin` writes it): a tool
+    /// the server changes or adds later is withheld (`enforce`) or flagged (`warn`) until pinned
+    /// again. Without it, tools are served as the server lists them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinning: Option<super::Pinning>,
 }
 
 /// How the agent talks to the server.

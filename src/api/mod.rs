@@ -16,6 +16,7 @@
 //! - [`conditions`]: condition types and reasons of both statuses.
 //! - [`crd`]: rendering `crds/*.yaml`.
 //! - [`api_key`]: the per-pod key app containers send to the agent's doors.
+//! - [`pinning`]: pinned tool definitions, their canonical digest and its spelling.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
 //!   and role names): one definition for the webhook, the agent, the operator and the tests.
 //! - `names`: the names both sides derive (secret env vars and refs, the socket file, short hashes).
@@ -30,12 +31,14 @@ pub mod manifest;
 mod mcp_profile;
 mod mcp_server;
 pub(crate) mod names;
+pub mod pinning;
 mod schema;
 pub mod secret_grant;
 pub mod validate;
 
 pub use mcp_profile::*;
 pub use mcp_server::*;
+pub use pinning::{PinMode, Pinning};
 pub(crate) use validate::{Validate, ValidationError};
 
 #[cfg(test)]

@@ -90,6 +90,10 @@ fn full_server() -> McpServer {
                 max_tool_output_bytes: Some(4096),
                 startup_timeout_ms: Some(60_000),
             }),
+            pinning: Some(crate::api::Pinning {
+                mode: crate::api::PinMode::Warn,
+                tools: BTreeMap::from([("read_file".into(), format!("sha256:{}", "0f".repeat(32)))]),
+            }),
         },
     );
     server.status = Some(McpServerStatus {

@@ -277,6 +277,9 @@ impl Validate for McpServer {
         if let Some(policy) = &spec.approval_policy {
             validate_approval(&mut p, policy);
         }
+        for (field, message, fix) in spec.pinning.as_ref().map(super::pinning::problems).unwrap_or_default() {
+            p.push(field, message, fix);
+        }
         if let Some(b) = &spec.budgets {
             let (lo, hi) = bounds::TOOL_TIMEOUT_MS;
             p.range("spec.budgets.toolTimeoutMs", b.tool_timeout_ms, lo, hi);

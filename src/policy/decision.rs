@@ -115,6 +115,10 @@ pub enum Reason {
     /// A resource URI spelled so that a server resolving paths could read something other than
     /// what the patterns matched (`..`, `//`, `%2e`, ...): refused before matching.
     UnsafeUri,
+    /// The server lists the tool with a definition other than its pin (`spec.pinning`).
+    PinMismatch,
+    /// The server lists a tool `spec.pinning` has no pin for.
+    NotPinned,
 }
 
 impl fmt::Display for Reason {
@@ -129,6 +133,8 @@ impl fmt::Display for Reason {
             Reason::ListFailed => f.write_str("list_failed"),
             Reason::Starting => f.write_str("starting"),
             Reason::UnsafeUri => f.write_str("unsafe_uri"),
+            Reason::PinMismatch => f.write_str("pin_mismatch"),
+            Reason::NotPinned => f.write_str("not_pinned"),
         }
     }
 }
@@ -163,6 +169,9 @@ pub struct EffectiveTool {
     pub tool: ToolInfo,
     /// Whether a call needs approval.
     pub(crate) approval: ApprovalMode,
+    /// Served under `pinning.mode: warn` although it does not match its pin: why
+    /// ([`Reason::PinMismatch`] or [`Reason::NotPinned`]).
+    pub(crate) pin_warning: Option<Reason>,
 }
 
 /// Why no effective set can be computed.

@@ -26,8 +26,9 @@ use super::decision::{Decision, EffectiveTool, Layer, LayerPatterns, PolicyError
 use super::items::{CompiledItems, ItemKind};
 use super::name::{self, Route, RouteTable};
 use super::pattern::PatternSet;
+use super::pin::CompiledPins;
 use super::rank::CatalogRank;
-use crate::api::{McpProfile, McpServer};
+use crate::api::{McpProfile, McpServer, PinMode};
 use crate::registry::snapshot::{Revision, Snapshot};
 
 // === inputs ===
@@ -183,6 +184,8 @@ struct CompiledServer {
     allowed: PatternSet,
     denied: PatternSet,
     approval: CompiledApproval,
+    /// `spec.pinning`, when set.
+    pins: Option<CompiledPins>,
     spec: Arc<McpServer>,
     /// Another server in the profile has the same name part: names are checked for collisions.
     shares_part: bool,
@@ -249,6 +252,7 @@ impl CompiledProfile {
                     allowed: compile(&s.allowed_tools)?,
                     denied: compile(&s.denied_tools)?,
                     approval,
+                    pins: s.pinning.as_ref().map(CompiledPins::new),
                     spec: server.object.clone(),
                     shares_part: false,
                 },
@@ -399,6 +403,15 @@ impl CompiledProfile {
                 decisions.push(decision(id, Some(t), reason, None));
                 continue;
             }
+            let pin_problem = server.pins.as_ref().and_then(|pins| Some((pins.mode, pins.check(tool)?)));
+            let pin_warning = match pin_problem {
+                Some((PinMode::Enforce, problem)) => {
+                    decisions.push(decision(id, Some(t), problem.reason.clone(), Some(problem.detail())));
+                    continue;
+                }
+                Some((PinMode::Warn, problem)) => Some(problem.reason),
+                None => None,
+            };
             let model_name = if server.shares_part || name::may_collide(base) {
                 // Of servers sharing a name part, the one whose id is the part keeps the plain
                 // names; the others always get names keyed by their own id, so adding a server
@@ -412,7 +425,8 @@ impl CompiledProfile {
                 base.clone()
             };
             routes.insert(model_name.clone(), Route { server: server.id.clone(), tool: tool.name.clone() });
-            exposed.push(EffectiveTool { name: model_name, tool: tool.clone(), approval: server.approval.mode_for(t) });
+            let approval = server.approval.mode_for(t);
+            exposed.push(EffectiveTool { name: model_name, tool: tool.clone(), approval, pin_warning });
         }
         exposed
     }
@@ -463,6 +477,24 @@ pub struct ProfileCatalog {
 }
 
 impl ProfileCatalog {
+    /// Every listed tool that does not match its pin (`spec.pinning`): withheld under `enforce`
+    /// (a decision), served and flagged under `warn`. (server, tool, reason, served), sorted.
+    pub(crate) fn pin_findings(&self) -> BTreeSet<(Arc<str>, Arc<str>, Reason, bool)> {
+        let pinned = |r: &Reason| matches!(r, Reason::PinMismatch | Reason::NotPinned);
+        let mut found = BTreeSet::new();
+        for s in &self.servers {
+            for d in s.decisions.iter().filter(|d| pinned(&d.reason)) {
+                found.insert((s.id.clone(), d.tool.as_deref().unwrap_or_default().into(), d.reason.clone(), false));
+            }
+            for t in s.tools.iter().flat_map(|t| t.iter()) {
+                if let Some(reason) = &t.pin_warning {
+                    found.insert((s.id.clone(), t.tool.name.clone(), reason.clone(), true));
+                }
+            }
+        }
+        found
+    }
+
     /// Each of the profile's servers with where its tool list stands and how many tools it
     /// exposes (`None` while not listed), for readiness and status views.
     pub(crate) fn listings(&self) -> impl Iterator<Item = (&str, &Listing, Option<usize>)> {

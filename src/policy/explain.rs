@@ -220,9 +220,14 @@ pub(crate) fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool
                 "allowedPrompts": spec.allowed_prompts,
                 "deniedPrompts": spec.denied_prompts,
                 "auth": server_auth(&spec),
-                "tools": s.tools.as_ref().map(|tools| tools.iter().map(|t| serde_json::json!({
-                    "name": &*t.name, "tool": &*t.tool.name,
-                })).collect::<Vec<_>>()),
+                "tools": s.tools.as_ref().map(|tools| tools.iter().map(|t| {
+                    let mut tool = serde_json::json!({"name": &*t.name, "tool": &*t.tool.name});
+                    // Served under `pinning.mode: warn` although it does not match its pin.
+                    if let Some(reason) = &t.pin_warning {
+                        tool["pinWarning"] = reason.to_string().into();
+                    }
+                    tool
+                }).collect::<Vec<_>>()),
             })
         })
         .collect();
@@ -253,7 +258,14 @@ pub(crate) fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: boo
     for s in &set.servers {
         let spec = snapshot.server(&s.id).map(|v| v.object.spec.clone()).unwrap_or_default();
         let tools = match &s.tools {
-            Some(tools) => tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>().join(","),
+            Some(tools) => tools
+                .iter()
+                .map(|t| match &t.pin_warning {
+                    Some(reason) => format!("{} ({reason}: served, pinning.mode warn)", t.name),
+                    None => t.name.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
             None => format!("{} / {}", join_or_dash(&spec.allowed_tools), join_or_dash(&spec.denied_tools)),
         };
         let b = s.budgets;

@@ -13,6 +13,7 @@
 //! - [`budget`]: composition where every layer only tightens.
 //! - [`explain`]: the effective set as JSON with the reason for every exclusion.
 //! - [`approval`]: per-tool approval mode, most specific pattern first.
+//! - `pin`: each listed tool against its pin (`McpServer.spec.pinning`), at list time.
 //! - [`items`]: which resources and prompts a workload may read and get, and their identifiers.
 //! - `resource_uri`: the spellings of a resource URI the policy decides on (no `..`, `//`, `%2e`).
 //! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`,
@@ -27,6 +28,7 @@ pub mod explain;
 pub mod items;
 pub mod name;
 pub mod pattern;
+pub(crate) mod pin;
 pub mod rank;
 mod resource_uri;
 pub mod select;

@@ -184,6 +184,13 @@ impl McpServer {
         self
     }
 
+    /// Sets `spec.pinning`: `mode` and a pin per (tool name, pin).
+    pub fn pinning<'a>(mut self, mode: crate::api::PinMode, pins: impl IntoIterator<Item = (&'a str, String)>) -> Self {
+        let tools = pins.into_iter().map(|(tool, pin)| (tool.to_string(), pin)).collect();
+        self.spec.pinning = Some(crate::api::Pinning { mode, tools });
+        self
+    }
+
     /// Sets `spec.budgets`.
     pub fn budgets(mut self, budgets: ServerBudgets) -> Self {
         self.spec.budgets = Some(budgets);

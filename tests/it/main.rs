@@ -19,6 +19,7 @@ mod fixtures;
 mod grpc;
 mod mcp_servers;
 mod oauth;
+mod pinning;
 mod pool;
 mod registry;
 mod serve;

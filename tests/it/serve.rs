@@ -95,7 +95,7 @@ pub fn fixture_registry(dir: &Path) {
 }
 
 /// [`fixture_registry`] with `fixture` as the server's command.
-fn fixture_registry_of(dir: &Path, fixture: &mcp_servers::Command) {
+pub fn fixture_registry_of(dir: &Path, fixture: &mcp_servers::Command) {
     let args: Vec<String> = fixture.args.iter().map(|a| format!("{a:?}")).collect();
     let env: Vec<String> = fixture.env.iter().map(|(k, v)| format!("{{name: {k:?}, value: {v:?}}}")).collect();
     let yaml = format!(

@@ -5,6 +5,7 @@ mod bridge;
 mod convert;
 mod explain;
 mod install;
+mod pin;
 mod registry;
 mod run;
 mod serve;
@@ -49,6 +50,7 @@ enum Command {
     Explain(explain::ExplainArgs),
     Validate(validate::ValidateArgs),
     Convert(convert::ConvertArgs),
+    Pin(pin::PinArgs),
     Bridge(bridge::BridgeArgs),
     Install(install::InstallArgs),
 }
@@ -65,6 +67,7 @@ impl Args {
             Command::Explain(args) => args.run(),
             Command::Validate(args) => args.run(),
             Command::Convert(args) => args.run(),
+            Command::Pin(args) => args.run(),
             Command::Bridge(args) => args.run(),
             Command::Install(args) => args.run(),
         }));
