@@ -720,3 +720,13 @@ pub fn challenge_summary(challenge: &str) -> String {
 pub fn quote(text: &str) -> String {
     crate::mcp::oauth::quote(text)
 }
+
+// === pinned tool digests ===
+
+/// The pin digest (`sha256:<hex>`) of a tool as a server lists it: the JSON parsed as rmcp's
+/// `Tool` and digested as the agent does (`mcp::pool::tool_info`, `policy::pin::digest`);
+/// `None` when rmcp refuses the JSON as a tool.
+pub fn tool_digest(tool: &Value) -> Option<String> {
+    let tool: rmcp::model::Tool = serde_json::from_value(tool.clone()).ok()?;
+    Some(crate::api::pinning::format_digest(&crate::policy::pin::digest(&pool::tool_info(&tool))))
+}

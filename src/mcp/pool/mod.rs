@@ -325,15 +325,7 @@ impl Pool {
     pub async fn server_tools(&self, server: &str, server_part: &str) -> ServerTools {
         match self.list_tools(server).await {
             Ok(tools) => {
-                let infos = tools
-                    .iter()
-                    .map(|t| ToolInfo {
-                        name: t.name.as_ref().into(),
-                        description: t.description.as_deref().map(Into::into),
-                        input_schema: Arc::new(Value::Object((*t.input_schema).clone())),
-                        metadata: tool_metadata(t),
-                    })
-                    .collect();
+                let infos = tools.iter().map(tool_info).collect();
                 ServerTools::Listed(Arc::new(ToolList::new(server_part, infos)))
             }
             Err(e) => match self.status(server) {
@@ -406,6 +398,16 @@ impl Pool {
 /// The listed tool's fields beyond name, description and input schema that `/mcp` passes on
 /// ([`ToolInfo::metadata`]); the tool's own `_meta` stays here (it is the server's business with
 /// its direct clients, not the agent's callers').
+/// A listed tool as the policy sees it (and `policy::pin` digests it).
+pub(crate) fn tool_info(t: &Tool) -> ToolInfo {
+    ToolInfo {
+        name: t.name.as_ref().into(),
+        description: t.description.as_deref().map(Into::into),
+        input_schema: Arc::new(Value::Object((*t.input_schema).clone())),
+        metadata: tool_metadata(t),
+    }
+}
+
 fn tool_metadata(tool: &rmcp::model::Tool) -> Option<Arc<serde_json::Map<String, Value>>> {
     let mut metadata = serde_json::Map::new();
     if let Some(title) = &tool.title {
