@@ -7,6 +7,9 @@ pub mod types {
     pub const ACCEPTED: &str = "Accepted";
     /// The server answered `initialize` and `tools/list` at the last probe.
     pub(crate) const READY: &str = "Ready";
+    /// Every tool the server serves matches its pin (`spec.pinning`), as of the last probe; set
+    /// only for probed servers with `spec.pinning`.
+    pub(crate) const TOOLS_PINNED: &str = "ToolsPinned";
     /// Every server a profile names exists, and every Secret an object references allows it.
     pub(crate) const RESOLVED_REFS: &str = "ResolvedRefs";
 }
@@ -28,6 +31,10 @@ pub mod reasons {
     pub(crate) const AUTH_REQUIRED: &str = "AuthRequired";
     /// The operator does not probe this server (`--probe-namespaces`); the message says why.
     pub(crate) const PROBE_SKIPPED: &str = "ProbeSkipped";
+    /// Every served tool matches its pin.
+    pub(crate) const PINS_MATCH: &str = "PinsMatch";
+    /// Some served tools differ from their pins or have none; the message names them.
+    pub(crate) const PIN_MISMATCH: &str = "PinMismatch";
     /// All referenced servers exist.
     pub(crate) const RESOLVED: &str = "Resolved";
     /// Some referenced servers are missing; `missingServers` lists them.

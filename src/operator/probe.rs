@@ -13,6 +13,7 @@
 //! actually dialled are checked against `--probe-deny-cidrs`. A failing probe backs off by the
 //! status alone, so a new leader continues it. Why: `src/operator/README.md`, "Probes".
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -26,10 +27,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::status::{ProbeOutcome, ProbeResult};
 use crate::api::conditions::types;
 use crate::api::env_ref;
+use crate::api::pinning::ToolDigest;
 use crate::api::{McpServer, McpServerStatus, Transport};
 use crate::mcp::config::Endpoint;
 use crate::mcp::limits::{self, ListLimits};
+use crate::mcp::pool::tool_info;
 use crate::mcp::{connect, oauth};
+use crate::policy::pin;
 
 /// Largest single message accepted from a probed server (rmcp's own line limit, 16 MiB): a
 /// tools/list of a big server fits, a runaway stream does not.
@@ -339,7 +343,9 @@ pub(crate) async fn probe(
     };
     let challenge = connect::ChallengeSlot::default();
     let result = match tokio::time::timeout(timeout, list(server_id, target, client, timeout, &challenge)).await {
-        Ok(Ok((tools, server_info, cut))) => ProbeResult::Succeeded { tools, server_info: Some(server_info), cut },
+        Ok(Ok((tools, digests, server_info, cut))) => {
+            ProbeResult::Succeeded { tools, digests, server_info: Some(server_info), cut }
+        }
         Ok(Err(_)) if denied.load(Ordering::Acquire) => ProbeResult::Failed { error: DENIED_MESSAGE.to_string() },
         // A 401 to a probe that withheld a Secret's header is that header's absence (below).
         Ok(Err(_)) if challenge.lock().is_some() && target.withheld.is_empty() => {
@@ -365,7 +371,7 @@ async fn list(
     client: reqwest::Client,
     timeout: Duration,
     challenge: &connect::ChallengeSlot,
-) -> Result<(Vec<String>, crate::api::ServerInfo, Option<String>), String> {
+) -> Result<(Vec<String>, BTreeMap<String, ToolDigest>, crate::api::ServerInfo, Option<String>), String> {
     let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone(), auth: None };
     let id: Arc<str> = Arc::from(server_id);
     let conn = connect::connect_with(
@@ -385,7 +391,8 @@ async fn list(
     conn.close().await;
     let (tools, cut, _) = listed.map_err(|e| format!("tools/list failed: {e}"))?;
     let cut = (!cut.is_empty()).then(|| cut.to_string());
-    Ok((tools.into_iter().map(|t| t.name.to_string()).collect(), conn.info.clone(), cut))
+    let digests = tools.iter().map(|t| (t.name.to_string(), pin::digest(&tool_info(t)))).collect();
+    Ok((tools.into_iter().map(|t| t.name.to_string()).collect(), digests, conn.info.clone(), cut))
 }
 
 /// What a failed probe writes to the status: a fixed message per kind of failure, with the HTTP

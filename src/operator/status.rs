@@ -4,6 +4,7 @@
 //! ```text
 //! McpServer (spec + previous status) + probe outcome + now ──server_status──▶ McpServerStatus
 //!     Accepted ← validate()        Ready ← stdio: Unknown/RunsAsSidecar · http: the probe
+//!     ToolsPinned ← http with spec.pinning: the probe's tool digests against the pins
 //! McpProfile (spec + previous status) + namespace's McpServers + known tool names + now
 //!     ──profile_status──▶ McpProfileStatus
 //!     Accepted ← validate()        ResolvedRefs ← spec.servers all exist
@@ -19,12 +20,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use crate::api::PinMode;
 use crate::api::conditions::{reasons, types};
 use crate::api::manifest::Object;
+use crate::api::pinning::ToolDigest;
 use crate::api::{
     MAX_STATUS_TOOLS, McpProfile, McpProfileStatus, McpServer, McpServerStatus, ServerInfo, Transport, Validate,
     ValidationError,
 };
+use crate::policy::pin;
 use crate::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
 use crate::registry::snapshot::{Entry, Snapshot};
 
@@ -58,6 +62,8 @@ pub(crate) enum ProbeResult {
     Succeeded {
         /// Tool names from `tools/list` (any order, duplicates allowed).
         tools: Vec<String>,
+        /// Each listed tool's pin digest (`policy::pin::digest`), for `ToolsPinned`.
+        digests: BTreeMap<String, ToolDigest>,
         /// What `initialize` said.
         server_info: Option<ServerInfo>,
         /// What the list caps cut (`mcp::limits`), if anything.
@@ -118,7 +124,7 @@ fn probed_fields(
     cond: impl Fn(&str, &str, &str, String) -> Condition,
 ) {
     match probe {
-        Some(ProbeOutcome { time, result: ProbeResult::Succeeded { tools, server_info, cut } }) => {
+        Some(ProbeOutcome { time, result: ProbeResult::Succeeded { tools, digests, server_info, cut } }) => {
             let mut names: Vec<String> = tools.iter().collect::<BTreeSet<_>>().into_iter().cloned().collect();
             let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
             names.truncate(MAX_STATUS_TOOLS);
@@ -135,6 +141,9 @@ fn probed_fields(
             status.tool_count = Some(count);
             status.server_info = server_info.clone();
             status.last_probe_time = Some(whole_seconds(time));
+            if server.spec.pinning.is_some() {
+                status.conditions.push(tools_pinned(server, digests, &cond));
+            }
         }
         Some(ProbeOutcome { time, result: ProbeResult::Failed { error } }) => {
             let error = truncate(error, MAX_ERROR_BYTES);
@@ -160,7 +169,8 @@ fn probed_fields(
         )),
         None => match server.status.as_ref().filter(|p| p.observed_generation == server.metadata.generation) {
             Some(p) if p.conditions.iter().any(|c| c.type_ == types::READY) => {
-                status.conditions.extend(p.conditions.iter().filter(|c| c.type_ == types::READY).cloned());
+                let probed = |c: &&Condition| c.type_ == types::READY || c.type_ == types::TOOLS_PINNED;
+                status.conditions.extend(p.conditions.iter().filter(probed).cloned());
                 status.tools = p.tools.clone();
                 status.tool_count = p.tool_count;
                 status.server_info = p.server_info.clone();
@@ -175,6 +185,29 @@ fn probed_fields(
             )),
         },
     }
+}
+
+/// `ToolsPinned` from the last probe's digests: which served tools differ from their pins.
+fn tools_pinned(
+    server: &McpServer,
+    digests: &BTreeMap<String, ToolDigest>,
+    cond: &impl Fn(&str, &str, &str, String) -> Condition,
+) -> Condition {
+    let found = pin::findings(&server.spec, digests);
+    if found.is_empty() {
+        return cond(types::TOOLS_PINNED, TRUE, reasons::PINS_MATCH, "every served tool matches its pin".into());
+    }
+    let enforced = server.spec.pinning.as_ref().is_none_or(|p| p.mode == PinMode::Enforce);
+    let named: Vec<String> = found.iter().take(MAX_PROBLEMS_IN_MESSAGE).map(|(t, r)| format!("{t} ({r})")).collect();
+    let more = found.len().saturating_sub(MAX_PROBLEMS_IN_MESSAGE);
+    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+    let what = if enforced { "agents withhold them" } else { "agents serve them (pinning.mode warn)" };
+    let message = format!(
+        "{} tool(s) differ from their pins or have none: {}{more}; {what}. Review them, then run spearlet pin",
+        found.len(),
+        named.join(", ")
+    );
+    cond(types::TOOLS_PINNED, FALSE, reasons::PIN_MISMATCH, truncate(&message, MAX_MESSAGE_BYTES))
 }
 
 /// `Ready`'s status and message for a server that answered 401 asking for `asked`. The agents

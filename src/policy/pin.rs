@@ -6,7 +6,7 @@
 //! A pin that does not parse (validation refuses such objects, so only a hand-made snapshot has
 //! one) is dropped: its tool counts as not pinned, which withholds it. Failing closed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::decision::{Reason, ToolInfo};
 use super::pattern::{PatternError, PatternSet};
@@ -71,6 +71,26 @@ pub(crate) fn pins_for(spec: &McpServerSpec, tools: &[ToolInfo]) -> Result<Pinni
         .map(|t| (t.name.to_string(), pinning::format_digest(&digest(t))))
         .collect();
     Ok(Pinning { mode: spec.pinning.as_ref().map_or(PinMode::Enforce, |p| p.mode), tools })
+}
+
+/// The tools a server's own layer serves (`allowedTools` minus `deniedTools`) whose `digests`
+/// (as listed) do not match `spec.pinning`, with why; empty without `pinning`. For the
+/// operator's `ToolsPinned` condition, which sees digests and no `ToolInfo`.
+pub(crate) fn findings(spec: &McpServerSpec, digests: &BTreeMap<String, ToolDigest>) -> Vec<(String, Reason)> {
+    let Some(pinning) = &spec.pinning else { return Vec::new() };
+    let (Ok(allowed), Ok(denied)) = (PatternSet::new(&spec.allowed_tools), PatternSet::new(&spec.denied_tools)) else {
+        return Vec::new();
+    };
+    let pins = CompiledPins::new(pinning);
+    digests
+        .iter()
+        .filter(|(name, _)| allowed.is_match(name) && !denied.is_match(name))
+        .filter_map(|(name, listed)| match pins.tools.get(name) {
+            Some(pinned) if pinned == listed => None,
+            Some(_) => Some((name.clone(), Reason::PinMismatch)),
+            None => Some((name.clone(), Reason::NotPinned)),
+        })
+        .collect()
 }
 
 /// The digest of a tool as listed (`api::pinning`'s canonical form).

@@ -26,6 +26,7 @@ fn succeeded(second: i64, tools: &[&str]) -> ProbeOutcome {
         time: at_fraction(second),
         result: ProbeResult::Succeeded {
             tools: tools.iter().map(|t| t.to_string()).collect(),
+            digests: tools.iter().map(|t| (t.to_string(), crate::policy::pin::digest(&ToolInfo::named(t)))).collect(),
             server_info: Some(ServerInfo {
                 name: Some("web".into()),
                 version: Some("1.2.3".into()),
@@ -327,4 +328,41 @@ fn a_server_requiring_authorization_is_auth_required_false_without_auth_unknown_
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("Unknown", reasons::AUTH_REQUIRED));
     assert!(ready.message.contains("service-account token"), "{}", ready.message);
     assert_eq!(configured.last_error.as_deref(), Some(ready.message.as_str()));
+}
+
+/// A probed server with `spec.pinning`: `ToolsPinned` names the served tools that differ from
+/// their pins or have none (a tool `allowedTools` does not serve is not named), and a reconcile
+/// without a probe keeps it.
+#[test]
+fn tools_pinned_names_the_served_tools_that_differ_from_their_pins() {
+    use crate::api::PinMode;
+    use crate::api::pinning::format_digest;
+    fn pin(name: &'static str, description: Option<&str>) -> (&'static str, String) {
+        let tool = ToolInfo { description: description.map(Into::into), ..ToolInfo::named(name) };
+        (name, format_digest(&crate::policy::pin::digest(&tool)))
+    }
+    let pins = [pin("search", None), pin("search_news", Some("reviewed"))];
+    let mut server = http("web").pinning(PinMode::Enforce, pins.clone());
+    let probe = succeeded(100, &["search", "search_news", "search_all", "delete"]);
+    let status = server_status(&server, Some(&probe), at(100));
+    let pinned = get(&status.conditions, types::TOOLS_PINNED);
+    assert_eq!((pinned.status.as_str(), pinned.reason.as_str()), (FALSE, reasons::PIN_MISMATCH));
+    assert!(pinned.message.contains("search_news (pin_mismatch)"), "{}", pinned.message);
+    assert!(pinned.message.contains("search_all (not_pinned)"), "{}", pinned.message);
+    assert!(
+        !pinned.message.contains("delete") && pinned.message.contains("agents withhold them"),
+        "{}",
+        pinned.message
+    );
+
+    server.status = Some(stored(&status));
+    let again = server_status(&server, None, at(200));
+    assert_eq!(get(&again.conditions, types::TOOLS_PINNED), pinned, "kept without a probe");
+
+    let matching = http("web").pinning(PinMode::Warn, [pin("search", None)]);
+    let status = server_status(&matching, Some(&succeeded(100, &["search"])), at(100));
+    assert_eq!(get(&status.conditions, types::TOOLS_PINNED).status, TRUE);
+
+    let unpinned = server_status(&http("web"), Some(&succeeded(100, &["search"])), at(100));
+    assert!(unpinned.conditions.iter().all(|c| c.type_ != types::TOOLS_PINNED));
 }

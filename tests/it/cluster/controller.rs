@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use spear::api::{McpProfile, McpServer};
+use spear::api::{McpProfile, McpServer, PinMode};
 use spear::operator::controller::{self, ControllerConfig, ControllerMetrics};
 use spear::operator::leader::LeaderConfig;
 use spear::operator::probe::{AddressDenyList, ProbeConfig, ProbeNamespaces};
@@ -253,6 +253,26 @@ async fn a_running_http_server_is_probed_ready_with_its_tools_and_server_info() 
     assert!(server_has(&server, "Accepted", "True"));
     assert_eq!(server_condition(&server, "Ready").map(|c| c.reason), Some("ProbeSucceeded".to_string()));
     assert_eq!(controller.metrics.probes("succeeded"), 1, "one probe per change, the next after the interval");
+}
+
+/// A probed server with `spec.pinning` whose tool differs from its pin: `ToolsPinned=False`
+/// names the tool, so the registry's owner sees it before any pod withholds it.
+#[tokio::test]
+async fn a_probed_servers_tool_that_differs_from_its_pin_is_named_in_tools_pinned() {
+    let ns = ControlPlane::shared().namespace("ctl-pins").await;
+    let echo = EchoServer::start().await;
+    let api = ns.api::<McpServer>();
+    let stale_pin = format!("sha256:{}", "0".repeat(64));
+    let pinned =
+        McpServer::test("echo").http(&echo.url).allowing(["*"]).pinning(PinMode::Enforce, [("echo", stale_pin)]);
+    create(&api, &pinned).await;
+    let _controller = Running::start(ns.client.clone(), config(&ns));
+
+    let server = wait_for(&api, "echo", "ToolsPinned=False", |s| server_has(s, "ToolsPinned", "False")).await;
+    let condition = server_condition(&server, "ToolsPinned").expect("ToolsPinned is set");
+    assert_eq!(condition.reason, "PinMismatch");
+    assert!(condition.message.contains("echo (pin_mismatch)"), "{}", condition.message);
+    assert!(server_has(&server, "Ready", "True"), "the server itself is reachable");
 }
 
 #[tokio::test]
