@@ -10,7 +10,10 @@
 //! - `catalog`: the server and profile layers applied to the cached lists and every tool named,
 //!   done once per revision or tool-list change (what `effective` then shares per request);
 //! - `effective_with_request`: a request that narrows by allowlist and denylist and has a
-//!   caller-registered tool (patterns compiled per request).
+//!   caller-registered tool (patterns compiled per request);
+//! - `*_pinned`: the same registry with `spec.pinning` (enforce) on every server and every tool
+//!   pinned: the pin check runs when the catalog is built (a digest per tool), so `catalog`
+//!   pays for it and `effective` (the per-request path) should not.
 #![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
@@ -20,7 +23,8 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use spear::api::manifest::Object;
-use spear::api::{McpProfile, McpServer};
+use spear::api::pinning::{PinnedFields, format_digest};
+use spear::api::{McpProfile, McpServer, PinMode};
 use spear::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
 use spear::registry::snapshot::{Entry, Snapshot};
 use spear::testing::fixtures::NO_ARGS;
@@ -28,15 +32,39 @@ use spear::testing::fixtures::NO_ARGS;
 const SERVERS: usize = 50;
 const TOOLS: usize = 20;
 
-fn fixture() -> (Snapshot, BTreeMap<String, ServerTools>) {
+/// The pin `spearlet pin` writes for a tool built as below (`ToolInfo::named` + a description).
+fn pin_of(name: &str, description: &str) -> String {
+    let schema = serde_json::json!({"type": "object"});
+    let fields = PinnedFields {
+        name,
+        title: None,
+        description: Some(description),
+        input_schema: &schema,
+        output_schema: None,
+        annotations: None,
+    };
+    format_digest(&fields.digest())
+}
+
+fn fixture(pinned: bool) -> (Snapshot, BTreeMap<String, ServerTools>) {
     let mut entries = Vec::new();
     let mut lists = BTreeMap::new();
     let ids: Vec<String> = (0..SERVERS).map(|i| format!("server-{i:02}")).collect();
     for id in &ids {
-        let server = McpServer::test(id)
+        let mut server = McpServer::test(id)
             .stdio("server", NO_ARGS)
             .allowing(["read_*", "list_*", "search", "get_*"])
             .denying(["*_secret"]);
+        if pinned {
+            let pins: Vec<(String, String)> = (0..TOOLS)
+                .map(|t| {
+                    let name = format!("{}_thing_{t}", ["read", "list", "get", "write"][t % 4]);
+                    let pin = pin_of(&name, &format!("Does thing {t}"));
+                    (name, pin)
+                })
+                .collect();
+            server = server.pinning(PinMode::Enforce, pins.iter().map(|(n, p)| (n.as_str(), p.clone())));
+        }
         entries.push(Entry::local(format!("{id}.yaml"), 1, Object::Server(server)));
         let tools = (0..TOOLS)
             .map(|t| {
@@ -57,7 +85,7 @@ fn fixture() -> (Snapshot, BTreeMap<String, ServerTools>) {
 }
 
 fn bench(c: &mut Criterion) {
-    let (snapshot, lists) = fixture();
+    let (snapshot, lists) = fixture(false);
     let compiled = CompiledProfile::compile(&snapshot, "bench").expect("profile compiles");
     let lookup = |id: &str| lists.get(id).cloned().unwrap_or(ServerTools::Unknown);
     let catalog = compiled.catalog(lookup);
@@ -105,6 +133,22 @@ fn bench(c: &mut Criterion) {
     c.bench_function("compile_profile_50_servers", |b| {
         b.iter(|| black_box(CompiledProfile::compile(&snapshot, "bench").expect("compiles")))
     });
+
+    let (pinned_snapshot, _) = fixture(true);
+    let pinned = CompiledProfile::compile(&pinned_snapshot, "bench").expect("profile compiles");
+    let pinned_catalog = pinned.catalog(lookup);
+    let pinned_set = pinned_catalog.effective(None, &[]).expect("effective set");
+    assert_eq!(pinned_set.tools().count(), set.tools().count(), "every pinned tool matches its pin");
+    c.bench_function("effective_tool_list_50x20_pinned", |b| {
+        b.iter(|| {
+            let set = pinned_catalog.effective(None, &[]).expect("effective set");
+            let tools: Vec<_> = set.tools().map(|(_, t)| (&t.name, &t.tool)).collect();
+            black_box(&tools);
+            drop(tools);
+            black_box(set)
+        })
+    });
+    c.bench_function("catalog_50x20_pinned", |b| b.iter(|| black_box(pinned.catalog(lookup))));
 }
 
 criterion_group!(benches, bench);
