@@ -9,7 +9,7 @@
 //! the cluster): it asks the pod's own agent, through a port-forward, for its live
 //! `/debug/effective`, which has the tool-level decisions and the revision the pod is on.
 
-mod cluster;
+pub(super) mod cluster;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -84,7 +84,7 @@ pub const KUBECTL_PLUGIN: &str = "kubectl-spear";
 /// `kubectl spear`: the spearlet invoked as the kubectl plugin `kubectl-spear`. Only the commands
 /// that make sense from a workstation against a cluster.
 #[derive(Parser, Debug)]
-#[command(name = KUBECTL_PLUGIN, bin_name = "kubectl spear", version, about = "spear-mcp for kubectl: why a pod sees the tools it sees")]
+#[command(name = KUBECTL_PLUGIN, bin_name = "kubectl spear", version, about = "spear-mcp for kubectl: why a pod sees the tools it sees, and pinning a server's tools")]
 pub struct PluginArgs {
     #[command(flatten)]
     log: LogArgs,
@@ -96,6 +96,7 @@ pub struct PluginArgs {
 #[derive(Subcommand, Debug)]
 enum PluginCommand {
     Explain(explain::ExplainArgs),
+    Pin(pin::PinArgs),
 }
 
 impl PluginArgs {
@@ -104,6 +105,7 @@ impl PluginArgs {
         let Self { log, command } = self;
         exit(log.init().map_err(usage).and_then(|_logs| match command {
             PluginCommand::Explain(args) => args.run(),
+            PluginCommand::Pin(args) => args.run(),
         }))
     }
 }

@@ -1,6 +1,6 @@
-//! `spearlet pin`: starts (or reaches) one server of a registry directory, lists its tools, and
-//! prints its McpServer with `spec.pinning.tools` filled: the lock file that lives in Git with
-//! the manifest. The tools are listed through the agent's own client pool and digested by the
+//! `spearlet pin` (and `kubectl spear pin`): starts (or reaches) one server of a registry
+//! directory or a namespace, lists its tools, and prints its McpServer with `spec.pinning.tools`
+//! filled: the lock file that lives in Git with the manifest. The tools are listed through the agent's own client pool and digested by the
 //! agent's own function (`policy::pin`), so what is printed is what every agent will compare.
 //!
 //! It prints, never writes: a registry file may hold several documents and comments that a
@@ -9,7 +9,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::api::keys;
+use super::explain::cluster;
+use crate::api::{McpServer, Pinning, keys};
 use crate::cli::{block_on, emit, tell, usage};
 use crate::mcp::{Pool, PoolOptions};
 use crate::policy::{ServerTools, ToolInfo};
@@ -22,44 +23,83 @@ use crate::registry::snapshot::Snapshot;
 /// stopped; a Streamable HTTP server reached at its URL), lists its tools, and prints the
 /// manifest with a `sha256:` pin for each tool its allowedTools/deniedTools serve and
 /// `pinning.mode: enforce` (or the mode it already has). Review the tools first (`spearlet
-/// explain --connect`); agents then withhold any tool that differs from its pin. Exit status: 0
-/// on success, 1 when the server cannot be listed, 2 on a usage error.
+/// explain --connect`); agents then withhold any tool that differs from its pin. Local mode
+/// (--registry-dir) reads the server from a directory; cluster mode (no --registry-dir) reads it
+/// from the namespace's McpServers through the Kubernetes API, and this machine must reach the
+/// server (and set the variables its configuration reads) as the pod does. Exit status: 0 on
+/// success, 1 when the server cannot be read or listed, 2 on a usage error.
 #[derive(clap::Args, Debug)]
 pub(crate) struct PinArgs {
-    /// Directory of McpServer/McpProfile manifests.
-    #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
-    registry_dir: PathBuf,
+    /// The McpServer to pin (its metadata.name); or --server NAME.
+    #[arg(value_name = "NAME", required_unless_present = "server", conflicts_with = "server")]
+    name: Option<String>,
     /// The McpServer to pin (its metadata.name).
     #[arg(long, value_name = "NAME")]
-    server: String,
+    server: Option<String>,
+    /// Directory of McpServer/McpProfile manifests (local mode). Without it: cluster mode.
+    #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
+    registry_dir: Option<PathBuf>,
+    /// (cluster) The namespace; default: the kubeconfig context's.
+    #[arg(short = 'n', long, value_name = "NS")]
+    namespace: Option<String>,
+    /// (cluster) A kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else in-cluster.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// (cluster) The kubeconfig context to use; default: its current context.
+    #[arg(long, value_name = "NAME")]
+    context: Option<String>,
 }
 
 impl PinArgs {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
-        let snapshot = DirSource::load(&self.registry_dir).map_err(usage)?;
-        let Some(entry) = snapshot.server(&self.server) else {
-            let problems = snapshot.problems().iter().map(|p| format!("\n  {p}")).collect::<String>();
-            return Err(usage(format!(
-                "{} has no valid McpServer named '{}'{problems}",
-                self.registry_dir.display(),
-                self.server
-            )));
+        let name = self.name.clone().or_else(|| self.server.clone()).unwrap_or_default();
+        let (snapshot, source) = match &self.registry_dir {
+            Some(dir) => (DirSource::load(dir).map_err(usage)?, dir.display().to_string()),
+            None => {
+                let read = cluster::read_server(
+                    &name,
+                    self.namespace.as_deref(),
+                    self.kubeconfig.as_deref(),
+                    self.context.as_deref(),
+                );
+                let (namespace, snapshot) = block_on(async {
+                    read.await.map_err(|e| if e.is_usage() { usage(e) } else { anyhow::Error::new(e) })
+                })?;
+                (snapshot, format!("namespace {namespace}"))
+            }
         };
-        let tools = block_on(list(&snapshot, &self.server))?;
+        let Some(entry) = snapshot.server(&name) else {
+            let problems = snapshot.problems().iter().map(|p| format!("\n  {p}")).collect::<String>();
+            return Err(usage(format!("{source} has no valid McpServer named '{name}'{problems}")));
+        };
+        let tools = block_on(list(&snapshot, &name))?;
         let pinning = crate::policy::pin::pins_for(&entry.object.spec, &tools)
-            .map_err(|e| anyhow::anyhow!("{}: spec.allowedTools or deniedTools: {e}", self.server))?;
+            .map_err(|e| anyhow::anyhow!("{name}: spec.allowedTools or deniedTools: {e}"))?;
         let unserved = tools.len() - pinning.tools.len();
-        let mut server = (*entry.object).clone();
         let pinned = pinning.tools.len();
-        server.spec.pinning = Some(pinning);
-        server.status = None;
+        let server = manifest_of(&entry.object, pinning);
         emit(&format!("---\n{}", serde_yaml::to_string(&server)?));
         tell(format_args!(
-            "pinned {pinned} tool(s) of {}; {unserved} listed tool(s) its allowedTools/deniedTools do not serve were left unpinned",
-            self.server
+            "pinned {pinned} tool(s) of {name}; {unserved} listed tool(s) its allowedTools/deniedTools do not serve were left unpinned"
         ));
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// The manifest to keep in Git: the server's name, namespace, labels, annotations and spec with
+/// `pinning`; what the API server adds (uid, resourceVersion, managed fields, status, kubectl's
+/// last-applied copy) left out.
+fn manifest_of(server: &McpServer, pinning: Pinning) -> McpServer {
+    let meta = &server.metadata;
+    let mut annotations = meta.annotations.clone().unwrap_or_default();
+    annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    let mut spec = server.spec.clone();
+    spec.pinning = Some(pinning);
+    let mut out = McpServer::new(meta.name.as_deref().unwrap_or_default(), spec);
+    out.metadata.namespace = meta.namespace.clone();
+    out.metadata.labels = meta.labels.clone().filter(|l| !l.is_empty());
+    out.metadata.annotations = Some(annotations).filter(|a| !a.is_empty());
+    out
 }
 
 /// The server's tools as the agent's pool lists them.
@@ -68,7 +108,18 @@ async fn list(snapshot: &Snapshot, server: &str) -> anyhow::Result<Vec<ToolInfo>
     for error in pool.apply(snapshot).await {
         tell(format_args!("warning: {error}"));
     }
-    let listed = pool.server_tools(server, server).await;
+    // A listing gives up on a start after a few seconds; a start (an `npx` download) may take
+    // its whole budget: wait for it to end, then list again. Subscribed before listing, so a
+    // start that ends in between is not missed.
+    let listed = loop {
+        let ended = pool.list_changed(server);
+        let listed = pool.server_tools(server, server).await;
+        let (ServerTools::Starting(starting), Ok(ended)) = (&listed, ended) else { break listed };
+        let left = (starting.since + starting.budget).duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        if left.is_zero() || tokio::time::timeout(left, ended).await.is_err() {
+            break listed;
+        }
+    };
     pool.shutdown().await;
     match listed {
         ServerTools::Listed(list) => Ok(list.tools().iter().map(|(tool, _)| tool.clone()).collect()),

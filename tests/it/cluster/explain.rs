@@ -250,3 +250,34 @@ async fn refusals_name_the_verb_and_resource_and_a_missing_config_names_the_flag
     assert_eq!(missing.status.code(), Some(2), "{}", stderr(&missing));
     assert!(stderr(&missing).contains("--kubeconfig /no/such/kubeconfig"), "{}", stderr(&missing));
 }
+
+/// `kubectl spear pin NAME -n NS`: the namespace's McpServer, listed from this machine as an
+/// agent would, printed with a pin for each tool it serves and without what the API server
+/// added; a server the namespace does not have is a usage error naming it.
+// Multi-threaded: the echo server runs on the test's runtime while the test waits on the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_spear_pin_prints_a_clusters_server_with_its_pins() {
+    let ns = ControlPlane::shared().namespace("pin-cli").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+    let port = listener.local_addr().expect("a bound listener has an address").port();
+    let echo = tokio::spawn(spear::testing::echo::serve_http(listener));
+    let server = McpServer::test("echo").http(format!("http://127.0.0.1:{port}/mcp")).allowing(["*"]);
+    ns.api::<McpServer>().create(&PostParams::default(), &server).await.expect("create the McpServer");
+
+    let pinned = kubectl_spear(&["pin", "echo", "-n", &ns.name]);
+    assert!(pinned.status.success(), "{}", stderr(&pinned));
+    let manifest: McpServer = serde_yaml::from_slice(&pinned.stdout).expect("the output is one McpServer");
+    let pinning = manifest.spec.pinning.expect("pinning filled");
+    assert_eq!(pinning.tools.keys().collect::<Vec<_>>(), ["echo"]);
+    assert!(pinning.tools["echo"].starts_with("sha256:") && pinning.tools["echo"].len() == 71);
+    assert_eq!(manifest.metadata.namespace.as_deref(), Some(ns.name.as_str()));
+    assert!(
+        manifest.metadata.uid.is_none() && manifest.metadata.resource_version.is_none() && manifest.status.is_none()
+    );
+    assert!(manifest.metadata.managed_fields.is_none());
+
+    let missing = kubectl_spear(&["pin", "ghost", "-n", &ns.name]);
+    assert_eq!(missing.status.code(), Some(2), "{}", stderr(&missing));
+    assert!(stderr(&missing).contains("no valid McpServer named 'ghost'"), "{}", stderr(&missing));
+    echo.abort();
+}

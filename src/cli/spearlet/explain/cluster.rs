@@ -22,7 +22,7 @@
 //!   can-i` line to check), the missing annotation or injection, the agent that cannot be
 //!   reached and where to look.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ pub(super) struct Target {
 
 /// Errors of cluster mode, each naming its fix.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum ClusterError {
+pub(in crate::cli::spearlet) enum ClusterError {
     #[error(
         "no Kubernetes configuration: no usable kubeconfig ({kubeconfig}) and not in a pod ({in_cluster}); pass \
          --kubeconfig FILE or set KUBECONFIG"
@@ -126,7 +126,7 @@ pub(super) enum ClusterError {
 
 impl ClusterError {
     /// Whether the user fixes it by changing how the command is called (exit status 2).
-    pub(super) fn is_usage(&self) -> bool {
+    pub(in crate::cli::spearlet) fn is_usage(&self) -> bool {
         matches!(
             self,
             ClusterError::NoConfig { .. } | ClusterError::Kubeconfig { .. } | ClusterError::InvalidName { .. }
@@ -240,7 +240,7 @@ impl PodInfo {
 /// Reads the target's registry (and, with `connect`, the pod agent's live answer to
 /// `/debug/effective?request=`).
 pub(super) async fn read(target: &Target, connect: bool, request: Option<&str>) -> Result<Found, ClusterError> {
-    let (config, context) = client_config(target).await?;
+    let (config, context) = client_config(target.kubeconfig.as_deref(), target.context.as_deref()).await?;
     let namespace = target.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
     check_name(&namespace, "namespace", "a DNS-1123 label (-n/--namespace)", is_dns1123_label)?;
     let client = Client::try_from(config).map_err(ClusterError::Client)?;
@@ -289,9 +289,13 @@ pub(super) async fn read(target: &Target, connect: bool, request: Option<&str>) 
 
 /// The client configuration and the context used: `--kubeconfig FILE` (with `--context`), else
 /// `$KUBECONFIG` or `~/.kube/config`, else the pod's service account, as kubectl looks.
-async fn client_config(target: &Target) -> Result<(kube::Config, Option<String>), ClusterError> {
-    let options = KubeConfigOptions { context: target.context.clone(), ..KubeConfigOptions::default() };
-    let kubeconfig = match &target.kubeconfig {
+async fn client_config(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<(kube::Config, Option<String>), ClusterError> {
+    let options = KubeConfigOptions { context: context.map(str::to_string), ..KubeConfigOptions::default() };
+    let kubeconfig_flag = kubeconfig;
+    let kubeconfig = match kubeconfig {
         Some(path) => Kubeconfig::read_from(path)
             .map_err(|source| ClusterError::Kubeconfig { flag: format!("--kubeconfig {}", path.display()), source })?,
         // A KUBECONFIG that is set must be readable, as kubectl requires; only a missing
@@ -311,16 +315,39 @@ async fn client_config(target: &Target) -> Result<(kube::Config, Option<String>)
             }
         },
     };
-    let context = target.context.clone().or_else(|| kubeconfig.current_context.clone());
-    let flag = match (&target.context, &target.kubeconfig) {
+    let flag = match (context, kubeconfig_flag) {
         (Some(context), _) => format!("--context {context}"),
         (None, Some(path)) => format!("--kubeconfig {}", path.display()),
         (None, None) => "the kubeconfig (KUBECONFIG or ~/.kube/config)".to_string(),
     };
+    let context = context.map(str::to_string).or_else(|| kubeconfig.current_context.clone());
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
         .map_err(|source| ClusterError::Kubeconfig { flag, source })?;
     Ok((config, context))
+}
+
+/// The one McpServer `name` of a namespace (default: the kubeconfig context's) as a snapshot,
+/// read and validated as the agent reads it, for `spearlet pin`: (namespace, snapshot).
+pub(in crate::cli::spearlet) async fn read_server(
+    name: &str,
+    namespace: Option<&str>,
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<(String, Snapshot), ClusterError> {
+    let (config, _) = client_config(kubeconfig, context).await?;
+    let namespace = namespace.map_or_else(|| config.default_namespace.clone(), str::to_string);
+    check_name(&namespace, "namespace", "a DNS-1123 label (-n/--namespace)", is_dns1123_label)?;
+    // Checked before it goes into a field selector, where a ',' would add a clause.
+    check_name(name, "McpServer name", "a DNS-1123 label", is_dns1123_label)?;
+    let client = Client::try_from(config).map_err(ClusterError::Client)?;
+    let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+    let servers = resource::<McpServer>(&client, &namespace)
+        .list(&by_name)
+        .await
+        .map_err(|e| api_error(e, "list", &plural::<McpServer>(), &namespace))?;
+    let servers: Vec<_> = servers.items.into_iter().map(Arc::new).collect();
+    Ok((namespace.clone(), snapshot_of_listed(&namespace, &servers, &[])))
 }
 
 fn check_name(
