@@ -59,15 +59,8 @@ pub(crate) struct ExplainArgs {
     /// whether it was injected; with --connect, ask its agent.
     #[arg(long, value_name = "NAME")]
     pod: Option<String>,
-    /// (cluster) The namespace; default: the kubeconfig context's, or the pod's own in a pod.
-    #[arg(short = 'n', long, value_name = "NS")]
-    namespace: Option<String>,
-    /// (cluster) A kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else in-cluster.
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// (cluster) The kubeconfig context to use; default: its current context.
-    #[arg(long, value_name = "NAME")]
-    context: Option<String>,
+    #[command(flatten)]
+    kube: cluster::KubeArgs,
     /// A request as JSON: a scope {"server_ids": [...], "tool_allowlist": [...],
     /// "tool_denylist": [...], "budgets": {...}}, and for chat.toolSelection the conversation
     /// and limit {"messages": [...], "max_tools": 10} (the selection needs --connect).
@@ -142,13 +135,8 @@ impl ExplainArgs {
 
     /// Local or cluster mode from the flags; mixing them, or a missing profile, is a usage error.
     fn source(&self) -> anyhow::Result<Source> {
-        let cluster_flags = [
-            ("--pod", self.pod.is_some()),
-            ("--namespace", self.namespace.is_some()),
-            ("--kubeconfig", self.kubeconfig.is_some()),
-            ("--context", self.context.is_some()),
-        ];
-        let given: Vec<&str> = cluster_flags.iter().filter(|(_, set)| *set).map(|(flag, _)| *flag).collect();
+        let pod = self.pod.is_some().then_some("--pod");
+        let given: Vec<&str> = pod.into_iter().chain(self.kube.given()).collect();
         if let Some(dir) = &self.registry_dir {
             if !given.is_empty() {
                 return Err(usage(format!(
@@ -186,9 +174,9 @@ impl ExplainArgs {
         };
         Ok(Source::Cluster(cluster::Target {
             subject,
-            namespace: self.namespace.clone(),
-            kubeconfig: self.kubeconfig.clone(),
-            context: self.context.clone(),
+            namespace: self.kube.namespace.clone(),
+            kubeconfig: self.kube.kubeconfig.clone(),
+            context: self.kube.context.clone(),
         }))
     }
 

@@ -39,29 +39,23 @@ pub(crate) struct PinArgs {
     /// Directory of McpServer/McpProfile manifests (local mode). Without it: cluster mode.
     #[arg(long, env = keys::ENV_REGISTRY_DIR, value_name = "DIR")]
     registry_dir: Option<PathBuf>,
-    /// (cluster) The namespace; default: the kubeconfig context's.
-    #[arg(short = 'n', long, value_name = "NS")]
-    namespace: Option<String>,
-    /// (cluster) A kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else in-cluster.
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// (cluster) The kubeconfig context to use; default: its current context.
-    #[arg(long, value_name = "NAME")]
-    context: Option<String>,
+    #[command(flatten)]
+    kube: cluster::KubeArgs,
 }
 
 impl PinArgs {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let name = self.name.clone().or_else(|| self.server.clone()).unwrap_or_default();
         let (snapshot, source) = match &self.registry_dir {
+            Some(_) if !self.kube.given().is_empty() => {
+                return Err(usage(format!(
+                    "--registry-dir is local mode and {} cluster mode: pass one of them",
+                    self.kube.given().join(", ")
+                )));
+            }
             Some(dir) => (DirSource::load(dir).map_err(usage)?, dir.display().to_string()),
             None => {
-                let read = cluster::read_server(
-                    &name,
-                    self.namespace.as_deref(),
-                    self.kubeconfig.as_deref(),
-                    self.context.as_deref(),
-                );
+                let read = cluster::read_server(&name, &self.kube);
                 let (namespace, snapshot) = block_on(async {
                     read.await.map_err(|e| if e.is_usage() { usage(e) } else { anyhow::Error::new(e) })
                 })?;

@@ -43,6 +43,32 @@ const AGENT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest `/debug/effective` answer read (a thousand tools per server fit many times over).
 const MAX_ANSWER_BYTES: usize = 16 << 20;
 
+/// The flags that pick a cluster and a namespace, shared by `explain` and `pin`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(in crate::cli::spearlet) struct KubeArgs {
+    /// (cluster) The namespace; default: the kubeconfig context's, or the pod's own in a pod.
+    #[arg(short = 'n', long, value_name = "NS")]
+    pub(in crate::cli::spearlet) namespace: Option<String>,
+    /// (cluster) A kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else in-cluster.
+    #[arg(long, value_name = "FILE")]
+    pub(in crate::cli::spearlet) kubeconfig: Option<PathBuf>,
+    /// (cluster) The kubeconfig context to use; default: its current context.
+    #[arg(long, value_name = "NAME")]
+    pub(in crate::cli::spearlet) context: Option<String>,
+}
+
+impl KubeArgs {
+    /// The cluster flags given, as spelled on the command line (to refuse them in local mode).
+    pub(in crate::cli::spearlet) fn given(&self) -> Vec<&'static str> {
+        let flags = [
+            ("--namespace", self.namespace.is_some()),
+            ("--kubeconfig", self.kubeconfig.is_some()),
+            ("--context", self.context.is_some()),
+        ];
+        flags.iter().filter(|(_, set)| *set).map(|(flag, _)| *flag).collect()
+    }
+}
+
 /// What to explain in the cluster.
 #[derive(Debug)]
 pub(super) enum Subject {
@@ -331,12 +357,10 @@ async fn client_config(
 /// read and validated as the agent reads it, for `spearlet pin`: (namespace, snapshot).
 pub(in crate::cli::spearlet) async fn read_server(
     name: &str,
-    namespace: Option<&str>,
-    kubeconfig: Option<&Path>,
-    context: Option<&str>,
+    kube: &KubeArgs,
 ) -> Result<(String, Snapshot), ClusterError> {
-    let (config, _) = client_config(kubeconfig, context).await?;
-    let namespace = namespace.map_or_else(|| config.default_namespace.clone(), str::to_string);
+    let (config, _) = client_config(kube.kubeconfig.as_deref(), kube.context.as_deref()).await?;
+    let namespace = kube.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
     check_name(&namespace, "namespace", "a DNS-1123 label (-n/--namespace)", is_dns1123_label)?;
     // Checked before it goes into a field selector, where a ',' would add a clause.
     check_name(name, "McpServer name", "a DNS-1123 label", is_dns1123_label)?;
