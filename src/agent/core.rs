@@ -720,8 +720,8 @@ impl Agent {
         }
     }
 
-    /// Logs each tool that newly stops matching its pin (once per change, not per round) and
-    /// sets the gauge.
+    /// Logs each tool that newly stops matching its pin, and each that matches again (once per
+    /// change, not per round), and sets the gauge.
     fn report_pins(&self, catalog: &ProfileCatalog, refresh: &mut Refresh) {
         let now = catalog.pin_findings();
         if now == refresh.pin_findings {
@@ -733,6 +733,10 @@ impl Agent {
                 "tool does not match its pin: the server changed or added it since it was pinned; \
                  review it, then run spearlet pin (withheld under pinning.mode enforce)"
             );
+        }
+        let still = |server: &Arc<str>, tool: &Arc<str>| now.iter().any(|(s, t, _, _)| s == server && t == tool);
+        for (server_id, tool, _, _) in refresh.pin_findings.iter().filter(|(s, t, _, _)| !still(s, t)) {
+            tracing::info!(server_id = %server_id, tool = %tool, "tool matches its pin again (or is no longer listed)");
         }
         let findings = now.iter().map(|(server, _, reason, _)| (&**server, reason.to_string()));
         self.inner.options.registry_metrics.pin_findings(findings);
