@@ -25,6 +25,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use spear::api::manifest::Object;
 use spear::api::pinning::{PinnedFields, format_digest};
 use spear::api::{McpProfile, McpServer, PinMode};
+use spear::policy::effective::ProfileCatalog;
 use spear::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
 use spear::registry::snapshot::{Entry, Snapshot};
 use spear::testing::fixtures::NO_ARGS;
@@ -84,6 +85,16 @@ fn fixture(pinned: bool) -> (Snapshot, BTreeMap<String, ServerTools>) {
     (Snapshot::build(entries, Vec::new()), lists)
 }
 
+/// A request's effective set and the injected list itself: every exposed tool's name and
+/// definition, borrowed as a request builder serializes them (the baseline borrows the same way).
+fn injected_list(catalog: &Arc<ProfileCatalog>) {
+    let set = catalog.effective(None, &[]).expect("effective set");
+    let tools: Vec<_> = set.tools().map(|(_, t)| (&t.name, &t.tool)).collect();
+    black_box(&tools);
+    drop(tools);
+    black_box(set);
+}
+
 fn bench(c: &mut Criterion) {
     let (snapshot, lists) = fixture(false);
     let compiled = CompiledProfile::compile(&snapshot, "bench").expect("profile compiles");
@@ -103,17 +114,7 @@ fn bench(c: &mut Criterion) {
             black_box(out)
         })
     });
-    c.bench_function("effective_tool_list_50x20", |b| {
-        b.iter(|| {
-            let set = catalog.effective(None, &[]).expect("effective set");
-            // The injected list itself: every exposed tool's name and definition, borrowed as a
-            // request builder serializes them (the baseline borrows the same way).
-            let tools: Vec<_> = set.tools().map(|(_, t)| (&t.name, &t.tool)).collect();
-            black_box(&tools);
-            drop(tools);
-            black_box(set)
-        })
-    });
+    c.bench_function("effective_tool_list_50x20", |b| b.iter(|| injected_list(&catalog)));
     let request = RequestScope {
         tool_allowlist: Some(vec!["read_*".into(), "get_*".into()]),
         tool_denylist: vec!["*_1?".into()],
@@ -139,15 +140,7 @@ fn bench(c: &mut Criterion) {
     let pinned_catalog = pinned.catalog(lookup);
     let pinned_set = pinned_catalog.effective(None, &[]).expect("effective set");
     assert_eq!(pinned_set.tools().count(), set.tools().count(), "every pinned tool matches its pin");
-    c.bench_function("effective_tool_list_50x20_pinned", |b| {
-        b.iter(|| {
-            let set = pinned_catalog.effective(None, &[]).expect("effective set");
-            let tools: Vec<_> = set.tools().map(|(_, t)| (&t.name, &t.tool)).collect();
-            black_box(&tools);
-            drop(tools);
-            black_box(set)
-        })
-    });
+    c.bench_function("effective_tool_list_50x20_pinned", |b| b.iter(|| injected_list(&pinned_catalog)));
     c.bench_function("catalog_50x20_pinned", |b| b.iter(|| black_box(pinned.catalog(lookup))));
 }
 

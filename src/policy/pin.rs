@@ -50,8 +50,12 @@ impl CompiledPins {
 
     /// `None` when `tool` matches its pin.
     pub(crate) fn check(&self, tool: &ToolInfo) -> Option<PinProblem> {
-        let listed = digest(tool);
-        match self.tools.get(&*tool.name) {
+        self.verdict(&tool.name, digest(tool))
+    }
+
+    /// `None` when the tool `name`, listed with digest `listed`, matches its pin.
+    fn verdict(&self, name: &str, listed: ToolDigest) -> Option<PinProblem> {
+        match self.tools.get(name) {
             Some(pinned) if *pinned == listed => None,
             Some(_) => Some(PinProblem { reason: Reason::PinMismatch, listed }),
             None => Some(PinProblem { reason: Reason::NotPinned, listed }),
@@ -59,15 +63,21 @@ impl CompiledPins {
     }
 }
 
+/// Whether the server's own layer serves a tool name (`allowedTools` minus `deniedTools`).
+fn served_by(spec: &McpServerSpec) -> Result<impl Fn(&str) -> bool, PatternError> {
+    let allowed = PatternSet::new(&spec.allowed_tools)?;
+    let denied = PatternSet::new(&spec.denied_tools)?;
+    Ok(move |name: &str| allowed.is_match(name) && !denied.is_match(name))
+}
+
 /// The pinning `spearlet pin` writes for a server that lists `tools`: a pin for each tool its
 /// own layer serves (`allowedTools` minus `deniedTools`; the others are never served, and a tool
 /// allowed later needs a review of its own), keeping the server's mode or `enforce`.
 pub(crate) fn pins_for(spec: &McpServerSpec, tools: &[ToolInfo]) -> Result<Pinning, PatternError> {
-    let allowed = PatternSet::new(&spec.allowed_tools)?;
-    let denied = PatternSet::new(&spec.denied_tools)?;
+    let served = served_by(spec)?;
     let tools = tools
         .iter()
-        .filter(|t| allowed.is_match(&t.name) && !denied.is_match(&t.name))
+        .filter(|t| served(&t.name))
         .map(|t| (t.name.to_string(), pinning::format_digest(&digest(t))))
         .collect();
     Ok(Pinning { mode: spec.pinning.as_ref().map_or(PinMode::Enforce, |p| p.mode), tools })
@@ -78,18 +88,12 @@ pub(crate) fn pins_for(spec: &McpServerSpec, tools: &[ToolInfo]) -> Result<Pinni
 /// operator's `ToolsPinned` condition, which sees digests and no `ToolInfo`.
 pub(crate) fn findings(spec: &McpServerSpec, digests: &BTreeMap<String, ToolDigest>) -> Vec<(String, Reason)> {
     let Some(pinning) = &spec.pinning else { return Vec::new() };
-    let (Ok(allowed), Ok(denied)) = (PatternSet::new(&spec.allowed_tools), PatternSet::new(&spec.denied_tools)) else {
-        return Vec::new();
-    };
+    let Ok(served) = served_by(spec) else { return Vec::new() };
     let pins = CompiledPins::new(pinning);
     digests
         .iter()
-        .filter(|(name, _)| allowed.is_match(name) && !denied.is_match(name))
-        .filter_map(|(name, listed)| match pins.tools.get(name) {
-            Some(pinned) if pinned == listed => None,
-            Some(_) => Some((name.clone(), Reason::PinMismatch)),
-            None => Some((name.clone(), Reason::NotPinned)),
-        })
+        .filter(|(name, _)| served(name))
+        .filter_map(|(name, listed)| Some((name.clone(), pins.verdict(name, *listed)?.reason)))
         .collect()
 }
 
