@@ -4,6 +4,7 @@
 //! - [`api`]: resource types, validation, manifest reading and the shared names (pure)
 //! - [`registry`]: immutable snapshots and the sources that publish them
 //! - [`policy`]: tool names, patterns, effective sets, budgets, explanations (pure)
+//! - [`approval`]: the questions approvers are asked and how their answers are read (pure)
 //! - [`mcp`]: the client pool (rmcp sessions, budgets, health)
 //! - [`chat`]: the chat completions library (OpenAI types, tool-loop decisions, upstream)
 //! - [`agent`]: the per-pod agent: its core, its three doors and admin port, and how it runs
@@ -20,6 +21,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod approval;
 pub mod bridge;
 pub mod chat;
 mod child;

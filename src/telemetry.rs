@@ -188,6 +188,20 @@ struct ToolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApprovalLabels {
+    server_id: String,
+    /// `caller` or `webhook`.
+    approver: String,
+    /// `allow`, `deny`, `timeout` or `error` (every one but `allow` denies the call).
+    decision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApproverLabels {
+    approver: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
     server_id: String,
     /// `initial`, `expiry` (a renewal before it expires) or `rejected` (after a 401).
@@ -226,6 +240,12 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.25, 2.0, 17))
 }
 
+/// Milliseconds: 10 ms to about 30 minutes in triplings (a program answers in milliseconds, a
+/// person in seconds to minutes; the longest approval timeout is an hour).
+fn approval_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(10.0, 3.0, 12))
+}
+
 /// Bytes: 64 B to 16 MiB in quadruplings (the output cap's range).
 fn output_histogram() -> Histogram {
     Histogram::new(exponential_buckets(64.0, 4.0, 10))
@@ -241,6 +261,8 @@ pub struct PoolMetrics {
     latency: Family<ToolLabels, Histogram, fn() -> Histogram>,
     output_bytes: Family<ToolLabels, Histogram, fn() -> Histogram>,
     token_fetches: Family<TokenLabels, Counter>,
+    approvals: Family<ApprovalLabels, Counter>,
+    approval_latency: Family<ApproverLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for PoolMetrics {
@@ -252,6 +274,8 @@ impl Default for PoolMetrics {
             latency: Family::new_with_constructor(latency_histogram),
             output_bytes: Family::new_with_constructor(output_histogram),
             token_fetches: Family::default(),
+            approvals: Family::default(),
+            approval_latency: Family::new_with_constructor(approval_histogram),
         }
     }
 }
@@ -271,7 +295,29 @@ impl PoolMetrics {
             "Access-token requests for servers with http.auth, by reason (initial, expiry, rejected) and outcome",
             metrics.token_fetches.clone(),
         );
+        registry.register(
+            "mcp_approval",
+            "Approval decisions of calls that needed approval, by server, approver (caller, webhook) and decision (allow, deny, timeout, error)",
+            metrics.approvals.clone(),
+        );
+        registry.register(
+            "mcp_approval_latency_ms",
+            "Time an approver took to decide, in milliseconds",
+            metrics.approval_latency.clone(),
+        );
         metrics
+    }
+
+    /// An approver decided on a call of `server`.
+    pub(crate) fn approval(&self, server: &str, approver: &str, decision: &str, latency_ms: f64) {
+        let labels = ApprovalLabels {
+            server_id: server.to_string(),
+            approver: approver.to_string(),
+            decision: decision.to_string(),
+        };
+        self.approvals.get_or_create(&labels).inc();
+        let labels = ApproverLabels { approver: approver.to_string() };
+        self.approval_latency.get_or_create(&labels).observe(latency_ms);
     }
 
     /// An access token for `server` was requested (`reason`: see `TokenLabels`).

@@ -63,6 +63,22 @@ pub(crate) struct AuditLine<'a> {
     pub(crate) output_bytes: Option<usize>,
     /// The arguments when the audit includes them; `"[redacted]"` otherwise.
     pub(crate) arguments: Value,
+    /// The approver's decision, for a call that needed approval and reached one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) approval: Option<&'a ApprovalRecord>,
+}
+
+/// An approver's decision on a call, as its audit line records it.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ApprovalRecord {
+    /// `caller` or `webhook`.
+    pub(crate) approver: &'static str,
+    /// `allow`, `deny`, `timeout` or `error`.
+    pub(crate) decision: &'static str,
+    /// How long the approver took.
+    pub(crate) latency_ms: f64,
+    /// The approver's reason (bounded, one line) or the agent's account.
+    pub(crate) reason: String,
 }
 
 /// Bytes of lines waiting for the writer thread; past this, lines are dropped and counted
@@ -296,6 +312,7 @@ mod tests {
             latency_ms: 1.5,
             output_bytes: Some(10),
             arguments,
+            approval: None,
         }
     }
 

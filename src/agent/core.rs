@@ -23,8 +23,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::audit::{self, AuditLine, AuditSink, Door};
+use super::approvers::{Approved, Approvers};
+use super::audit::{self, ApprovalRecord, AuditLine, AuditSink, Door};
 use crate::api::ApprovalMode;
+use crate::approval::Subject;
 use crate::mcp::health::{Health, HealthState};
 use crate::mcp::{ErrorCode, McpError, Pool, ToolOutput};
 use crate::policy::effective::{Listing, ProfileCatalog, Unlisted};
@@ -55,8 +57,10 @@ pub struct AgentOptions {
     pub(crate) retry_interval: Duration,
     /// Registry metrics (revision, degraded).
     pub registry_metrics: RegistryMetrics,
-    /// The pool's metrics, for calls refused before they reach the pool.
+    /// The pool's metrics, for calls refused before they reach the pool (and approvals).
     pub(crate) pool_metrics: PoolMetrics,
+    /// Who and where the agent is, for approval webhooks (`POD_NAMESPACE`, `POD_NAME`).
+    pub(crate) origin: crate::approval::webhook::Origin,
 }
 
 impl AgentOptions {
@@ -69,6 +73,10 @@ impl AgentOptions {
             retry_interval: Duration::from_secs(1),
             registry_metrics: RegistryMetrics::default(),
             pool_metrics: PoolMetrics::default(),
+            origin: crate::approval::webhook::Origin {
+                namespace: std::env::var(crate::api::keys::ENV_POD_NAMESPACE).ok().filter(|v| !v.is_empty()),
+                pod: std::env::var(crate::api::keys::ENV_POD_NAME).ok().filter(|v| !v.is_empty()),
+            },
         }
     }
 }
@@ -108,6 +116,8 @@ pub struct ToolCall {
     pub latency: Duration,
     /// The output, or why there is none.
     pub result: Result<ToolOutput, McpError>,
+    /// The approver's decision, when the call needed approval and one decided.
+    pub(crate) approval: Option<ApprovalRecord>,
 }
 
 impl ToolCall {
@@ -175,6 +185,15 @@ impl<'a> CallContext<'a> {
     }
 }
 
+/// How far a routed call got, for its metrics and audit line.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The call reached the pool (which counts it from there).
+    reached_pool: bool,
+    /// An approver decided on it.
+    approval: Option<ApprovalRecord>,
+}
+
 /// A call's arguments as a door read them: an object (or none), or why they are not one.
 type CallArguments = Result<Option<Map<String, Value>>, String>;
 
@@ -190,6 +209,7 @@ struct Inner {
     registry: Arc<dyn RegistryView>,
     pool: Pool,
     state: watch::Sender<Arc<AgentState>>,
+    approvers: Approvers,
 }
 
 impl Agent {
@@ -206,7 +226,8 @@ impl Agent {
             default_set: None,
         };
         let (state, _) = watch::channel(Arc::new(initial));
-        Agent { inner: Arc::new(Inner { options, registry, pool, state }) }
+        let approvers = Approvers::new(options.origin.clone());
+        Agent { inner: Arc::new(Inner { options, registry, pool, state, approvers }) }
     }
 
     pub(crate) fn profile(&self) -> &str {
@@ -359,16 +380,17 @@ impl Agent {
             tool: None,
             latency: Duration::ZERO,
             result: Ok(empty_output()),
+            approval: None,
         };
         let audit_arguments = self.inner.options.audit.arguments(arguments.as_ref().ok().and_then(Option::as_ref));
         let (used, resolved) = self.resolve(set, name, started).await;
-        let mut reached_pool = false;
+        let mut progress = Progress::default();
         call.result = match resolved {
             Ok(route) => {
                 call.server_id = Some(route.server.clone());
                 call.tool = Some(route.tool.clone());
-                let doors = (context.input, context.relay);
-                self.call_routed(&used, &route, name, (arguments, doors), started, &mut reached_pool).await
+                let routed = self.call_routed(&used, &route, name, arguments, &context, started, &mut progress);
+                routed.await
             }
             Err((error, server)) => {
                 call.server_id = server;
@@ -376,8 +398,9 @@ impl Agent {
             }
         };
         call.latency = started.elapsed();
+        call.approval = progress.approval;
         if let Err(error) = &call.result
-            && !reached_pool
+            && !progress.reached_pool
         {
             let metrics = &self.inner.options.pool_metrics;
             match (&call.server_id, &call.tool) {
@@ -419,7 +442,14 @@ impl Agent {
                 ..empty_output()
             }
         });
-        let call = ToolCall { name: name.to_string(), server_id: None, tool: None, latency: started.elapsed(), result };
+        let call = ToolCall {
+            name: name.to_string(),
+            server_id: None,
+            tool: None,
+            latency: started.elapsed(),
+            result,
+            approval: None,
+        };
         self.record(&call, context, &set.profile, set.revision.as_str(), audit_arguments);
         call
     }
@@ -441,6 +471,7 @@ impl Agent {
             latency_ms: audit::millis(call.latency),
             output_bytes: call.result.as_ref().ok().map(|o| o.bytes),
             arguments,
+            approval: call.approval.as_ref(),
         });
     }
 
@@ -481,6 +512,7 @@ impl Agent {
             tool: None,
             latency: Duration::ZERO,
             result: Err(refusal),
+            approval: None,
         };
         self.record(&call, context, profile, revision, self.inner.options.audit.arguments(None));
         call
@@ -556,45 +588,89 @@ impl Agent {
         }
     }
 
-    /// A routed call: approval, arguments, then the pool with what is left of the budget.
+    /// A routed call: arguments, approval, then the pool with what is left of the budget.
+    #[allow(clippy::too_many_arguments)] // one call's parts, passed once
     async fn call_routed(
         &self,
         set: &EffectiveSet,
         route: &Route,
         name: &str,
-        (arguments, (input, relay)): (CallArguments, (Option<&crate::mcp::Continuation>, Option<&crate::mcp::Relay>)),
+        arguments: CallArguments,
+        context: &CallContext<'_>,
         started: Instant,
-        reached_pool: &mut bool,
+        progress: &mut Progress,
     ) -> Result<ToolOutput, McpError> {
         let server = set.servers.iter().find(|s| s.id == route.server).ok_or_else(|| {
             McpError::new(ErrorCode::McpPolicyDenied, format!("server '{}' is not in use", route.server))
         })?;
-        let tool = server.tools.as_ref().and_then(|tools| tools.iter().find(|t| t.tool.name == route.tool));
-        let approval = tool.map_or(ApprovalMode::Never, |t| t.approval);
-        let annotations = tool.and_then(|t| t.tool.metadata.as_ref()).and_then(|m| m.get("annotations"));
-        if crate::policy::approval::needs_approval(approval, annotations) {
-            let why = match approval {
-                ApprovalMode::DestructiveHint => {
-                    " (approvalPolicy destructiveHint: its annotations do not say readOnlyHint or destructiveHint: false)"
-                }
-                _ => " (approvalPolicy)",
-            };
-            return Err(McpError::new(
-                ErrorCode::McpApprovalRequired,
-                format!("'{}' on '{}' needs approval{why} and no approver is configured", route.tool, route.server),
-            ));
-        }
         let arguments = arguments.map_err(|reason| {
             McpError::new(
                 ErrorCode::McpInvalidArguments,
                 format!("arguments of '{name}' are not a JSON object: {reason}"),
             )
         })?;
+        let tool = server.tools.as_ref().and_then(|tools| tools.iter().find(|t| t.tool.name == route.tool));
         let budgets = server.budgets;
-        // Time spent waiting for the tool list counts against the call's budget.
-        let timeout = Duration::from_millis(u64::from(budgets.tool_timeout_ms)).saturating_sub(started.elapsed());
-        *reached_pool = true;
+        let budget = Duration::from_millis(u64::from(budgets.tool_timeout_ms));
+        let subject = Subject {
+            profile: &set.profile,
+            server: &route.server,
+            tool: &route.tool,
+            name,
+            annotations: tool.and_then(|t| t.tool.metadata.as_ref()).and_then(|m| m.get("annotations")),
+            arguments: arguments.as_ref(),
+            revision: set.revision.as_str(),
+        };
+        let mode = tool.map_or(ApprovalMode::Never, |t| t.approval);
+        let approved = if crate::policy::approval::needs_approval(mode, subject.annotations) {
+            // Time spent waiting for the tool list counts against the call's budget, and so
+            // does the wait for a decision.
+            let wait = budget.saturating_sub(started.elapsed());
+            let asking = self.inner.approvers.approve(set.approval(), &subject, mode, context, wait);
+            let (outcome, record) = asking.await;
+            if let Some(record) = &record {
+                let metrics = &self.inner.options.pool_metrics;
+                metrics.approval(&route.server, record.approver, record.decision, record.latency_ms);
+            }
+            progress.approval = record;
+            match outcome? {
+                Ok(approved) => approved,
+                Err(question) => return Ok(question),
+            }
+        } else {
+            Approved::AsSent
+        };
+        let timeout = budget.saturating_sub(started.elapsed());
+        progress.reached_pool = true;
         let max_output = budgets.max_tool_output_bytes as usize;
+        match approved {
+            Approved::AsSent => {
+                let doors = (context.input, context.relay);
+                self.send(route, arguments, doors, timeout, max_output).await
+            }
+            Approved::InRound(continuation) => {
+                let digest = crate::approval::argument_digest(arguments.as_ref());
+                let doors = (Some(&continuation), context.relay);
+                let mut output = self.send(route, arguments, doors, timeout, max_output).await?;
+                if let Some(asked) = &output.input_required {
+                    let sealed = self.inner.approvers.seal_server_round(name, &digest, asked, budget);
+                    output.input_required = Some(Arc::new(sealed));
+                }
+                Ok(output)
+            }
+        }
+    }
+
+    /// Sends an approved call to the pool, relaying what the server asks of the caller as its
+    /// door can (`input` for a 2026-07-28 caller, `relay` for a 2025 session).
+    async fn send(
+        &self,
+        route: &Route,
+        arguments: Option<Map<String, Value>>,
+        (input, relay): (Option<&crate::mcp::Continuation>, Option<&crate::mcp::Relay>),
+        timeout: Duration,
+        max_output: usize,
+    ) -> Result<ToolOutput, McpError> {
         let pool = &self.inner.pool;
         match (input, relay) {
             (None, None) => pool.call_tool(&route.server, &route.tool, arguments, timeout, max_output).await,

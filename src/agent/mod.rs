@@ -14,6 +14,7 @@
 //! - [`run`]: the two entry points (registry from a directory or from the Kubernetes API).
 
 mod admin;
+mod approvers;
 pub mod audit;
 pub mod core;
 pub(crate) mod doors;

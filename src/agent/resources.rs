@@ -359,6 +359,7 @@ impl Agent {
             latency_ms: audit::millis(started.elapsed()),
             output_bytes: result.as_ref().ok().map(|read| read.bytes),
             arguments: Value::from("[redacted]"),
+            approval: None,
         });
     }
 }

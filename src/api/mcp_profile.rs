@@ -124,6 +124,12 @@ pub struct McpProfileSpec {
     /// condition says why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<IdentityGrant>,
+
+    /// Who approves this workload's calls that need approval (the McpServers'
+    /// `approvalPolicy`), tried in order. Absent: nobody, and such calls end with
+    /// `mcp_approval_required`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<super::ProfileApproval>,
 }
 
 /// The McpServers of a profile that may use the pod's ServiceAccount identity.

@@ -16,12 +16,14 @@
 //! - [`conditions`]: condition types and reasons of both statuses.
 //! - [`crd`]: rendering `crds/*.yaml`.
 //! - [`api_key`]: the per-pod key app containers send to the agent's doors.
+//! - [`approval`]: who approves a call that needs approval (`McpProfile.spec.approval`).
 //! - [`pinning`]: pinned tool definitions, their canonical digest and its spelling.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
 //!   and role names): one definition for the webhook, the agent, the operator and the tests.
 //! - `names`: the names both sides derive (secret env vars and refs, the socket file, short hashes).
 
 pub mod api_key;
+pub mod approval;
 pub mod conditions;
 pub mod crd;
 pub mod env_ref;
@@ -36,6 +38,7 @@ mod schema;
 pub mod secret_grant;
 pub mod validate;
 
+pub use approval::{Approver, ApproverKind, ProfileApproval, WebhookApprover};
 pub use mcp_profile::*;
 pub use mcp_server::*;
 pub use pinning::{PinMode, Pinning};

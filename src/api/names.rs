@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! server + field ──secret_env_var──▶ SPEAR_SECRET_<SERVER>_<FIELD>  (env var on the agent)
+//! secret + key ───approval_key_env_var──▶ SPEAR_APPROVAL_KEY_<SECRET>_<KEY> (env var on the agent)
 //! server + field ──secret_ref_id───▶ <server>/<field>               (an entry of SPEAR_SECRET_REFS)
 //! server ──────────────────────────▶ <RUN_DIR>/<server>/SOCKET_FILE (the bridge's socket)
 //! bytes ─────────short_hash────────▶ 16 hex characters of sha256    (revisions, versions, markers)
@@ -21,10 +22,17 @@ pub(crate) const SOCKET_FILE: &str = "mcp.sock";
 /// The env var that carries a secret-backed value of `server`'s `field` (an env or header name):
 /// `SPEAR_SECRET_<SERVER>_<FIELD>`, upper-cased, other characters as `_`.
 pub(crate) fn secret_env_var(server: &str, field: &str) -> String {
-    let clean = |s: &str| -> String {
-        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
-    };
-    format!("SPEAR_SECRET_{}_{}", clean(server), clean(field))
+    format!("SPEAR_SECRET_{}_{}", env_part(server), env_part(field))
+}
+
+/// The env var that carries the signing key of a webhook approver, from the Secret `name`'s
+/// `key`: `SPEAR_APPROVAL_KEY_<NAME>_<KEY>`, upper-cased, other characters as `_`.
+pub(crate) fn approval_key_env_var(name: &str, key: &str) -> String {
+    format!("SPEAR_APPROVAL_KEY_{}_{}", env_part(name), env_part(key))
+}
+
+fn env_part(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
 
 /// How the webhook's `SPEAR_SECRET_REFS` names one delivered header value: `<server>/<header>`

@@ -91,10 +91,21 @@ pub fn server_secret_refs(server: &McpServer) -> Vec<SecretRef> {
     refs
 }
 
-/// The Secret `profile` references (its upstream API key), if any.
-pub fn profile_secret_ref(profile: &McpProfile) -> Option<SecretRef> {
-    let key = profile.spec.chat.as_ref()?.upstream.as_ref()?.api_key_secret_ref.as_ref()?;
-    Some(SecretRef { field: "spec.chat.upstream.apiKeySecretRef".into(), secret: key.name.clone() })
+/// The Secrets `profile` references: its upstream API key and its webhook approvers' signing keys.
+pub fn profile_secret_refs(profile: &McpProfile) -> Vec<SecretRef> {
+    let upstream = profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref());
+    let upstream = upstream
+        .and_then(|u| u.api_key_secret_ref.as_ref())
+        .map(|key| SecretRef { field: "spec.chat.upstream.apiKeySecretRef".into(), secret: key.name.clone() });
+    let approvers = profile.spec.approval.iter().flat_map(|a| a.approvers.iter().enumerate());
+    let signing = approvers.filter_map(|(i, approver)| {
+        let secret = approver.webhook.as_ref()?.signing_secret_ref.as_ref()?;
+        Some(SecretRef {
+            field: format!("spec.approval.approvers[{i}].webhook.signingSecretRef"),
+            secret: secret.name.clone(),
+        })
+    });
+    upstream.into_iter().chain(signing).collect()
 }
 
 /// The annotations of the Secrets some objects reference, by Secret name; `None` for a Secret
@@ -167,10 +178,18 @@ impl SecretGrants {
         server_secret_refs(server).iter().filter_map(|r| self.check(Referrer::Server(name), r).err()).collect()
     }
 
-    /// The refused upstream-key reference of `profile`, if any.
-    pub fn profile_refusal(&self, profile: &McpProfile) -> Option<Refusal> {
+    /// Every refused reference of `profile`.
+    pub fn profile_refusals(&self, profile: &McpProfile) -> Vec<Refusal> {
         let name = profile.metadata.name.as_deref().unwrap_or_default();
-        profile_secret_ref(profile).and_then(|r| self.check(Referrer::Profile(name), &r).err())
+        profile_secret_refs(profile).iter().filter_map(|r| self.check(Referrer::Profile(name), r).err()).collect()
+    }
+
+    /// The refusal of the reference at `field` of `profile`, if it is refused.
+    pub fn profile_field_refusal(&self, profile: &McpProfile, field: &str) -> Option<Refusal> {
+        let name = profile.metadata.name.as_deref().unwrap_or_default();
+        let refs = profile_secret_refs(profile);
+        let r = refs.iter().find(|r| r.field == field)?;
+        self.check(Referrer::Profile(name), r).err()
     }
 }
 

@@ -201,6 +201,20 @@ fn full_profile() -> McpProfile {
                 audiences: vec!["https://web.example.com".into()],
                 mount_service_account_token: vec!["fs".into()],
             }),
+            approval: Some(crate::api::ProfileApproval {
+                timeout_seconds: Some(30),
+                approvers: vec![
+                    crate::api::Approver { caller: Some(Default::default()), ..Default::default() },
+                    crate::api::Approver {
+                        webhook: Some(crate::api::WebhookApprover {
+                            url: "https://approver.example/approve".into(),
+                            signing_secret_ref: Some(SecretKeyRef { name: "approver-key".into(), key: "hmac".into() }),
+                            include_arguments: true,
+                        }),
+                        ..Default::default()
+                    },
+                ],
+            }),
         },
     );
     profile.status = Some(McpProfileStatus {

@@ -5,7 +5,7 @@
 //! the operator's `Accepted` condition all report the same field-named error, with or without an
 //! API server in front. Every problem is returned at once, each with its field path and the fix.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::EnvVar;
@@ -194,6 +194,67 @@ fn check_http_url(p: &mut Problems, field: &str, raw: &str) {
             "remove the user:password part and send credentials in a header whose valueFrom references a Secret",
         ),
         Ok(_) => {}
+    }
+}
+
+fn check_secret_key_ref(p: &mut Problems, field: &str, secret: &super::SecretKeyRef) {
+    if !is_dns1123_subdomain(&secret.name) {
+        p.push(
+            format!("{field}.name"),
+            format!("'{}' is not a valid Secret name", secret.name),
+            "use a DNS-1123 subdomain",
+        );
+    }
+    let key_ok = !secret.key.is_empty()
+        && secret.key.len() <= 253
+        && secret.key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+    if !key_ok {
+        p.push(
+            format!("{field}.key"),
+            format!("'{}' is not a valid Secret key", secret.key),
+            "use letters, digits, '-', '_' and '.'",
+        );
+    }
+}
+
+fn validate_profile_approval(p: &mut Problems, approval: &super::ProfileApproval) {
+    use super::approval::{MAX_APPROVAL_TIMEOUT_SECONDS, MAX_APPROVERS};
+    p.range("spec.approval.timeoutSeconds", approval.timeout_seconds, 1, MAX_APPROVAL_TIMEOUT_SECONDS);
+    if approval.approvers.len() > MAX_APPROVERS {
+        p.push(
+            "spec.approval.approvers",
+            format!("has {} approvers", approval.approvers.len()),
+            format!("list at most {MAX_APPROVERS}: the first that can be asked decides, so more are never reached"),
+        );
+    }
+    // Two Secret keys whose env var names collide would give one webhook the other's key.
+    let mut key_envs: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for (i, approver) in approval.approvers.iter().enumerate() {
+        let field = format!("spec.approval.approvers[{i}]");
+        if approver.kind().is_none() {
+            p.push(
+                field.clone(),
+                "sets none or several of caller and webhook",
+                "set exactly one of caller and webhook",
+            );
+        }
+        let Some(webhook) = &approver.webhook else { continue };
+        check_http_url(p, &format!("{field}.webhook.url"), &webhook.url);
+        let Some(secret) = &webhook.signing_secret_ref else { continue };
+        let secret_field = format!("{field}.webhook.signingSecretRef");
+        check_secret_key_ref(p, &secret_field, secret);
+        let env = super::names::approval_key_env_var(&secret.name, &secret.key);
+        let this = (secret.name.clone(), secret.key.clone());
+        match key_envs.get(&env) {
+            Some(other) if *other != this => p.push(
+                secret_field,
+                format!("'{}/{}' and '{}/{}' share the env var {env}", other.0, other.1, this.0, this.1),
+                "rename one Secret key so the names differ in more than punctuation",
+            ),
+            _ => {
+                key_envs.insert(env, this);
+            }
+        }
     }
 }
 
@@ -590,27 +651,14 @@ impl Validate for McpProfile {
         if let Some(upstream) = spec.chat.as_ref().and_then(|c| c.upstream.as_ref()) {
             check_http_url(&mut p, "spec.chat.upstream.url", &upstream.url);
             if let Some(secret) = &upstream.api_key_secret_ref {
-                if !is_dns1123_subdomain(&secret.name) {
-                    p.push(
-                        "spec.chat.upstream.apiKeySecretRef.name",
-                        format!("'{}' is not a valid Secret name", secret.name),
-                        "use a DNS-1123 subdomain",
-                    );
-                }
-                let key_ok = !secret.key.is_empty()
-                    && secret.key.len() <= 253
-                    && secret.key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
-                if !key_ok {
-                    p.push(
-                        "spec.chat.upstream.apiKeySecretRef.key",
-                        format!("'{}' is not a valid Secret key", secret.key),
-                        "use letters, digits, '-', '_' and '.'",
-                    );
-                }
+                check_secret_key_ref(&mut p, "spec.chat.upstream.apiKeySecretRef", secret);
             }
             if upstream.model.as_deref() == Some("") {
                 p.push("spec.chat.upstream.model", "model is empty", "name a model, or remove the field");
             }
+        }
+        if let Some(approval) = &spec.approval {
+            validate_profile_approval(&mut p, approval);
         }
         if let Some(selection) = spec.chat.as_ref().and_then(|c| c.tool_selection.as_ref()) {
             let (lo, hi) = bounds::MAX_TOOLS;

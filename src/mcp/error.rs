@@ -20,8 +20,11 @@ pub enum ErrorCode {
     /// The result was larger than the budget; it was truncated (or, past the transport's frame
     /// limit, dropped).
     McpOutputTooLarge,
-    /// The call needs human approval and no approver is configured.
+    /// The call needs approval and no approver could be asked.
     McpApprovalRequired,
+    /// An approver did not approve the call (said no, did not answer in time, or could not be
+    /// asked properly).
+    McpApprovalDenied,
     /// A loop or call budget is used up.
     McpBudgetExceeded,
 }
@@ -36,6 +39,7 @@ impl ErrorCode {
             ErrorCode::McpPolicyDenied => "mcp_policy_denied",
             ErrorCode::McpOutputTooLarge => "mcp_output_too_large",
             ErrorCode::McpApprovalRequired => "mcp_approval_required",
+            ErrorCode::McpApprovalDenied => "mcp_approval_denied",
             ErrorCode::McpBudgetExceeded => "mcp_budget_exceeded",
         }
     }

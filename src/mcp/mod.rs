@@ -14,7 +14,7 @@
 //! - [`connect`]: establishing one session, a file per transport (`stdio`, `socket`, `http`).
 //! - [`pool`]: sessions, budgets, caches, restarts (`slot`, `call`, `resources`).
 //! - [`relay`]: what a server sends during a call, to the door of that call.
-//! - `token_source` and `oauth_http` (I/O) and `oauth` (pure): outbound auth; `output_schema`: results checked.
+//! - `token_source` and `outbound_http` (I/O) and `oauth` (pure): outbound auth; `output_schema`: results checked.
 //!
 //! Design notes: `src/mcp/README.md`.
 
@@ -25,7 +25,7 @@ pub mod error;
 pub mod health;
 pub mod limits;
 pub(crate) mod oauth;
-pub(crate) mod oauth_http;
+pub(crate) mod outbound_http;
 pub mod output;
 pub(crate) mod output_schema;
 mod plain_error;

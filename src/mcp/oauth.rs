@@ -1,7 +1,7 @@
 //! Decisions of the agent's OAuth client that take what a server or an authorization server
 //! sent (untrusted): which scopes to request, whether a grant is offered, whether an endpoint
 //! may receive a credential, what a token response says, when a token is due. Pure; the I/O is
-//! `mcp::token_source` and `mcp::oauth_http`.
+//! `mcp::token_source` and `mcp::outbound_http`.
 //!
 //! - **Scopes.** A server's challenge or metadata says what it needs; the McpServer's
 //!   `auth.scopes` is what the platform team allows. The request is their intersection (in the

@@ -152,6 +152,11 @@ impl Relay {
         answering(self.sampling, self.elicitation)
     }
 
+    /// Whether the caller declared elicitation (it can be asked a form).
+    pub fn elicits(&self) -> bool {
+        self.elicitation
+    }
+
     /// Whether the caller can answer any request at all.
     pub fn answers_requests(&self) -> bool {
         self.sampling || self.elicitation

@@ -22,7 +22,7 @@
 //!   agent discover again, so a server cannot move the credential by changing its metadata.
 //! - **Budget.** Token requests caused by 401s draw on `oauth::RequestBudget`; renewals at
 //!   expiry do not.
-//! - **One HTTP client** (`oauth_http`) for discovery and every token request: its address
+//! - **One HTTP client** (`outbound_http`) for discovery and every token request: its address
 //!   policy refuses link-local and metadata addresses, and it follows no redirect.
 //! - **Secrets** (client secrets, keys, tokens) never reach a log, an error or a metric: errors
 //!   carry what the authorization server said and which endpoint, never a request body.
@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use super::config::{AuthEndpoint, AuthMode};
 use super::oauth::{self, IssuedToken, RequestBudget, TokenError};
-use super::oauth_http::OAuthHttp;
+use super::outbound_http::OutboundHttp;
 use crate::api::{JwtAlgorithm, TokenGrant};
 use crate::telemetry::PoolMetrics;
 
@@ -103,14 +103,14 @@ pub(crate) struct TokenSource {
     server: Arc<str>,
     url: String,
     auth: AuthEndpoint,
-    http: OAuthHttp,
+    http: OutboundHttp,
     metrics: PoolMetrics,
     state: tokio::sync::Mutex<State>,
 }
 
 impl TokenSource {
     pub(crate) fn new(server: Arc<str>, url: String, auth: AuthEndpoint, metrics: PoolMetrics) -> Self {
-        let http = OAuthHttp::new(&url);
+        let http = OutboundHttp::new(&url);
         let state = State {
             token: None,
             discovery: None,

@@ -438,7 +438,7 @@ impl Plan {
                 ..Volume::default()
             });
         }
-        agent_secrets.add_upstream_key(profile_name, profile, secrets, &mut warnings)?;
+        agent_secrets.add_profile_secrets(profile_name, profile, secrets, &mut warnings)?;
 
         let Sidecars { containers: sidecars, servers: sidecar_servers } = sidecars;
         if sidecars.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == VOLUME_NO_TOKEN)) {
@@ -703,8 +703,9 @@ impl AgentSecrets {
         Ok(())
     }
 
-    /// Adds the profile's upstream API key when its Secret grants the profile (else a warning).
-    fn add_upstream_key(
+    /// Adds the profile's upstream API key and approval webhooks' signing keys, each when its
+    /// Secret grants the profile (else a warning).
+    fn add_profile_secrets(
         &mut self,
         profile_name: &str,
         profile: &McpProfile,
@@ -713,12 +714,25 @@ impl AgentSecrets {
     ) -> Result<(), String> {
         let upstream_key =
             profile.spec.chat.as_ref().and_then(|c| c.upstream.as_ref()).and_then(|u| u.api_key_secret_ref.as_ref());
-        if let Some(refusal) = secrets.profile_refusal(profile) {
+        if let Some(refusal) = secrets.profile_field_refusal(profile, "spec.chat.upstream.apiKeySecretRef") {
             warnings.push(format!("{refusal}; the upstream API key was not injected"));
         } else if let Some(key) = upstream_key {
             let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
             let owner = format!("McpProfile {profile_name:?} chat.upstream.apiKeySecretRef");
             insert_secret(&mut self.env, ENV_UPSTREAM_API_KEY.to_string(), owner, selector)?;
+        }
+        let approvers = profile.spec.approval.iter().flat_map(|a| a.approvers.iter().enumerate());
+        for (i, webhook) in approvers.filter_map(|(i, a)| Some((i, a.webhook.as_ref()?))) {
+            let Some(key) = &webhook.signing_secret_ref else { continue };
+            let field = format!("spec.approval.approvers[{i}].webhook.signingSecretRef");
+            if let Some(refusal) = secrets.profile_field_refusal(profile, &field) {
+                warnings.push(format!("{refusal}; the approval webhook's signing key was not injected"));
+                continue;
+            }
+            let selector = SecretKeySelector { name: key.name.clone(), key: key.key.clone(), optional: None };
+            let owner = format!("McpProfile {profile_name:?} approval.approvers[{i}].webhook.signingSecretRef");
+            let env = crate::api::names::approval_key_env_var(&key.name, &key.key);
+            insert_secret(&mut self.env, env, owner, selector)?;
         }
         Ok(())
     }

@@ -637,6 +637,11 @@ impl PartialEq for EffectiveSet {
 }
 
 impl EffectiveSet {
+    /// Who approves this profile's calls that need approval (`spec.approval`).
+    pub(crate) fn approval(&self) -> Option<&crate::api::ProfileApproval> {
+        self.catalog.spec.spec.approval.as_ref()
+    }
+
     /// Whether `item` of `server` (its URI, or its prompt name) may be read or got through this
     /// set; the exclusion otherwise, for the caller's error and the audit.
     pub(crate) fn item_decision(&self, server: &str, kind: ItemKind, item: &str) -> Result<(), Decision> {

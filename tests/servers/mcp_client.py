@@ -15,6 +15,10 @@ Exits non-zero with a message on stderr if list_changed does not arrive within -
 ClientSession (initialize, then notifications/tools/list_changed on the session's stream);
 --mode 2026-07-28 drives the stateless revision with the SDK's high-level Client
 (server/discover, per-request _meta, and subscriptions/listen for the change).
+
+--approve yes|no|decline|silent answers spearlet's own approval form ("Approve the call of tool
+..."), emitting {"event": "approval", "message": ...} first: `approve: true`, `approve: false`,
+decline, or no answer at all. The legacy session declares elicitation only with --approve.
 """
 
 import argparse
@@ -39,7 +43,17 @@ async def call_all(client, calls):
         emit(event="call", name=name, is_error=bool(result.is_error), text=text)
 
 
+APPROVE = None
+
+
 async def confirm(context, params):
+    if params.message.startswith("Approve the call of tool") and APPROVE is not None:
+        emit(event="approval", message=params.message)
+        if APPROVE == "silent":
+            await anyio.sleep_forever()
+        if APPROVE == "decline":
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content={"approve": APPROVE == "yes"})
     # A person at the client would answer the server's question; this one accepts.
     emit(event="elicitation", message=params.message)
     return types.ElicitResult(action="accept", content={"ok": True})
@@ -84,6 +98,8 @@ async def repeat_calls(session, args):
 
 
 async def main(args):
+    global APPROVE
+    APPROVE = args.approve
     if args.mode != "legacy":
         return await modern(args)
     changed = anyio.Event()
@@ -96,7 +112,8 @@ async def main(args):
 
     async with streamable_http_client(args.url) as streams:
         read, write = streams[0], streams[1]
-        async with ClientSession(read, write, message_handler=on_message) as session:
+        callback = confirm if args.approve else None
+        async with ClientSession(read, write, message_handler=on_message, elicitation_callback=callback) as session:
             init = await session.initialize()
             emit(event="initialized", instructions=init.instructions, version=init.protocol_version)
             tools = await session.list_tools()
@@ -124,6 +141,7 @@ if __name__ == "__main__":
     parser.add_argument("--mode", default="legacy", help="legacy | 2026-07-28")
     parser.add_argument("--call-every", type=float, help="repeat the --calls every SECONDS")
     parser.add_argument("--call-for", type=float, default=10.0, help="for SECONDS (with --call-every)")
+    parser.add_argument("--approve", choices=["yes", "no", "decline", "silent"])
     try:
         anyio.run(main, parser.parse_args())
     except TimeoutError:

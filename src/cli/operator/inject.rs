@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::api_key::ApiKey;
 use crate::api::keys::{self, INJECTION_ENABLED, LABEL_INJECTION};
-use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
+use crate::api::secret_grant::{SecretGrants, profile_secret_refs, server_secret_refs};
 use crate::api::{McpProfile, McpServer};
 use crate::cli::{emit, tell};
 use crate::operator::inject::{self, Decision, InjectConfig};
@@ -80,8 +80,7 @@ impl InjectArgs {
             Some(profile) => profile_servers(profile, servers),
             None => Vec::new(),
         };
-        let mut referenced: Vec<String> =
-            profile.as_ref().and_then(profile_secret_ref).map(|r| r.secret).into_iter().collect();
+        let mut referenced: Vec<String> = profile.iter().flat_map(profile_secret_refs).map(|r| r.secret).collect();
         referenced.extend(servers.iter().flat_map(server_secret_refs).map(|r| r.secret));
         referenced.sort();
         referenced.dedup();

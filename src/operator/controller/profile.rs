@@ -25,7 +25,7 @@ use super::context::{
 use super::metrics::ControllerMetrics;
 use crate::api::identity::server_identity_uses;
 use crate::api::keys::{KIND_PROFILE, KIND_SERVER};
-use crate::api::secret_grant::profile_secret_ref;
+use crate::api::secret_grant::profile_secret_refs;
 use crate::api::{McpProfile, McpServer};
 use crate::operator::scope::{Scope, profile_servers_in};
 use crate::operator::status::{fold_secret_refusals, known_tools, profile_status};
@@ -187,17 +187,17 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
     let servers: Vec<McpServer> = profile_servers_in(&ctx.servers, &namespace, &profile).into_values().collect();
     let now = now();
     let mut status = profile_status(&profile, &servers, &known_tools(&servers), now.clone());
-    let reference = profile_secret_ref(&profile);
-    let grants = ctx.secret_grants(&namespace, reference.iter().map(|r| r.secret.as_str())).await?;
+    let references = profile_secret_refs(&profile);
+    let grants = ctx.secret_grants(&namespace, references.iter().map(|r| r.secret.as_str())).await?;
     let old = profile.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     // Unreadable Secrets (a namespace without injection, so no pod can use them): not checked.
-    let secret_refusal = grants.as_ref().and_then(|g| g.profile_refusal(&profile));
-    let mut refusals: Vec<String> = secret_refusal.iter().map(ToString::to_string).collect();
+    let secret_refusals = grants.as_ref().map(|g| g.profile_refusals(&profile)).unwrap_or_default();
+    let mut refusals: Vec<String> = secret_refusals.iter().map(ToString::to_string).collect();
     // The pod's identity, as the webhook grants it: a server it would leave out shows here.
     let asks_identity = servers.iter().any(|s| !server_identity_uses(s).is_empty());
     let identity_refusals = servers.iter().flat_map(|s| profile.identity_refusals(s, &ctx.forbidden_audiences));
     refusals.extend(identity_refusals.map(|r| r.to_string()));
-    let needs_grants = (reference.is_some() && grants.is_some()) || asks_identity;
+    let needs_grants = (!references.is_empty() && grants.is_some()) || asks_identity;
     fold_secret_refusals(&mut status.conditions, old, needs_grants, &refusals, profile.metadata.generation, now);
     if profile.status.as_ref() != Some(&status) {
         let api: Api<McpProfile> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -205,7 +205,7 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
         let old = profile.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         ctx.report_rejection(&*profile, old, &status.conditions).await;
     }
-    Ok(if reference.is_some() { Action::requeue(SECRET_RECHECK) } else { Action::await_change() })
+    Ok(if !references.is_empty() { Action::requeue(SECRET_RECHECK) } else { Action::await_change() })
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use kube::core::ObjectMeta;
 use serde_json::json;
 
 use super::*;
-use crate::api::secret_grant::{ANNOTATION_ALLOWED_SERVERS, profile_secret_ref, server_secret_refs};
+use crate::api::secret_grant::{ANNOTATION_ALLOWED_SERVERS, profile_secret_refs, server_secret_refs};
 
 // === fixtures ===
 
@@ -111,7 +111,7 @@ fn with_secrets() -> (McpProfile, Vec<McpServer>) {
 /// Grants from every Secret the inputs reference, each allowing everyone: the tests of the
 /// grant itself build their own.
 fn granted(profile: Option<&McpProfile>, servers: &[McpServer]) -> SecretGrants {
-    let mut names: Vec<String> = profile.and_then(profile_secret_ref).map(|r| r.secret).into_iter().collect();
+    let mut names: Vec<String> = profile.into_iter().flat_map(profile_secret_refs).map(|r| r.secret).collect();
     names.extend(servers.iter().flat_map(server_secret_refs).map(|r| r.secret));
     SecretGrants::allow_all(names.iter().map(String::as_str))
 }

@@ -294,7 +294,7 @@ fn a_secret_that_does_not_allow_the_server_shows_as_ref_not_permitted() {
     // A profile already missing servers keeps that reason and gains the refusal.
     let mut missing = profile_status(&profile(&["gone"]), &[], &BTreeMap::new(), at(100));
     let refusal =
-        SecretGrants::default().profile_refusal(&profile(&["gone"]).upstream_key("key", "k")).expect("refused");
+        SecretGrants::default().profile_refusals(&profile(&["gone"]).upstream_key("key", "k")).pop().expect("refused");
     fold_secret_refusals(&mut missing.conditions, &[], true, &[refusal], Some(1), at(100));
     let refs = missing.conditions.iter().find(|c| c.type_ == types::RESOLVED_REFS).expect("ResolvedRefs");
     assert_eq!(refs.reason, reasons::MISSING_SERVERS);

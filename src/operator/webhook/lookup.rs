@@ -12,7 +12,7 @@ use kube::api::{Api, ListParams};
 use thiserror::Error;
 
 use crate::api::keys::{ANNOTATION_INJECT, ANNOTATION_PROFILE};
-use crate::api::secret_grant::{SecretGrants, profile_secret_ref, server_secret_refs};
+use crate::api::secret_grant::{SecretGrants, profile_secret_refs, server_secret_refs};
 use crate::api::{McpProfile, McpServer};
 
 /// Why one API read failed.
@@ -150,7 +150,7 @@ impl KubeLookup {
         profile: &McpProfile,
         servers: &[McpServer],
     ) -> Result<SecretGrants, LookupError> {
-        let mut names: BTreeSet<String> = profile_secret_ref(profile).map(|r| r.secret).into_iter().collect();
+        let mut names: BTreeSet<String> = profile_secret_refs(profile).into_iter().map(|r| r.secret).collect();
         for server in servers.iter().filter(|s| profile.selects(s)) {
             names.extend(server_secret_refs(server).into_iter().map(|r| r.secret));
         }

@@ -1,12 +1,13 @@
-//! The one HTTP client of the agent's OAuth requests (metadata discovery and every token
-//! request, whatever the grant), and the address policy it dials under.
+//! The HTTP client of the agent's own outbound requests: OAuth (metadata discovery and every
+//! token request, whatever the grant) and approval webhooks, and the address policy it dials
+//! under. One client per destination it anchors to (an MCP server's URL, a webhook's URL).
 //!
 //! - **Addresses.** Names are resolved here and addresses the policy refuses are dropped
 //!   before a connection is made; a URL whose host is an IP literal is checked before the
 //!   request. Refused always: link-local (169.254.0.0/16, fe80::/10, where cloud metadata
 //!   endpoints live), the cloud metadata addresses outside it (`fd00:ec2::254`,
-//!   `100.100.100.200`), unspecified, multicast and broadcast. Loopback only when the MCP server
-//!   itself is on loopback. Private ranges are allowed (an identity provider at `sso.corp`).
+//!   `100.100.100.200`), unspecified, multicast and broadcast. Loopback only when the anchor
+//!   (the MCP server, the webhook's URL) itself names loopback. Private ranges are allowed (an identity provider at `sso.corp`).
 //!   This is rmcp's `new_allowing_private_addresses` policy, which it does not export.
 //! - **No redirects.** A redirect would carry the credential (or the discovery) elsewhere.
 //! - **Bounded.** 30 s per request, 64 KiB of answer.
@@ -61,11 +62,13 @@ fn is_loopback_url(url: &url::Url) -> bool {
 /// The system resolver (`getaddrinfo`) with the refused addresses removed.
 struct PolicyResolver {
     loopback_allowed: bool,
+    purpose: &'static str,
 }
 
 impl reqwest::dns::Resolve for PolicyResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let loopback_allowed = self.loopback_allowed;
+        let purpose = self.purpose;
         let host = name.as_str().to_string();
         Box::pin(async move {
             let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
@@ -73,10 +76,9 @@ impl reqwest::dns::Resolve for PolicyResolver {
                 found.iter().copied().filter(|a| address_refusal(a.ip(), loopback_allowed).is_none()).collect();
             if allowed.is_empty() && !found.is_empty() {
                 let why = found.first().and_then(|a| address_refusal(a.ip(), loopback_allowed)).unwrap_or("refused");
-                return Err(format!(
-                    "{host} resolves only to addresses the agent does not send OAuth requests to ({why})"
-                )
-                .into());
+                return Err(
+                    format!("{host} resolves only to addresses the agent does not send {purpose} to ({why})").into()
+                );
             }
             let addrs: reqwest::dns::Addrs = Box::new(allowed.into_iter());
             Ok(addrs)
@@ -90,25 +92,38 @@ pub(crate) struct Answer {
     pub(crate) body: Vec<u8>,
 }
 
-/// The OAuth HTTP client of one MCP server (the address policy depends on the server's URL).
-pub(crate) struct OAuthHttp {
+/// The outbound HTTP client of one anchor (the address policy depends on its URL).
+pub(crate) struct OutboundHttp {
     /// An error here (the TLS backend could not start) fails each request rather than falling
     /// back to a client without the policy.
     client: Result<reqwest::Client, String>,
     loopback_allowed: bool,
+    /// What the requests are, for errors ("OAuth requests").
+    purpose: &'static str,
 }
 
-impl OAuthHttp {
+impl std::fmt::Debug for OutboundHttp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboundHttp").field("purpose", &self.purpose).finish_non_exhaustive()
+    }
+}
+
+impl OutboundHttp {
     /// The client for OAuth requests on behalf of the MCP server at `server_url`.
     pub(crate) fn new(server_url: &str) -> Self {
-        let loopback_allowed = url::Url::parse(server_url).is_ok_and(|u| is_loopback_url(&u));
+        Self::anchored(server_url, "OAuth requests")
+    }
+
+    /// The client for `purpose` requests whose address policy anchors to `anchor_url`.
+    pub(crate) fn anchored(anchor_url: &str, purpose: &'static str) -> Self {
+        let loopback_allowed = url::Url::parse(anchor_url).is_ok_and(|u| is_loopback_url(&u));
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(REQUEST_TIMEOUT)
-            .dns_resolver(Arc::new(PolicyResolver { loopback_allowed }))
+            .dns_resolver(Arc::new(PolicyResolver { loopback_allowed, purpose }))
             .build()
             .map_err(|e| crate::telemetry::error_chain(&e));
-        OAuthHttp { client, loopback_allowed }
+        OutboundHttp { client, loopback_allowed, purpose }
     }
 
     /// The refusal of `url` by the address policy, when its host is an IP literal (a name is
@@ -121,8 +136,8 @@ impl OAuthHttp {
         };
         match address_refusal(ip, self.loopback_allowed) {
             Some(why) => Err(TokenError::lasting(format!(
-                "refused to send an OAuth request to {}: {why} (the agent never sends credentials or discovery \
-                 requests there)",
+                "refused to send {} to {}: {why} (the agent never sends its own requests there)",
+                self.purpose,
                 url.origin().ascii_serialization()
             ))),
             None => Ok(()),
@@ -132,7 +147,7 @@ impl OAuthHttp {
     fn client(&self) -> Result<&reqwest::Client, TokenError> {
         self.client
             .as_ref()
-            .map_err(|e| TokenError::transient(format!("building the HTTP client for OAuth requests: {e}")))
+            .map_err(|e| TokenError::transient(format!("building the HTTP client for {}: {e}", self.purpose)))
     }
 
     /// GET `url` as JSON.
@@ -162,6 +177,29 @@ impl OAuthHttp {
             // RFC 6749 section 2.3.1: both form-encoded before the Basic encoding.
             let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
             request = request.basic_auth(enc(user), Some(enc(password)));
+        }
+        self.send(url, request).await
+    }
+
+    /// POST the JSON `body` to `url` with `headers`, within `timeout`; the answer is read up to
+    /// `max_bytes` (a longer one is an error).
+    pub(crate) async fn post_json(
+        &self,
+        url: &url::Url,
+        body: Vec<u8>,
+        headers: &[(&'static str, String)],
+        timeout: Duration,
+    ) -> Result<Answer, TokenError> {
+        self.check_literal(url)?;
+        let mut request = self
+            .client()?
+            .post(url.clone())
+            .timeout(timeout)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::ACCEPT, "application/json")
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(*name, value);
         }
         self.send(url, request).await
     }
@@ -211,7 +249,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_endpoint_at_a_metadata_address_is_refused_without_a_connection() {
-        let http = OAuthHttp::new("http://127.0.0.1:1/mcp");
+        let http = OutboundHttp::new("http://127.0.0.1:1/mcp");
         let url = url::Url::parse("http://169.254.169.254/latest/token").expect("url");
         let refused = http.post_form(&url, &[("grant_type", "client_credentials")], None).await;
         let error = refused.err().expect("refused");
@@ -220,7 +258,7 @@ mod tests {
         let error = http.get(&url).await.err().expect("refused");
         assert!(error.message.contains("metadata"), "{error:?}");
         // A name resolving to loopback, for a server that is not on loopback.
-        let remote = OAuthHttp::new("https://mcp.example.com/mcp");
+        let remote = OutboundHttp::new("https://mcp.example.com/mcp");
         let url = url::Url::parse("http://localhost:1/token").expect("url");
         let error = remote.get(&url).await.err().expect("refused");
         assert!(error.message.contains("does not send OAuth requests"), "{error:?}");
