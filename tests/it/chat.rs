@@ -775,6 +775,47 @@ async fn the_openai_python_sdk_completes_a_tool_using_chat() {
     assert_eq!(requests[0].authorization.as_deref(), Some("Bearer sk-sdk"));
 }
 
+/// The chat door has no caller to ask: the profile's webhook approver decides each call the model
+/// makes, the streamed answer keeps streaming while it waits, and a denial reaches the model as
+/// the tool's error output (the OpenAI SDK sees a normal completion either way).
+#[tokio::test]
+async fn the_openai_sdk_completes_chats_whose_calls_a_webhook_approves_or_denies() {
+    let webhook = tokio::task::spawn_blocking(crate::approval::Webhook::start_unsigned).await.expect("webhook");
+    let upstream = ScriptedUpstream::start(vec![
+        calls(&[("call_1", "mcp__fx__echo", r#"{"text": "allow"}"#)]),
+        answer("approved done"),
+        calls(&[("call_2", "mcp__fx__echo", r#"{"text": "deny"}"#)]),
+        answer("denied done"),
+    ])
+    .await;
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let mut profile = McpProfile::test("p").servers(["fx"]).upstream(&upstream.base_url).upstream_model("test-model");
+    let hook = spear::api::WebhookApprover {
+        url: format!("http://127.0.0.1:{}/approve", webhook.port),
+        signing_secret_ref: None,
+        include_arguments: true,
+    };
+    let approver = spear::api::Approver { webhook: Some(hook), ..Default::default() };
+    profile.spec.approval = Some(spear::api::ProfileApproval { timeout_seconds: Some(10), approvers: vec![approver] });
+    let always = spear::api::ApprovalMode::Always;
+    let server = McpServer::test("fx").running(&fixture).allowing(["*"]).approval(always, []);
+    let agent = start_agent(vec![Object::Server(server), Object::Profile(profile)], "p").await;
+    let chat = serve_chat(upstream, agent, UpstreamOverride::default()).await;
+
+    let result = openai_sdk(&chat, &["approval"]).await;
+    assert_eq!(result["streamed"], "approved done", "{result}");
+    assert_eq!(result["content"], "denied done", "{result}");
+    assert_eq!(result["spear"]["tool_calls"][0]["status"], "mcp_approval_denied", "{result}");
+
+    let requests = chat.upstream.requests();
+    assert_eq!(tool_messages(&requests[1]), [("call_1".to_string(), "allow".to_string())]);
+    let denied = &tool_messages(&requests[3])[0].1;
+    assert!(denied.contains("mcp_approval_denied") && denied.contains("not this one"), "{denied}");
+    let asked = webhook.requests();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert!(asked.iter().all(|r| r["request"]["door"] == "chat"), "{asked:?}");
+}
+
 /// Runs `tests/servers/openai_client.py` against `chat` with `args`; its stdout as JSON.
 async fn openai_sdk(chat: &Chat, args: &[&str]) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/servers/openai_client.py");

@@ -10,6 +10,7 @@
 
 mod agent;
 mod alerts;
+mod approval;
 mod attacks;
 mod bridge;
 mod chart;

@@ -147,8 +147,27 @@ pub fn spawn_serve(dir: tempfile::TempDir, extra: &[&str]) -> Served {
 
 /// [`spawn_serve`] with the agent's stderr going to `stderr`.
 pub fn spawn_serve_with_stderr(dir: tempfile::TempDir, extra: &[&str], stderr: Stdio) -> Served {
+    spawn_serve_with_env(dir, extra, stderr, &[])
+}
+
+/// [`serve`] with `env` set for the agent.
+pub fn serve_with_env(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Served {
+    let served = spawn_serve_with_env(dir, extra, Stdio::inherit(), env);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !http_get(served.admin, "/readyz")
+        .is_some_and(|(status, body)| status == 200 && !body.contains(": starting ("))
+    {
+        assert!(Instant::now() < deadline, "spearlet serve not ready with its servers started within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    served
+}
+
+/// [`spawn_serve_with_stderr`] with `env` set for the agent.
+pub fn spawn_serve_with_env(dir: tempfile::TempDir, extra: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Served {
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+        .envs(env.iter().copied())
         .arg("serve")
         .arg("--registry-dir")
         .arg(dir.path())
@@ -176,21 +195,21 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers").join(name)
 }
 
 /// The next JSON event line of the Python client.
-fn next_event(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> Value {
+pub(crate) fn next_event(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> Value {
     let line = lines.next().expect("the client printed another line").expect("readable");
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON event: {line}: {e}"))
 }
 
 /// The 2025-11-25 session revision, and the 2026-07-28 stateless one, as `mcp_client.py --mode`.
-const LEGACY: &str = "legacy";
-const STATELESS: &str = "2026-07-28";
+pub(crate) const LEGACY: &str = "legacy";
+pub(crate) const STATELESS: &str = "2026-07-28";
 
-fn start_client(
+pub(crate) fn start_client(
     served: &Served,
     calls: &[&str],
     wait: bool,

@@ -1,11 +1,11 @@
 """An approval webhook, as a platform team would write one, for tests/it/approval.rs.
 
-    python approval_webhook.py --key-file FILE --log FILE
+    python approval_webhook.py [--key-file FILE] --log FILE
 
-Prints its port on stdout, then serves POSTs on 127.0.0.1. Each request's signature
-(`X-Spear-Signature-256: sha256=<hex>` of HMAC-SHA256 over the body) is checked against the key
-in --key-file, read on every request so a test can change it; a missing or wrong signature gets
-401. The decision comes from the request's arguments (sent with includeArguments):
+Prints its port on stdout, then serves POSTs on 127.0.0.1. With --key-file, each request's
+signature (`X-Spear-Signature-256: sha256=<hex>` of HMAC-SHA256 over the body) is checked against
+the key in the file, read on every request so a test can change it; a missing or wrong signature
+gets 401. Without, requests are not checked (`signed` is logged as null). The decision comes from the request's arguments (sent with includeArguments):
 `{"text": "allow"}` allows, `"deny"` denies with a reason, `"slow"` answers after 5 s,
 `"garbage"` answers 200 with a body that is not a decision, `"error"` answers 500. Every request
 is appended to --log as one JSON line: its body, whether its signature held, and the headers.
@@ -27,16 +27,17 @@ def handler(args):
 
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            with open(args.key_file, "rb") as f:
-                key = f.read()
-            expected = "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
-            given = self.headers.get("X-Spear-Signature-256", "")
-            signed = hmac.compare_digest(expected, given)
+            signed = None
+            if args.key_file:
+                with open(args.key_file, "rb") as f:
+                    key = f.read()
+                expected = "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
+                signed = hmac.compare_digest(expected, self.headers.get("X-Spear-Signature-256", ""))
             request = json.loads(body)
             with open(args.log, "a") as log:
                 log.write(json.dumps({"request": request, "signed": signed,
                                       "content_type": self.headers.get("Content-Type")}) + "\n")
-            if not signed:
+            if signed is False:
                 return self.answer(401, {"error": "bad signature"})
             text = (request.get("arguments") or {}).get("text", "")
             if text == "allow":
@@ -66,7 +67,7 @@ def handler(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--key-file", required=True)
+    parser.add_argument("--key-file")
     parser.add_argument("--log", required=True)
     args = parser.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(args))

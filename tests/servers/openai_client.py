@@ -6,7 +6,9 @@ Used by tests/it/chat.rs, whose scripted upstream stands behind the agent. Three
 non-streaming (the agent runs an MCP tool round), streaming with `include_usage` (the same, then
 SSE chunks), and the SDK's `stream()` helper on an answer calling the caller's own tool (the
 tool-call deltas must accumulate into a complete call). With `selection`, one completion with a
-caller tool under the profile's relevance tool selection, with the `spear` extension printed. Prints
+caller tool under the profile's relevance tool selection, with the `spear` extension printed. With
+`approval`, one streamed and one plain completion whose tool calls wait for an approver, with the
+`spear` extension of the plain one. Prints
 one JSON object on stdout; any SDK error fails the script with a traceback on stderr.
 """
 
@@ -35,10 +37,26 @@ def selection(client: OpenAI) -> None:
     print(json.dumps(out))
 
 
+def approval(client: OpenAI) -> None:
+    messages = [{"role": "user", "content": "echo something"}]
+    stream = client.chat.completions.create(model="test-model", messages=messages, stream=True)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    completion = client.chat.completions.create(model="test-model", messages=messages)
+    out = {
+        "streamed": streamed,
+        "content": completion.choices[0].message.content,
+        "spear": (completion.model_extra or {}).get("spear"),
+    }
+    print(json.dumps(out))
+
+
 def main() -> None:
     client = OpenAI(base_url=sys.argv[1], api_key="sk-sdk", max_retries=0, timeout=60)
     if sys.argv[2:] == ["selection"]:
         selection(client)
+        return
+    if sys.argv[2:] == ["approval"]:
+        approval(client)
         return
     messages = [{"role": "user", "content": "use the echo tool"}]
     out = {}
