@@ -730,3 +730,50 @@ pub fn tool_digest(tool: &Value) -> Option<String> {
     let tool: rmcp::model::Tool = serde_json::from_value(tool.clone()).ok()?;
     Some(crate::api::pinning::format_digest(&crate::policy::pin::digest(&pool::tool_info(&tool))))
 }
+
+// === approval ===
+
+/// What a webhook's answer decides ([`crate::approval::webhook::read_answer`]): the decision
+/// (`allow`, `deny`, `timeout`, `error`) and the reason passed on.
+pub fn approval_webhook_answer(status: u16, body: &[u8]) -> (&'static str, String) {
+    let verdict = crate::approval::webhook::read_answer(status, body);
+    (verdict.decision.as_str(), verdict.reason)
+}
+
+/// What a 2026-07-28 caller's answer to the approval question decides
+/// ([`crate::approval::form::read_input_response`]).
+pub fn approval_input_answer(answer: Option<&Value>) -> (&'static str, String) {
+    let verdict = crate::approval::form::read_input_response(answer);
+    (verdict.decision.as_str(), verdict.reason)
+}
+
+/// A state sealed under `key` for the call (`name`, `digest`) until `expires`: asked, or
+/// approved carrying `server_state` ([`crate::approval::round::seal`]).
+pub fn approval_round_seal(
+    key: [u8; 32],
+    (name, digest): (&str, &str),
+    expires: i64,
+    approved: Option<Option<String>>,
+) -> String {
+    use crate::approval::round::{self, Opened, RoundKey};
+    let opened = match approved {
+        None => Opened::Asked { asked_at: 0 },
+        Some(server_state) => Opened::Approved { server_state },
+    };
+    round::seal(&RoundKey::from_bytes(key), round::Call { name, digest }, expires, &opened)
+}
+
+/// What `state` opens as under `key` for the call at `now` ([`crate::approval::round::open`]):
+/// `None`, `Some(None)` (asked), or `Some(Some(server_state))` (approved).
+pub fn approval_round_open(
+    key: [u8; 32],
+    state: &str,
+    (name, digest): (&str, &str),
+    now: i64,
+) -> Option<Option<Option<String>>> {
+    use crate::approval::round::{self, Opened, RoundKey};
+    match round::open(&RoundKey::from_bytes(key), state, round::Call { name, digest }, now)? {
+        Opened::Asked { .. } => Some(None),
+        Opened::Approved { server_state } => Some(Some(server_state)),
+    }
+}

@@ -209,7 +209,13 @@ impl Approvers {
                     }
                 }
                 (Some(ApproverKind::Caller), _) => {
-                    skipped.push(format!("caller: {}", caller_cannot_answer(door, caller)));
+                    let why = match caller {
+                        CallerChannel::Round(c) if declares_elicitation(c) => {
+                            "the agent cannot seal an input round (no randomness at start)".to_string()
+                        }
+                        _ => caller_cannot_answer(door, caller),
+                    };
+                    skipped.push(format!("caller: {why}"));
                 }
                 (Some(ApproverKind::Webhook), _) => {
                     let Some(hook) = &approver.webhook else { continue };
@@ -285,7 +291,8 @@ impl Approvers {
                         reason: format!("the approval webhook at {where_to} did not answer in {} s", wait.as_secs()),
                     };
                 }
-                let why = if e.lasting {
+                let refused = e.lasting || e.message.contains("resolves only to addresses");
+                let why = if refused {
                     "its address is refused by the agent's outbound policy"
                 } else {
                     "it could not be reached"
@@ -343,7 +350,9 @@ fn ask_round(key: &RoundKey, continuation: &Continuation, subject: &Subject<'_>,
         }
         Some(Opened::Approved { server_state }) => Asked::ApprovedEarlier { server_state },
         None => {
-            let expires = now.as_second().saturating_add(i64::try_from(wait.as_secs()).unwrap_or(i64::MAX));
+            // Whole seconds, rounded up: a wait under a second still lets the caller answer.
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            let expires = now.as_second().saturating_add(i64::try_from(seconds).unwrap_or(i64::MAX).max(1));
             let asked = Opened::Asked { asked_at: now.as_millisecond() };
             let state = round::seal(key, call, expires, &asked);
             let question = InputRequest::Elicitation(ElicitRequest::new(form::question(subject)));

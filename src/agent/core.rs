@@ -59,7 +59,7 @@ pub struct AgentOptions {
     pub registry_metrics: RegistryMetrics,
     /// The pool's metrics, for calls refused before they reach the pool (and approvals).
     pub(crate) pool_metrics: PoolMetrics,
-    /// Who and where the agent is, for approval webhooks (`POD_NAMESPACE`, `POD_NAME`).
+    /// Who and where the agent is, for approval webhooks (the pod's namespace and name).
     pub(crate) origin: crate::approval::webhook::Origin,
 }
 
@@ -73,10 +73,7 @@ impl AgentOptions {
             retry_interval: Duration::from_secs(1),
             registry_metrics: RegistryMetrics::default(),
             pool_metrics: PoolMetrics::default(),
-            origin: crate::approval::webhook::Origin {
-                namespace: std::env::var(crate::api::keys::ENV_POD_NAMESPACE).ok().filter(|v| !v.is_empty()),
-                pod: std::env::var(crate::api::keys::ENV_POD_NAME).ok().filter(|v| !v.is_empty()),
-            },
+            origin: crate::approval::webhook::Origin::default(),
         }
     }
 }

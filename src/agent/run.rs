@@ -54,6 +54,8 @@ pub struct PodConfig {
     pub profile: Option<String>,
     /// `None` uses the client configuration's namespace.
     pub namespace: Option<String>,
+    /// The pod's name, told to approval webhooks; `None` leaves it out.
+    pub pod_name: Option<String>,
     /// Where the sidecars' bridge sockets are (`<dir>/<server>/mcp.sock`).
     pub socket_dir: PathBuf,
     /// The stdio servers this pod has sidecars for; `None`: every one is expected to have one.
@@ -108,7 +110,8 @@ pub async fn run_local(config: LocalConfig, cancel: CancellationToken) -> Result
         Some(profile) => profile,
         None => only_profile(&watch.snapshot(), &config.registry_dir)?,
     };
-    run(config.agent, profile, watch, Mode::Local, None, cancel).await
+    let origin = crate::approval::webhook::Origin::default();
+    run(config.agent, profile, watch, Mode::Local, None, cancel, origin).await
 }
 
 /// The registry's only profile, or an error saying to pick one.
@@ -131,6 +134,7 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
     let PodConfig {
         profile,
         namespace,
+        pod_name,
         socket_dir,
         sidecar_servers,
         secret_refs,
@@ -197,7 +201,9 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
     };
     let destinations = granted_destinations.map(destination_entries).transpose().map_err(RunError::Config)?;
     let mode = Mode::Sidecar { socket_dir, sidecars, secret_refs: secret_refs.map(set), peer_uids, destinations };
-    run(agent, profile, registry, mode, Some(critical), cancel).await
+    let origin =
+        crate::approval::webhook::Origin { namespace: Some(namespace), pod: pod_name.filter(|p| !p.is_empty()) };
+    run(agent, profile, registry, mode, Some(critical), cancel, origin).await
 }
 
 /// `SPEAR_GRANTED_DESTINATIONS` entries, `<server>=<hash>` (empty ones skipped).
@@ -242,6 +248,7 @@ fn sidecar_entries(entries: BTreeSet<String>) -> Result<(BTreeSet<String>, BTree
 
 /// Serves `profile` over `registry` on the three doors until `cancel`, or until `critical` ends
 /// first (then everything shuts down in order and the reason is the error).
+#[allow(clippy::too_many_arguments)] // the two modes' parts, passed once
 async fn run(
     config: AgentConfig,
     profile: String,
@@ -249,6 +256,7 @@ async fn run(
     mode: Mode,
     critical: Option<CriticalTask>,
     cancel: CancellationToken,
+    origin: crate::approval::webhook::Origin,
 ) -> Result<(), RunError> {
     let audit = match &config.audit {
         AuditTarget::Stderr => AuditSink::stderr(config.audit_arguments),
@@ -278,6 +286,7 @@ async fn run(
     options.audit = audit;
     options.registry_metrics = registry_metrics;
     options.pool_metrics = pool_metrics;
+    options.origin = origin;
     let agent = Agent::new(options, registry, pool);
     metrics.register_collector(Box::new(super::server_state::ServerStateCollector::new(agent.clone())));
 

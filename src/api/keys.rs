@@ -152,7 +152,8 @@ pub(crate) const ENV_SERVER_ID: &str = "SPEAR_SERVER_ID";
 pub(crate) const ENV_BRIDGE_PEER_UID: &str = "SPEAR_BRIDGE_PEER_UID";
 pub(crate) const ENV_INSTALL_TO: &str = "SPEAR_INSTALL_TO";
 // spear-operator's (the chart sets them).
-/// The operator pod's name (downward API): its leader-election identity.
+/// The pod's name (downward API): the operator's leader-election identity; the agent's name in
+/// approval requests.
 pub(crate) const ENV_POD_NAME: &str = "POD_NAME";
 pub(crate) const ENV_NAMESPACE: &str = "SPEAR_NAMESPACE";
 pub(crate) const ENV_WATCH_NAMESPACE: &str = "SPEAR_WATCH_NAMESPACE";

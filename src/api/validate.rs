@@ -239,7 +239,18 @@ fn validate_profile_approval(p: &mut Problems, approval: &super::ProfileApproval
             );
         }
         let Some(webhook) = &approver.webhook else { continue };
-        check_http_url(p, &format!("{field}.webhook.url"), &webhook.url);
+        let url_field = format!("{field}.webhook.url");
+        let before = p.0.len();
+        check_http_url(p, &url_field, &webhook.url);
+        // The answer is not signed: over http, anyone on the path could answer "allow".
+        if p.0.len() == before && url::Url::parse(&webhook.url).is_ok_and(|u| u.scheme() == "http" && !is_loopback(&u))
+        {
+            p.push(
+                url_field,
+                "an http:// approval webhook's answer could be forged by anyone on the network path",
+                "use an https:// URL (http:// is for loopback only)",
+            );
+        }
         let Some(secret) = &webhook.signing_secret_ref else { continue };
         let secret_field = format!("{field}.webhook.signingSecretRef");
         check_secret_key_ref(p, &secret_field, secret);
@@ -536,6 +547,16 @@ fn validate_auth(p: &mut Problems, auth: &HttpAuth) {
     }
 }
 
+/// Whether `u` names loopback (`localhost` or a loopback literal).
+fn is_loopback(u: &url::Url) -> bool {
+    match u.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
 /// `auth.issuer`: a clean issuer URL, present where the mode sends a credential that is good
 /// elsewhere (see `HttpAuth::issuer`).
 fn validate_issuer(p: &mut Problems, auth: &HttpAuth) {
@@ -546,13 +567,7 @@ fn validate_issuer(p: &mut Problems, auth: &HttpAuth) {
         if p.0.len() == before
             && let Ok(u) = url::Url::parse(issuer)
         {
-            let loopback = match u.host() {
-                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-                None => false,
-            };
-            if u.scheme() == "http" && !loopback {
+            if u.scheme() == "http" && !is_loopback(&u) {
                 p.push(
                     FIELD,
                     "an http:// issuer would receive the credential in clear text",
@@ -761,6 +776,48 @@ mod tests {
 
     fn fields(errors: &[ValidationError]) -> Vec<&str> {
         errors.iter().map(|e| e.field.as_str()).collect()
+    }
+
+    fn profile_with_approval(approval: serde_json::Value) -> McpProfile {
+        let approval = serde_json::from_value(approval).expect("approval");
+        McpProfile::new(
+            "dev",
+            McpProfileSpec { servers: vec!["fs".into()], approval: Some(approval), ..Default::default() },
+        )
+    }
+
+    #[test]
+    fn an_approval_chain_is_checked_field_by_field() {
+        use serde_json::json;
+        let valid = profile_with_approval(json!({"timeoutSeconds": 30, "approvers": [
+            {"caller": {}},
+            {"webhook": {"url": "https://approver.example/approve", "signingSecretRef": {"name": "k", "key": "hmac"}}},
+            {"webhook": {"url": "http://127.0.0.1:9000/approve"}},
+        ]}));
+        assert_eq!(valid.validate(), vec![]);
+        let invalid = profile_with_approval(json!({"timeoutSeconds": 0, "approvers": [
+            {},
+            {"caller": {}, "webhook": {"url": "https://a.example/"}},
+            {"webhook": {"url": "http://approver.example/approve"}},
+            {"webhook": {"url": "https://a.example/", "signingSecretRef": {"name": "Bad_Name", "key": "k/1"}}},
+            {"webhook": {"url": "https://a.example/", "signingSecretRef": {"name": "a-b", "key": "c"}}},
+            {"webhook": {"url": "https://a.example/", "signingSecretRef": {"name": "a", "key": "b.c"}}},
+        ]}));
+        let errors = invalid.validate();
+        assert_eq!(
+            fields(&errors),
+            [
+                "spec.approval.timeoutSeconds",
+                "spec.approval.approvers[0]",
+                "spec.approval.approvers[1]",
+                "spec.approval.approvers[2].webhook.url",
+                "spec.approval.approvers[3].webhook.signingSecretRef.name",
+                "spec.approval.approvers[3].webhook.signingSecretRef.key",
+                "spec.approval.approvers[5].webhook.signingSecretRef",
+            ],
+            "{errors:?}"
+        );
+        assert!(errors[6].message.contains("SPEAR_APPROVAL_KEY_A_B_C"), "{}", errors[6].message);
     }
 
     #[test]

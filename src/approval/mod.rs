@@ -94,6 +94,27 @@ impl Verdict {
     }
 }
 
+/// The approval chain of a profile as `spearlet explain` shows it: one entry per approver, in
+/// order (a webhook by its URL's origin and path: a query may carry a credential).
+pub fn chain(approval: Option<&crate::api::ProfileApproval>) -> Vec<String> {
+    let approvers = approval.map(|a| a.approvers.as_slice()).unwrap_or_default();
+    approvers
+        .iter()
+        .map(|approver| match (&approver.caller, &approver.webhook) {
+            (Some(_), None) => "caller (the /mcp session, when it can answer a form)".to_string(),
+            (None, Some(hook)) => {
+                let at = url::Url::parse(&hook.url)
+                    .map(|u| format!("{}{}", u.origin().ascii_serialization(), u.path()))
+                    .unwrap_or_else(|_| "an invalid URL".to_string());
+                let signed = if hook.signing_secret_ref.is_some() { "signed" } else { "unsigned" };
+                let sends = if hook.include_arguments { "arguments" } else { "argument digest" };
+                format!("webhook {at} ({signed}, {sends})")
+            }
+            _ => "invalid approver".to_string(),
+        })
+        .collect()
+}
+
 /// `sha256:<hex>` of the arguments' RFC 8785 form (`{}` when there are none).
 pub fn argument_digest(arguments: Option<&Map<String, Value>>) -> String {
     let empty = Map::new();
@@ -125,6 +146,20 @@ mod tests {
         assert_ne!(argument_digest(a.as_object()), argument_digest(c.as_object()));
         assert_eq!(argument_digest(None), argument_digest(json!({}).as_object()));
         assert!(argument_digest(None).starts_with("sha256:"));
+    }
+
+    #[test]
+    fn the_chain_names_each_approver_without_a_urls_query() {
+        let approval: crate::api::ProfileApproval = serde_json::from_value(json!({
+            "approvers": [{"caller": {}}, {"webhook": {"url": "https://ok.example/approve?token=s3cret",
+                "signingSecretRef": {"name": "k", "key": "hmac"}}}]
+        }))
+        .expect("approval");
+        let chain = chain(Some(&approval));
+        assert_eq!(chain.len(), 2);
+        assert!(chain[0].starts_with("caller"));
+        assert_eq!(chain[1], "webhook https://ok.example/approve (signed, argument digest)");
+        assert!(super::chain(None).is_empty());
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub(crate) fn address_refusal(ip: IpAddr, loopback_allowed: bool) -> Option<&'st
         ip if ip.is_unspecified() => Some("the unspecified address"),
         ip if ip.is_multicast() => Some("a multicast address"),
         ip if ip.is_loopback() && !loopback_allowed => {
-            Some("a loopback address (allowed only when the MCP server is on loopback)")
+            Some("a loopback address (allowed only when the configured URL names loopback)")
         }
         _ => None,
     }

@@ -226,6 +226,13 @@ pub(crate) fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool
                     if let Some(reason) = &t.pin_warning {
                         tool["pinWarning"] = reason.to_string().into();
                     }
+                    if needs_approval(t) {
+                        tool["approval"] = serde_json::json!({
+                            "mode": t.approval,
+                            "approvers": crate::approval::chain(set.approval()),
+                            "timeoutSeconds": set.approval().and_then(|a| a.timeout_seconds).unwrap_or(crate::api::approval::DEFAULT_APPROVAL_TIMEOUT_SECONDS),
+                        });
+                    }
                     tool
                 }).collect::<Vec<_>>()),
             })
@@ -240,6 +247,12 @@ pub(crate) fn explain_json(snapshot: &Snapshot, set: &EffectiveSet, listed: bool
         "excluded": set.decisions(),
         "loopBudgets": set.loop_budgets,
     })
+}
+
+/// Whether calls of `tool` need approval (its McpServer's `approvalPolicy`, and its annotations).
+fn needs_approval(tool: &super::EffectiveTool) -> bool {
+    let annotations = tool.tool.metadata.as_ref().and_then(|m| m.get("annotations"));
+    super::approval::needs_approval(tool.approval, annotations)
 }
 
 /// The effective set as an aligned table for people (`spearlet explain --output table`).
@@ -285,6 +298,24 @@ pub(crate) fn explain_table(snapshot: &Snapshot, set: &EffectiveSet, listed: boo
         for (server, mode) in authenticated {
             let _ = writeln!(out, "  {server:<40} {mode}");
         }
+    }
+    let approved: Vec<&str> = set
+        .servers
+        .iter()
+        .flat_map(|s| s.tools.iter().flat_map(|t| t.iter()))
+        .filter(|t| needs_approval(t))
+        .map(|t| &*t.name)
+        .collect();
+    if !approved.is_empty() {
+        let chain = crate::approval::chain(set.approval());
+        let chain = if chain.is_empty() {
+            "none: these calls end with mcp_approval_required".to_string()
+        } else {
+            chain.join(", then ")
+        };
+        let _ = writeln!(out, "APPROVAL");
+        let _ = writeln!(out, "  needed by  {}", approved.join(","));
+        let _ = writeln!(out, "  approvers  {chain}");
     }
     let decisions = set.decisions();
     if !decisions.is_empty() {

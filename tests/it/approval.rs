@@ -67,6 +67,16 @@ fn the_mcp_caller_approves_or_denies_in_its_own_client_on_both_revisions() {
     let served = serve(dir, &["--audit-log", &audit_path]);
     let call = r#"mcp__fx__echo={"text": "hello approver"}"#;
 
+    // `/debug/effective` (what `spearlet explain --connect` shows) names the chain per tool.
+    let (_, body) = http_get(served.admin, "/debug/effective").expect("debug/effective");
+    let explained: Value = serde_json::from_str(&body).expect("JSON");
+    let tools = explained["servers"][0]["tools"].as_array().cloned().unwrap_or_default();
+    let echo = tools.iter().find(|t| t["tool"] == "echo").expect("echo served");
+    assert_eq!(echo["approval"]["mode"], "always", "{echo}");
+    assert_eq!(echo["approval"]["timeoutSeconds"], 3, "{echo}");
+    let chain = echo["approval"]["approvers"].as_array().cloned().unwrap_or_default();
+    assert!(chain.len() == 1 && chain[0].as_str().unwrap_or_default().starts_with("caller"), "{echo}");
+
     for mode in [LEGACY, STATELESS] {
         let (asked, called) = mcp_call(&served, call, &["--mode", mode, "--approve", "yes"]);
         let asked = asked.unwrap_or_else(|| panic!("{mode}: the caller was asked: {called}"));

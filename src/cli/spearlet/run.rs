@@ -24,6 +24,9 @@ pub struct RunArgs {
     /// kubeconfig context's.
     #[arg(long, env = keys::ENV_POD_NAMESPACE)]
     pub(crate) namespace: Option<String>,
+    /// The pod's name, told to approval webhooks (the webhook sets it from the downward API).
+    #[arg(long, env = keys::ENV_POD_NAME)]
+    pub(crate) pod_name: Option<String>,
     /// Directory of the stdio servers' bridge sockets (`<dir>/<server>/mcp.sock`), shared with their
     /// sidecars.
     #[arg(long, env = keys::ENV_SOCKET_DIR, value_name = "DIR", default_value = keys::RUN_DIR)]
@@ -57,6 +60,7 @@ impl RunArgs {
         Ok(PodConfig {
             profile: self.profile,
             namespace: self.namespace,
+            pod_name: self.pod_name,
             socket_dir: self.socket_dir,
             sidecar_servers: self.sidecar_servers,
             secret_refs: self.secret_refs,

@@ -577,6 +577,7 @@ pub(crate) fn run_config(
     sidecar_servers: Option<Vec<String>>,
 ) -> PodConfig {
     PodConfig {
+        pod_name: None,
         profile: Some("p".into()),
         namespace: Some(ns.to_string()),
         socket_dir: socket_dir.to_path_buf(),
@@ -629,6 +630,7 @@ async fn spearlet_run_serves_the_namespace_registry() {
 #[tokio::test]
 async fn spearlet_run_without_a_profile_names_the_flag_and_env() {
     let config = PodConfig {
+        pod_name: None,
         profile: None,
         namespace: Some("ns".into()),
         socket_dir: "/spear/run".into(),
