@@ -1,0 +1,143 @@
+//! Latency an approver adds to a tool call, per approver kind, against the same call without
+//! approval in the same run: the agent core over the real PyPI-`mcp` fixture server (stdio), one
+//! server with `approvalPolicy: always` and one without, the profile's chain `[caller, webhook]`.
+//!
+//! - `none`: the server without approval (the baseline).
+//! - `caller`: a `/mcp` 2025-11-25 caller that declared elicitation, answered at once by a task
+//!   standing in for the client (the agent's own cost: the form, the relay, reading the answer;
+//!   a real client adds its network hop and its person).
+//! - `webhook`: the gRPC door (no caller to ask), so the chain's webhook decides: an axum service
+//!   on loopback answering `allow` (unsigned: HMAC-SHA256 over a request of about 500 bytes is a
+//!   microsecond or two).
+//!
+//! Calls alternate one by one between the three so drift hits all alike. Run:
+//! `cargo bench --bench approval` (`cargo test --all-targets` runs a short smoke form).
+#![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{ElicitResult, ElicitationAction};
+use serde_json::json;
+use spear::agent::audit::Door;
+use spear::agent::{Agent, AgentOptions, CallContext};
+use spear::api::manifest::Object;
+use spear::api::{ApprovalMode, McpProfile, McpServer};
+use spear::mcp::{Pool, PoolOptions, Relay, Relayed};
+use spear::registry::snapshot::{Entry, Snapshot};
+use spear::registry::view::StaticRegistry;
+use spear::testing::mcp_servers;
+use tokio_util::sync::CancellationToken;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// An approval webhook on loopback that allows everything; returns its URL.
+async fn webhook() -> String {
+    let app = axum::Router::new().route(
+        "/approve",
+        axum::routing::post(|| async { axum::Json(json!({"decision": "allow", "reason": "bench"})) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the webhook");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://127.0.0.1:{port}/approve")
+}
+
+async fn agent(url: &str) -> (Agent, CancellationToken) {
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let mut profile = McpProfile::test("p").servers(["plain", "gated"]);
+    profile.spec.approval = Some(
+        serde_json::from_value(json!({"timeoutSeconds": 10, "approvers": [
+            {"caller": {}},
+            {"webhook": {"url": url}},
+        ]}))
+        .expect("approval"),
+    );
+    let objects = vec![
+        Object::Server(McpServer::test("plain").running(&fixture).allowing(["*"])),
+        Object::Server(McpServer::test("gated").running(&fixture).allowing(["*"]).approval(ApprovalMode::Always, [])),
+        Object::Profile(profile),
+    ];
+    let snapshot = Snapshot::build(objects.into_iter().map(|o| Entry::local("bench.yaml", 1, o)), Vec::new());
+    let registry = Arc::new(StaticRegistry::new(snapshot));
+    let pool = Pool::with_env(
+        PoolOptions { idle_timeout: None, ..PoolOptions::default() },
+        Arc::new(|name: &str| std::env::var(name).ok()),
+    );
+    let agent = Agent::new(AgentOptions::new("p"), registry, pool);
+    let cancel = CancellationToken::new();
+    tokio::spawn(agent.clone().run(cancel.clone()));
+    tokio::time::timeout(Duration::from_secs(60), agent.settled()).await.expect("agent settled in 60 s");
+    (agent, cancel)
+}
+
+async fn call(agent: &Agent, name: &str, context: CallContext<'_>) -> Duration {
+    let set = agent.effective(None, &[]).expect("effective set");
+    let started = Instant::now();
+    let call = agent.call_tool(&set, name, Ok(json!({"text": "ping"}).as_object().cloned()), context).await;
+    let latency = started.elapsed();
+    if let Err(error) = &call.result {
+        panic!("{name}: {error}");
+    }
+    latency
+}
+
+fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let calls = if bench { 300 } else { 3 };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        spear::install_crypto_provider();
+        let url = webhook().await;
+        let (agent, cancel) = agent(&url).await;
+        let (relay, mut relayed) = Relay::channel(None, None, false, true);
+        // The client: accepts every form at once with approve: true.
+        tokio::spawn(async move {
+            while let Some(message) = relayed.recv().await {
+                if let Relayed::Elicitation(_, answer) = message {
+                    let mut accepted = ElicitResult::new(ElicitationAction::Accept);
+                    accepted.content = Some(json!({"approve": true}));
+                    let _ = answer.send(Ok(accepted));
+                }
+            }
+        });
+        let grpc = || CallContext::new(Door::Grpc, "bench", None);
+        let mcp = CallContext { relay: Some(&relay), ..CallContext::new(Door::Mcp, "bench", Some("s")) };
+        // Warm up: sessions, the webhook client's connection.
+        for _ in 0..3 {
+            call(&agent, "mcp__plain__echo", grpc()).await;
+            call(&agent, "mcp__gated__echo", mcp).await;
+            call(&agent, "mcp__gated__echo", grpc()).await;
+        }
+        let (mut none, mut caller, mut hook) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..calls {
+            none.push(call(&agent, "mcp__plain__echo", grpc()).await);
+            caller.push(call(&agent, "mcp__gated__echo", mcp).await);
+            hook.push(call(&agent, "mcp__gated__echo", grpc()).await);
+        }
+        for samples in [&mut none, &mut caller, &mut hook] {
+            samples.sort();
+        }
+        let (base50, base99) = (percentile(&none, 0.5), percentile(&none, 0.99));
+        println!("approval bench: {calls} calls each, the PyPI-mcp fixture's echo over stdio");
+        println!("  none     p50 {:>9.1} us  p99 {:>9.1} us", us(base50), us(base99));
+        for (kind, samples) in [("caller", &caller), ("webhook", &hook)] {
+            let (p50, p99) = (percentile(samples, 0.5), percentile(samples, 0.99));
+            println!(
+                "  {kind:<8} p50 {:>9.1} us  p99 {:>9.1} us  added p50 {:>8.1} us  ratio p50 {:.2}",
+                us(p50),
+                us(p99),
+                us(p50) - us(base50),
+                p50.as_secs_f64() / base50.as_secs_f64()
+            );
+        }
+        cancel.cancel();
+    });
+}
