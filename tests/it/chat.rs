@@ -776,16 +776,19 @@ async fn the_openai_python_sdk_completes_a_tool_using_chat() {
 }
 
 /// The chat door has no caller to ask: the profile's webhook approver decides each call the model
-/// makes, the streamed answer keeps streaming while it waits, and a denial reaches the model as
-/// the tool's error output (the OpenAI SDK sees a normal completion either way).
+/// makes, and a denial reaches the model as the tool's error output (the OpenAI SDK sees a normal
+/// completion either way). A streamed request whose approval takes 14 s gets its stream at 10 s
+/// and SSE comments while it waits, which the SDK reads past.
 #[tokio::test]
 async fn the_openai_sdk_completes_chats_whose_calls_a_webhook_approves_or_denies() {
     let webhook = tokio::task::spawn_blocking(crate::approval::Webhook::start_unsigned).await.expect("webhook");
     let upstream = ScriptedUpstream::start(vec![
-        calls(&[("call_1", "mcp__fx__echo", r#"{"text": "allow"}"#)]),
+        calls(&[("call_1", "mcp__fx__echo", r#"{"text": "slower"}"#)]),
         answer("approved done"),
         calls(&[("call_2", "mcp__fx__echo", r#"{"text": "deny"}"#)]),
         answer("denied done"),
+        calls(&[("call_3", "mcp__fx__echo", r#"{"text": "slower"}"#)]),
+        answer("raw done"),
     ])
     .await;
     let fixture = mcp_servers::fixture_stdio(&[]);
@@ -796,23 +799,31 @@ async fn the_openai_sdk_completes_chats_whose_calls_a_webhook_approves_or_denies
         include_arguments: true,
     };
     let approver = spear::api::Approver { webhook: Some(hook), ..Default::default() };
-    profile.spec.approval = Some(spear::api::ProfileApproval { timeout_seconds: Some(10), approvers: vec![approver] });
+    profile.spec.approval = Some(spear::api::ProfileApproval { timeout_seconds: Some(25), approvers: vec![approver] });
     let always = spear::api::ApprovalMode::Always;
     let server = McpServer::test("fx").running(&fixture).allowing(["*"]).approval(always, []);
     let agent = start_agent(vec![Object::Server(server), Object::Profile(profile)], "p").await;
     let chat = serve_chat(upstream, agent, UpstreamOverride::default()).await;
 
+    let started = std::time::Instant::now();
     let result = openai_sdk(&chat, &["approval"]).await;
+    assert!(started.elapsed() > Duration::from_secs(14), "the streamed call waited for its approver");
     assert_eq!(result["streamed"], "approved done", "{result}");
     assert_eq!(result["content"], "denied done", "{result}");
     assert_eq!(result["spear"]["tool_calls"][0]["status"], "mcp_approval_denied", "{result}");
 
+    // The same wait as raw SSE: headers and a comment at 10 s, then the chunks at 14 s.
+    let reply = chat.post(json!({"messages": user("x"), "stream": true})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert!(reply.text.starts_with(": keep-alive\n\ndata: {"), "{}", reply.text);
+    assert!(reply.text.contains("raw done") && reply.text.ends_with("data: [DONE]\n\n"), "{}", reply.text);
+
     let requests = chat.upstream.requests();
-    assert_eq!(tool_messages(&requests[1]), [("call_1".to_string(), "allow".to_string())]);
+    assert_eq!(tool_messages(&requests[1]), [("call_1".to_string(), "slower".to_string())]);
     let denied = &tool_messages(&requests[3])[0].1;
     assert!(denied.contains("mcp_approval_denied") && denied.contains("not this one"), "{denied}");
     let asked = webhook.requests();
-    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked.len(), 3, "{asked:?}");
     assert!(asked.iter().all(|r| r["request"]["door"] == "chat"), "{asked:?}");
 }
 

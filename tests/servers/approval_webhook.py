@@ -6,7 +6,8 @@ Prints its port on stdout, then serves POSTs on 127.0.0.1. With --key-file, each
 signature (`X-Spear-Signature-256: sha256=<hex>` of HMAC-SHA256 over the body) is checked against
 the key in the file, read on every request so a test can change it; a missing or wrong signature
 gets 401. Without, requests are not checked (`signed` is logged as null). The decision comes from the request's arguments (sent with includeArguments):
-`{"text": "allow"}` allows, `"deny"` denies with a reason, `"slow"` answers after 5 s,
+`{"text": "allow"}` allows, `"deny"` denies with a reason, `"slow"` answers (allow) after 5 s,
+`"slower"` after 14 s,
 `"garbage"` answers 200 with a body that is not a decision, `"error"` answers 500. Every request
 is appended to --log as one JSON line: its body, whether its signature held, and the headers.
 """
@@ -42,8 +43,8 @@ def handler(args):
             text = (request.get("arguments") or {}).get("text", "")
             if text == "allow":
                 return self.answer(200, {"decision": "allow", "reason": "fine by the webhook"})
-            if text == "slow":
-                time.sleep(5)
+            if text in ("slow", "slower"):
+                time.sleep(5 if text == "slow" else 14)
                 return self.answer(200, {"decision": "allow"})
             if text == "garbage":
                 return self.answer(200, "yes please")

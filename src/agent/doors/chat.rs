@@ -20,6 +20,11 @@
 //!   (`Agent::settled`); a call to a server whose list is not known waits in `Agent::call_tool`.
 //! - `stream: true` still asks the upstream with `stream: false` (the loop must see each answer
 //!   whole); the final answer goes out as SSE chunks. Why, and `n > 1`: `src/agent/README.md`.
+//! - A streamed request whose loop runs past [`STREAM_COMMIT_AFTER`] (a tool call waiting for an
+//!   approver, a slow model) gets its 200 and SSE headers then, and an SSE comment every
+//!   [`KEEP_ALIVE_EVERY`], so proxies and clients do not take the silence for a dead connection.
+//!   An error after that point goes out as a `data: {"error": ...}` event (as OpenAI streams
+//!   errors), since the status is sent. The loop ends when the caller goes away, as before.
 //! - Every answer that read the registry, errors included, carries `x-spear-registry-revision`; a
 //!   successful one with MCP enabled carries the `spear` extension field (revision, tool calls,
 //!   iterations, budget note, the loop's messages), with which an agent-aware caller continues.
@@ -27,6 +32,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -34,6 +40,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::Value;
 use tracing::Instrument as _;
@@ -95,7 +102,7 @@ impl ChatService {
         &self,
         headers: &HeaderMap,
         body: &[u8],
-        revision: &mut Option<String>,
+        revision: &Mutex<Option<String>>,
     ) -> Result<Reply, ChatError> {
         let inner = &self.inner;
         require_json(headers)?;
@@ -105,7 +112,7 @@ impl ChatService {
         let include_usage = request.include_usage();
 
         let state = inner.agent.state();
-        *revision = Some(state.snapshot.revision().as_str().to_string());
+        *revision.lock() = Some(state.snapshot.revision().as_str().to_string());
         let profile = state.snapshot.profile(inner.agent.profile()).map(|p| p.object.clone());
         let upstream_spec = profile.as_ref().and_then(|p| p.spec.chat.as_ref()).and_then(|c| c.upstream.as_ref());
 
@@ -125,7 +132,7 @@ impl ChatService {
         let caller: HashSet<&str> = caller_names.iter().map(String::as_str).collect();
         let caller_list: Vec<&str> = caller_names.iter().map(String::as_str).collect();
         let set = inner.agent.effective(options.scope.as_ref(), &caller_list)?;
-        *revision = Some(set.revision.as_str().to_string());
+        *revision.lock() = Some(set.revision.as_str().to_string());
 
         // Every effective tool may be forced, offered this round or not.
         let injectable: HashSet<&str> = set.tools().map(|(_, t)| &*t.name).collect();
@@ -441,9 +448,96 @@ fn require_json(headers: &HeaderMap) -> Result<(), ChatError> {
     }
 }
 
-/// The handler: parse, complete, map errors, stamp the revision.
+/// How long a streamed request may run before its 200 and SSE headers go out (a shorter loop
+/// answers with its own status, errors included).
+pub(crate) const STREAM_COMMIT_AFTER: Duration = Duration::from_secs(10);
+/// An SSE comment this often while a committed stream waits: well under the 60 s idle timeout
+/// of common proxies and load balancers.
+pub(crate) const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
+
+/// Aborts a spawned completion when its caller is gone (the handler or the stream dropped).
+struct AbortOnDrop(tokio::task::JoinHandle<Response>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The handler: a streamed request that runs long gets its stream committed and kept alive
+/// (see the module header); every other request is answered when it completes.
 async fn completions(State(service): State<ChatService>, headers: HeaderMap, body: Bytes) -> Response {
-    let mut revision = None;
+    if !wants_stream(&body) {
+        return respond(service, headers, body, Arc::default()).await;
+    }
+    let revision: Arc<Mutex<Option<String>>> = Arc::default();
+    let mut task = AbortOnDrop(tokio::spawn(respond(service, headers, body, revision.clone())));
+    tokio::select! {
+        done = &mut task.0 => return done.unwrap_or_else(|e| internal_error(&e)),
+        () = tokio::time::sleep(STREAM_COMMIT_AFTER) => {}
+    }
+    const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+    // The first comment goes out at once, then one per KEEP_ALIVE_EVERY until the answer.
+    let first = futures::stream::once(async { Ok::<_, std::convert::Infallible>(Bytes::from_static(KEEP_ALIVE)) });
+    let rest = futures::stream::unfold(Some(task), |task| async move {
+        let mut task = task?;
+        tokio::select! {
+            done = &mut task.0 => {
+                let response = done.unwrap_or_else(|e| internal_error(&e));
+                Some((Ok(final_events(response).await), None))
+            }
+            () = tokio::time::sleep(KEEP_ALIVE_EVERY) => Some((Ok(Bytes::from_static(KEEP_ALIVE)), Some(task))),
+        }
+    });
+    let stream = futures::StreamExt::chain(first, rest);
+    let mut response = axum::body::Body::from_stream(stream).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(revision) = revision.lock().as_deref() {
+        stamp_revision(headers, revision);
+    }
+    response
+}
+
+/// Whether the request asks for a stream (`"stream": true`); a body that does not parse is
+/// answered (refused) by the normal path.
+fn wants_stream(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Stream {
+        #[serde(default)]
+        stream: Option<bool>,
+    }
+    serde_json::from_slice::<Stream>(body).is_ok_and(|s| s.stream == Some(true))
+}
+
+/// The rest of a committed stream: the answer's SSE events as they are, or an error answer as
+/// one `data: {"error": ...}` event and `[DONE]`.
+async fn final_events(response: Response) -> Bytes {
+    let ok = response.status().is_success();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap_or_default();
+    if ok {
+        return body;
+    }
+    let error: Value = serde_json::from_slice(&body).unwrap_or_else(
+        |_| serde_json::json!({"error": {"message": String::from_utf8_lossy(&body), "type": "upstream_error"}}),
+    );
+    Bytes::from(format!("data: {error}\n\ndata: [DONE]\n\n"))
+}
+
+fn internal_error(e: &tokio::task::JoinError) -> Response {
+    let body =
+        serde_json::json!({"error": {"message": format!("the completion ended early: {e}"), "type": "internal_error"}});
+    (axum::http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response()
+}
+
+/// Parses, completes, maps errors, stamps the revision.
+async fn respond(
+    service: ChatService,
+    headers: HeaderMap,
+    body: Bytes,
+    revision: Arc<Mutex<Option<String>>>,
+) -> Response {
     let span = tracing::info_span!(
         target: otel::TARGET,
         "chat.completion",
@@ -453,7 +547,8 @@ async fn completions(State(service): State<ChatService>, headers: HeaderMap, bod
         otel.status_code = tracing::field::Empty,
     );
     otel::continue_from_headers(&span, &headers);
-    let completed = service.complete(&headers, &body, &mut revision).instrument(span.clone()).await;
+    let completed = service.complete(&headers, &body, &revision).instrument(span.clone()).await;
+    let revision = revision.lock().clone();
     if let Some(revision) = &revision {
         span.record("registry_revision", revision.as_str());
     }

@@ -8,7 +8,9 @@ use kube::core::ObjectMeta;
 use serde_json::json;
 
 use super::*;
-use crate::api::secret_grant::{ANNOTATION_ALLOWED_SERVERS, profile_secret_refs, server_secret_refs};
+use crate::api::secret_grant::{
+    ANNOTATION_ALLOWED_PROFILES, ANNOTATION_ALLOWED_SERVERS, profile_secret_refs, server_secret_refs,
+};
 
 // === fixtures ===
 
@@ -724,6 +726,42 @@ fn references_their_secret_does_not_grant_are_left_out_with_a_warning() {
     assert_eq!(refused.len(), server_secret_refs(&servers[0]).len() + 2, "{warnings:#?}");
     assert!(refused.iter().any(|w| w.contains("McpServer \"web\"") && w.contains(ANNOTATION_ALLOWED_SERVERS)));
     assert!(refused.iter().any(|w| w.contains("McpProfile") && w.contains("upstream API key")));
+}
+
+/// An approval webhook's signing key reaches the agent (and only the agent) when its Secret
+/// grants the profile; a Secret that does not is left out with a warning naming the annotation.
+#[test]
+fn an_approval_webhooks_signing_key_reaches_the_agent_only_when_its_secret_grants_the_profile() {
+    let server = http_server("web");
+    let mut profile = profile(&[&server]);
+    profile.spec.approval = Some(
+        serde_json::from_value(json!({"approvers": [
+            {"webhook": {"url": "https://approver.example/", "signingSecretRef": {"name": "approver-key", "key": "hmac"}}},
+        ]}))
+        .expect("approval"),
+    );
+    let servers = [server];
+    let inject = |grants: &SecretGrants| {
+        mutate(&with_profile(), &enabled(), Some(&profile), &servers, grants, &config(true), &key()).expect("decides")
+    };
+    let granted = inject(&granted(Some(&profile), &servers));
+    let (_, pod, warnings) = patched(&granted);
+    let var = env_of(find(pod, AGENT_CONTAINER), "SPEAR_APPROVAL_KEY_APPROVER_KEY_HMAC").expect("the key's env var");
+    let selector = var.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()).expect("from the Secret");
+    assert_eq!((selector.name.as_str(), selector.key.as_str()), ("approver-key", "hmac"));
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let elsewhere = pod.spec.iter().flat_map(|s| s.containers.iter()).filter(|c| c.name != AGENT_CONTAINER);
+    assert!(elsewhere.clone().all(|c| env_of(c, "SPEAR_APPROVAL_KEY_APPROVER_KEY_HMAC").is_none()));
+
+    let mut others = SecretGrants::default();
+    others.insert("approver-key", Some([(ANNOTATION_ALLOWED_PROFILES.to_string(), "someone-else".to_string())].into()));
+    let refused = inject(&others);
+    let (_, pod, warnings) = patched(&refused);
+    assert!(env_of(find(pod, AGENT_CONTAINER), "SPEAR_APPROVAL_KEY_APPROVER_KEY_HMAC").is_none());
+    assert!(
+        warnings.iter().any(|w| w.contains("signing key was not injected") && w.contains(ANNOTATION_ALLOWED_PROFILES)),
+        "{warnings:?}"
+    );
 }
 
 #[test]
