@@ -15,6 +15,7 @@
 //!        │    openai clients) lists and calls tools through $SPEAR_MCP_URL, runs a chat tool loop,
 //!        │    is refused a tool outside the profile, cannot reach the servers' sockets
 //!        ├─ McpServer edit ──▶ in the pod's tool list (timed) · a new stdio server ──▶ restart required
+//!        ├─ a call needing approval waits on its McpApproval ──▶ `kubectl spear approve` ──▶ it runs
 //!        ├─ faults: server process killed in its sidecar · agent container stopped ·
 //!        │    operator scaled to 0 (annotated pods refused, other namespaces unaffected) and back ·
 //!        │    both operator pods deleted (replaced, new leader, injection works)
@@ -555,6 +556,9 @@ async fn namespace_checks(
     // 8. The pod's identity as the credential of a remote server.
     identity_checks(client, images, ns, report).await?;
 
+    // 8b. A call that waits for a person: an McpApproval decided with `kubectl spear approve`.
+    approval_checks(client, &driver, ns, report).await?;
+
     // 9. Faults in the pod.
     fault_checks(&driver, &pods, images, report).await?;
     operator_outage(client, &images.app, ns, other, report).await?;
@@ -562,6 +566,94 @@ async fn namespace_checks(
     // 10. Pod deletion during a call: the call completes, sidecars stop after the app.
     graceful_delete(&driver, &pods, &long_tool, report).await?;
     Ok(())
+}
+
+/// The kubernetes approver in a real pod: `echo` of `everything` needs approval and the profile's
+/// approver is `kubernetes: {}`; the app's call waits on the McpApproval its agent created (with
+/// the agent role's own RBAC) until `kubectl spear approve` decides it (the chart's admission
+/// policy checks the decider). Both edits are undone afterwards.
+async fn approval_checks(client: &kube::Client, driver: &Driver, ns: &str, report: &mut Report) -> Result<()> {
+    let servers: Api<McpServer> = Api::namespaced(client.clone(), ns);
+    let profiles: Api<McpProfile> = Api::namespaced(client.clone(), ns);
+    let approvals: Api<spear::api::McpApproval> = Api::namespaced(client.clone(), ns);
+    let merge = |value: Value| Patch::Merge(value);
+    servers
+        .patch(
+            "everything",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"approvalPolicy": {"tools": {"echo": "always"}}}})),
+        )
+        .await?;
+    profiles
+        .patch(
+            PROFILE,
+            &PatchParams::default(),
+            &merge(json!({"spec": {"approval": {"approvers": [{"kubernetes": {}}]}}})),
+        )
+        .await?;
+    let started = Instant::now();
+    // Until the agent has both edits, a call may still run without asking: try again.
+    let (name, answer) = eventually("a call waiting on an McpApproval", Duration::from_secs(60), || async {
+        let waiting = {
+            let driver = driver.clone();
+            tokio::spawn(async move { driver.call(ECHO, &json!({"message": "approve me"})).await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let listed = approvals.list(&ListParams::default()).await?;
+            let open = listed.items.iter().find(|a| a.status.as_ref().and_then(|s| s.decision).is_none());
+            if let Some(asked) = open {
+                let name = asked.metadata.name.clone().context("a name")?;
+                kubectl_plugin(&["spear", "approve", &name, "-n", ns, "--reason", "e2e"]).await?;
+                let answer = waiting.await??;
+                return Ok((Some((name, answer)), "decided".into()));
+            }
+            if waiting.is_finished() || Instant::now() > deadline {
+                waiting.abort();
+                return Ok((None, "no McpApproval yet".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await?;
+    ensure!(
+        answer["is_error"] == false && answer["text"].as_str().is_some_and(|t| t.contains("approve me")),
+        "the approved call: {answer}"
+    );
+    let decided = approvals.get(&name).await?;
+    let by = decided.status.and_then(|s| s.decided_by).unwrap_or_default();
+    ensure!(!by.is_empty(), "the McpApproval names its decider");
+    servers.patch("everything", &PatchParams::default(), &merge(json!({"spec": {"approvalPolicy": null}}))).await?;
+    profiles.patch(PROFILE, &PatchParams::default(), &merge(json!({"spec": {"approval": null}}))).await?;
+    report.ok(&format!(
+        "a call waited on McpApproval {name} and ran once `kubectl spear approve` decided it (decidedBy {by}; {:.1} s from the edit)",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// Runs `kubectl ARGS` (`$SPEAR_CLUSTER_KUBECTL`, else `kubectl`) with a `kubectl-spear` link to
+/// the spearlet first on PATH; its stdout.
+async fn kubectl_plugin(args: &[&str]) -> Result<String> {
+    let kubectl = std::env::var("SPEAR_CLUSTER_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let plugins = tempfile::tempdir()?;
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_spearlet"),
+        plugins.path().join(spear::cli::spearlet::KUBECTL_PLUGIN),
+    )?;
+    let path = std::env::join_paths(
+        std::iter::once(plugins.path().to_path_buf())
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )?;
+    let out = tokio::process::Command::new(&kubectl).args(args).env("PATH", &path).output().await?;
+    ensure!(
+        out.status.success(),
+        "kubectl {}: exit {:?}: {}",
+        args.join(" "),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `http.auth.serviceAccountToken` in a real pod: a remote MCP server (tests/servers/oauth_server.py

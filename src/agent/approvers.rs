@@ -9,6 +9,9 @@
 //!   carries the answer. Nothing waits in between.
 //! - **webhook**: a signed POST through [`OutboundHttp`] (no redirects, no link-local or metadata
 //!   addresses, loopback only when the URL names loopback), one client per URL, kept.
+//! - **kubernetes** (cluster mode): an McpApproval created in the pod's namespace with the agent's
+//!   own client, then watched until it is decided (`kubectl spear approve` / `deny`) or the wait
+//!   ends; the operator deletes it later.
 //!
 //! The wait is the profile's `timeoutSeconds` or what is left of the call's time budget,
 //! whichever is shorter; running out denies (`timeout`). A webhook whose signing key is
@@ -80,15 +83,27 @@ pub(crate) struct Approvers {
     /// `None` only when the OS gave no randomness: 2026-07-28 callers are then not asked.
     round_key: Option<RoundKey>,
     clients: Mutex<HashMap<String, Arc<OutboundHttp>>>,
+    /// The Kubernetes API (cluster mode): where McpApprovals go.
+    kube: Option<KubeClient>,
+}
+
+/// The agent's Kubernetes client, for McpApprovals (`kube::Client` has no `Debug`).
+#[derive(Clone)]
+pub(crate) struct KubeClient(pub(crate) kube::Client);
+
+impl std::fmt::Debug for KubeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeClient(..)")
+    }
 }
 
 impl Approvers {
-    /// Approvers for an agent at `origin`.
-    pub(crate) fn new(origin: webhook::Origin) -> Self {
+    /// Approvers for an agent at `origin`, with its Kubernetes client in cluster mode.
+    pub(crate) fn new(origin: webhook::Origin, kube: Option<KubeClient>) -> Self {
         let round_key = RoundKey::random()
             .inspect_err(|e| tracing::error!(error = %e, "no randomness for sealing approval rounds; 2026-07-28 callers cannot approve"))
             .ok();
-        Approvers { origin, round_key, clients: Mutex::new(HashMap::new()) }
+        Approvers { origin, round_key, clients: Mutex::new(HashMap::new()), kube }
     }
 
     /// The approval step of a call that needs approval under `mode`: asks `chain`'s approvers
@@ -223,6 +238,15 @@ impl Approvers {
                     let verdict = self.ask_webhook(hook, subject, door, wait).await;
                     return Asked::Decided { approver: ApproverKind::Webhook, verdict, latency: started.elapsed() };
                 }
+                (Some(ApproverKind::Kubernetes), _) => match (&self.kube, self.origin.namespace.as_deref()) {
+                    (Some(KubeClient(client)), Some(namespace)) => {
+                        let started = Instant::now();
+                        let verdict = self.ask_kubernetes(client, namespace, subject, door, wait).await;
+                        let latency = started.elapsed();
+                        return Asked::Decided { approver: ApproverKind::Kubernetes, verdict, latency };
+                    }
+                    _ => skipped.push("kubernetes: no cluster (local mode)".to_string()),
+                },
                 (None, _) => skipped.push("an approver that sets none or several kinds".to_string()),
             }
         }
@@ -303,6 +327,51 @@ impl Approvers {
         }
     }
 
+    async fn ask_kubernetes(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        subject: &Subject<'_>,
+        door: &str,
+        wait: Duration,
+    ) -> Verdict {
+        use crate::approval::kubernetes;
+        use kube::ResourceExt as _;
+        let api: kube::Api<crate::api::McpApproval> = kube::Api::namespaced(client.clone(), namespace);
+        let asked = kubernetes::question(subject, &self.origin, door, jiff::Timestamp::now(), wait);
+        let created = match tokio::time::timeout(wait, api.create(&kube::api::PostParams::default(), &asked)).await {
+            Err(_) => {
+                return Verdict {
+                    decision: Decision::Timeout,
+                    reason: "creating the McpApproval took the whole wait".into(),
+                };
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, %namespace, "McpApproval not created");
+                return Verdict::error(format!(
+                    "the McpApproval could not be created in namespace {namespace} ({}): does the agent's role allow \
+                     create on mcpapprovals?",
+                    kube_reason(&e)
+                ));
+            }
+            Ok(Ok(created)) => created,
+        };
+        let name = created.name_any();
+        tracing::info!(approval = %name, %namespace, server = subject.server, tool = subject.tool, "waiting for kubectl spear approve or deny");
+        let decided = |object: Option<&crate::api::McpApproval>| object.and_then(kubernetes::read).is_some();
+        let watched = kube::runtime::wait::await_condition(api, &name, decided);
+        match tokio::time::timeout(wait, watched).await {
+            Err(_) => Verdict {
+                decision: Decision::Timeout,
+                reason: format!("no decision on McpApproval {namespace}/{name} in {} s", wait.as_secs()),
+            },
+            Ok(Err(e)) => Verdict::error(format!("watching McpApproval {namespace}/{name} failed: {e}")),
+            Ok(Ok(Some(object))) => kubernetes::read(&object)
+                .unwrap_or_else(|| Verdict::error(format!("McpApproval {namespace}/{name} has no decision"))),
+            Ok(Ok(None)) => Verdict::error(format!("McpApproval {namespace}/{name} was deleted before a decision")),
+        }
+    }
+
     fn client(&self, url: &str) -> Arc<OutboundHttp> {
         let mut clients = self.clients.lock();
         if let Some(client) = clients.get(url) {
@@ -359,6 +428,14 @@ fn ask_round(key: &RoundKey, continuation: &Continuation, subject: &Subject<'_>,
             let requests: InputRequests = [(round::INPUT_KEY.to_string(), question)].into_iter().collect();
             Asked::Question(Arc::new(InputRequiredResult::new(Some(requests), Some(state))))
         }
+    }
+}
+
+/// The API server's reason for refusing a request (its status message, or the error's kind).
+fn kube_reason(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => crate::approval::clean_reason(&status.message),
+        other => crate::approval::clean_reason(&other.to_string()),
     }
 }
 

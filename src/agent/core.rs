@@ -61,6 +61,8 @@ pub struct AgentOptions {
     pub(crate) pool_metrics: PoolMetrics,
     /// Who and where the agent is, for approval webhooks (the pod's namespace and name).
     pub(crate) origin: crate::approval::webhook::Origin,
+    /// The Kubernetes API in cluster mode (the kubernetes approver's McpApprovals).
+    pub(crate) kube: Option<super::approvers::KubeClient>,
 }
 
 impl AgentOptions {
@@ -74,6 +76,7 @@ impl AgentOptions {
             registry_metrics: RegistryMetrics::default(),
             pool_metrics: PoolMetrics::default(),
             origin: crate::approval::webhook::Origin::default(),
+            kube: None,
         }
     }
 }
@@ -223,7 +226,7 @@ impl Agent {
             default_set: None,
         };
         let (state, _) = watch::channel(Arc::new(initial));
-        let approvers = Approvers::new(options.origin.clone());
+        let approvers = Approvers::new(options.origin.clone(), options.kube.clone());
         Agent { inner: Arc::new(Inner { options, registry, pool, state, approvers }) }
     }
 

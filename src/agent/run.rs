@@ -111,7 +111,7 @@ pub async fn run_local(config: LocalConfig, cancel: CancellationToken) -> Result
         None => only_profile(&watch.snapshot(), &config.registry_dir)?,
     };
     let origin = crate::approval::webhook::Origin::default();
-    run(config.agent, profile, watch, Mode::Local, None, cancel, origin).await
+    run(config.agent, profile, watch, Mode::Local, None, cancel, (origin, None)).await
 }
 
 /// The registry's only profile, or an error saying to pick one.
@@ -169,6 +169,8 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
     };
     let client = kube::Client::try_from(client_config)
         .map_err(|e| RunError::Config(format!("cannot build a Kubernetes client from the configuration: {e}")))?;
+    // The same client (a clone shares its connections) asks the kubernetes approver's McpApprovals.
+    let approvals_client = client.clone();
     let mut watch = KubeSource::watch(client, &namespace, &profile, &cancel).map_err(|e| match e {
         KubeError::InvalidNamespace { .. } => {
             RunError::Config(format!("--namespace (env {}): {e}", keys::ENV_POD_NAMESPACE))
@@ -203,7 +205,7 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
     let mode = Mode::Sidecar { socket_dir, sidecars, secret_refs: secret_refs.map(set), peer_uids, destinations };
     let origin =
         crate::approval::webhook::Origin { namespace: Some(namespace), pod: pod_name.filter(|p| !p.is_empty()) };
-    run(agent, profile, registry, mode, Some(critical), cancel, origin).await
+    run(agent, profile, registry, mode, Some(critical), cancel, (origin, Some(approvals_client))).await
 }
 
 /// `SPEAR_GRANTED_DESTINATIONS` entries, `<server>=<hash>` (empty ones skipped).
@@ -256,7 +258,7 @@ async fn run(
     mode: Mode,
     critical: Option<CriticalTask>,
     cancel: CancellationToken,
-    origin: crate::approval::webhook::Origin,
+    (origin, kube): (crate::approval::webhook::Origin, Option<kube::Client>),
 ) -> Result<(), RunError> {
     let audit = match &config.audit {
         AuditTarget::Stderr => AuditSink::stderr(config.audit_arguments),
@@ -287,6 +289,7 @@ async fn run(
     options.registry_metrics = registry_metrics;
     options.pool_metrics = pool_metrics;
     options.origin = origin;
+    options.kube = kube.map(super::approvers::KubeClient);
     let agent = Agent::new(options, registry, pool);
     metrics.register_collector(Box::new(super::server_state::ServerStateCollector::new(agent.clone())));
 

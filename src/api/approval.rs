@@ -4,7 +4,8 @@
 //!
 //! Approvers are tried in order and the first that can be asked decides: a caller approver is
 //! skipped when the call's session cannot answer a form (another door, or a client that did not
-//! declare elicitation); a webhook can always be asked. No answer within `timeoutSeconds` denies.
+//! declare elicitation); a kubernetes approver in local mode (no cluster); a webhook can always be
+//! asked. No answer within `timeoutSeconds` denies.
 //!
 //! A webhook's signing key comes from a Secret key. In a pod the webhook gives it to the agent as
 //! the env var [`WebhookApprover::signing_key_env`] when the Secret grants this profile (the
@@ -52,8 +53,8 @@ impl ProfileApproval {
 /// One approver; set exactly one field.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[x_kube(
-    validation = Rule::new("[has(self.caller), has(self.webhook)].exists_one(x, x)")
-        .message("set exactly one of caller and webhook in each approver")
+    validation = Rule::new("[has(self.caller), has(self.webhook), has(self.kubernetes)].exists_one(x, x)")
+        .message("set exactly one of caller, webhook and kubernetes in each approver")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Approver {
@@ -66,14 +67,20 @@ pub struct Approver {
     /// A program, asked with a signed HTTP POST.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookApprover>,
+
+    /// A person in the cluster: the agent creates an McpApproval in the pod's namespace and
+    /// waits for `kubectl spear approve` or `deny`. Skipped in local mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesApprover>,
 }
 
 impl Approver {
     /// Which kind this approver is, when exactly one is set.
     pub fn kind(&self) -> Option<ApproverKind> {
-        match (&self.caller, &self.webhook) {
-            (Some(_), None) => Some(ApproverKind::Caller),
-            (None, Some(_)) => Some(ApproverKind::Webhook),
+        match (&self.caller, &self.webhook, &self.kubernetes) {
+            (Some(_), None, None) => Some(ApproverKind::Caller),
+            (None, Some(_), None) => Some(ApproverKind::Webhook),
+            (None, None, Some(_)) => Some(ApproverKind::Kubernetes),
             _ => None,
         }
     }
@@ -85,6 +92,7 @@ impl Approver {
 pub enum ApproverKind {
     Caller,
     Webhook,
+    Kubernetes,
 }
 
 impl ApproverKind {
@@ -92,6 +100,7 @@ impl ApproverKind {
         match self {
             ApproverKind::Caller => "caller",
             ApproverKind::Webhook => "webhook",
+            ApproverKind::Kubernetes => "kubernetes",
         }
     }
 }
@@ -99,6 +108,10 @@ impl ApproverKind {
 /// The caller approver takes no settings.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub struct CallerApprover {}
+
+/// The kubernetes approver takes no settings: the McpApproval goes to the pod's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct KubernetesApprover {}
 
 /// An approval service: the agent POSTs a JSON approval request and the service answers
 /// `{"decision": "allow" | "deny", "reason": "..."}` with status 200. Anything else denies.

@@ -4,11 +4,11 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use super::{McpProfile, McpServer};
+use super::{McpApproval, McpProfile, McpServer};
 
-/// Both CRDs, servers first.
+/// The CRDs: servers, profiles, approvals.
 pub fn definitions() -> Vec<CustomResourceDefinition> {
-    vec![McpServer::crd(), McpProfile::crd()]
+    vec![McpServer::crd(), McpProfile::crd(), McpApproval::crd()]
 }
 
 /// Each CRD as `(file name, YAML)`, the file name being `<group>_<plural>.yaml`.

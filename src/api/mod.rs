@@ -16,7 +16,8 @@
 //! - [`conditions`]: condition types and reasons of both statuses.
 //! - [`crd`]: rendering `crds/*.yaml`.
 //! - [`api_key`]: the per-pod key app containers send to the agent's doors.
-//! - [`approval`]: who approves a call that needs approval (`McpProfile.spec.approval`).
+//! - [`approval`]: who approves a call that needs approval (`McpProfile.spec.approval`);
+//!   `mcp_approval.rs`: the `McpApproval` a kubernetes approver answers.
 //! - [`pinning`]: pinned tool definitions, their canonical digest and its spelling.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
 //!   and role names): one definition for the webhook, the agent, the operator and the tests.
@@ -30,6 +31,7 @@ pub mod env_ref;
 pub mod identity;
 pub mod keys;
 pub mod manifest;
+mod mcp_approval;
 mod mcp_profile;
 mod mcp_server;
 pub(crate) mod names;
@@ -39,6 +41,7 @@ pub mod secret_grant;
 pub mod validate;
 
 pub use approval::{Approver, ApproverKind, ProfileApproval, WebhookApprover};
+pub use mcp_approval::*;
 pub use mcp_profile::*;
 pub use mcp_server::*;
 pub use pinning::{PinMode, Pinning};

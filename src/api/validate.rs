@@ -234,8 +234,8 @@ fn validate_profile_approval(p: &mut Problems, approval: &super::ProfileApproval
         if approver.kind().is_none() {
             p.push(
                 field.clone(),
-                "sets none or several of caller and webhook",
-                "set exactly one of caller and webhook",
+                "sets none or several of caller, webhook and kubernetes",
+                "set exactly one of caller, webhook and kubernetes",
             );
         }
         let Some(webhook) = &approver.webhook else { continue };

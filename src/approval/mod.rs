@@ -7,6 +7,7 @@
 //!           ─ 2026-07-28 request declaring it ─────▶ the same form as an input round, its state
 //!                                                    sealed by the agent (round.rs)
 //!   webhook ─ signed POST (webhook.rs) ─────────────▶ 200 {"decision": "allow"}
+//!   kubernetes ─ McpApproval in the pod's namespace (kubernetes.rs) ─▶ kubectl spear approve
 //! first that can be asked decides; no answer, a bad answer, an unreachable approver: denied
 //! ```
 //!
@@ -21,6 +22,7 @@
 //!   them; the webhook gets them only with `includeArguments`.
 
 pub(crate) mod form;
+pub(crate) mod kubernetes;
 pub(crate) mod round;
 pub(crate) mod webhook;
 
@@ -101,8 +103,13 @@ pub fn chain(approval: Option<&crate::api::ProfileApproval>) -> Vec<String> {
     approvers
         .iter()
         .map(|approver| match (&approver.caller, &approver.webhook) {
-            (Some(_), None) => "caller (the /mcp session, when it can answer a form)".to_string(),
-            (None, Some(hook)) => {
+            (Some(_), None) if approver.kubernetes.is_none() => {
+                "caller (the /mcp session, when it can answer a form)".to_string()
+            }
+            (None, None) if approver.kubernetes.is_some() => {
+                "kubernetes (an McpApproval in the pod's namespace: kubectl spear approve / deny)".to_string()
+            }
+            (None, Some(hook)) if approver.kubernetes.is_none() => {
                 let at = url::Url::parse(&hook.url)
                     .map(|u| format!("{}{}", u.origin().ascii_serialization(), u.path()))
                     .unwrap_or_else(|_| "an invalid URL".to_string());

@@ -3,12 +3,14 @@
 //! (the chart renders the same objects; tests keep them honest).
 //!
 //! ```text
-//! ClusterRole spear-mcp-agent (get/list/watch McpServer, McpProfile; nothing else)
+//! ClusterRole spear-mcp-agent (get/list/watch McpServer, McpProfile; create/get/list/watch
+//!     McpApproval, never its status; nothing else)
 //!     ▲ roleRef
 //! RoleBinding spear-mcp-agent in every namespace labelled mcp.spear.dev/injection=enabled
 //!     └ subject: Group system:serviceaccounts:<namespace>  (every pod's service account there)
 //!
-//! ClusterRole spear-operator: read both kinds, write their status, events, watch namespaces,
+//! ClusterRole spear-operator: read both kinds, write their status, delete McpApprovals (decided
+//!     and expired ones; never their status), events, watch namespaces,
 //!     create RoleBindings, read and write only those named spear-mcp-agent and
 //!     spear-operator-secret-reader, `bind` only the ClusterRoles of those names and `get` the
 //!     agent's (the chart installs both; no ClusterRole is ever created or changed by the
@@ -81,7 +83,11 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
 pub fn agent_cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: meta(AGENT_ROLE, None),
-        rules: Some(vec![rule(GROUP, &["mcpservers", "mcpprofiles"], &["get", "list", "watch"])]),
+        rules: Some(vec![
+            rule(GROUP, &["mcpservers", "mcpprofiles"], &["get", "list", "watch"]),
+            // The kubernetes approver: ask (create) and wait (get/watch); never decide (no status).
+            rule(GROUP, &["mcpapprovals"], &["create", "get", "list", "watch"]),
+        ]),
         ..ClusterRole::default()
     }
 }
@@ -160,6 +166,9 @@ pub fn operator_cluster_role() -> ClusterRole {
             // The controller's reflectors, and the webhook's profile and server lookups.
             rule(GROUP, &["mcpservers", "mcpprofiles"], &read),
             rule(GROUP, &["mcpservers/status", "mcpprofiles/status"], &["get", "patch", "update"]),
+            // Deletes decided and expired McpApprovals, and holds what it grants the agents (create,
+            // get, watch); never writes a decision (no status).
+            rule(GROUP, &["mcpapprovals"], &["create", "get", "list", "watch", "delete"]),
             // Condition changes and denied injections are reported as events.
             rule("events.k8s.io", &["events"], &["create", "patch"]),
             // Which namespaces are injection-enabled (RoleBindings; the webhook's defence in depth).
@@ -264,12 +273,14 @@ mod tests {
     }
 
     #[test]
-    fn agent_only_reads_the_registry() {
+    fn agent_reads_the_registry_and_may_ask_approvals_but_never_decide_them() {
         let rules = agent_cluster_role().rules.unwrap_or_default();
-        assert_eq!(rules.len(), 1);
-        assert_eq!(rules[0].api_groups.as_deref(), Some(&["mcp.spear.dev".to_string()][..]));
+        assert_eq!(rules.len(), 2);
+        assert!(rules.iter().all(|r| r.api_groups.as_deref() == Some(&["mcp.spear.dev".to_string()][..])));
         assert_eq!(rules[0].resources.as_deref(), Some(&["mcpservers".to_string(), "mcpprofiles".to_string()][..]));
         assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+        assert_eq!(rules[1].resources.as_deref(), Some(&["mcpapprovals".to_string()][..]), "no status subresource");
+        assert_eq!(rules[1].verbs, ["create", "get", "list", "watch"], "no update, patch or delete");
     }
 
     #[test]

@@ -268,3 +268,27 @@ fn a_webhook_whose_signing_key_is_missing_is_never_asked_unsigned() {
     assert!(said.contains("mcp_approval_denied") && said.contains("SPEAR_APPROVAL_KEY_APPROVER_KEY_HMAC"), "{said}");
     assert!(webhook.requests().is_empty());
 }
+
+/// The webhook request goes through the agent's outbound policy: a redirect is not followed (the
+/// approval a redirect points at is never asked, and the call is denied), and a cloud metadata
+/// address is refused before any connection.
+#[test]
+fn an_approval_webhook_is_held_to_the_outbound_policy() {
+    let webhook = Webhook::start_unsigned();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("http://127.0.0.1:{}/redirect", webhook.port);
+    approval_registry(dir.path(), &format!("{{approvers: [{{webhook: {{url: \"{url}\", includeArguments: true}}}}]}}"));
+    let served = serve(dir, &["--audit-log", "off"]);
+    let (out, said) = grpc_call(served.grpc, "allow");
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("mcp_approval_denied") && said.contains("HTTP 302"), "{said}");
+    let paths: Vec<Value> = webhook.requests().iter().map(|r| r["path"].clone()).collect();
+    assert_eq!(paths, [Value::from("/redirect")], "the redirect was not followed");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    approval_registry(dir.path(), "{approvers: [{webhook: {url: \"https://169.254.169.254/approve\"}}]}");
+    let served = serve(dir, &["--audit-log", "off"]);
+    let (out, said) = grpc_call(served.grpc, "allow");
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("mcp_approval_denied") && said.contains("refused by the agent's outbound policy"), "{said}");
+}

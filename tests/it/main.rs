@@ -31,6 +31,7 @@ mod tracing;
 /// The tests against the test control plane ([`spear::testing::control_plane::ControlPlane`]).
 mod cluster {
     mod admin_view;
+    mod approval;
     mod chart;
     mod control_plane;
     mod controller;

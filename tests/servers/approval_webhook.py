@@ -9,7 +9,8 @@ gets 401. Without, requests are not checked (`signed` is logged as null). The de
 `{"text": "allow"}` allows, `"deny"` denies with a reason, `"slow"` answers (allow) after 5 s,
 `"slower"` after 14 s,
 `"garbage"` answers 200 with a body that is not a decision, `"error"` answers 500. Every request
-is appended to --log as one JSON line: its body, whether its signature held, and the headers.
+is appended to --log as one JSON line: its path, its body, whether its signature held, and its
+content type. A POST to /redirect is answered 302 to /approve (which would allow).
 """
 
 import argparse
@@ -36,8 +37,14 @@ def handler(args):
                 signed = hmac.compare_digest(expected, self.headers.get("X-Spear-Signature-256", ""))
             request = json.loads(body)
             with open(args.log, "a") as log:
-                log.write(json.dumps({"request": request, "signed": signed,
+                log.write(json.dumps({"path": self.path, "request": request, "signed": signed,
                                       "content_type": self.headers.get("Content-Type")}) + "\n")
+            if self.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", "/approve")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if signed is False:
                 return self.answer(401, {"error": "bad signature"})
             text = (request.get("arguments") or {}).get("text", "")

@@ -1,6 +1,7 @@
 //! `spearlet`: the per-pod agent and its tools. One file per subcommand.
 
 mod agent_args;
+mod approve;
 mod bridge;
 mod convert;
 mod explain;
@@ -51,6 +52,8 @@ enum Command {
     Validate(validate::ValidateArgs),
     Convert(convert::ConvertArgs),
     Pin(pin::PinArgs),
+    Approve(approve::ApproveArgs),
+    Deny(approve::DenyArgs),
     Bridge(bridge::BridgeArgs),
     Install(install::InstallArgs),
 }
@@ -68,6 +71,8 @@ impl Args {
             Command::Validate(args) => args.run(),
             Command::Convert(args) => args.run(),
             Command::Pin(args) => args.run(),
+            Command::Approve(args) => args.run(),
+            Command::Deny(args) => args.run(),
             Command::Bridge(args) => args.run(),
             Command::Install(args) => args.run(),
         }));
@@ -84,7 +89,7 @@ pub const KUBECTL_PLUGIN: &str = "kubectl-spear";
 /// `kubectl spear`: the spearlet invoked as the kubectl plugin `kubectl-spear`. Only the commands
 /// that make sense from a workstation against a cluster.
 #[derive(Parser, Debug)]
-#[command(name = KUBECTL_PLUGIN, bin_name = "kubectl spear", version, about = "spear-mcp for kubectl: why a pod sees the tools it sees, and pinning a server's tools")]
+#[command(name = KUBECTL_PLUGIN, bin_name = "kubectl spear", version, about = "spear-mcp for kubectl: why a pod sees the tools it sees, pinning a server's tools, approving calls")]
 pub struct PluginArgs {
     #[command(flatten)]
     log: LogArgs,
@@ -97,6 +102,8 @@ pub struct PluginArgs {
 enum PluginCommand {
     Explain(explain::ExplainArgs),
     Pin(pin::PinArgs),
+    Approve(approve::ApproveArgs),
+    Deny(approve::DenyArgs),
 }
 
 impl PluginArgs {
@@ -106,6 +113,8 @@ impl PluginArgs {
         exit(log.init().map_err(usage).and_then(|_logs| match command {
             PluginCommand::Explain(args) => args.run(),
             PluginCommand::Pin(args) => args.run(),
+            PluginCommand::Approve(args) => args.run(),
+            PluginCommand::Deny(args) => args.run(),
         }))
     }
 }

@@ -43,6 +43,7 @@ use crate::api::McpServer;
 use crate::api::identity::ForbiddenAudiences;
 use crate::api::keys::FIELD_MANAGER;
 
+mod approvals;
 mod context;
 mod metrics;
 mod namespace;
@@ -179,7 +180,9 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
         profile_controller(&client, scope, run_config.clone(), &ctx, feeds.servers, &token);
     let (binding_cache, namespace_controller) =
         namespace_controller(&client, scope, run_config, &ctx, feeds.bindings, &token);
+    let approvals = approvals::sweep_approvals(client.clone(), scope.clone(), token.clone());
     tokio::join!(
+        approvals,
         server_controller,
         server_cache,
         profile_coalescer,

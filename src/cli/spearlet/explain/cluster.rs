@@ -355,6 +355,14 @@ async fn client_config(
 
 /// The one McpServer `name` of a namespace (default: the kubeconfig context's) as a snapshot,
 /// read and validated as the agent reads it, for `spearlet pin`: (namespace, snapshot).
+/// A client for the cluster `kube` picks, and the namespace (the flag's, else the context's).
+pub(in crate::cli::spearlet) async fn client_for(kube: &KubeArgs) -> Result<(Client, String), ClusterError> {
+    let (config, _) = client_config(kube.kubeconfig.as_deref(), kube.context.as_deref()).await?;
+    let namespace = kube.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+    check_name(&namespace, "namespace", "a DNS-1123 label (-n/--namespace)", is_dns1123_label)?;
+    Ok((Client::try_from(config).map_err(ClusterError::Client)?, namespace))
+}
+
 pub(in crate::cli::spearlet) async fn read_server(
     name: &str,
     kube: &KubeArgs,
@@ -398,7 +406,12 @@ fn plural<K: kube::Resource<DynamicType = ()>>() -> String {
 }
 
 /// An API error as the fix it needs.
-fn api_error(error: kube::Error, verb: &'static str, resource: &str, namespace: &str) -> ClusterError {
+pub(in crate::cli::spearlet) fn api_error(
+    error: kube::Error,
+    verb: &'static str,
+    resource: &str,
+    namespace: &str,
+) -> ClusterError {
     if let kube::Error::Api(status) = &error {
         match status.code {
             401 => return ClusterError::Unauthorized { message: status.message.clone() },
