@@ -10,6 +10,11 @@
 //!   on loopback answering `allow` (unsigned: HMAC-SHA256 over a request of about 500 bytes is a
 //!   microsecond or two).
 //!
+//! - `kubernetes` (when the test control plane is available, `SPEAR_CONTROL_PLANE_BIN`): the
+//!   chain `[kubernetes]` of a second agent in a namespace of the test control plane; a task
+//!   watching McpApprovals there decides each at once (the API server's round trips: create,
+//!   the watch event, the status write, the agent's watch event).
+//!
 //! Calls alternate one by one between the three so drift hits all alike. Run:
 //! `cargo bench --bench approval` (`cargo test --all-targets` runs a short smoke form).
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
@@ -20,9 +25,9 @@ use std::time::{Duration, Instant};
 use rmcp::model::{ElicitResult, ElicitationAction};
 use serde_json::json;
 use spear::agent::audit::Door;
-use spear::agent::{Agent, AgentOptions, CallContext};
+use spear::agent::{Agent, AgentOptions, AuditSink, CallContext};
 use spear::api::manifest::Object;
-use spear::api::{ApprovalMode, McpProfile, McpServer};
+use spear::api::{ApprovalMode, McpApproval, McpProfile, McpServer};
 use spear::mcp::{Pool, PoolOptions, Relay, Relayed};
 use spear::registry::snapshot::{Entry, Snapshot};
 use spear::registry::view::StaticRegistry;
@@ -50,6 +55,48 @@ async fn webhook() -> String {
     format!("http://127.0.0.1:{port}/approve")
 }
 
+/// An agent whose only approver is `kubernetes: {}`, in `namespace` of the test control plane.
+async fn cluster_agent(client: kube::Client, namespace: &str) -> (Agent, CancellationToken) {
+    let fixture = mcp_servers::fixture_stdio(&[]);
+    let mut profile = McpProfile::test("p").servers(["gated"]);
+    profile.spec.approval = Some(
+        serde_json::from_value(json!({"timeoutSeconds": 30, "approvers": [{"kubernetes": {}}]})).expect("approval"),
+    );
+    let objects = vec![
+        Object::Server(McpServer::test("gated").running(&fixture).allowing(["*"]).approval(ApprovalMode::Always, [])),
+        Object::Profile(profile),
+    ];
+    let snapshot = Snapshot::build(objects.into_iter().map(|o| Entry::local("bench.yaml", 1, o)), Vec::new());
+    let pool = Pool::with_env(
+        PoolOptions { idle_timeout: None, ..PoolOptions::default() },
+        Arc::new(|name: &str| std::env::var(name).ok()),
+    );
+    let mut options = AgentOptions::new("p").in_cluster(client, namespace.to_string(), Some("bench-pod".into()));
+    options.audit = AuditSink::disabled();
+    let agent = Agent::new(options, Arc::new(StaticRegistry::new(snapshot)), pool);
+    let cancel = CancellationToken::new();
+    tokio::spawn(agent.clone().run(cancel.clone()));
+    tokio::time::timeout(Duration::from_secs(60), agent.settled()).await.expect("agent settled in 60 s");
+    (agent, cancel)
+}
+
+/// Decides every McpApproval of `namespace` as it appears: `Allow`, by "bench".
+async fn approve_all(client: kube::Client, namespace: String) {
+    use futures::TryStreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let api: kube::Api<McpApproval> = kube::Api::namespaced(client, &namespace);
+    let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
+    futures::pin_mut!(stream);
+    while let Ok(Some(approval)) = stream.try_next().await {
+        if approval.status.as_ref().and_then(|s| s.decision).is_some() {
+            continue;
+        }
+        let status = json!({"status": {"decision": "Allow", "decidedBy": "bench", "decidedAt": jiff::Timestamp::now().to_string()}});
+        let name = kube::ResourceExt::name_any(&approval);
+        let _ = api.patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status)).await;
+    }
+}
+
 async fn agent(url: &str) -> (Agent, CancellationToken) {
     let fixture = mcp_servers::fixture_stdio(&[]);
     let mut profile = McpProfile::test("p").servers(["plain", "gated"]);
@@ -71,7 +118,9 @@ async fn agent(url: &str) -> (Agent, CancellationToken) {
         PoolOptions { idle_timeout: None, ..PoolOptions::default() },
         Arc::new(|name: &str| std::env::var(name).ok()),
     );
-    let agent = Agent::new(AgentOptions::new("p"), registry, pool);
+    let mut options = AgentOptions::new("p");
+    options.audit = AuditSink::disabled();
+    let agent = Agent::new(options, registry, pool);
     let cancel = CancellationToken::new();
     tokio::spawn(agent.clone().run(cancel.clone()));
     tokio::time::timeout(Duration::from_secs(60), agent.settled()).await.expect("agent settled in 60 s");
@@ -138,6 +187,32 @@ fn main() {
                 p50.as_secs_f64() / base50.as_secs_f64()
             );
         }
+        cancel.cancel();
+
+        if std::env::var_os(spear::testing::control_plane::ENV_BIN).is_none() {
+            println!("  kubernetes: skipped (no test control plane: set SPEAR_CONTROL_PLANE_BIN=\"$(hack/control-plane.sh)\")");
+            return;
+        }
+        let control_plane = spear::testing::control_plane::ControlPlane::shared();
+        let ns = control_plane.namespace("approval-bench").await;
+        tokio::spawn(approve_all(ns.client.clone(), ns.name.clone()));
+        let (agent, cancel) = cluster_agent(ns.client.clone(), &ns.name).await;
+        let mut kube = Vec::new();
+        for i in 0..calls.min(100) + 3 {
+            let latency = call(&agent, "mcp__gated__echo", grpc()).await;
+            if i >= 3 {
+                kube.push(latency);
+            }
+        }
+        kube.sort();
+        let (p50, p99) = (percentile(&kube, 0.5), percentile(&kube, 0.99));
+        println!(
+            "  kubernetes p50 {:>9.1} us  p99 {:>9.1} us  added p50 {:>8.1} us over the baseline above ({} calls, a test control plane on loopback)",
+            us(p50),
+            us(p99),
+            us(p50) - us(base50),
+            kube.len()
+        );
         cancel.cancel();
     });
 }

@@ -66,6 +66,13 @@ pub struct AgentOptions {
 }
 
 impl AgentOptions {
+    /// In cluster mode: the pod's namespace and name, and the client its McpApprovals go through.
+    pub fn in_cluster(mut self, client: kube::Client, namespace: String, pod: Option<String>) -> Self {
+        self.origin = crate::approval::webhook::Origin { namespace: Some(namespace), pod };
+        self.kube = Some(super::approvers::KubeClient(client));
+        self
+    }
+
     /// Defaults for `profile`: audit to stderr without arguments, refresh every 60 s.
     pub fn new(profile: impl Into<String>) -> Self {
         AgentOptions {
