@@ -736,33 +736,8 @@ async fn identity_checks(client: &kube::Client, images: &Images, ns: &str, repor
 /// cluster's revision; checks the live, tool-level answer and the table's revision line. Returns
 /// the revision, the number of live tools and of tool-level exclusions.
 async fn kubectl_spear_explain(ns: &str, pod: &str) -> Result<(String, usize, usize)> {
-    let kubectl = std::env::var("SPEAR_CLUSTER_KUBECTL").unwrap_or_else(|_| "kubectl".into());
-    let plugins = tempfile::tempdir()?;
-    std::os::unix::fs::symlink(
-        env!("CARGO_BIN_EXE_spearlet"),
-        plugins.path().join(spear::cli::spearlet::KUBECTL_PLUGIN),
-    )?;
-    let path = std::env::join_paths(
-        std::iter::once(plugins.path().to_path_buf())
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )?;
-    let run = |args: Vec<&str>| {
-        let (kubectl, path) = (kubectl.clone(), path.clone());
-        let args: Vec<String> = args.into_iter().map(String::from).collect();
-        async move {
-            let out = tokio::process::Command::new(&kubectl).args(&args).env("PATH", &path).output().await?;
-            ensure!(
-                out.status.success(),
-                "kubectl {}: exit {:?}: {}",
-                args.join(" "),
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            Ok::<_, anyhow::Error>(String::from_utf8_lossy(&out.stdout).into_owned())
-        }
-    };
     let explained: Value = eventually("the pod on the cluster's revision", Duration::from_secs(20), || async move {
-        let text = run(vec!["spear", "explain", "-n", ns, "--pod", pod, "--connect", "-o", "json"]).await?;
+        let text = kubectl_plugin(&["spear", "explain", "-n", ns, "--pod", pod, "--connect", "-o", "json"]).await?;
         let explained: Value = serde_json::from_str(&text).context("kubectl spear explain -o json")?;
         let state = explained["revisions"].to_string();
         Ok((explained["revisions"]["inSync"].as_bool().unwrap_or_default().then_some(explained), state))
@@ -791,7 +766,7 @@ async fn kubectl_spear_explain(ns: &str, pod: &str) -> Result<(String, usize, us
         live["excluded"]
     );
     let revision = explained["revisions"]["cluster"].as_str().unwrap_or_default().to_string();
-    let table = run(vec!["spear", "explain", "-n", ns, "--pod", pod, "--connect"]).await?;
+    let table = kubectl_plugin(&["spear", "explain", "-n", ns, "--pod", pod, "--connect"]).await?;
     ensure!(
         table.contains(&format!("pod on registry revision {revision}, cluster at {revision}: in sync")),
         "the table's revision line:\n{table}"
