@@ -189,7 +189,7 @@ fn to_mcp_server(legacy: LegacyServer) -> Result<McpServer, ConvertError> {
         tool_timeout_ms: b.tool_timeout_ms,
         max_concurrency: b.max_concurrency,
         max_tool_output_bytes: b.max_tool_output_bytes,
-        startup_timeout_ms: None,
+        ..Default::default()
     });
     Ok(McpServer::new(
         &name,

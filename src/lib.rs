@@ -27,6 +27,7 @@ pub mod chat;
 mod child;
 pub mod cli;
 pub mod convert;
+pub mod egress;
 pub mod http_server;
 mod install;
 pub mod mcp;

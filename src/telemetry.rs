@@ -217,6 +217,27 @@ struct ErrorLabels {
     code: String,
 }
 
+/// A refusal's reason is one of a fixed set (`McpError::reason`), never the caller's text.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeniedLabels {
+    server_id: String,
+    reason: &'static str,
+}
+
+/// `offered` (a server's tools were offered to a chat request or listed to a session) or why
+/// they were left out (`not_listed`, `not_wanted`, `none_allowed`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InjectionLabels {
+    server_id: String,
+    status: &'static str,
+}
+
+/// Which loop budget a chat request used up: `max_iterations` or `max_total_tool_calls`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: &'static str,
+}
+
 /// `error: cause: cause…` on one line, so a log line or a status message says what failed
 /// underneath (the API server's reason, the OS error). A cause whose text the line already holds is
 /// skipped: error types often repeat their source in their own message.
@@ -247,6 +268,18 @@ fn approval_histogram() -> Histogram {
 }
 
 /// Bytes: 64 B to 16 MiB in quadruplings (the output cap's range).
+/// Seconds: 1 ms to about 2 minutes in doublings (a warm server lists in milliseconds, a cold
+/// `npx` start in tens of seconds).
+fn list_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+/// Counts per chat request: 1 to 256 in doublings (iterations and tool calls are budgeted, the
+/// largest budgets are in the hundreds).
+fn count_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+}
+
 fn output_histogram() -> Histogram {
     Histogram::new(exponential_buckets(64.0, 4.0, 10))
 }
@@ -263,6 +296,12 @@ pub struct PoolMetrics {
     token_fetches: Family<TokenLabels, Counter>,
     approvals: Family<ApprovalLabels, Counter>,
     approval_latency: Family<ApproverLabels, Histogram, fn() -> Histogram>,
+    denied: Family<DeniedLabels, Counter>,
+    injections: Family<InjectionLabels, Counter>,
+    list_tools: Family<ServerLabels, Histogram, fn() -> Histogram>,
+    chat_iterations: Histogram,
+    chat_tool_calls: Histogram,
+    chat_budget_hits: Family<BudgetLabels, Counter>,
 }
 
 impl Default for PoolMetrics {
@@ -276,6 +315,12 @@ impl Default for PoolMetrics {
             token_fetches: Family::default(),
             approvals: Family::default(),
             approval_latency: Family::new_with_constructor(approval_histogram),
+            denied: Family::default(),
+            injections: Family::default(),
+            list_tools: Family::new_with_constructor(list_histogram),
+            chat_iterations: count_histogram(),
+            chat_tool_calls: count_histogram(),
+            chat_budget_hits: Family::default(),
         }
     }
 }
@@ -305,7 +350,58 @@ impl PoolMetrics {
             "Time an approver took to decide, in milliseconds",
             metrics.approval_latency.clone(),
         );
+        registry.register(
+            "mcp_denied",
+            "Calls, resource reads and prompt gets refused by governance, by server and reason (not_in_profile, denied_by:<layer>, env_missing, rate_limited, pin_mismatch, secret_in_arguments, ...)",
+            metrics.denied.clone(),
+        );
+        registry.register(
+            "mcp_injection",
+            "Servers whose tools were offered to a chat request or listed to an MCP session (status offered), or left out and why",
+            metrics.injections.clone(),
+        );
+        registry.register(
+            "mcp_list_tools_duration_seconds",
+            "Time a server took to answer tools/list (all pages), in seconds",
+            metrics.list_tools.clone(),
+        );
+        registry.register(
+            "mcp_chat_iterations",
+            "Model round trips per chat completion",
+            metrics.chat_iterations.clone(),
+        );
+        registry.register("mcp_chat_tool_calls", "Tool calls per chat completion", metrics.chat_tool_calls.clone());
+        registry.register(
+            "mcp_chat_budget_exceeded",
+            "Chat completions that used up a loop budget, by budget (max_iterations, max_total_tool_calls)",
+            metrics.chat_budget_hits.clone(),
+        );
         metrics
+    }
+
+    /// A call, read or get of `server` (empty: none named) refused for `reason`.
+    pub(crate) fn denied(&self, server: &str, reason: &'static str) {
+        self.denied.get_or_create(&DeniedLabels { server_id: server.to_string(), reason }).inc();
+    }
+
+    /// A server's tools offered to a chat request or listed to a session (`offered`), or left out.
+    pub(crate) fn injection(&self, server: &str, status: &'static str) {
+        self.injections.get_or_create(&InjectionLabels { server_id: server.to_string(), status }).inc();
+    }
+
+    /// A `tools/list` of `server` (every page) took `took`.
+    pub(crate) fn listed(&self, server: &str, took: Duration) {
+        self.list_tools.get_or_create(&ServerLabels { server_id: server.to_string() }).observe(took.as_secs_f64());
+    }
+
+    /// A chat completion's tool loop ended after `iterations` model round trips and `tool_calls`
+    /// calls; `budget` names the loop budget it used up, if any.
+    pub(crate) fn chat_loop(&self, iterations: u32, tool_calls: u32, budget: Option<&'static str>) {
+        self.chat_iterations.observe(f64::from(iterations));
+        self.chat_tool_calls.observe(f64::from(tool_calls));
+        if let Some(budget) = budget {
+            self.chat_budget_hits.get_or_create(&BudgetLabels { budget }).inc();
+        }
     }
 
     /// An approver decided on a call of `server`.

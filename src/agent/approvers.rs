@@ -85,6 +85,8 @@ pub(crate) struct Approvers {
     clients: Mutex<HashMap<String, Arc<OutboundHttp>>>,
     /// The Kubernetes API (cluster mode): where McpApprovals go.
     kube: Option<KubeClient>,
+    /// `--egress-deny-cidrs`, for webhooks.
+    egress: crate::egress::AddressDenyList,
 }
 
 /// The agent's Kubernetes client, for McpApprovals (`kube::Client` has no `Debug`).
@@ -99,11 +101,11 @@ impl std::fmt::Debug for KubeClient {
 
 impl Approvers {
     /// Approvers for an agent at `origin`, with its Kubernetes client in cluster mode.
-    pub(crate) fn new(origin: webhook::Origin, kube: Option<KubeClient>) -> Self {
+    pub(crate) fn new(origin: webhook::Origin, kube: Option<KubeClient>, egress: crate::egress::AddressDenyList) -> Self {
         let round_key = RoundKey::random()
             .inspect_err(|e| tracing::error!(error = %e, "no randomness for sealing approval rounds; 2026-07-28 callers cannot approve"))
             .ok();
-        Approvers { origin, round_key, clients: Mutex::new(HashMap::new()), kube }
+        Approvers { origin, round_key, clients: Mutex::new(HashMap::new()), kube, egress }
     }
 
     /// The approval step of a call that needs approval under `mode`: asks `chain`'s approvers
@@ -380,7 +382,7 @@ impl Approvers {
         if clients.len() >= MAX_WEBHOOK_CLIENTS {
             clients.clear();
         }
-        let client = Arc::new(OutboundHttp::anchored(url, "approval requests"));
+        let client = Arc::new(OutboundHttp::anchored(url, "approval requests", &self.egress));
         clients.insert(url.to_string(), client.clone());
         client
     }

@@ -66,6 +66,10 @@ pub(crate) struct AuditLine<'a> {
     /// The approver's decision, for a call that needed approval and reached one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) approval: Option<&'a ApprovalRecord>,
+    /// Why governance refused the call (`not_in_profile`, `denied_by:<layer>`, `env_missing`,
+    /// `rate_limited`, `pin_mismatch`, `secret_in_arguments`, ...): one of a fixed set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<&'static str>,
 }
 
 /// An approver's decision on a call, as its audit line records it.
@@ -206,7 +210,7 @@ impl AuditSink {
 
     /// Queues one line without waiting: a full queue drops it (counted). A failing sink is
     /// logged, never fails the call.
-    pub(crate) fn record(&self, line: &AuditLine<'_>) {
+    pub(crate) fn record<T: Serialize>(&self, line: &T) {
         let Some(queue) = &self.queue else { return };
         let mut bytes = match serde_json::to_vec(line) {
             Ok(bytes) => bytes,
@@ -313,6 +317,7 @@ mod tests {
             output_bytes: Some(10),
             arguments,
             approval: None,
+            reason: None,
         }
     }
 

@@ -63,6 +63,9 @@ pub struct AgentOptions {
     pub(crate) origin: crate::approval::webhook::Origin,
     /// The Kubernetes API in cluster mode (the kubernetes approver's McpApprovals).
     pub(crate) kube: Option<super::approvers::KubeClient>,
+    /// Addresses the agent's own requests never go to (`--egress-deny-cidrs`): approval webhooks
+    /// and the upstream model here; the pool has its copy for servers and OAuth.
+    pub(crate) egress: crate::egress::AddressDenyList,
 }
 
 impl AgentOptions {
@@ -84,6 +87,7 @@ impl AgentOptions {
             pool_metrics: PoolMetrics::default(),
             origin: crate::approval::webhook::Origin::default(),
             kube: None,
+            egress: crate::egress::AddressDenyList::none(),
         }
     }
 }
@@ -217,6 +221,10 @@ struct Inner {
     pool: Pool,
     state: watch::Sender<Arc<AgentState>>,
     approvers: Approvers,
+    /// The pod's rate-limit buckets.
+    limiter: crate::policy::rate_limit::Limiter,
+    /// Which set each session was last served, for the `effective_set` audit lines.
+    sets: super::effective_log::SetLog,
 }
 
 impl Agent {
@@ -233,8 +241,15 @@ impl Agent {
             default_set: None,
         };
         let (state, _) = watch::channel(Arc::new(initial));
-        let approvers = Approvers::new(options.origin.clone(), options.kube.clone());
-        Agent { inner: Arc::new(Inner { options, registry, pool, state, approvers }) }
+        let approvers = Approvers::new(options.origin.clone(), options.kube.clone(), options.egress.clone());
+        let limiter = crate::policy::rate_limit::Limiter::default();
+        let sets = super::effective_log::SetLog::default();
+        Agent { inner: Arc::new(Inner { options, registry, pool, state, approvers, limiter, sets }) }
+    }
+
+    /// `--egress-deny-cidrs`.
+    pub(crate) fn egress(&self) -> &crate::egress::AddressDenyList {
+        &self.inner.options.egress
     }
 
     pub(crate) fn profile(&self) -> &str {
@@ -320,6 +335,38 @@ impl Agent {
     }
 
     /// The audit sink.
+    /// Records `set` as served in `context`'s scope: the `effective_set` audit line when it is
+    /// new to the scope (with a warning logged when it offers no tool); with `offered` (a chat
+    /// request's tools, a session's listing) also `mcp_injection_total` per server.
+    pub(crate) fn served_set(&self, set: &EffectiveSet, context: CallContext<'_>, offered: bool) {
+        if offered {
+            let metrics = &self.inner.options.pool_metrics;
+            for (server, status) in set.injections() {
+                metrics.injection(server, status);
+            }
+        }
+        let Some(digest) = self.inner.sets.is_new(context.door, context.session_id, set) else { return };
+        if set.tools().next().is_none() {
+            tracing::warn!(
+                profile = %set.profile, door = ?context.door,
+                "the effective set offers no tool: check the McpProfile's servers and defaultServers, \
+                 and `spearlet explain` for why each tool is left out"
+            );
+        }
+        let audit = &self.inner.options.audit;
+        super::effective_log::record(audit, set, digest, context.door, context.request_id, context.session_id);
+    }
+
+    /// A chat completion's tool loop ended: its iterations, tool calls and the budget it used up.
+    pub(crate) fn chat_loop_done(&self, iterations: u32, tool_calls: u32, budget: Option<&'static str>) {
+        self.inner.options.pool_metrics.chat_loop(iterations, tool_calls, budget);
+    }
+
+    /// Counts a refusal in `mcp_denied_total`.
+    pub(crate) fn denied_metric(&self, server: &str, reason: &'static str) {
+        self.inner.options.pool_metrics.denied(server, reason);
+    }
+
     pub(crate) fn audit(&self) -> &AuditSink {
         &self.inner.options.audit
     }
@@ -390,6 +437,7 @@ impl Agent {
             approval: None,
         };
         let audit_arguments = self.inner.options.audit.arguments(arguments.as_ref().ok().and_then(Option::as_ref));
+        self.served_set(set, context, false);
         let (used, resolved) = self.resolve(set, name, started).await;
         let mut progress = Progress::default();
         call.result = match resolved {
@@ -406,6 +454,10 @@ impl Agent {
         };
         call.latency = started.elapsed();
         call.approval = progress.approval;
+        if let Err(McpError { reason: Some(reason), .. }) = &call.result {
+            let server = call.server_id.clone().or_else(|| used.named_server(name));
+            self.inner.options.pool_metrics.denied(server.as_deref().unwrap_or_default(), reason);
+        }
         if let Err(error) = &call.result
             && !progress.reached_pool
         {
@@ -479,6 +531,7 @@ impl Agent {
             output_bytes: call.result.as_ref().ok().map(|o| o.bytes),
             arguments,
             approval: call.approval.as_ref(),
+            reason: call.result.as_ref().err().and_then(|e| e.reason),
         });
     }
 
@@ -491,28 +544,31 @@ impl Agent {
         reason: String,
         context: CallContext<'_>,
     ) -> ToolCall {
-        self.policy_denied(name, reason, context, &set.profile, set.revision.as_str())
+        let refusal = McpError::denied(ErrorCode::McpPolicyDenied, "not_a_function_call", reason);
+        self.policy_denied(name, refusal, context, &set.profile, set.revision.as_str())
     }
 
     /// Refuses a call a door could not even compute a tool set for (the profile does not exist
     /// or is invalid): audited and counted like every other refusal.
     pub(crate) fn refuse_call(&self, error: &PolicyError, name: &str, context: CallContext<'_>) -> McpError {
         let revision = self.state().snapshot.revision().clone();
-        let call = self.policy_denied(name, error.to_string(), context, self.profile(), revision.as_str());
-        call.result.err().unwrap_or_else(|| McpError::new(ErrorCode::McpPolicyDenied, error.to_string()))
+        let refusal = McpError::denied(ErrorCode::McpPolicyDenied, error.label(), error.to_string());
+        let call = self.policy_denied(name, refusal.clone(), context, self.profile(), revision.as_str());
+        call.result.err().unwrap_or(refusal)
     }
 
     /// The `mcp_policy_denied` call of `name`, never routed: counted and audited.
     fn policy_denied(
         &self,
         name: &str,
-        reason: String,
+        refusal: McpError,
         context: CallContext<'_>,
         profile: &str,
         revision: &str,
     ) -> ToolCall {
-        let refusal = McpError::new(ErrorCode::McpPolicyDenied, reason);
-        self.inner.options.pool_metrics.refused("", refusal.code.as_str());
+        let metrics = &self.inner.options.pool_metrics;
+        metrics.refused("", refusal.code.as_str());
+        metrics.denied("", refusal.reason.unwrap_or("policy"));
         let call = ToolCall {
             name: name.to_string(),
             server_id: None,
@@ -543,26 +599,29 @@ impl Agent {
                 return (current, Ok(route));
             }
             let Some(unlisted) = current.unlisted(name) else {
-                let error = McpError::new(
+                let error = McpError::denied(
                     ErrorCode::McpPolicyDenied,
+                    current.refusal_reason(name),
                     format!("tool '{name}' is not available to this workload (McpProfile '{}')", current.profile),
                 );
                 return (current, Err((error, None)));
             };
             // Refusals only a configuration change ends: at once, not after the tool timeout.
             let refusal = match &unlisted.listing {
-                Listing::EnvMissing(variable) => Some(format!(
-                    "server '{}' needs the variable {variable}, which is not set in the agent's environment",
-                    unlisted.server
+                Listing::EnvMissing(variable) => Some((
+                    Some("env_missing"),
+                    format!(
+                        "server '{}' needs the variable {variable}, which is not set in the agent's environment",
+                        unlisted.server
+                    ),
                 )),
                 Listing::Failed { message, lasting: true } => {
-                    Some(format!("server '{}' cannot be used: {message}", unlisted.server))
+                    Some((None, format!("server '{}' cannot be used: {message}", unlisted.server)))
                 }
                 _ => None,
             };
-            if let Some(message) = refusal {
-                let error =
-                    McpError { code: ErrorCode::McpUnavailable, message, retryable: false, refused_by_server: None };
+            if let Some((reason, message)) = refusal {
+                let error = McpError { retryable: false, reason, ..McpError::new(ErrorCode::McpUnavailable, message) };
                 return (current, Err((error, Some(unlisted.server))));
             }
             // The first time, look at the state published since the door computed `set`;
@@ -583,11 +642,15 @@ impl Agent {
             match &state.catalog {
                 Some(catalog) if !current.is_from(catalog) => match current.recompute(catalog) {
                     Ok(newer) => current = Cow::Owned(newer),
-                    Err(e) => return (current, Err((McpError::new(ErrorCode::McpPolicyDenied, e.to_string()), None))),
+                    Err(e) => {
+                        let error = McpError::denied(ErrorCode::McpPolicyDenied, e.label(), e.to_string());
+                        return (current, Err((error, None)));
+                    }
                 },
                 None if state.generation > 0 => {
-                    let reason = state.profile_error.clone().unwrap_or_else(|| "the profile is not served".into());
-                    return (current, Err((McpError::new(ErrorCode::McpPolicyDenied, reason), None)));
+                    let message = state.profile_error.clone().unwrap_or_else(|| "the profile is not served".into());
+                    let error = McpError::denied(ErrorCode::McpPolicyDenied, "profile_unavailable", message);
+                    return (current, Err((error, None)));
                 }
                 // The same catalog, or the first state is not published yet: wait on.
                 _ => {}
@@ -628,6 +691,19 @@ impl Agent {
             arguments: arguments.as_ref(),
             revision: set.revision.as_str(),
         };
+        let rates = set.rate_rules();
+        if !rates.is_empty() {
+            let model_name = tool.map_or(name, |t| &*t.name);
+            let buckets = rates.buckets(&route.server, &route.tool, model_name);
+            if let Err(limited) = self.inner.limiter.take(&buckets, Instant::now()) {
+                let message = format!(
+                    "'{name}' is over its rate limit, {}: retry in {} ms",
+                    limited.bucket.describe(&set.profile),
+                    limited.retry_after.as_millis().max(1)
+                );
+                return Err(McpError::rate_limited(message, limited.retry_after));
+            }
+        }
         let mode = tool.map_or(ApprovalMode::Never, |t| t.approval);
         let approved = if crate::policy::approval::needs_approval(mode, subject.annotations) {
             // Time spent waiting for the tool list counts against the call's budget, and so
@@ -1050,8 +1126,7 @@ fn unlisted_error(name: &str, unlisted: &Unlisted, health: Option<&Health>, wait
             unlisted.server,
             waited.as_millis()
         ),
-        retryable: true,
-        refused_by_server: None,
+        ..McpError::new(ErrorCode::McpUnavailable, "")
     }
 }
 
@@ -1065,8 +1140,8 @@ fn empty_output() -> ToolOutput {
     }
 }
 
-/// Hash of the default tool set as an MCP client sees it.
-fn fingerprint(set: &EffectiveSet) -> u64 {
+/// Hash of a tool set as an MCP client sees it.
+pub(crate) fn fingerprint(set: &EffectiveSet) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     for (server, tool) in set.tools() {
         server.id.hash(&mut hasher);

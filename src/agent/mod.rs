@@ -8,6 +8,7 @@
 //! - [`key_guard`]: the doors' API key check (the pod's sidecars share its loopback).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/effective` (loopback).
 //! - [`audit`]: one JSON line per tool call.
+//! - `effective_log`: the `effective_set` audit lines and injection counts, per session.
 //! - [`server_state`]: `mcp_server_state`, each server's state read from the pool at scrape time.
 //! - [`revision`]: the registry revision every HTTP answer names.
 //! - [`serve`]: binding the ports, building the three doors, shutting down in order.
@@ -18,6 +19,7 @@ mod approvers;
 pub mod audit;
 pub mod core;
 pub(crate) mod doors;
+pub(crate) mod effective_log;
 pub(crate) mod http_guard;
 mod key_guard;
 mod resources;

@@ -360,14 +360,19 @@ impl Agent {
             output_bytes: result.as_ref().ok().map(|read| read.bytes),
             arguments: Value::from("[redacted]"),
             approval: None,
+            reason: result.as_ref().err().and_then(|e| e.reason),
         });
+        if let Err(McpError { reason: Some(reason), .. }) = result {
+            self.denied_metric(server.unwrap_or_default(), reason);
+        }
     }
 }
 
 /// The refusal of an item the policy excludes: `mcp_policy_denied` with the layer's reason.
 fn refusal(decision: crate::policy::Decision) -> McpError {
-    McpError::new(
+    McpError::denied(
         ErrorCode::McpPolicyDenied,
+        decision.reason.label(),
         format!(
             "not allowed: {}{}",
             decision.reason,
@@ -378,8 +383,9 @@ fn refusal(decision: crate::policy::Decision) -> McpError {
 
 /// A prompt name that names nothing this workload may use.
 fn unknown_prompt(asked: &str) -> McpError {
-    McpError::new(
+    McpError::denied(
         ErrorCode::McpPolicyDenied,
+        "unknown_prompt",
         format!("'{}' is not a prompt this workload may use", audit::capped(asked)),
     )
 }

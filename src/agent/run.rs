@@ -31,6 +31,7 @@ use super::audit::AuditSink;
 use super::core::{Agent, AgentOptions};
 use super::serve::{AgentConfig, AuditTarget, Listeners, ServeError, serve};
 use crate::api::keys;
+use crate::egress::AddressDenyList;
 use crate::mcp::config::Mode;
 use crate::mcp::{Pool, PoolOptions};
 use crate::registry::dir::{DirOptions, DirSource};
@@ -276,9 +277,18 @@ async fn run(
     let registry_metrics = RegistryMetrics::register(&mut metrics);
     audit.register(&mut metrics);
     crate::telemetry::register_log_drops(&mut metrics);
+    let default_egress = match mode {
+        Mode::Local => AddressDenyList::AGENT_LOCAL,
+        Mode::Sidecar { .. } => AddressDenyList::AGENT_POD,
+    };
+    let egress = match &config.egress {
+        Some(egress) => egress.clone(),
+        None => default_egress.parse().map_err(|e| RunError::Config(format!("--egress-deny-cidrs: {e}")))?,
+    };
     // The agent keeps its sessions: a pod's servers stay connected while the pod lives.
     let pool = Pool::new(PoolOptions {
         mode,
+        egress: egress.clone(),
         idle_timeout: None,
         metrics: pool_metrics.clone(),
         hidden_env: config.upstream.api_key_env.iter().cloned().collect(),
@@ -290,6 +300,7 @@ async fn run(
     options.pool_metrics = pool_metrics;
     options.origin = origin;
     options.kube = kube.map(super::approvers::KubeClient);
+    options.egress = egress;
     let agent = Agent::new(options, registry, pool);
     metrics.register_collector(Box::new(super::server_state::ServerStateCollector::new(agent.clone())));
 

@@ -85,6 +85,9 @@ pub struct AgentConfig {
     /// The key chat completions, `/mcp` and gRPC require as a bearer (`api::api_key`); `None`
     /// admits every caller that reaches them.
     pub api_key: Option<ApiKey>,
+    /// `--egress-deny-cidrs`; `None`: the mode's default (`AddressDenyList::AGENT_LOCAL`, or
+    /// `AGENT_POD` in a pod).
+    pub egress: Option<crate::egress::AddressDenyList>,
 }
 
 /// The three bound listeners (bound first, so a taken port fails fast and names its flag).

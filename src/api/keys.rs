@@ -109,6 +109,8 @@ pub(crate) const ENV_SECRET_REFS: &str = "SPEAR_SECRET_REFS";
 pub(crate) const ENV_GRANTED_DESTINATIONS: &str = "SPEAR_GRANTED_DESTINATIONS";
 pub(crate) const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
 pub(crate) const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
+/// `--egress-deny-cidrs` of spearlet.
+pub(crate) const ENV_EGRESS_DENY_CIDRS: &str = "SPEAR_EGRESS_DENY_CIDRS";
 /// The chat upstream's API key (from the profile's `chat.upstream.apiKeySecretRef`; in local
 /// mode, export it).
 pub(crate) const ENV_UPSTREAM_API_KEY: &str = "SPEAR_UPSTREAM_API_KEY";
@@ -163,6 +165,8 @@ pub(crate) const ENV_LEASE_NAME: &str = "SPEAR_LEASE_NAME";
 pub(crate) const ENV_PROBE_INTERVAL_SECONDS: &str = "SPEAR_PROBE_INTERVAL_SECONDS";
 pub(crate) const ENV_PROBE_NAMESPACES: &str = "SPEAR_PROBE_NAMESPACES";
 pub(crate) const ENV_PROBE_DENY_CIDRS: &str = "SPEAR_PROBE_DENY_CIDRS";
+/// `spear-operator run --agent-egress-deny-cidrs`.
+pub(crate) const ENV_AGENT_EGRESS_DENY_CIDRS: &str = "SPEAR_AGENT_EGRESS_DENY_CIDRS";
 /// `spear-operator run --forbidden-token-audiences`.
 pub(crate) const ENV_FORBIDDEN_TOKEN_AUDIENCES: &str = "SPEAR_FORBIDDEN_TOKEN_AUDIENCES";
 pub(crate) const ENV_WEBHOOK_ADDR: &str = "SPEAR_WEBHOOK_ADDR";

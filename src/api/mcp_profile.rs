@@ -108,6 +108,14 @@ pub struct McpProfileSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<ProfileBudgets>,
 
+    /// Calls per tool, per pod, on top of the servers' own limits (which still apply: a profile
+    /// can only narrow). Keys are patterns as in `toolAllowlist` (a tool name or
+    /// `<server>/<tool>`, `*` and `?`) or over model-facing names (`mcp__github__*`); each tool a
+    /// pattern matches gets its own bucket. At most 64.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub rate_limits: super::rate_limit::RateLimits,
+
     /// Chat completion settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat: Option<ChatSpec>,

@@ -546,6 +546,17 @@ pub struct ServerBudgets {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1000, max = 900_000))]
     pub startup_timeout_ms: Option<u32>,
+
+    /// Calls to this server, all tools together, per pod: a token bucket. Past it a call ends
+    /// with `mcp_rate_limited` (retryable, with `retry_after_ms`). Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<super::rate_limit::RateLimit>,
+
+    /// Calls per tool, per pod: each tool a pattern (a tool name glob, `*` and `?`) matches
+    /// gets its own bucket with that limit; every matching pattern applies. At most 64.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub tool_rate_limits: super::rate_limit::RateLimits,
 }
 
 impl ServerBudgets {
@@ -627,6 +638,8 @@ impl McpServerSpec {
             max_concurrency: Some(b.max_concurrency()),
             max_tool_output_bytes: Some(b.max_tool_output_bytes()),
             startup_timeout_ms: Some(b.startup_timeout_ms()),
+            rate_limit: b.rate_limit,
+            tool_rate_limits: b.tool_rate_limits,
         }
     }
 }

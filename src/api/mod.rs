@@ -19,6 +19,7 @@
 //! - [`approval`]: who approves a call that needs approval (`McpProfile.spec.approval`);
 //!   `mcp_approval.rs`: the `McpApproval` a kubernetes approver answers.
 //! - [`pinning`]: pinned tool definitions, their canonical digest and its spelling.
+//! - [`rate_limit`]: how often a pod may call a server, a tool, a profile's tools.
 //! - [`keys`]: every name two parts must agree on (labels, annotations, env vars, ports, container
 //!   and role names): one definition for the webhook, the agent, the operator and the tests.
 //! - `names`: the names both sides derive (secret env vars and refs, the socket file, short hashes).
@@ -36,6 +37,7 @@ mod mcp_profile;
 mod mcp_server;
 pub(crate) mod names;
 pub mod pinning;
+pub mod rate_limit;
 mod schema;
 pub mod secret_grant;
 pub mod validate;
@@ -45,6 +47,7 @@ pub use mcp_approval::*;
 pub use mcp_profile::*;
 pub use mcp_server::*;
 pub use pinning::{PinMode, Pinning};
+pub use rate_limit::RateLimit;
 pub(crate) use validate::{Validate, ValidationError};
 
 #[cfg(test)]

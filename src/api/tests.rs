@@ -89,6 +89,11 @@ fn full_server() -> McpServer {
                 max_concurrency: Some(2),
                 max_tool_output_bytes: Some(4096),
                 startup_timeout_ms: Some(60_000),
+                rate_limit: Some(crate::api::RateLimit { per_minute: 600, burst: Some(20) }),
+                tool_rate_limits: BTreeMap::from([(
+                    "write_*".into(),
+                    crate::api::RateLimit { per_minute: 6, burst: None },
+                )]),
             }),
             pinning: Some(crate::api::Pinning {
                 mode: crate::api::PinMode::Warn,
@@ -183,6 +188,10 @@ fn full_profile() -> McpProfile {
                 max_tool_output_bytes: Some(1024),
                 tool_timeout_ms: Some(500),
             }),
+            rate_limits: BTreeMap::from([(
+                "mcp__fs__*".into(),
+                crate::api::RateLimit { per_minute: 60, burst: Some(5) },
+            )]),
             chat: Some(ChatSpec {
                 upstream: Some(UpstreamSpec {
                     url: "https://api.openai.com/v1".into(),

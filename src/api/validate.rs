@@ -54,6 +54,28 @@ impl Problems {
         }
     }
 
+    fn rate_limit(&mut self, field: &str, limit: &super::RateLimit) {
+        for (field, message, fix) in super::rate_limit::problems(field, limit) {
+            self.push(field, message, fix);
+        }
+    }
+
+    /// A map of pattern → limit: at most 64 patterns, each a valid tool pattern.
+    fn rate_limits(&mut self, field: &str, limits: &super::rate_limit::RateLimits) {
+        use super::rate_limit::MAX_RATE_LIMIT_PATTERNS;
+        if limits.len() > MAX_RATE_LIMIT_PATTERNS {
+            let fix = format!("list at most {MAX_RATE_LIMIT_PATTERNS}; one pattern can cover many tools");
+            self.push(field, format!("has {} patterns", limits.len()), fix);
+        }
+        for (pattern, limit) in limits {
+            let field = format!("{field}[{pattern}]");
+            if let Err((message, fix)) = check_tool_pattern(pattern) {
+                self.push(field.clone(), message, fix);
+            }
+            self.rate_limit(&field, limit);
+        }
+    }
+
     fn max_items<T>(&mut self, field: &str, items: &[T], max: usize) {
         if items.len() > max {
             self.push(field, format!("has {} items", items.len()), format!("list at most {max}"));
@@ -361,6 +383,10 @@ impl Validate for McpServer {
             p.range("spec.budgets.maxToolOutputBytes", b.max_tool_output_bytes, lo, hi);
             let (lo, hi) = bounds::STARTUP_TIMEOUT_MS;
             p.range("spec.budgets.startupTimeoutMs", b.startup_timeout_ms, lo, hi);
+            if let Some(limit) = &b.rate_limit {
+                p.rate_limit("spec.budgets.rateLimit", limit);
+            }
+            p.rate_limits("spec.budgets.toolRateLimits", &b.tool_rate_limits);
         }
         p.0
     }
@@ -663,6 +689,7 @@ impl Validate for McpProfile {
             let (lo, hi) = bounds::TOOL_TIMEOUT_MS;
             p.range("spec.budgets.toolTimeoutMs", b.tool_timeout_ms, lo, hi);
         }
+        p.rate_limits("spec.rateLimits", &spec.rate_limits);
         if let Some(upstream) = spec.chat.as_ref().and_then(|c| c.upstream.as_ref()) {
             check_http_url(&mut p, "spec.chat.upstream.url", &upstream.url);
             if let Some(secret) = &upstream.api_key_secret_ref {

@@ -96,6 +96,7 @@ impl ChatError {
             ChatError::Upstream(U::Unreachable { .. }) => {
                 (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unreachable")
             }
+            ChatError::Upstream(U::Denied { .. }) => (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_denied"),
             ChatError::Upstream(U::InvalidResponse { .. }) => {
                 (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_invalid_response")
             }

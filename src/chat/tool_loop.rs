@@ -84,11 +84,14 @@ pub(crate) struct BudgetNote {
     pub(crate) code: &'static str,
     /// Which budget, and what was not done.
     pub(crate) message: String,
+    /// The budget, as the metric labels it: `max_total_tool_calls` or `max_iterations`.
+    #[serde(skip)]
+    pub(crate) budget: &'static str,
 }
 
 impl BudgetNote {
-    fn new(message: String) -> Self {
-        BudgetNote { code: ErrorCode::McpBudgetExceeded.as_str(), message }
+    fn new(budget: &'static str, message: String) -> Self {
+        BudgetNote { code: ErrorCode::McpBudgetExceeded.as_str(), message, budget }
     }
 }
 
@@ -159,26 +162,32 @@ impl LoopState {
         let LoopBudgets { max_iterations, max_total_tool_calls } = self.budgets;
         let remaining = max_total_tool_calls.saturating_sub(self.tool_calls) as usize;
         if remaining == 0 {
-            return Next::Stop(BudgetNote::new(format!(
-                "maxTotalToolCalls ({max_total_tool_calls}) reached: {} more tool call(s) not executed",
-                executed.len()
-            )));
+            return Next::Stop(BudgetNote::new(
+                "max_total_tool_calls",
+                format!(
+                    "maxTotalToolCalls ({max_total_tool_calls}) reached: {} more tool call(s) not executed",
+                    executed.len()
+                ),
+            ));
         }
         let to_caller = kinds.contains(&CallKind::Caller);
         // Results the model never sees are not worth running: without another request allowed,
         // stop (unless the answer goes back to the caller, who continues the conversation).
         if !to_caller && self.iterations >= max_iterations {
-            return Next::Stop(BudgetNote::new(format!(
-                "maxIterations ({max_iterations}) reached: the model asked for {} more tool call(s), not executed",
-                executed.len()
-            )));
+            return Next::Stop(BudgetNote::new(
+                "max_iterations",
+                format!(
+                    "maxIterations ({max_iterations}) reached: the model asked for {} more tool call(s), not executed",
+                    executed.len()
+                ),
+            ));
         }
         let run_count = remaining.min(executed.len());
         let (run, refused) = executed.split_at(run_count);
         // `run_count <= remaining`, which came from a u32.
         self.tool_calls += u32::try_from(run_count).unwrap_or(u32::MAX);
         let note = (!refused.is_empty()).then(|| {
-            BudgetNote::new(format!(
+            BudgetNote::new("max_total_tool_calls", format!(
                 "maxTotalToolCalls ({max_total_tool_calls}) reached: {} of {} tool call(s) in iteration {} not executed",
                 refused.len(),
                 executed.len(),

@@ -20,6 +20,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use super::error::ChatError;
 use super::types::{ChatCompletion, ChatRequest};
 use crate::api::UpstreamSpec;
+use crate::egress::AddressDenyList;
 
 /// Upstream settings from the agent's flags; each wins over the profile's.
 #[derive(Clone, Default)]
@@ -175,6 +176,9 @@ pub enum UpstreamError {
         /// Its content type.
         content_type: Option<HeaderValue>,
     },
+    /// The upstream URL names an address `--egress-deny-cidrs` denies.
+    #[error("upstream {url} is an address the agent does not connect to (--egress-deny-cidrs)")]
+    Denied { url: String },
     /// The upstream answered 2xx with something that is not a chat completion.
     #[error("upstream {url} answered with something that is not a chat completion: {message}")]
     InvalidResponse {
@@ -192,26 +196,34 @@ const MAX_RESPONSE_BYTES: usize = 16 << 20;
 #[derive(Clone, Debug)]
 pub(crate) struct Upstream {
     client: reqwest::Client,
+    /// `--egress-deny-cidrs`, for URLs that name an address.
+    deny: AddressDenyList,
 }
+
+/// The resolver's error for an upstream whose name resolves only into denied ranges.
+const DENIED_BY_NAME: &str = "the upstream's name resolves only to addresses the agent does not connect to \
+     (--egress-deny-cidrs: link-local, cloud metadata and 0.0.0.0/8 always, loopback in a pod)";
 
 impl Upstream {
     /// A client with these time limits.
-    pub(crate) fn new(timeouts: UpstreamTimeouts) -> Result<Self, UpstreamError> {
+    pub(crate) fn new(timeouts: UpstreamTimeouts, deny: &AddressDenyList) -> Result<Self, UpstreamError> {
         // reqwest is built with rustls and no provider (rmcp's feature): install ring first.
         crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .timeout(timeouts.request)
             // No redirects: the request carries the model key, and a POST API has no reason to
             // move; a 3xx goes back to the caller like any other upstream status.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|source| UpstreamError::Client { source })?;
-        Ok(Upstream { client })
+            .redirect(reqwest::redirect::Policy::none());
+        let client = deny.apply(builder, DENIED_BY_NAME).build().map_err(|source| UpstreamError::Client { source })?;
+        Ok(Upstream { client, deny: deny.clone() })
     }
 
     /// POSTs `body` to `target` and reads the completion.
     pub(crate) async fn complete(&self, target: &Target, body: &ChatRequest) -> Result<ChatCompletion, UpstreamError> {
+        if self.deny.denies_literal(&target.url) {
+            return Err(UpstreamError::Denied { url: target.url.clone() });
+        }
         // Serializing these types cannot fail (string keys, no non-finite floats from JSON input).
         let bytes = serde_json::to_vec(body).unwrap_or_default();
         let mut request = self

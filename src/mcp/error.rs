@@ -27,6 +27,8 @@ pub enum ErrorCode {
     McpApprovalDenied,
     /// A loop or call budget is used up.
     McpBudgetExceeded,
+    /// A rate limit is used up for now; `retry_after_ms` says when a call would pass.
+    McpRateLimited,
 }
 
 impl ErrorCode {
@@ -41,6 +43,7 @@ impl ErrorCode {
             ErrorCode::McpApprovalRequired => "mcp_approval_required",
             ErrorCode::McpApprovalDenied => "mcp_approval_denied",
             ErrorCode::McpBudgetExceeded => "mcp_budget_exceeded",
+            ErrorCode::McpRateLimited => "mcp_rate_limited",
         }
     }
 }
@@ -65,6 +68,12 @@ pub struct McpError {
     /// the same JSON-RPC error, since its caller wrote the request; the other doors keep the
     /// structured tool error.
     pub(crate) refused_by_server: Option<Box<ServerRefusal>>,
+    /// Why governance refused the call (`not_in_profile`, `denied_by:profile`, `rate_limited`,
+    /// ...): the audit line's `reason` and the `reason` label of `mcp_denied_total`. One of a
+    /// fixed set, never the caller's text. `None` for failures that are not refusals.
+    pub(crate) reason: Option<&'static str>,
+    /// For `mcp_rate_limited`: milliseconds until the same call would pass.
+    pub(crate) retry_after_ms: Option<u64>,
 }
 
 /// A server's JSON-RPC refusal of a caller's request, as `/mcp` relays it.
@@ -101,12 +110,41 @@ impl McpError {
     /// retry; the others are not until something changes).
     pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         let retryable = matches!(code, ErrorCode::McpUnavailable | ErrorCode::McpTimeout);
-        McpError { code, message: message.into(), retryable, refused_by_server: None }
+        McpError {
+            code,
+            message: message.into(),
+            retryable,
+            refused_by_server: None,
+            reason: None,
+            retry_after_ms: None,
+        }
+    }
+
+    /// A refusal by governance, with its reason (see [`McpError::reason`]).
+    pub(crate) fn denied(code: ErrorCode, reason: &'static str, message: impl Into<String>) -> Self {
+        McpError { reason: Some(reason), ..McpError::new(code, message) }
+    }
+
+    /// `mcp_rate_limited`: retryable after `retry_after` (rounded up to whole milliseconds).
+    pub(crate) fn rate_limited(message: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        let ms = retry_after.as_micros().div_ceil(1000);
+        McpError {
+            retryable: true,
+            retry_after_ms: Some(u64::try_from(ms).unwrap_or(u64::MAX)),
+            ..McpError::denied(ErrorCode::McpRateLimited, "rate_limited", message)
+        }
     }
 
     /// `{"error": {"code", "message", "retryable"}}`, the tool output a model sees.
     pub(crate) fn to_tool_output(&self) -> serde_json::Value {
-        serde_json::json!({"error": {"code": self.code, "message": self.message, "retryable": self.retryable}})
+        let mut error = serde_json::json!({"code": self.code, "message": self.message, "retryable": self.retryable});
+        if let Some(ms) = self.retry_after_ms {
+            error["retry_after_ms"] = ms.into();
+        }
+        if let Some(reason) = self.reason {
+            error["reason"] = reason.into();
+        }
+        serde_json::json!({ "error": error })
     }
 
     /// A tool result carrying this error: `isError`, the error object as text for clients that
@@ -140,6 +178,17 @@ mod tests {
         assert!(McpError::new(ErrorCode::McpUnavailable, "x").retryable);
         assert!(!McpError::new(ErrorCode::McpInvalidArguments, "x").retryable);
         assert!(!McpError::new(ErrorCode::McpOutputTooLarge, "x").retryable);
+        assert!(McpError::rate_limited("x", std::time::Duration::from_micros(1)).retryable);
+    }
+
+    #[test]
+    fn a_rate_limited_call_says_when_to_come_back_rounded_up() {
+        let e = McpError::rate_limited("over", std::time::Duration::from_micros(1_500));
+        assert_eq!(
+            e.to_tool_output(),
+            serde_json::json!({"error": {"code": "mcp_rate_limited", "message": "over", "retryable": true,
+                "retry_after_ms": 2, "reason": "rate_limited"}})
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!   endpoints live), the cloud metadata addresses outside it (`fd00:ec2::254`,
 //!   `100.100.100.200`), unspecified, multicast and broadcast. Loopback only when the anchor
 //!   (the MCP server, the webhook's URL) itself names loopback. Private ranges are allowed (an identity provider at `sso.corp`).
-//!   This is rmcp's `new_allowing_private_addresses` policy, which it does not export.
+//!   This is rmcp's `new_allowing_private_addresses` policy, which it does not export. On top,
+//!   whatever `--egress-deny-cidrs` denies (`crate::egress`: loopback too, in a pod).
 //! - **No redirects.** A redirect would carry the credential (or the discovery) elsewhere.
 //! - **Bounded.** 30 s per request, 64 KiB of answer.
 
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::oauth::TokenError;
+use crate::egress::AddressDenyList;
 
 /// A request gets this long to answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -46,6 +48,11 @@ pub(crate) fn address_refusal(ip: IpAddr, loopback_allowed: bool) -> Option<&'st
     }
 }
 
+/// [`address_refusal`], or the egress deny list's.
+fn refusal(ip: IpAddr, loopback_allowed: bool, deny: &AddressDenyList) -> Option<&'static str> {
+    address_refusal(ip, loopback_allowed).or_else(|| deny.denies(ip).then_some("in --egress-deny-cidrs"))
+}
+
 /// Whether `url`'s host is loopback (`localhost` or a loopback literal).
 fn is_loopback_url(url: &url::Url) -> bool {
     match url.host() {
@@ -63,19 +70,21 @@ fn is_loopback_url(url: &url::Url) -> bool {
 struct PolicyResolver {
     loopback_allowed: bool,
     purpose: &'static str,
+    deny: AddressDenyList,
 }
 
 impl reqwest::dns::Resolve for PolicyResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let loopback_allowed = self.loopback_allowed;
         let purpose = self.purpose;
+        let deny = self.deny.clone();
+        let refusal = move |ip: IpAddr| refusal(ip, loopback_allowed, &deny);
         let host = name.as_str().to_string();
         Box::pin(async move {
             let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> =
-                found.iter().copied().filter(|a| address_refusal(a.ip(), loopback_allowed).is_none()).collect();
+            let allowed: Vec<SocketAddr> = found.iter().copied().filter(|a| refusal(a.ip()).is_none()).collect();
             if allowed.is_empty() && !found.is_empty() {
-                let why = found.first().and_then(|a| address_refusal(a.ip(), loopback_allowed)).unwrap_or("refused");
+                let why = found.first().and_then(|a| refusal(a.ip())).unwrap_or("refused");
                 return Err(
                     format!("{host} resolves only to addresses the agent does not send {purpose} to ({why})").into()
                 );
@@ -100,6 +109,8 @@ pub(crate) struct OutboundHttp {
     loopback_allowed: bool,
     /// What the requests are, for errors ("OAuth requests").
     purpose: &'static str,
+    /// `--egress-deny-cidrs`.
+    deny: AddressDenyList,
 }
 
 impl std::fmt::Debug for OutboundHttp {
@@ -110,20 +121,23 @@ impl std::fmt::Debug for OutboundHttp {
 
 impl OutboundHttp {
     /// The client for OAuth requests on behalf of the MCP server at `server_url`.
-    pub(crate) fn new(server_url: &str) -> Self {
-        Self::anchored(server_url, "OAuth requests")
+    pub(crate) fn new(server_url: &str, deny: &AddressDenyList) -> Self {
+        Self::anchored(server_url, "OAuth requests", deny)
     }
 
-    /// The client for `purpose` requests whose address policy anchors to `anchor_url`.
-    pub(crate) fn anchored(anchor_url: &str, purpose: &'static str) -> Self {
+    /// The client for `purpose` requests whose address policy anchors to `anchor_url`, never
+    /// dialling what `deny` (`--egress-deny-cidrs`) denies either.
+    pub(crate) fn anchored(anchor_url: &str, purpose: &'static str, deny: &AddressDenyList) -> Self {
         let loopback_allowed = url::Url::parse(anchor_url).is_ok_and(|u| is_loopback_url(&u));
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(REQUEST_TIMEOUT)
-            .dns_resolver(Arc::new(PolicyResolver { loopback_allowed, purpose }))
-            .build()
-            .map_err(|e| crate::telemetry::error_chain(&e));
-        OutboundHttp { client, loopback_allowed, purpose }
+            .dns_resolver(Arc::new(PolicyResolver { loopback_allowed, purpose, deny: deny.clone() }));
+        if !deny.is_empty() {
+            builder = builder.no_proxy();
+        }
+        let client = builder.build().map_err(|e| crate::telemetry::error_chain(&e));
+        OutboundHttp { client, loopback_allowed, purpose, deny: deny.clone() }
     }
 
     /// The refusal of `url` by the address policy, when its host is an IP literal (a name is
@@ -134,7 +148,7 @@ impl OutboundHttp {
             Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
             _ => return Ok(()),
         };
-        match address_refusal(ip, self.loopback_allowed) {
+        match refusal(ip, self.loopback_allowed, &self.deny) {
             Some(why) => Err(TokenError::lasting(format!(
                 "refused to send {} to {}: {why} (the agent never sends its own requests there)",
                 self.purpose,
@@ -249,7 +263,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_endpoint_at_a_metadata_address_is_refused_without_a_connection() {
-        let http = OutboundHttp::new("http://127.0.0.1:1/mcp");
+        let http = OutboundHttp::new("http://127.0.0.1:1/mcp", &AddressDenyList::none());
         let url = url::Url::parse("http://169.254.169.254/latest/token").expect("url");
         let refused = http.post_form(&url, &[("grant_type", "client_credentials")], None).await;
         let error = refused.err().expect("refused");
@@ -258,7 +272,15 @@ mod tests {
         let error = http.get(&url).await.err().expect("refused");
         assert!(error.message.contains("metadata"), "{error:?}");
         // A name resolving to loopback, for a server that is not on loopback.
-        let remote = OutboundHttp::new("https://mcp.example.com/mcp");
+        let remote = OutboundHttp::new("https://mcp.example.com/mcp", &AddressDenyList::none());
+        // A range the deny list adds, in a name's addresses and in a literal.
+        let denied = OutboundHttp::new("http://127.0.0.1:1/mcp", &"127.0.0.0/8".parse().expect("valid"));
+        let url = url::Url::parse("http://127.0.0.1:1/token").expect("url");
+        let error = denied.get(&url).await.err().expect("refused");
+        assert!(error.message.contains("--egress-deny-cidrs"), "{error:?}");
+        let url = url::Url::parse("http://localhost:1/token").expect("url");
+        let error = denied.get(&url).await.err().expect("refused");
+        assert!(error.message.contains("--egress-deny-cidrs"), "{error:?}");
         let url = url::Url::parse("http://localhost:1/token").expect("url");
         let error = remote.get(&url).await.err().expect("refused");
         assert!(error.message.contains("does not send OAuth requests"), "{error:?}");

@@ -109,8 +109,14 @@ pub(crate) struct TokenSource {
 }
 
 impl TokenSource {
-    pub(crate) fn new(server: Arc<str>, url: String, auth: AuthEndpoint, metrics: PoolMetrics) -> Self {
-        let http = OutboundHttp::new(&url);
+    pub(crate) fn new(
+        server: Arc<str>,
+        url: String,
+        auth: AuthEndpoint,
+        metrics: PoolMetrics,
+        egress: &crate::egress::AddressDenyList,
+    ) -> Self {
+        let http = OutboundHttp::new(&url, egress);
         let state = State {
             token: None,
             discovery: None,

@@ -14,13 +14,9 @@
 //! status alone, so a new leader continues it. Why: `src/operator/README.md`, "Probes".
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-use ipnet::IpNet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -29,6 +25,8 @@ use crate::api::conditions::types;
 use crate::api::env_ref;
 use crate::api::pinning::ToolDigest;
 use crate::api::{McpServer, McpServerStatus, Transport};
+pub use crate::egress::AddressDenyList;
+use crate::egress::{DenyingResolver, literal_ip};
 use crate::mcp::config::Endpoint;
 use crate::mcp::limits::{self, ListLimits};
 use crate::mcp::pool::tool_info;
@@ -81,110 +79,6 @@ pub enum ProbeNamespaces {
     None,
 }
 
-/// Address ranges a probe never connects to. The default is [`AddressDenyList::DEFAULT`]:
-/// loopback (the operator's own pod, and node-local services with host networking), link-local
-/// (cloud metadata endpoints such as 169.254.169.254), the metadata endpoints outside it (AWS
-/// IMDS over IPv6 `fd00:ec2::254`, Alibaba Cloud's `100.100.100.200`) and "this host" (0.0.0.0
-/// dials loopback).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AddressDenyList(Vec<IpNet>);
-
-impl AddressDenyList {
-    /// The default ranges, in the flag's syntax.
-    pub const DEFAULT: &str =
-        "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,fd00:ec2::254/128,100.100.100.200/32,0.0.0.0/8,::/128";
-
-    /// No range: every address may be probed.
-    pub fn none() -> Self {
-        AddressDenyList(Vec::new())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Whether `ip` is in a denied range. An IPv4 address written as IPv6 (`::ffff:127.0.0.1`)
-    /// is checked as the IPv4 address it dials.
-    pub fn denies(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        self.0.iter().any(|range| range.contains(&ip))
-    }
-}
-
-impl Default for AddressDenyList {
-    fn default() -> Self {
-        AddressDenyList::from_str(Self::DEFAULT).unwrap_or_else(|_| AddressDenyList::none())
-    }
-}
-
-/// A `--probe-deny-cidrs` entry that is not an address range.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "--probe-deny-cidrs: '{entry}' is not an address range; write CIDRs separated by commas \
-     (for example {default}), or an empty value to probe every address",
-    default = AddressDenyList::DEFAULT
-)]
-pub struct DenyListError {
-    entry: String,
-}
-
-impl FromStr for AddressDenyList {
-    type Err = DenyListError;
-
-    /// Comma-separated CIDRs (`10.0.0.0/8`) or single addresses; empty entries are skipped, so
-    /// an empty text is the empty list.
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        text.split(',')
-            .map(str::trim)
-            .filter(|entry| !entry.is_empty())
-            .map(|entry| {
-                entry
-                    .parse::<IpNet>()
-                    .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
-                    .map(|net| net.trunc())
-                    .map_err(|_| DenyListError { entry: entry.to_string() })
-            })
-            .collect::<Result<_, _>>()
-            .map(AddressDenyList)
-    }
-}
-
-/// The IP address a URL's host is written as, if it is one (`http://[::1]/`, `http://10.0.0.1/`):
-/// such a URL is dialled without a lookup, so it is checked before connecting.
-fn literal_ip(url: &str) -> Option<IpAddr> {
-    match url::Url::parse(url).ok()?.host()? {
-        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
-        url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
-        url::Host::Domain(_) => None,
-    }
-}
-
-/// The probe's name resolver: the system's (`getaddrinfo`), with denied addresses removed.
-/// When every address of a name is denied the lookup fails and `denied` is set, so the probe can
-/// say why without parsing the HTTP client's error text.
-struct DenyingResolver {
-    deny: AddressDenyList,
-    denied: Arc<AtomicBool>,
-}
-
-impl reqwest::dns::Resolve for DenyingResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let deny = self.deny.clone();
-        let denied = self.denied.clone();
-        let host = name.as_str().to_string();
-        Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> = found.iter().copied().filter(|a| !deny.denies(a.ip())).collect();
-            if allowed.is_empty() && !found.is_empty() {
-                denied.store(true, Ordering::Release);
-                return Err(DENIED_MESSAGE.into());
-            }
-            let addrs: reqwest::dns::Addrs = Box::new(allowed.into_iter());
-            Ok(addrs)
-        })
-    }
-}
-
 /// Status message of a probe refused by the deny list. It names neither the address nor the
 /// range: the status is read by the URL's author, and which names resolve where is not theirs
 /// to learn through the operator.
@@ -218,7 +112,7 @@ fn http_client(deny: &AddressDenyList, denied: Arc<AtomicBool>) -> Result<reqwes
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .pool_max_idle_per_host(0)
-        .dns_resolver(Arc::new(DenyingResolver { deny: deny.clone(), denied }));
+        .dns_resolver(Arc::new(DenyingResolver::flagging(deny.clone(), denied, DENIED_MESSAGE)));
     if !deny.is_empty() {
         builder = builder.no_proxy();
     }
@@ -381,7 +275,7 @@ async fn list(
         target.frame_limit,
         timeout,
         connect::probe_lifecycle(),
-        connect::HttpParts { client: Some(client), auth: None, challenge: Some(challenge.clone()) },
+        connect::HttpParts { client: Some(client), auth: None, challenge: Some(challenge.clone()), deny: AddressDenyList::none() },
     )
     .await
     .map_err(|e| e.message)?;
@@ -504,7 +398,7 @@ mod tests {
         min_retry: Duration::from_secs(5),
         timeout: Duration::ZERO,
         namespaces: ProbeNamespaces::All,
-        deny: AddressDenyList(Vec::new()),
+        deny: AddressDenyList::none(),
     };
 
     #[test]
@@ -657,7 +551,7 @@ mod tests {
         assert!("".parse::<AddressDenyList>().expect("empty").is_empty());
         let error = "10.0.0.0/8,metadata.internal".parse::<AddressDenyList>().expect_err("a name is not a range");
         let message = error.to_string();
-        assert!(message.contains("--probe-deny-cidrs: 'metadata.internal' is not an address range"), "{message}");
+        assert!(message.contains("'metadata.internal' is not an address range"), "{message}");
         assert!(message.contains("empty value"), "{message}");
     }
 

@@ -75,6 +75,8 @@ pub(crate) struct OperatorConfig {
     pub(crate) admin_view: Option<AdminViewSettings>,
     /// `--forbidden-token-audiences`; [`run`] adds the cluster's issuer when it can read it.
     pub(crate) forbidden_audiences: ForbiddenAudiences,
+    /// `--agent-egress-deny-cidrs`, given to every injected agent.
+    pub(crate) agent_egress: crate::egress::AddressDenyList,
 }
 
 /// Where the admin view listens and which `Host` names it answers.
@@ -118,8 +120,10 @@ impl OperatorConfig {
             CertMode::Files { dir } => CertSource::Files(Files::new(dir.clone())),
         };
         // Injected agents export traces where the operator does (its OTEL_* settings).
+        let mut agent_env = crate::telemetry::otel::agent_env(std::env::vars());
+        agent_env.push((crate::api::keys::ENV_EGRESS_DENY_CIDRS.to_string(), self.agent_egress.to_string()));
         let inject_config = InjectConfig {
-            agent_env: crate::telemetry::otel::agent_env(std::env::vars()),
+            agent_env,
             forbidden_audiences: self.forbidden_audiences.clone(),
             ..InjectConfig::new(self.agent_image.clone(), self.spearlet_image.clone())
         };

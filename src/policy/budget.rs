@@ -87,7 +87,7 @@ mod tests {
             tool_timeout_ms: Some(10_000),
             max_concurrency: Some(2),
             max_tool_output_bytes: None,
-            startup_timeout_ms: None,
+            ..Default::default()
         };
         let profile =
             ProfileBudgets { tool_timeout_ms: Some(60_000), max_tool_output_bytes: Some(1024), ..Default::default() };

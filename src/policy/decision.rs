@@ -139,6 +139,32 @@ impl fmt::Display for Reason {
     }
 }
 
+impl Reason {
+    /// The reason as a fixed string: its [`Display`](fmt::Display) spelling, without allocating,
+    /// for bounded label values and audit fields.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Reason::UnknownServer => "unknown_server",
+            Reason::NotInProfile => "not_in_profile",
+            Reason::DenyAllServer => "deny_all_server",
+            Reason::NotAllowedBy(Layer::Server) => "not_allowed_by:server",
+            Reason::NotAllowedBy(Layer::Profile) => "not_allowed_by:profile",
+            Reason::NotAllowedBy(Layer::ProfileDefaults) => "not_allowed_by:profile_defaults",
+            Reason::NotAllowedBy(Layer::Request) => "not_allowed_by:request",
+            Reason::DeniedBy(Layer::Server) => "denied_by:server",
+            Reason::DeniedBy(Layer::Profile) => "denied_by:profile",
+            Reason::DeniedBy(Layer::ProfileDefaults) => "denied_by:profile_defaults",
+            Reason::DeniedBy(Layer::Request) => "denied_by:request",
+            Reason::EnvMissing => "env_missing",
+            Reason::ListFailed => "list_failed",
+            Reason::Starting => "starting",
+            Reason::UnsafeUri => "unsafe_uri",
+            Reason::PinMismatch => "pin_mismatch",
+            Reason::NotPinned => "not_pinned",
+        }
+    }
+}
+
 impl Serialize for Reason {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
@@ -211,6 +237,15 @@ impl PolicyError {
             PolicyError::InvalidPattern { .. } => "mcp_policy_denied",
         }
     }
+
+    /// Why a call is refused over this error, as a fixed string (the audit's and metrics' reason).
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            PolicyError::UnknownProfile { .. } => "profile_unavailable",
+            PolicyError::ServerNotInProfile { .. } => "not_in_profile",
+            PolicyError::InvalidPattern { .. } => "invalid_pattern",
+        }
+    }
 }
 
 /// Tool-name patterns of one layer, split by what they match against: patterns with a `/` match
@@ -246,5 +281,30 @@ impl LayerPatterns {
         buffer.push('/');
         buffer.push_str(tool);
         self.qualified.is_match(buffer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Layer, Reason};
+
+    #[test]
+    fn a_label_is_the_display_spelling() {
+        let layers = [Layer::Server, Layer::Profile, Layer::ProfileDefaults, Layer::Request];
+        let mut reasons = vec![
+            Reason::UnknownServer,
+            Reason::NotInProfile,
+            Reason::DenyAllServer,
+            Reason::EnvMissing,
+            Reason::ListFailed,
+            Reason::Starting,
+            Reason::UnsafeUri,
+            Reason::PinMismatch,
+            Reason::NotPinned,
+        ];
+        reasons.extend(layers.iter().flat_map(|l| [Reason::NotAllowedBy(*l), Reason::DeniedBy(*l)]));
+        for reason in reasons {
+            assert_eq!(reason.label(), reason.to_string());
+        }
     }
 }

@@ -28,6 +28,7 @@ use super::name::{self, Route, RouteTable};
 use super::pattern::PatternSet;
 use super::pin::CompiledPins;
 use super::rank::CatalogRank;
+use super::rate_limit::RateRules;
 use crate::api::{McpProfile, McpServer, PinMode};
 use crate::registry::snapshot::{Revision, Snapshot};
 
@@ -207,6 +208,8 @@ pub struct CompiledProfile {
     deny: LayerPatterns,
     /// Resource and prompt patterns of the profile and its servers.
     items: Arc<CompiledItems>,
+    /// Rate limits of the profile and its servers.
+    rates: Arc<RateRules>,
 }
 
 fn decision(server: &str, tool: Option<&str>, reason: Reason, detail: Option<String>) -> Decision {
@@ -275,6 +278,7 @@ impl CompiledProfile {
         let allow = p.tool_allowlist.as_deref().map(|a| LayerPatterns::new(a, Layer::Profile)).transpose()?;
         let deny = LayerPatterns::new(&p.tool_denylist, Layer::Profile)?;
         let items = CompiledItems::compile(&spec, servers.iter().map(|(id, s)| (id.as_str(), &*s.spec)))?;
+        let rates = RateRules::compile(&spec, servers.iter().map(|(id, s)| (id.as_str(), &*s.spec)))?;
         Ok(CompiledProfile {
             revision: snapshot.revision().clone(),
             profile: profile.to_string(),
@@ -285,6 +289,7 @@ impl CompiledProfile {
             allow,
             deny,
             items: Arc::new(items),
+            rates: Arc::new(rates),
         })
     }
 
@@ -362,6 +367,8 @@ impl CompiledProfile {
             routes,
             rank: OnceLock::new(),
             items: self.items.clone(),
+            rates: self.rates.clone(),
+            id: CATALOG_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -474,7 +481,14 @@ pub struct ProfileCatalog {
     rank: OnceLock<CatalogRank>,
     /// Resource and prompt patterns.
     items: Arc<CompiledItems>,
+    /// Rate limits.
+    rates: Arc<RateRules>,
+    /// Distinct for every catalog built in this process: a set's identity without hashing it.
+    id: u64,
 }
+
+/// The next [`ProfileCatalog::id`].
+static CATALOG_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ProfileCatalog {
     /// Every listed tool that does not match its pin (`spec.pinning`): withheld under `enforce`
@@ -642,6 +656,11 @@ impl EffectiveSet {
         self.catalog.spec.spec.approval.as_ref()
     }
 
+    /// The rate limits of the profile and its servers.
+    pub(crate) fn rate_rules(&self) -> &RateRules {
+        &self.catalog.rates
+    }
+
     /// Whether `item` of `server` (its URI, or its prompt name) may be read or got through this
     /// set; the exclusion otherwise, for the caller's error and the audit.
     pub(crate) fn item_decision(&self, server: &str, kind: ItemKind, item: &str) -> Result<(), Decision> {
@@ -659,6 +678,43 @@ impl EffectiveSet {
     /// whose McpServer and profile allowlists of that kind are not empty).
     pub(crate) fn exposes_items(&self, server: &str, kind: ItemKind) -> bool {
         self.servers.iter().any(|s| &*s.id == server) && self.catalog.items.exposes(server, kind)
+    }
+
+    /// Whether the profile's `defaultServers` is the empty list and this request named no
+    /// server: it gets no server at all.
+    pub(crate) fn default_servers_empty(&self) -> bool {
+        let asked = self.request.as_ref().is_some_and(|r| r.servers.is_some());
+        !asked && self.catalog.spec.spec.default_servers.as_ref().is_some_and(Vec::is_empty)
+    }
+
+    /// Each server of the profile and what this set does with it: `offered` (tools exposed), or
+    /// why not (`none_allowed`, `not_listed`, `not_wanted`, `env_missing`, `list_failed`,
+    /// `deny_all_server`, `unknown_server`). Bounded labels for `mcp_injection_total`.
+    pub(crate) fn injections(&self) -> impl Iterator<Item = (&str, &'static str)> {
+        let listed = self.catalog.servers.iter().map(move |server| {
+            let status = match self.servers.iter().find(|s| s.id == server.id) {
+                Some(used) => match &used.tools {
+                    Some(tools) if !tools.is_empty() => "offered",
+                    Some(_) => "none_allowed",
+                    None => "not_listed",
+                },
+                None if self.not_wanted.iter().any(|(id, _)| *id == server.id) => "not_wanted",
+                None => match server.listing {
+                    Listing::EnvMissing(_) => "env_missing",
+                    Listing::Failed { .. } => "list_failed",
+                    Listing::DenyAll => "deny_all_server",
+                    _ => "not_listed",
+                },
+            };
+            (&*server.id, status)
+        });
+        let unknown = self.catalog.static_decisions.iter().filter(|d| d.reason == Reason::UnknownServer);
+        listed.chain(unknown.map(|d| (d.server.as_str(), "unknown_server")))
+    }
+
+    /// Which catalog this set was computed from: equal ids, the same servers' tools.
+    pub(crate) fn catalog_id(&self) -> usize {
+        self.catalog.id as usize
     }
 
     /// The catalog this set was computed from.
@@ -711,6 +767,35 @@ impl EffectiveSet {
     pub(crate) fn named_server(&self, name: &str) -> Option<Arc<str>> {
         let target = name::target(name)?;
         self.catalog.servers.iter().find(|s| target.names(&s.id, &s.server_part)).map(|s| s.id.clone())
+    }
+
+    /// Why `name`, which routes nowhere in this set, is refused: the decision of the tool it
+    /// names when the decision log has one (`denied_by:profile`, `pin_mismatch`, ...), else
+    /// `not_in_profile` or `not_allowed_by:<layer>` for its server, else `unknown_tool`.
+    /// One of a fixed set of strings (a label value), whatever the caller wrote.
+    pub(crate) fn refusal_reason(&self, name: &str) -> &'static str {
+        const UNKNOWN: &str = "unknown_tool";
+        let Some(target) = name::target(name) else { return UNKNOWN };
+        let Some(server) = self.catalog.servers.iter().find(|s| target.names(&s.id, &s.server_part)) else {
+            let outside =
+                self.catalog.static_decisions.iter().find(|d| d.tool.is_none() && target.names(&d.server, &d.server));
+            return outside.map_or(UNKNOWN, |d| d.reason.label());
+        };
+        if let Some((_, layer)) = self.not_wanted.iter().find(|(id, _)| *id == server.id) {
+            return Reason::NotAllowedBy(*layer).label();
+        }
+        let names_tool = |tool: &str| {
+            name::base_name(&server.server_part, tool) == name
+                || name.strip_prefix("mcp.").and_then(|r| r.strip_prefix(&*server.id)).and_then(|r| r.strip_prefix('.'))
+                    == Some(tool)
+        };
+        let decisions =
+            server.decisions.iter().chain(self.request_decisions.iter().filter(|d| *d.server == *server.id));
+        decisions
+            .filter(|d| d.tool.as_deref().is_some_and(names_tool))
+            .map(|d| d.reason.label())
+            .next()
+            .unwrap_or(UNKNOWN)
     }
 
     /// Whether this set was computed from `catalog`.

@@ -19,6 +19,7 @@
 //! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`,
 //!   and the catalog's index of it.
 //! - [`select`]: which tools a chat round offers under `relevance`, and the `find_tools` built-in.
+//! - `rate_limit`: which token buckets a call draws from, and the buckets.
 
 pub(crate) mod approval;
 pub mod budget;
@@ -30,6 +31,7 @@ pub mod name;
 pub mod pattern;
 pub(crate) mod pin;
 pub mod rank;
+pub(crate) mod rate_limit;
 mod resource_uri;
 pub mod select;
 

@@ -92,7 +92,7 @@ impl ChatService {
     /// The door over `agent`, with the flags' upstream settings; reads `SPEAR_UPSTREAM_API_KEY`.
     pub fn new(agent: Agent, overrides: UpstreamOverride, timeouts: UpstreamTimeouts) -> Result<Self, UpstreamError> {
         let env_api_key = upstream::non_empty_env(ENV_UPSTREAM_API_KEY);
-        let upstream = Upstream::new(timeouts)?;
+        let upstream = Upstream::new(timeouts, agent.egress())?;
         Ok(ChatService { inner: Arc::new(Inner { agent, overrides, env_api_key, upstream }) })
     }
 
@@ -205,12 +205,14 @@ impl ChatService {
             budget_exceeded: None,
             tool_selection: Vec::new(),
             messages: Vec::new(),
+            warnings: set_warnings(set),
         };
         // `find_tools` is the agent's own unless a caller's or an MCP tool has its name.
         let builtin = offer.is_some() && set.route(select::FIND_TOOLS).is_none();
         let is_mcp = |name: &str| set.route(name).is_some() || (builtin && name == select::FIND_TOOLS);
         // The audit lines' request id: the first answer's completion id, once there is one.
         let mut request_id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
+        self.inner.agent.served_set(set, CallContext::new(Door::Chat, &request_id, None), true);
         let completion = loop {
             body.tool_choice = plan.for_iteration(state.iterations());
             if let Some(offer) = &offer {
@@ -271,6 +273,9 @@ impl ChatService {
             }
         };
         extension.iterations = state.iterations();
+        let budget = extension.budget_exceeded.as_ref().map(|note| note.budget);
+        let calls = u32::try_from(extension.tool_calls.len()).unwrap_or(u32::MAX);
+        self.inner.agent.chat_loop_done(extension.iterations, calls, budget);
         tracing::debug!(
             request_id,
             iterations = extension.iterations,
@@ -381,6 +386,28 @@ struct Extension {
     /// returned message to keep the whole exchange.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     messages: Vec<Value>,
+    /// What the caller should know about the set it was served (it offers no tool; the profile's
+    /// `defaultServers` is empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
+}
+
+/// The `spear.warnings` of a request served `set`.
+fn set_warnings(set: &EffectiveSet) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if set.default_servers_empty() {
+        warnings.push(format!(
+            "McpProfile '{}' has defaultServers: [], so a request that names no server (mcp.server_ids) gets no MCP tools",
+            set.profile
+        ));
+    }
+    if set.tools().next().is_none() {
+        warnings.push(format!(
+            "no MCP tool is offered: McpProfile '{}' allows none for this request (see `spearlet explain` for why each is left out)",
+            set.profile
+        ));
+    }
+    warnings
 }
 
 /// The tools offered to one upstream request.

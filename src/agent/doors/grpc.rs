@@ -369,7 +369,13 @@ fn item_status(cut: bool) -> String {
 }
 
 fn tool_error(error: &McpError) -> pb::ToolError {
-    pb::ToolError { code: error.code.as_str().to_string(), message: error.message.clone(), retryable: error.retryable }
+    pb::ToolError {
+        code: error.code.as_str().to_string(),
+        message: error.message.clone(),
+        retryable: error.retryable,
+        retry_after_ms: error.retry_after_ms,
+        reason: error.reason.unwrap_or_default().to_string(),
+    }
 }
 
 fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
@@ -403,7 +409,13 @@ fn call_reply(call: &ToolCall, revision: &str) -> pb::CallToolReply {
 /// The reply for a call refused before it could be routed (the session's scope no longer
 /// passes the policy): the same shape a routed refusal has.
 fn refused_reply(error: &PolicyError, revision: &str) -> pb::CallToolReply {
-    let tool_error = pb::ToolError { code: error.code().to_string(), message: error.to_string(), retryable: false };
+    let tool_error = pb::ToolError {
+        code: error.code().to_string(),
+        message: error.to_string(),
+        retryable: false,
+        retry_after_ms: None,
+        reason: error.label().to_string(),
+    };
     let text =
         serde_json::json!({"error": {"code": tool_error.code, "message": tool_error.message, "retryable": false}});
     pb::CallToolReply {
@@ -457,6 +469,9 @@ impl McpSessions for SessionsDoor {
         // The session's server may have left the profile since Open: the request is refused as
         // Open would refuse it now; the session stays open and works again if it comes back.
         let set = self.agent.effective(Some(&pinned.scope), &[]).map_err(|e| self.refuse(Refusal::Policy(e)))?;
+        let request_id = request_id(&request);
+        let session = &request.get_ref().session_id;
+        self.agent.served_set(&set, CallContext::new(Door::Grpc, &request_id, Some(session)), true);
         let tools = set
             .tools()
             .filter(|(server, _)| server.id == pinned.server_id)

@@ -59,6 +59,12 @@ pub(crate) struct RunArgs {
     #[arg(long, env = keys::ENV_PROBE_DENY_CIDRS, default_value = AddressDenyList::DEFAULT)]
     probe_deny_cidrs: AddressDenyList,
 
+    /// Address ranges the injected agents never connect to (their `--egress-deny-cidrs`):
+    /// remote MCP servers, OAuth, approval webhooks, the upstream model. The default denies
+    /// loopback, link-local (cloud metadata) and "this host"; an empty value allows every address.
+    #[arg(long, env = keys::ENV_AGENT_EGRESS_DENY_CIDRS, default_value = AddressDenyList::AGENT_POD)]
+    agent_egress_deny_cidrs: AddressDenyList,
+
     /// Token audiences (comma-separated patterns, `*` any run of characters, ASCII case
     /// ignored) an McpProfile's `identity.audiences: ["*"]` does not cover: the grant must list
     /// them literally. The default names the Kubernetes API server's and well-known cloud STSs';
@@ -173,6 +179,7 @@ impl RunArgs {
             probe_interval_seconds,
             probe_namespaces,
             probe_deny_cidrs,
+            agent_egress_deny_cidrs,
             forbidden_token_audiences,
             webhook,
             admin_view,
@@ -237,6 +244,7 @@ impl RunArgs {
             },
             admin_view,
             forbidden_audiences: ForbiddenAudiences::new(forbidden_token_audiences),
+            agent_egress: agent_egress_deny_cidrs,
         })
     }
 
@@ -317,6 +325,16 @@ mod tests {
         assert_eq!(replaced.forbidden_audiences.patterns(), ["https://issuer.example", "aud-*"]);
         let none = config(&["--forbidden-token-audiences="]).expect("parses");
         assert!(none.forbidden_audiences.patterns().is_empty());
+    }
+
+    #[test]
+    fn injected_agents_deny_loopback_and_metadata_by_default_and_a_bad_range_fails_the_operator() {
+        let defaults = config(&[]).expect("the defaults parse").agent_egress;
+        assert!(defaults.denies("127.0.0.1".parse().expect("ip")) && defaults.denies("169.254.169.254".parse().expect("ip")));
+        let none = config(&["--agent-egress-deny-cidrs="]).expect("parses").agent_egress;
+        assert!(none.is_empty());
+        let error = config(&["--agent-egress-deny-cidrs=10.0.0.0/8,metadata"]).expect_err("not a range");
+        assert!(error.contains("--agent-egress-deny-cidrs") && error.contains("'metadata'"), "{error}");
     }
 
     #[test]

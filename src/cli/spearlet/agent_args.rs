@@ -70,6 +70,12 @@ pub struct AgentArgs {
     /// the process list.
     #[arg(long, env = keys::ENV_API_KEY, hide_env_values = true, value_name = "KEY", value_parser = parse_api_key)]
     pub(crate) api_key: Option<ApiKey>,
+    /// Address ranges (CIDRs or addresses, comma-separated) the agent never connects to: remote
+    /// MCP servers, OAuth, approval webhooks and the upstream model, checked on the addresses
+    /// dialled. Default: link-local (cloud metadata), the metadata addresses outside it and
+    /// 0.0.0.0/8, plus loopback in a pod. Empty: no range (HTTP(S)_PROXY is used only then).
+    #[arg(long, env = keys::ENV_EGRESS_DENY_CIDRS, value_name = "CIDRS")]
+    pub(crate) egress_deny_cidrs: Option<crate::egress::AddressDenyList>,
 }
 
 /// `--api-key`'s parser: the key, or why it is not one.
@@ -105,6 +111,7 @@ impl AgentArgs {
             },
             mcp_session_idle: Duration::from_secs(self.mcp_session_idle_seconds),
             api_key: self.api_key,
+            egress: self.egress_deny_cidrs,
         })
     }
 }

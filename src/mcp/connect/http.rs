@@ -30,6 +30,8 @@ pub(crate) struct HttpParts {
     /// Where to note the server's `WWW-Authenticate` challenge when it answers 401 and there is
     /// no `auth` (the operator's probe reports it).
     pub(crate) challenge: Option<ChallengeSlot>,
+    /// Addresses never dialled (`--egress-deny-cidrs`, or the probe's list).
+    pub(crate) deny: crate::egress::AddressDenyList,
 }
 
 /// The last 401 challenge a server sent.
@@ -47,6 +49,10 @@ pub(super) async fn open(
     lifecycle: ClientLifecycleMode,
 ) -> Result<Service, McpError> {
     let http_client = start.http.client.clone();
+    let deny = &start.http.deny;
+    if deny.denies_literal(url) {
+        return Err(unavailable(format!("{url} is an address the agent does not connect to ({DENIED_HINT})")));
+    }
     let mut custom = HashMap::new();
     for (name, value) in headers {
         let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
@@ -62,7 +68,7 @@ pub(super) async fn open(
     config.reinit_on_expired_session = true;
     let client = match http_client {
         Some(client) => client,
-        None => rmcp_default_client()
+        None => rmcp_default_client(deny)
             .map_err(|e| unavailable(format!("building the HTTP client: {}", crate::telemetry::error_chain(&e))))?,
     };
     let client = PoolHttp {
@@ -282,11 +288,16 @@ impl StreamableHttpClient for PoolHttp {
     }
 }
 
+/// Where the deny list is set, for a refused server's error.
+const DENIED_HINT: &str = "--egress-deny-cidrs: link-local, cloud metadata and 0.0.0.0/8 always, loopback in a pod";
+/// The resolver's error for a name that resolves only into denied ranges.
+const DENIED_BY_NAME: &str = "the server's name resolves only to addresses the agent does not connect to      (--egress-deny-cidrs: link-local, cloud metadata and 0.0.0.0/8 always, loopback in a pod)";
+
 /// What `StreamableHttpClientTransport::from_config` builds (rmcp keeps it private): no idle
 /// pooling (rmcp's fix for delayed-ACK stalls), and only same-origin 307/308 redirects, up to 10,
 /// since another status loses the POST body and another origin would get the session id and
 /// the configured headers.
-fn rmcp_default_client() -> Result<reqwest::Client, reqwest::Error> {
+fn rmcp_default_client(deny: &crate::egress::AddressDenyList) -> Result<reqwest::Client, reqwest::Error> {
     const MAX_REDIRECTS: usize = 10;
     let policy = reqwest::redirect::Policy::custom(|attempt| {
         let keeps_body = matches!(
@@ -302,7 +313,8 @@ fn rmcp_default_client() -> Result<reqwest::Client, reqwest::Error> {
             attempt.follow()
         }
     });
-    reqwest::Client::builder().pool_max_idle_per_host(0).redirect(policy).build()
+    let builder = reqwest::Client::builder().pool_max_idle_per_host(0).redirect(policy);
+    deny.apply(builder, DENIED_BY_NAME).build()
 }
 
 type SseStream = futures::stream::BoxStream<'static, Result<sse_stream::Sse, SseError>>;

@@ -126,8 +126,9 @@ pub(crate) async fn connect(
     timeout: Duration,
     lifecycle: ClientLifecycleMode,
     auth: Option<&Arc<TokenSource>>,
+    deny: &crate::egress::AddressDenyList,
 ) -> Result<Connection, McpError> {
-    let http = HttpParts { client: None, auth: auth.cloned(), challenge: None };
+    let http = HttpParts { client: None, auth: auth.cloned(), challenge: None, deny: deny.clone() };
     connect_with(server_id, endpoint, watchers, frame_limit, timeout, lifecycle, http).await
 }
 
@@ -239,7 +240,7 @@ impl Start<'_> {
                 code: ErrorCode::McpUnavailable,
                 message: format!("initialize failed: {why}"),
                 retryable: false,
-                refused_by_server: None,
+                ..McpError::new(ErrorCode::McpUnavailable, "")
             },
             None => e,
         })
@@ -266,7 +267,7 @@ impl Start<'_> {
                     self.server_id
                 ),
                 retryable: false,
-                refused_by_server: None,
+                ..McpError::new(ErrorCode::McpUnavailable, "")
             }),
             Endpoint::DestinationMoved => Err(McpError {
                 code: ErrorCode::McpUnavailable,
@@ -278,7 +279,7 @@ impl Start<'_> {
                     self.server_id
                 ),
                 retryable: false,
-                refused_by_server: None,
+                ..McpError::new(ErrorCode::McpUnavailable, "")
             }),
             Endpoint::Http { url, headers, auth: _ } => Ok((http::open(self, url, headers, lifecycle).await?, None)),
         }

@@ -83,6 +83,8 @@ pub struct PoolOptions {
     /// Env vars no `${ENV:...}` template may read besides the reserved ones (the variable
     /// `--upstream-api-key-env` names).
     pub hidden_env: Vec<String>,
+    /// Addresses remote servers and their OAuth requests are never sent to (`--egress-deny-cidrs`).
+    pub egress: crate::egress::AddressDenyList,
 }
 
 impl Default for PoolOptions {
@@ -105,6 +107,7 @@ impl Default for PoolOptions {
             metrics: PoolMetrics::default(),
             hidden_env: Vec::new(),
             list_limits: ListLimits::default(),
+            egress: crate::egress::AddressDenyList::AGENT_LOCAL.parse().unwrap_or_else(|_| crate::egress::AddressDenyList::none()),
         }
     }
 }

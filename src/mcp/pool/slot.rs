@@ -206,13 +206,18 @@ impl Slot {
     }
 
     /// The token source for `endpoint`'s auth, reused while its config is unchanged.
-    fn token_source(&self, endpoint: &Endpoint, metrics: &PoolMetrics) -> Option<Arc<TokenSource>> {
+    fn token_source(
+        &self,
+        endpoint: &Endpoint,
+        metrics: &PoolMetrics,
+        egress: &crate::egress::AddressDenyList,
+    ) -> Option<Arc<TokenSource>> {
         let Endpoint::Http { url, auth: Some(auth), .. } = endpoint else { return None };
         let mut tokens = self.tokens.lock();
         if let Some(source) = tokens.as_ref().filter(|s| s.auth() == auth && s.url() == url) {
             return Some(source.clone());
         }
-        let source = Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics.clone()));
+        let source = Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics.clone(), egress));
         *tokens = Some(source.clone());
         Some(source)
     }
@@ -287,7 +292,7 @@ impl Slot {
         let facts = Starting { what: endpoint.kind(), since: std::time::SystemTime::now(), budget };
         let frame_limit = limits::frame_limit(slot.config.budgets.max_tool_output_bytes(), inner.options.frame_limit);
         let lifecycle = lifecycle_for(slot.revision.lock().as_ref().filter(|(at, _)| at.elapsed() < REVISION_TTL));
-        let tokens = slot.token_source(&endpoint, &inner.options.metrics);
+        let tokens = slot.token_source(&endpoint, &inner.options.metrics, &inner.options.egress);
         let (owner, pool) = (slot.clone(), inner.clone());
         let task = tokio::spawn(
             async move {
@@ -307,9 +312,11 @@ impl Slot {
                         budget,
                         lifecycle,
                         tokens.as_ref(),
+                        &pool.options.egress,
                     )
                     .await?;
                     let left = budget.saturating_sub(started.elapsed());
+                    let asked = Instant::now();
                     let first =
                         tokio::time::timeout(left, conn.list_tools_capped(&list_limits)).await.map_err(|_| {
                             McpError::new(
@@ -317,6 +324,9 @@ impl Slot {
                                 format!("no tool list within the startup budget of {} ms", budget.as_millis()),
                             )
                         })?;
+                    if first.is_ok() {
+                        pool.options.metrics.listed(&owner.config.id, asked.elapsed());
+                    }
                     Ok(Arc::new(Live {
                         conn,
                         _child_permit: child_permit,
@@ -398,7 +408,7 @@ impl Slot {
                     ErrorCode::McpUnavailable
                 };
                 let refused_by_server = ServerRefusal::of(data.code.0, data.data.as_ref());
-                McpError { code, message: data.message.to_string(), retryable: false, refused_by_server }
+                McpError { retryable: false, refused_by_server, ..McpError::new(code, data.message.to_string()) }
             }
             ServiceError::Timeout { timeout } => {
                 McpError::new(ErrorCode::McpTimeout, format!("no answer within {} ms", timeout.as_millis()))
@@ -452,7 +462,13 @@ impl Slot {
             Some(listed) => Ok(listed),
             None => {
                 let timeout = Duration::from_millis(u64::from(slot.config.budgets.tool_timeout_ms()));
-                tokio::time::timeout(timeout, live.conn.list_tools_capped(&inner.options.list_limits)).await
+                let asked = Instant::now();
+                let listed =
+                    tokio::time::timeout(timeout, live.conn.list_tools_capped(&inner.options.list_limits)).await;
+                if matches!(listed, Ok(Ok(_))) {
+                    inner.options.metrics.listed(&slot.config.id, asked.elapsed());
+                }
+                listed
             }
         };
         match listed {

@@ -553,6 +553,7 @@ fn free_addr() -> SocketAddr {
 /// The doors of an in-process `spearlet run`, on free loopback ports.
 fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
     AgentConfig {
+        egress: None,
         http_addr: free_addr(),
         grpc_addr: free_addr(),
         admin_addr,

@@ -591,8 +591,13 @@ impl ServerHandler for McpEndpoint {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        if let Ok(set) = self.agent.default_set() {
+            let request_id = context.id.to_string();
+            let session = session_id(&context.extensions);
+            self.agent.served_set(&set, CallContext::new(Door::Mcp, &request_id, session.as_deref()), true);
+        }
         let mut result = ListToolsResult::with_all_items(self.tools()?);
         // Caching hints (required from 2026-07-28 on, harmless before): see LIST_TTL.
         (result.ttl_ms, result.cache_scope) = list_hints();
