@@ -101,7 +101,11 @@ impl std::fmt::Debug for KubeClient {
 
 impl Approvers {
     /// Approvers for an agent at `origin`, with its Kubernetes client in cluster mode.
-    pub(crate) fn new(origin: webhook::Origin, kube: Option<KubeClient>, egress: crate::egress::AddressDenyList) -> Self {
+    pub(crate) fn new(
+        origin: webhook::Origin,
+        kube: Option<KubeClient>,
+        egress: crate::egress::AddressDenyList,
+    ) -> Self {
         let round_key = RoundKey::random()
             .inspect_err(|e| tracing::error!(error = %e, "no randomness for sealing approval rounds; 2026-07-28 callers cannot approve"))
             .ok();

@@ -275,7 +275,12 @@ async fn list(
         target.frame_limit,
         timeout,
         connect::probe_lifecycle(),
-        connect::HttpParts { client: Some(client), auth: None, challenge: Some(challenge.clone()), deny: AddressDenyList::none() },
+        connect::HttpParts {
+            client: Some(client),
+            auth: None,
+            challenge: Some(challenge.clone()),
+            deny: AddressDenyList::none(),
+        },
     )
     .await
     .map_err(|e| e.message)?;

@@ -12,6 +12,7 @@ mod agent;
 mod alerts;
 mod approval;
 mod attacks;
+mod bounds;
 mod bridge;
 mod chart;
 mod chat;

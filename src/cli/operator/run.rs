@@ -330,7 +330,10 @@ mod tests {
     #[test]
     fn injected_agents_deny_loopback_and_metadata_by_default_and_a_bad_range_fails_the_operator() {
         let defaults = config(&[]).expect("the defaults parse").agent_egress;
-        assert!(defaults.denies("127.0.0.1".parse().expect("ip")) && defaults.denies("169.254.169.254".parse().expect("ip")));
+        assert!(
+            defaults.denies("127.0.0.1".parse().expect("ip"))
+                && defaults.denies("169.254.169.254".parse().expect("ip"))
+        );
         let none = config(&["--agent-egress-deny-cidrs="]).expect("parses").agent_egress;
         assert!(none.is_empty());
         let error = config(&["--agent-egress-deny-cidrs=10.0.0.0/8,metadata"]).expect_err("not a range");

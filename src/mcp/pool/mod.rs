@@ -107,7 +107,9 @@ impl Default for PoolOptions {
             metrics: PoolMetrics::default(),
             hidden_env: Vec::new(),
             list_limits: ListLimits::default(),
-            egress: crate::egress::AddressDenyList::AGENT_LOCAL.parse().unwrap_or_else(|_| crate::egress::AddressDenyList::none()),
+            egress: crate::egress::AddressDenyList::AGENT_LOCAL
+                .parse()
+                .unwrap_or_else(|_| crate::egress::AddressDenyList::none()),
         }
     }
 }

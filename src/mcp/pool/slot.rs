@@ -217,7 +217,8 @@ impl Slot {
         if let Some(source) = tokens.as_ref().filter(|s| s.auth() == auth && s.url() == url) {
             return Some(source.clone());
         }
-        let source = Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics.clone(), egress));
+        let source =
+            Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics.clone(), egress));
         *tokens = Some(source.clone());
         Some(source)
     }
