@@ -24,6 +24,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ipnet::IpNet;
 
+/// The words every denial's message holds, so a caller can tell a denial from a failure (it
+/// lasts until the URL or the list changes) without parsing anything else.
+pub(crate) const DENIED: &str = "does not connect to";
+
+/// Whether `message` holds [`DENIED`] (for const checks of the messages).
+pub(crate) const fn is_denial(message: &str) -> bool {
+    let (m, d) = (message.as_bytes(), DENIED.as_bytes());
+    let mut i = 0;
+    while i + d.len() <= m.len() {
+        let mut j = 0;
+        while j < d.len() && m[i + j] == d[j] {
+            j += 1;
+        }
+        if j == d.len() {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 /// Address ranges never dialled.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AddressDenyList(Vec<IpNet>);

@@ -18,8 +18,14 @@ pub(crate) fn plain(error: &(dyn Error + 'static)) -> String {
     let mut url = None;
     let mut deepest: &(dyn Error + 'static) = error;
     let mut cause = None;
+    let mut denied = None;
     let mut link = Some(error);
     while let Some(current) = link {
+        let text = current.to_string();
+        // The deepest link that holds it is the refusal's own text.
+        if text.contains(crate::egress::DENIED) {
+            denied = Some(text.clone());
+        }
         if let Some(http) = current.downcast_ref::<reqwest::Error>() {
             url = url.or_else(|| http.url().map(|u| u.as_str().to_string()));
             if http.is_timeout() {
@@ -29,11 +35,16 @@ pub(crate) fn plain(error: &(dyn Error + 'static)) -> String {
         if let Some(io) = current.downcast_ref::<std::io::Error>() {
             cause = Cause::of_io(io.kind()).or(cause);
         }
-        cause = Cause::of_text(&current.to_string()).or(cause);
+        cause = Cause::of_text(&text).or(cause);
         deepest = current;
         link = cause_of(current);
     }
     let at = url.as_deref().map(|u| format!(" at {u}")).unwrap_or_default();
+    // The agent's own refusal (`crate::egress`) says what it is: the resolver refusing is not a
+    // name that does not resolve.
+    if let Some(denial) = denied {
+        return format!("{denial}{at}");
+    }
     match cause {
         Some(Cause::Refused) => format!("connection refused{at}: is the server running and listening there?"),
         Some(Cause::TimedOut) => format!("no answer in time{at}: is the address reachable from here?"),

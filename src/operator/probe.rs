@@ -268,7 +268,7 @@ async fn list(
 ) -> Result<(Vec<String>, BTreeMap<String, ToolDigest>, crate::api::ServerInfo, Option<String>), String> {
     let endpoint = Endpoint::Http { url: target.url.clone(), headers: target.headers.clone(), auth: None };
     let id: Arc<str> = Arc::from(server_id);
-    let conn = connect::connect_with(
+    let conn = connect::connect(
         &id,
         &endpoint,
         connect::Watchers::default(),

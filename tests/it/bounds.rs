@@ -208,15 +208,24 @@ fn a_server_url_in_a_denied_range_is_never_dialled_by_name_or_literal() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let explained = loop {
         let (_, body) = http_get(served.admin, "/readyz").expect("/readyz");
-        if urls.iter().all(|(name, _)| body.contains(&format!("{name}: "))) && body.contains("does not connect to") {
+        let refused = |name: &str| {
+            body.lines().any(|l| l.starts_with(&format!("{name}: ")) && l.contains("the agent does not connect to"))
+        };
+        if urls.iter().all(|(name, _)| refused(name)) {
             break body;
         }
         assert!(Instant::now() < deadline, "no refusal reported: {body}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    // A call asks again; still nothing is dialled.
+    // A call is refused at once (only a configuration change ends a denial), and dials nothing.
+    let asked = Instant::now();
     let calls = mcp_calls(&served, &["mcp__by-name__anything={}", "mcp__literal__anything={}"], LEGACY);
-    assert!(calls.iter().all(|c| c["is_error"] == true), "{calls:?}");
+    for call in &calls {
+        let error = error_of(call);
+        assert_eq!((&error["code"], &error["retryable"]), (&Value::from("mcp_unavailable"), &Value::Bool(false)));
+        assert!(error["message"].as_str().unwrap_or_default().contains("does not connect to"), "{error}");
+    }
+    assert!(asked.elapsed() < Duration::from_secs(20), "refused without waiting for the tool timeout");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(connections.load(Ordering::SeqCst), 0, "a denied address was dialled: {explained}");
     drop(served);

@@ -41,6 +41,13 @@ pub(crate) type ChallengeSlot = Arc<parking_lot::Mutex<Option<String>>>;
 /// or a 401 with no `http.auth`): a start that failed for it is not retryable.
 pub(super) type RefusalSlot = Arc<parking_lot::Mutex<Option<String>>>;
 
+impl HttpParts {
+    /// The agent's: rmcp's client under the deny list, with the server's tokens if it has any.
+    pub(crate) fn agent(auth: Option<&Arc<TokenSource>>, deny: &crate::egress::AddressDenyList) -> Self {
+        HttpParts { client: None, auth: auth.cloned(), challenge: None, deny: deny.clone() }
+    }
+}
+
 /// Speaks `lifecycle` with the server at `url`, sending `headers` (expanded) with every request.
 pub(super) async fn open(
     start: &Start<'_>,
@@ -51,7 +58,8 @@ pub(super) async fn open(
     let http_client = start.http.client.clone();
     let deny = &start.http.deny;
     if deny.denies_literal(url) {
-        return Err(unavailable(format!("{url} is an address the agent does not connect to ({DENIED_HINT})")));
+        let message = format!("{url} is an address the agent {} ({DENIED_HINT})", crate::egress::DENIED);
+        return Err(McpError { retryable: false, ..unavailable(message) });
     }
     let mut custom = HashMap::new();
     for (name, value) in headers {
@@ -291,7 +299,9 @@ impl StreamableHttpClient for PoolHttp {
 /// Where the deny list is set, for a refused server's error.
 const DENIED_HINT: &str = "--egress-deny-cidrs: link-local, cloud metadata and 0.0.0.0/8 always, loopback in a pod";
 /// The resolver's error for a name that resolves only into denied ranges.
-const DENIED_BY_NAME: &str = "the server's name resolves only to addresses the agent does not connect to      (--egress-deny-cidrs: link-local, cloud metadata and 0.0.0.0/8 always, loopback in a pod)";
+const DENIED_BY_NAME: &str = "the server's name resolves only to addresses the agent does not connect to \
+     (--egress-deny-cidrs: link-local, cloud metadata and 0.0.0.0/8 always, loopback in a pod)";
+const _: () = assert!(crate::egress::is_denial(DENIED_BY_NAME));
 
 /// What `StreamableHttpClientTransport::from_config` builds (rmcp keeps it private): no idle
 /// pooling (rmcp's fix for delayed-ACK stalls), and only same-origin 307/308 redirects, up to 10,

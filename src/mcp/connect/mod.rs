@@ -34,7 +34,6 @@ use super::config::Endpoint;
 use super::error::{ErrorCode, McpError};
 use super::limits::{ListCut, ListLimits};
 use super::relay::InFlight;
-use super::token_source::TokenSource;
 use crate::api::ServerInfo;
 use crate::child::GroupGuard;
 
@@ -115,23 +114,6 @@ fn unavailable(message: impl Into<String>) -> McpError {
     McpError::new(ErrorCode::McpUnavailable, message)
 }
 
-/// Establishes a session with the server at `endpoint`, within `timeout` (spawn, connect and
-/// the lifecycle's handshake together: `server/discover` for 2026-07-28 and later, `initialize`
-/// before, or a discover probe falling back to `initialize`).
-pub(crate) async fn connect(
-    server_id: &Arc<str>,
-    endpoint: &Endpoint,
-    watchers: Watchers,
-    frame_limit: usize,
-    timeout: Duration,
-    lifecycle: ClientLifecycleMode,
-    auth: Option<&Arc<TokenSource>>,
-    deny: &crate::egress::AddressDenyList,
-) -> Result<Connection, McpError> {
-    let http = HttpParts { client: None, auth: auth.cloned(), challenge: None, deny: deny.clone() };
-    connect_with(server_id, endpoint, watchers, frame_limit, timeout, lifecycle, http).await
-}
-
 /// The lifecycle that speaks whichever revision a server speaks: a `server/discover` probe at
 /// 2026-07-28, falling back to the `initialize` handshake, offering 2025-11-25, when it answers
 /// as a legacy server (or not at all within rmcp's 10 s).
@@ -142,9 +124,11 @@ pub(crate) fn probe_lifecycle() -> ClientLifecycleMode {
     }
 }
 
-/// [`connect`], with `http_client` for a Streamable HTTP endpoint instead of rmcp's default one
-/// (same-origin redirects, system proxy); the operator's prober brings its own.
-pub(crate) async fn connect_with(
+/// Establishes a session with the server at `endpoint`, within `timeout` (spawn, connect and
+/// the lifecycle's handshake together: `server/discover` for 2026-07-28 and later, `initialize`
+/// before, or a discover probe falling back to `initialize`). `http` holds what a Streamable
+/// HTTP endpoint needs: the agent's (tokens, deny list) or the prober's own client.
+pub(crate) async fn connect(
     server_id: &Arc<str>,
     endpoint: &Endpoint,
     watchers: Watchers,
@@ -301,7 +285,10 @@ impl Start<'_> {
             }
             match &e {
                 ClientInitializeError::TransportError { error, .. } => {
-                    unavailable(format!("initialize failed: {}", super::plain_error::plain(error)))
+                    let message = format!("initialize failed: {}", super::plain_error::plain(error));
+                    // Only a configuration change (the URL, the deny list) ends a denial.
+                    let denied = message.contains(crate::egress::DENIED);
+                    McpError { retryable: !denied, ..unavailable(message) }
                 }
                 _ => unavailable(format!("initialize failed: {e}")),
             }

@@ -312,8 +312,7 @@ impl Slot {
                         frame_limit,
                         budget,
                         lifecycle,
-                        tokens.as_ref(),
-                        &pool.options.egress,
+                        connect::HttpParts::agent(tokens.as_ref(), &pool.options.egress),
                     )
                     .await?;
                     let left = budget.saturating_sub(started.elapsed());
