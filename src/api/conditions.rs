@@ -12,6 +12,10 @@ pub mod types {
     pub(crate) const TOOLS_PINNED: &str = "ToolsPinned";
     /// Every server a profile names exists, and every Secret an object references allows it.
     pub(crate) const RESOLVED_REFS: &str = "ResolvedRefs";
+    /// A profile offers tools: `False` when it cannot (no server, `defaultServers: []`, or the
+    /// allowlists leave nothing of servers whose tools are known), `Unknown` when no server's
+    /// tools are known to the operator (stdio servers are listed by agents only).
+    pub(crate) const TOOLS_OFFERED: &str = "ToolsOffered";
 }
 
 /// Condition reasons (CamelCase, as Kubernetes API conventions ask).
@@ -44,4 +48,14 @@ pub mod reasons {
     /// ServiceAccount identity it asks for; the message names it. The Gateway API's reason for a
     /// missing grant.
     pub(crate) const REF_NOT_PERMITTED: &str = "RefNotPermitted";
+    /// The profile offers tools of servers whose tools are known.
+    pub(crate) const TOOLS_OFFERED: &str = "ToolsOffered";
+    /// The profile allows no McpServer that exists.
+    pub(crate) const NO_SERVERS: &str = "NoServers";
+    /// `spec.defaultServers` is the empty list: a request that names no server gets no tools.
+    pub(crate) const DEFAULT_SERVERS_EMPTY: &str = "DefaultServersEmpty";
+    /// Every allowed server's tools are known and the allowlists leave none of them.
+    pub(crate) const NO_TOOLS_ALLOWED: &str = "NoToolsAllowed";
+    /// No allowed server's tools are known to the operator.
+    pub(crate) const TOOLS_UNKNOWN: &str = "ToolsUnknown";
 }

@@ -483,6 +483,65 @@ impl ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// The secret values this server is given, as `(where it came from, value)`: every
+    /// `valueFrom` (a Secret's key), every header value a `${ENV:...}` template made, the OAuth
+    /// client secret or private key, and stdio env templates whose name says it holds a
+    /// credential (`*TOKEN*`, `*KEY*`, `*SECRET*`, `*PASSW*`, `*CREDENTIAL*`, `*AUTH*`). The agent
+    /// redacts these from what other callers see and refuses them in calls to other servers.
+    /// Values that cannot be resolved are left out (the server is unavailable then anyway).
+    pub(crate) fn held_secrets(&self, lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+        let unreserved = |name: &str| if env_ref::is_reserved(name) { None } else { lookup(name) };
+        let nothing = |_: &str| None;
+        let id = &self.id;
+        let mut out = Vec::new();
+        let mut held = |origin: String, value: &Value, templates: &dyn Fn(&str) -> Option<String>| {
+            let secret = match value {
+                Value::Template(t) if t.references().next().is_none() => return,
+                _ => value.resolve(&templates, &lookup),
+            };
+            if let Ok(secret) = secret {
+                out.push((origin, secret));
+            }
+        };
+        match &self.transport {
+            TransportConfig::Stdio { env, .. } => {
+                for (name, value) in env {
+                    let credential = looks_like_credential(name)
+                        || matches!(value, Value::Template(t) if t.references().any(looks_like_credential));
+                    if matches!(value, Value::FromEnv(_)) || credential {
+                        held(format!("env {name} of {id}"), value, &unreserved);
+                    }
+                }
+            }
+            TransportConfig::Http { headers, templates_read_env, auth, .. } => {
+                let templates: &dyn Fn(&str) -> Option<String> =
+                    if *templates_read_env { &unreserved } else { &nothing };
+                for (name, value) in headers {
+                    held(format!("header {name} of {id}"), value, templates);
+                }
+                match auth.as_ref().map(|a| &a.mode) {
+                    Some(AuthModeConfig::ClientSecret { secret, .. }) => {
+                        held(format!("client secret of {id}"), secret, &nothing);
+                    }
+                    Some(AuthModeConfig::PrivateKeyJwt { key, .. }) => {
+                        held(format!("private key of {id}"), key, &nothing)
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
+/// Whether an env var's name says it holds a credential.
+fn looks_like_credential(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    ["TOKEN", "KEY", "SECRET", "PASSW", "CREDENTIAL", "AUTH"].iter().any(|word| name.contains(word))
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
@@ -516,6 +575,44 @@ mod tests {
         let Endpoint::Stdio { env: resolved, .. } = config.resolve(env).expect("resolved") else { panic!("stdio") };
         let pairs: Vec<(&str, &str)> = resolved.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(pairs, [("PATH", "/bin"), ("API", "s3cret"), ("MODE", "fast"), ("DB", "from-secret")]);
+    }
+
+    #[test]
+    fn held_secrets_are_secret_refs_credential_templates_and_header_templates_only() {
+        let server = stdio()
+            .env("API_TOKEN", "${ENV:TOKEN}")
+            .env("MODE", "${ENV:MODE:-fast}")
+            .env("PLAIN_KEY", "literal, not from anywhere")
+            .env("OTHER", "${ENV:TOKEN}")
+            .env_var(EnvVar {
+                name: "DB".into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector::default()),
+                    ..Default::default()
+                }),
+            });
+        let config = ServerConfig::new(&server, &Mode::Local).expect("config");
+        let held = config.held_secrets(env);
+        let values: Vec<(&str, &str)> = held.iter().map(|(o, v)| (o.as_str(), v.as_str())).collect();
+        assert_eq!(
+            values,
+            [("env API_TOKEN of fs", "s3cret"), ("env OTHER of fs", "s3cret"), ("env DB of fs", "from-secret")]
+        );
+
+        let web = McpServer::test("github")
+            .http("http://127.0.0.1:1/mcp")
+            .http_header(HttpHeader { name: "Authorization".into(), value: None, value_from: None })
+            .http_header(HttpHeader {
+                name: "Accept".into(),
+                value: Some("application/json".into()),
+                value_from: None,
+            });
+        let config = ServerConfig::new(&web, &Mode::Local).expect("config");
+        assert_eq!(
+            config.held_secrets(env),
+            [("header Authorization of github".to_string(), "github-token".to_string())]
+        );
     }
 
     #[test]

@@ -271,10 +271,30 @@ pub(crate) fn profile_status(
         condition(old, types::RESOLVED_REFS, FALSE, reasons::MISSING_SERVERS, message, generation, &now)
     };
 
+    let tool_preview = tool_preview(profile, name, servers_in_namespace, &resolved, known_tools);
+    let all_known = resolved.iter().all(|s| known_tools.contains_key(s));
+    let (status, reason, message) = if resolved.is_empty() {
+        (FALSE, reasons::NO_SERVERS, "no McpServer this profile allows exists: workloads get no tools".to_string())
+    } else if spec.default_servers.as_ref().is_some_and(Vec::is_empty) {
+        let message = "spec.defaultServers is []: a request that names no server (mcp.server_ids) gets no tools; \
+                       list servers there, or remove it to default to every allowed server";
+        (FALSE, reasons::DEFAULT_SERVERS_EMPTY, message.to_string())
+    } else if !tool_preview.is_empty() {
+        (TRUE, reasons::TOOLS_OFFERED, format!("{} tools offered by servers whose tools are known", tool_preview.len()))
+    } else if all_known {
+        let message = "the allowlists leave no tool of the allowed servers: workloads get no tools; see \
+                       `spearlet explain` for why each is left out";
+        (FALSE, reasons::NO_TOOLS_ALLOWED, message.to_string())
+    } else {
+        let message = "no allowed server's tools are known to the operator (stdio servers are listed by agents)";
+        (UNKNOWN, reasons::TOOLS_UNKNOWN, message.to_string())
+    };
+    let offered = condition(old, types::TOOLS_OFFERED, status, reason, message, generation, &now);
+
     McpProfileStatus {
         observed_generation: generation,
-        conditions: vec![accepted(&profile.validate(), old, generation, &now), resolved_refs],
-        tool_preview: tool_preview(profile, name, servers_in_namespace, &resolved, known_tools),
+        conditions: vec![accepted(&profile.validate(), old, generation, &now), resolved_refs, offered],
+        tool_preview,
         resolved_servers: resolved,
         missing_servers: missing,
     }

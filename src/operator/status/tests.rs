@@ -198,6 +198,27 @@ fn profile_preview_applies_the_profiles_own_lists() {
 }
 
 #[test]
+fn a_profile_that_offers_no_tool_says_so_and_why() {
+    let offered = |p: &McpProfile, servers: &[McpServer], tools: &BTreeMap<String, Vec<String>>| {
+        let status = profile_status(p, servers, tools, at(100));
+        let c = get(&status.conditions, types::TOOLS_OFFERED).clone();
+        (c.status, c.reason, c.message)
+    };
+    let web = known(&[("web", &["search"])]);
+    let (status, reason, _) = offered(&profile(&["web"]), &[http("web")], &web);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", reasons::TOOLS_OFFERED));
+    let (status, reason, message) = offered(&profile(&["web"]).default_servers(NO_ARGS), &[http("web")], &web);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", reasons::DEFAULT_SERVERS_EMPTY));
+    assert!(message.contains("spec.defaultServers is []"), "{message}");
+    let (status, reason, _) = offered(&profile(&["web"]).tool_denylist(["*"]), &[http("web")], &web);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", reasons::NO_TOOLS_ALLOWED));
+    let (status, reason, _) = offered(&profile(&["gone"]), &[http("web")], &web);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", reasons::NO_SERVERS));
+    let (status, reason, _) = offered(&profile(&["fs"]), &[stdio("fs")], &BTreeMap::new());
+    assert_eq!((status.as_str(), reason.as_str()), ("Unknown", reasons::TOOLS_UNKNOWN));
+}
+
+#[test]
 fn missing_servers_are_listed_and_reported() {
     let status = profile_status(&profile(&["web", "gone", "also-gone"]), &[http("web")], &BTreeMap::new(), at(100));
     let refs = get(&status.conditions, types::RESOLVED_REFS);
