@@ -827,6 +827,62 @@ async fn the_openai_sdk_completes_chats_whose_calls_a_webhook_approves_or_denies
     assert!(asked.iter().all(|r| r["request"]["door"] == "chat"), "{asked:?}");
 }
 
+/// A model that calls a rate-limited tool more often than its limit in one round: the calls past
+/// it reach the model as `mcp_rate_limited` tool output with the wait, the completion succeeds,
+/// and the OpenAI SDK sees a normal answer.
+#[tokio::test]
+async fn the_openai_sdk_completes_a_chat_whose_calls_hit_a_rate_limit() {
+    let echo = |id: &str| (id.to_string(), "mcp__fx__echo", r#"{"text": "again"}"#);
+    let round: Vec<(String, &str, &str)> = ["call_1", "call_2", "call_3"].iter().map(|id| echo(id)).collect();
+    let round: Vec<(&str, &str, &str)> = round.iter().map(|(id, n, a)| (id.as_str(), *n, *a)).collect();
+    let limit = spear::api::RateLimit { per_minute: 1, burst: Some(2) };
+    let chat = start_with(
+        vec![calls(&round), answer("done within bounds")],
+        |p| {
+            p.rate_limits.insert("fx/echo".into(), limit);
+        },
+        UpstreamOverride::default(),
+    )
+    .await;
+    let result = openai_sdk(&chat, &["selection"]).await;
+    assert_eq!(result["content"], "done within bounds", "{result}");
+    let statuses: Vec<&str> = result["spear"]["tool_calls"]
+        .as_array()
+        .expect("tool_calls")
+        .iter()
+        .filter_map(|c| c["status"].as_str())
+        .collect();
+    let limited = statuses.iter().filter(|s| **s == "mcp_rate_limited").count();
+    assert_eq!((statuses.len(), limited), (3, 1), "{statuses:?}");
+    let requests = chat.upstream.requests();
+    let answers = tool_messages(&requests[1]);
+    let told = answers.iter().find(|(_, text)| text.contains("mcp_rate_limited")).expect("the model is told");
+    let error: Value = serde_json::from_str(&told.1).expect("the error object");
+    assert_eq!(error["error"]["retryable"], true, "{error}");
+    assert!(error["error"]["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 60_000), "{error}");
+}
+
+/// A profile whose `defaultServers` is empty offers nothing to a request that names no server,
+/// and the answer says so in `spear.warnings`.
+#[tokio::test]
+async fn an_empty_tool_set_is_a_warning_in_the_answer() {
+    let chat =
+        start_with(vec![answer("no tools")], |p| p.default_servers = Some(vec![]), UpstreamOverride::default()).await;
+    let reply = chat.post(json!({"messages": user("x")})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let warnings = reply.json()["spear"]["warnings"].clone();
+    let warnings: Vec<&str> = warnings.as_array().expect("warnings").iter().filter_map(Value::as_str).collect();
+    assert!(warnings.iter().any(|w| w.contains("defaultServers: []")), "{warnings:?}");
+    assert!(warnings.iter().any(|w| w.contains("no MCP tool is offered")), "{warnings:?}");
+    assert!(tool_names(&chat.upstream.requests()[0]).is_empty());
+    // A request naming a server gets its tools and no warning.
+    let chat =
+        start_with(vec![answer("tools")], |p| p.default_servers = Some(vec![]), UpstreamOverride::default()).await;
+    let reply = chat.post(json!({"messages": user("x"), "mcp": {"server_ids": ["fx"]}})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert!(reply.json()["spear"].get("warnings").is_none(), "{}", reply.text);
+}
+
 /// Runs `tests/servers/openai_client.py` against `chat` with `args`; its stdout as JSON.
 async fn openai_sdk(chat: &Chat, args: &[&str]) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/servers/openai_client.py");
