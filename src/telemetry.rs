@@ -376,6 +376,10 @@ impl PoolMetrics {
             "Chat completions that used up a loop budget, by budget (max_iterations, max_total_tool_calls)",
             metrics.chat_budget_hits.clone(),
         );
+        // Both budgets' series from the start: a rate over an absent series is no data, not zero.
+        for budget in ["max_iterations", "max_total_tool_calls"] {
+            metrics.chat_budget_hits.get_or_create(&BudgetLabels { budget });
+        }
         metrics
     }
 

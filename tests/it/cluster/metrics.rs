@@ -105,6 +105,12 @@ async fn every_metric_the_alerts_and_the_dashboard_query_is_exported_by_the_agen
         fixture_registry(dir.path());
         let served = serve(dir, &["--audit-log", "off"]);
         let grpc = format!("127.0.0.1:{}", served.grpc);
+        // A listing: the servers offered to a session (mcp_injection_total).
+        let listed = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["tools", "list", "--grpc-addr", &grpc])
+            .output()
+            .expect("spearlet tools list runs");
+        assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
         for (tool, args) in [("fx/echo", r#"{"text": "scraped"}"#), ("fx/pid", "{}")] {
             let out = Command::new(env!("CARGO_BIN_EXE_spearlet"))
                 .args(["tools", "call", tool, "--args", args, "--grpc-addr", &grpc])
