@@ -378,7 +378,7 @@ impl PoolMetrics {
         );
         // Both budgets' series from the start: a rate over an absent series is no data, not zero.
         for budget in ["max_iterations", "max_total_tool_calls"] {
-            metrics.chat_budget_hits.get_or_create(&BudgetLabels { budget });
+            drop(metrics.chat_budget_hits.get_or_create(&BudgetLabels { budget }));
         }
         metrics
     }

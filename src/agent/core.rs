@@ -437,7 +437,10 @@ impl Agent {
             approval: None,
         };
         let audit_arguments = self.inner.options.audit.arguments(arguments.as_ref().ok().and_then(Option::as_ref));
-        self.served_set(set, context, false);
+        // A chat completion records its set once, for the request (the chat door).
+        if context.door != Door::Chat {
+            self.served_set(set, context, false);
+        }
         let (used, resolved) = self.resolve(set, name, started).await;
         let mut progress = Progress::default();
         call.result = match resolved {

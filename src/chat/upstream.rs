@@ -235,9 +235,12 @@ impl Upstream {
         if let Some(auth) = target.credential.header() {
             request = request.header(header::AUTHORIZATION, auth);
         }
-        let unreachable = |source: reqwest::Error| UpstreamError::Unreachable {
-            url: target.url.clone(),
-            source: source.without_url(),
+        let unreachable = |source: reqwest::Error| {
+            // The resolver refusing every address of the name: the deny list, not the network.
+            if crate::telemetry::error_chain(&source).contains(crate::egress::DENIED) {
+                return UpstreamError::Denied { url: target.url.clone() };
+            }
+            UpstreamError::Unreachable { url: target.url.clone(), source: source.without_url() }
         };
         let mut response = request.send().await.map_err(unreachable)?;
         let status = response.status();
@@ -317,5 +320,27 @@ mod tests {
         let target =
             Target { url: "u".into(), credential: Credential::ApiKey("sk-secret".into()), default_model: None };
         assert!(!format!("{target:?}").contains("sk-secret"));
+    }
+
+    /// The model key is never sent where the deny list says not to: a literal address, and a
+    /// name that resolves only into a denied range, are both `upstream_denied`, nothing dialled.
+    #[tokio::test]
+    async fn an_upstream_in_a_denied_range_is_never_dialled() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let deny: AddressDenyList = "127.0.0.0/8,::1/128".parse().expect("valid");
+        let upstream = Upstream::new(UpstreamTimeouts::default(), &deny).expect("client");
+        let body: ChatRequest = serde_json::from_value(serde_json::json!({"messages": []})).expect("request");
+        for url in [
+            format!("http://127.0.0.1:{port}/v1/chat/completions"),
+            format!("http://localhost:{port}/v1/chat/completions"),
+        ] {
+            let target =
+                Target { url: url.clone(), credential: Credential::ApiKey("sk-secret".into()), default_model: None };
+            let error = upstream.complete(&target, &body).await.expect_err("denied");
+            assert!(matches!(error, UpstreamError::Denied { .. }), "{url}: {error}");
+        }
+        assert!(listener.accept().is_err(), "no connection reached the listener");
     }
 }
