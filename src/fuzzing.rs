@@ -777,3 +777,54 @@ pub fn approval_round_open(
         Opened::Approved { server_state } => Some(Some(server_state)),
     }
 }
+
+// === secrets ===
+
+/// A held value as a fuzz target gives it: (value, origin, the server it is granted to).
+pub type HeldSecret = (String, String, Option<String>);
+
+fn redactor(secrets: &[HeldSecret]) -> crate::secrets::Redactor {
+    crate::secrets::Redactor::new(secrets.iter().map(|(value, origin, granted_to)| crate::secrets::Secret {
+        value: value.clone(),
+        origin: origin.as_str().into(),
+        granted_to: granted_to.as_deref().map(Into::into),
+    }))
+}
+
+/// The spellings `value` is searched in (`secrets::redact`), verbatim first; none when it is
+/// shorter than the minimum.
+pub fn secret_spellings(value: &str) -> Vec<String> {
+    crate::secrets::searched_spellings(value)
+}
+
+/// The origin as a marker names it.
+pub fn secret_origin(origin: &str) -> String {
+    crate::secrets::sanitize_origin(origin).to_string()
+}
+
+/// `Redactor::redact`, or `Redactor::redact_cut` when `cut`.
+pub fn redact_secrets(secrets: &[HeldSecret], text: &str, cut: bool) -> String {
+    let redactor = redactor(secrets);
+    if cut { redactor.redact_cut(text).into_owned() } else { redactor.redact(text).into_owned() }
+}
+
+/// `Redactor::foreign_in`.
+pub fn foreign_secret_in(secrets: &[HeldSecret], text: &str, server: &str) -> Option<String> {
+    redactor(secrets).foreign_in(text, server).map(str::to_string)
+}
+
+/// Every detector, compiled once for all runs.
+fn all_detectors() -> &'static crate::secrets::DetectorSet {
+    static ALL: std::sync::OnceLock<crate::secrets::DetectorSet> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| crate::secrets::DetectorSet::new(&crate::secrets::Detector::ALL))
+}
+
+/// `DetectorSet::redact` with every detector.
+pub fn detectors_redact(text: &str) -> String {
+    all_detectors().redact(text).into_owned()
+}
+
+/// `DetectorSet::first_in` with every detector: the detector's wire name.
+pub fn detectors_first_in(text: &str) -> Option<&'static str> {
+    all_detectors().first_in(text).map(|d| d.as_str())
+}

@@ -11,6 +11,7 @@
 //! - [`bridge`]: the stdio sidecar (a child process served on a Unix socket)
 //! - `child`: process groups and bounded stderr for MCP server children (bridge and pool)
 //! - `install`: the running executable copied into a pod's volume (the init container's job)
+//! - `secrets`: held values redacted in every spelling, credential detectors (pure)
 //! - [`operator`]: status, pod injection, RBAC, and the controllers and webhook around them
 //! - [`convert`]: migration from the file-based registry format (pure)
 //! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
@@ -34,6 +35,7 @@ pub mod mcp;
 pub mod operator;
 pub mod policy;
 pub mod registry;
+pub mod secrets;
 pub mod telemetry;
 
 #[cfg(any(test, feature = "testing"))]

@@ -89,7 +89,7 @@ impl LogArgs {
             .lossy(true)
             .buffered_lines_limit(LOG_QUEUE_LINES)
             .thread_name("spear-log")
-            .finish(std::io::stderr());
+            .finish(RedactingStderr);
         let _ = LOG_DROPS.set(writer.error_counter());
         let installed = match otel::layer_from_env(service)? {
             // Tracing off: the log subscriber alone, its filter global (no per-layer filtering cost).
@@ -112,6 +112,36 @@ impl LogArgs {
         };
         installed.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
         Ok(LogGuard(guard))
+    }
+}
+
+/// The values the process's agent holds, redacted from every log line once set.
+static LOG_SECRETS: OnceLock<Arc<crate::secrets::HeldSecrets>> = OnceLock::new();
+
+/// From now on, log lines are written without the values `secrets` holds (a server's stderr, a
+/// server's error echoed in a warning). The first agent of the process sets it.
+pub(crate) fn redact_logs_with(secrets: Arc<crate::secrets::HeldSecrets>) {
+    let _ = LOG_SECRETS.set(secrets);
+}
+
+/// stderr, behind the log writer thread: each write is one whole line (the writer's unit), so
+/// a value is never split across two writes.
+struct RedactingStderr;
+
+impl std::io::Write for RedactingStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let held = LOG_SECRETS.get().map(|secrets| secrets.redactor()).filter(|held| !held.is_empty());
+        let Some(held) = held else {
+            std::io::stderr().write_all(buf)?;
+            return Ok(buf.len());
+        };
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().write_all(held.redact(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
     }
 }
 

@@ -87,6 +87,8 @@ pub(crate) struct Approvers {
     kube: Option<KubeClient>,
     /// `--egress-deny-cidrs`, for webhooks.
     egress: crate::egress::AddressDenyList,
+    /// Where the signing keys read are held (for redaction).
+    secrets: Arc<crate::secrets::HeldSecrets>,
 }
 
 /// The agent's Kubernetes client, for McpApprovals (`kube::Client` has no `Debug`).
@@ -105,11 +107,12 @@ impl Approvers {
         origin: webhook::Origin,
         kube: Option<KubeClient>,
         egress: crate::egress::AddressDenyList,
+        secrets: Arc<crate::secrets::HeldSecrets>,
     ) -> Self {
         let round_key = RoundKey::random()
             .inspect_err(|e| tracing::error!(error = %e, "no randomness for sealing approval rounds; 2026-07-28 callers cannot approve"))
             .ok();
-        Approvers { origin, round_key, clients: Mutex::new(HashMap::new()), kube, egress }
+        Approvers { origin, round_key, clients: Mutex::new(HashMap::new()), kube, egress, secrets }
     }
 
     /// The approval step of a call that needs approval under `mode`: asks `chain`'s approvers
@@ -296,6 +299,9 @@ impl Approvers {
         if let Some(env) = hook.signing_key_env() {
             match std::env::var_os(&env) {
                 Some(key) if !key.is_empty() => {
+                    if let Some(text) = key.to_str() {
+                        self.secrets.hold(&format!("approval signing key {env}"), text, None);
+                    }
                     headers.push((webhook::SIGNATURE_HEADER, webhook::signature(key.as_encoded_bytes(), &body)));
                 }
                 _ => {

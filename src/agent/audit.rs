@@ -106,6 +106,8 @@ pub struct AuditSink {
     include_arguments: bool,
     /// Lines dropped because the queue was full.
     dropped: Counter,
+    /// The values redacted from every line (see [`AuditSink::redact_with`]).
+    secrets: Option<Arc<crate::secrets::HeldSecrets>>,
 }
 
 impl std::fmt::Debug for AuditSink {
@@ -167,6 +169,7 @@ impl AuditSink {
                 writer: Mutex::new(Some(handle)),
                 include_arguments,
                 dropped: Counter::default(),
+                secrets: None,
             },
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the audit writer thread: audit is off");
@@ -182,6 +185,7 @@ impl AuditSink {
             writer: Mutex::new(None),
             include_arguments: false,
             dropped: Counter::default(),
+            secrets: None,
         }
     }
 
@@ -208,6 +212,12 @@ impl AuditSink {
         }
     }
 
+    /// Lines are redacted of the values `secrets` holds (in their JSON spelling too) before
+    /// they are queued: arguments, when included, and names come from callers and models.
+    pub(crate) fn redact_with(&mut self, secrets: Arc<crate::secrets::HeldSecrets>) {
+        self.secrets = Some(secrets);
+    }
+
     /// Queues one line without waiting: a full queue drops it (counted). A failing sink is
     /// logged, never fails the call.
     pub(crate) fn record<T: Serialize>(&self, line: &T) {
@@ -219,6 +229,15 @@ impl AuditSink {
                 return;
             }
         };
+        if let Some(secrets) = &self.secrets {
+            let held = secrets.redactor();
+            if !held.is_empty()
+                && let Ok(text) = std::str::from_utf8(&bytes)
+                && let std::borrow::Cow::Owned(clean) = held.redact(text)
+            {
+                bytes = clean.into_bytes();
+            }
+        }
         bytes.push(b'\n');
         // The writer is stalled: waiting here would block the runtime's worker, and with it
         // every door. One warning per power of two dropped, not one per line.

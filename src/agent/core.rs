@@ -241,7 +241,14 @@ impl Agent {
             default_set: None,
         };
         let (state, _) = watch::channel(Arc::new(initial));
-        let approvers = Approvers::new(options.origin.clone(), options.kube.clone(), options.egress.clone());
+        let approvers = Approvers::new(
+            options.origin.clone(),
+            options.kube.clone(),
+            options.egress.clone(),
+            pool.secrets().clone(),
+        );
+        let mut options = options;
+        options.audit.redact_with(pool.secrets().clone());
         let limiter = crate::policy::rate_limit::Limiter::default();
         let sets = super::effective_log::SetLog::default();
         Agent { inner: Arc::new(Inner { options, registry, pool, state, approvers, limiter, sets }) }
@@ -357,6 +364,24 @@ impl Agent {
         super::effective_log::record(audit, set, digest, context.door, context.request_id, context.session_id);
     }
 
+    /// `result` with the held secrets and the profile's output filters applied (see
+    /// `agent::redaction`): a `block` finding turns an output into its refusal.
+    fn guard_output(&self, set: &EffectiveSet, result: &mut Result<ToolOutput, McpError>) {
+        let held = self.inner.pool.secrets().redactor();
+        let guard = super::redaction::OutputGuard { held: &held, filters: set.output_filters() };
+        if guard.is_off() {
+            return;
+        }
+        match result {
+            Ok(output) => {
+                if let Err(refusal) = guard.tool_output(output) {
+                    *result = Err(refusal);
+                }
+            }
+            Err(error) => guard.error(error),
+        }
+    }
+
     /// A chat completion's tool loop ended: its iterations, tool calls and the budget it used up.
     pub(crate) fn chat_loop_done(&self, iterations: u32, tool_calls: u32, budget: Option<&'static str>) {
         self.inner.options.pool_metrics.chat_loop(iterations, tool_calls, budget);
@@ -455,6 +480,7 @@ impl Agent {
                 Err(error)
             }
         };
+        self.guard_output(&used, &mut call.result);
         call.latency = started.elapsed();
         call.approval = progress.approval;
         if let Err(McpError { reason: Some(reason), .. }) = &call.result {
@@ -518,6 +544,10 @@ impl Agent {
 
     /// The audit line of `call`.
     fn record(&self, call: &ToolCall, context: CallContext<'_>, profile: &str, revision: &str, arguments: Value) {
+        // The caller's name is the caller's text: a value it holds is cut before the cap, so no
+        // prefix of it is left either.
+        let held = self.inner.pool.secrets().redactor();
+        let called_as = held.redact(&call.name);
         self.inner.options.audit.record(&AuditLine {
             ts: audit::now(),
             request_id: context.request_id,
@@ -527,8 +557,8 @@ impl Agent {
             registry_revision: revision,
             server_id: call.server_id.as_deref(),
             kind: None,
-            tool_name: audit::capped(call.tool.as_deref().unwrap_or(&call.name)),
-            called_as: audit::capped(&call.name),
+            tool_name: audit::capped(call.tool.as_deref().unwrap_or(&called_as)),
+            called_as: audit::capped(&called_as),
             status: call.status(),
             latency_ms: audit::millis(call.latency),
             output_bytes: call.result.as_ref().ok().map(|o| o.bytes),
@@ -694,6 +724,17 @@ impl Agent {
             arguments: arguments.as_ref(),
             revision: set.revision.as_str(),
         };
+        if let Some(origin) = self.foreign_secret(arguments.as_ref(), &route.server) {
+            return Err(McpError::denied(
+                ErrorCode::McpPolicyDenied,
+                "secret_in_arguments",
+                format!(
+                    "the arguments of '{name}' hold a secret the agent holds ([redacted: {origin}]) that server '{}' \
+                     was not given; the call was not sent",
+                    route.server
+                ),
+            ));
+        }
         let rates = set.rate_rules();
         if !rates.is_empty() {
             let model_name = tool.map_or(name, |t| &*t.name);
@@ -745,6 +786,19 @@ impl Agent {
                 Ok(output)
             }
         }
+    }
+
+    /// Where a held value in `arguments` (any key or string, any spelling) came from, when it
+    /// was not given to `server`: such a call would carry it to a server not meant to have it.
+    fn foreign_secret(&self, arguments: Option<&Map<String, Value>>, server: &str) -> Option<String> {
+        let arguments = arguments?;
+        let held = self.inner.pool.secrets().redactor();
+        if held.is_empty() {
+            return None;
+        }
+        arguments.iter().find_map(|(key, value)| {
+            held.foreign_in(key, server).or_else(|| held.foreign_in_json(value, server)).map(str::to_string)
+        })
     }
 
     /// Sends an approved call to the pool, relaying what the server asks of the caller as its

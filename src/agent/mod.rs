@@ -22,6 +22,7 @@ pub(crate) mod doors;
 pub(crate) mod effective_log;
 pub(crate) mod http_guard;
 mod key_guard;
+mod redaction;
 mod resources;
 mod revision;
 pub mod run;

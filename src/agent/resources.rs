@@ -278,10 +278,17 @@ impl Agent {
             let budgets = set.servers.iter().find(|s| &*s.id == server).map(|s| s.budgets).ok_or_else(|| {
                 McpError::new(ErrorCode::McpPolicyDenied, format!("server '{server}' is not in this request's set"))
             })?;
+            if let Some(origin) = self.foreign_secret_in(uri, server) {
+                return Err(secret_in_request(&origin, server));
+            }
             let timeout = Duration::from_millis(u64::from(budgets.tool_timeout_ms));
-            self.pool().read_resource(server, uri, timeout, budgets.max_tool_output_bytes as usize).await
+            let mut read =
+                self.pool().read_resource(server, uri, timeout, budgets.max_tool_output_bytes as usize).await?;
+            self.guard_item(set, &mut read)?;
+            Ok(read)
         }
         .await;
+        let result = self.guard_error(set, result);
         let (server, item) = target.map_or((None, id), |(s, u)| (Some(s), u));
         self.record_item(set, ItemKind::Resource, server, item, id, &result, started, context);
         result
@@ -311,19 +318,53 @@ impl Agent {
                 };
                 target = Some((server.id.to_string(), prompt.name.clone()));
                 set.item_decision(&server.id, ItemKind::Prompt, &prompt.name).map_err(refusal)?;
+                let text = arguments.as_ref().map(|a| Value::Object(a.clone()).to_string()).unwrap_or_default();
+                if let Some(origin) = self.foreign_secret_in(&text, &server.id) {
+                    return Err(secret_in_request(&origin, &server.id));
+                }
                 let cap = server.budgets.max_tool_output_bytes as usize;
                 let limits = (timeout, cap);
-                return self.pool().get_prompt(&server.id, &prompt.name, arguments, limits, context.input).await;
+                let mut got =
+                    self.pool().get_prompt(&server.id, &prompt.name, arguments, limits, context.input).await?;
+                self.guard_item(set, &mut got)?;
+                return Ok(got);
             }
             Err(unknown())
         }
         .await;
+        let result = self.guard_error(set, result);
         let (server, item) = match &target {
             Some((server, prompt)) => (Some(server.as_str()), prompt.as_str()),
             None => (None, name_asked),
         };
         self.record_item(set, ItemKind::Prompt, server, item, name_asked, &result, started, context);
         result
+    }
+
+    /// A held value in `text` that `server` was not given: where it came from.
+    fn foreign_secret_in(&self, text: &str, server: &str) -> Option<String> {
+        self.pool().secrets().redactor().foreign_in(text, server).map(str::to_string)
+    }
+
+    /// A read's or get's result cleaned of held values and filter findings (see
+    /// `agent::redaction`); a `block` finding refuses it.
+    fn guard_item<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        set: &EffectiveSet,
+        read: &mut ItemRead<T>,
+    ) -> Result<(), McpError> {
+        let held = self.pool().secrets().redactor();
+        let guard = super::redaction::OutputGuard { held: &held, filters: set.output_filters() };
+        guard.item(&mut read.result, read.truncated.is_some())
+    }
+
+    /// An error's message cleaned the same way (a server's error text is its output too).
+    fn guard_error<T>(&self, set: &EffectiveSet, result: Result<T, McpError>) -> Result<T, McpError> {
+        result.map_err(|mut error| {
+            let held = self.pool().secrets().redactor();
+            super::redaction::OutputGuard { held: &held, filters: set.output_filters() }.error(&mut error);
+            error
+        })
     }
 
     /// The audit line of a resource read or prompt get.
@@ -377,6 +418,17 @@ fn refusal(decision: crate::policy::Decision) -> McpError {
             "not allowed: {}{}",
             decision.reason,
             decision.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
+        ),
+    )
+}
+
+/// A read or get refused because what it sends holds a value another server was given.
+fn secret_in_request(origin: &str, server: &str) -> McpError {
+    McpError::denied(
+        ErrorCode::McpPolicyDenied,
+        "secret_in_arguments",
+        format!(
+            "the request holds a secret the agent holds ([redacted: {origin}]) that server '{server}' was not given; it was not sent"
         ),
     )
 }

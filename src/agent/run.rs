@@ -301,6 +301,16 @@ async fn run(
     options.origin = origin;
     options.kube = kube.map(super::approvers::KubeClient);
     options.egress = egress;
+    // The agent's own secrets, given to no server: its API key and the upstream model's key.
+    let secrets = pool.secrets().clone();
+    if let Some(key) = &config.api_key {
+        secrets.hold("the agent's API key", key.expose(), None);
+    }
+    let upstream_key = config.upstream.api_key.clone().or_else(|| std::env::var(keys::ENV_UPSTREAM_API_KEY).ok());
+    if let Some(key) = upstream_key {
+        secrets.hold("the upstream API key", &key, None);
+    }
+    crate::telemetry::redact_logs_with(secrets);
     let agent = Agent::new(options, registry, pool);
     metrics.register_collector(Box::new(super::server_state::ServerStateCollector::new(agent.clone())));
 

@@ -116,6 +116,13 @@ pub struct McpProfileSpec {
     #[schemars(extend("maxProperties" = 64))]
     pub rate_limits: super::rate_limit::RateLimits,
 
+    /// Detectors for credentials the agent does not hold (private keys, cloud access keys,
+    /// common token formats, JWTs), applied to tool output, resource reads and prompts before a
+    /// caller or the model sees them. Off unless listed; at most one entry per detector.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub output_filters: Vec<OutputFilter>,
+
     /// Chat completion settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat: Option<ChatSpec>,
@@ -138,6 +145,55 @@ pub struct McpProfileSpec {
     /// `mcp_approval_required`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<super::ProfileApproval>,
+}
+
+/// A detector and what to do with what it finds.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputFilter {
+    /// `privateKey`, `awsAccessKey`, `gcpApiKey`, `githubToken`, `gitlabToken`, `slackToken`,
+    /// `stripeKey`, `openaiKey` or `jwt`.
+    pub detector: Detector,
+
+    /// `redact` (default) replaces each finding with `[redacted: detector <name>]`; `block`
+    /// fails the call, read or get with `mcp_policy_denied` (reason `secret_in_output`).
+    #[serde(default)]
+    pub action: FilterAction,
+}
+
+/// A credential shape the agent can look for in text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Detector {
+    /// A PEM (RFC 7468) or OpenPGP armored private key block, through its END line.
+    PrivateKey,
+    /// An AWS access key id (`AKIA…`, `ASIA…`, `ABIA…`, `ACCA…`).
+    AwsAccessKey,
+    /// A Google Cloud API key (`AIza…`).
+    GcpApiKey,
+    /// A GitHub token (`ghp_`, `gho_`, `ghu_`, `ghs_`, `ghr_`, `github_pat_`).
+    GithubToken,
+    /// A GitLab token (`glpat-` and the other documented `gl…-` prefixes).
+    GitlabToken,
+    /// A Slack token (`xoxb-`, `xoxa-`, `xoxp-`, `xoxr-`, `xoxs-`).
+    SlackToken,
+    /// A Stripe secret or restricted key (`sk_live_`, `sk_test_`, `rk_live_`, `rk_test_`).
+    StripeKey,
+    /// An OpenAI API key (`sk-…`, `sk-proj-…`).
+    OpenaiKey,
+    /// A JSON Web Token (JWS compact form whose header and payload are JSON objects).
+    Jwt,
+}
+
+/// What an output filter does with a finding.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FilterAction {
+    /// Replace it.
+    #[default]
+    Redact,
+    /// Refuse the whole output.
+    Block,
 }
 
 /// The McpServers of a profile that may use the pod's ServiceAccount identity.

@@ -192,6 +192,16 @@ fn full_profile() -> McpProfile {
                 "mcp__fs__*".into(),
                 crate::api::RateLimit { per_minute: 60, burst: Some(5) },
             )]),
+            output_filters: vec![
+                crate::api::OutputFilter {
+                    detector: crate::api::Detector::Jwt,
+                    action: crate::api::FilterAction::Block,
+                },
+                crate::api::OutputFilter {
+                    detector: crate::api::Detector::AwsAccessKey,
+                    action: crate::api::FilterAction::Redact,
+                },
+            ],
             chat: Some(ChatSpec {
                 upstream: Some(UpstreamSpec {
                     url: "https://api.openai.com/v1".into(),

@@ -690,6 +690,15 @@ impl Validate for McpProfile {
             p.range("spec.budgets.toolTimeoutMs", b.tool_timeout_ms, lo, hi);
         }
         p.rate_limits("spec.rateLimits", &spec.rate_limits);
+        for (i, filter) in spec.output_filters.iter().enumerate() {
+            if spec.output_filters[..i].iter().any(|f| f.detector == filter.detector) {
+                p.push(
+                    format!("spec.outputFilters[{i}].detector"),
+                    format!("{} is listed twice", filter.detector.as_str()),
+                    "list each detector once, with the action you want",
+                );
+            }
+        }
         if let Some(upstream) = spec.chat.as_ref().and_then(|c| c.upstream.as_ref()) {
             check_http_url(&mut p, "spec.chat.upstream.url", &upstream.url);
             if let Some(secret) = &upstream.api_key_secret_ref {

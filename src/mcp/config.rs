@@ -490,7 +490,6 @@ impl ServerConfig {
     /// credential (`*TOKEN*`, `*KEY*`, `*SECRET*`, `*PASSW*`, `*CREDENTIAL*`, `*AUTH*`). The agent
     /// redacts these from what other callers see and refuses them in calls to other servers.
     /// Values that cannot be resolved are left out (the server is unavailable then anyway).
-    #[allow(dead_code, reason = "wired into the redaction next")]
     pub(crate) fn held_secrets(&self, lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
         let unreserved = |name: &str| if env_ref::is_reserved(name) { None } else { lookup(name) };
         let nothing = |_: &str| None;
@@ -538,7 +537,6 @@ impl ServerConfig {
 }
 
 /// Whether an env var's name says it holds a credential.
-#[allow(dead_code, reason = "wired into the redaction next")]
 fn looks_like_credential(name: &str) -> bool {
     let name = name.to_ascii_uppercase();
     ["TOKEN", "KEY", "SECRET", "PASSW", "CREDENTIAL", "AUTH"].iter().any(|word| name.contains(word))

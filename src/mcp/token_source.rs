@@ -105,6 +105,8 @@ pub(crate) struct TokenSource {
     auth: AuthEndpoint,
     http: OutboundHttp,
     metrics: PoolMetrics,
+    /// Where the tokens it gets are held (for redaction).
+    secrets: Arc<crate::secrets::HeldSecrets>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -115,6 +117,7 @@ impl TokenSource {
         auth: AuthEndpoint,
         metrics: PoolMetrics,
         egress: &crate::egress::AddressDenyList,
+        secrets: Arc<crate::secrets::HeldSecrets>,
     ) -> Self {
         let http = OutboundHttp::new(&url, egress);
         let state = State {
@@ -123,7 +126,7 @@ impl TokenSource {
             challenge: None,
             budget: RequestBudget::new(std::time::Instant::now()),
         };
-        TokenSource { server, url, auth, http, metrics, state: tokio::sync::Mutex::new(state) }
+        TokenSource { server, url, auth, http, metrics, secrets, state: tokio::sync::Mutex::new(state) }
     }
 
     /// What this source was built from: a source is reused while its config is unchanged.
@@ -140,7 +143,7 @@ impl TokenSource {
     /// goes out without one, and the server's 401 says where to get one).
     pub(crate) async fn current(&self) -> Result<Option<String>, TokenError> {
         if let AuthMode::ServiceAccountToken { file, grant: None } = &self.auth.mode {
-            return read_token_file(file).await.map(Some);
+            return self.read_token_file(file).await.map(Some);
         }
         let mut state = self.state.lock().await;
         if let Some(Err(refusal)) = &state.discovery {
@@ -161,7 +164,7 @@ impl TokenSource {
     pub(crate) async fn renew(&self, rejected: Option<&str>, challenge: &str) -> Result<String, TokenError> {
         if let AuthMode::ServiceAccountToken { file, grant: None } = &self.auth.mode {
             // The kubelet may have rotated it since; if not, the server does not accept it.
-            let token = read_token_file(file).await?;
+            let token = self.read_token_file(file).await?;
             if Some(token.as_str()) == rejected {
                 return Err(TokenError::lasting(format!(
                     "the server rejected the pod's service-account token (WWW-Authenticate: {}); check that it \
@@ -183,6 +186,13 @@ impl TokenSource {
         let reason =
             if state.token.is_some() || rejected.is_some() { FetchReason::Rejected } else { FetchReason::Initial };
         self.fetch(&mut state, Some(challenge), reason).await
+    }
+
+    /// The pod's service-account token at `file`, held for redaction as it is read.
+    async fn read_token_file(&self, file: &Path) -> Result<String, TokenError> {
+        let token = read_token_file(file).await?;
+        self.secrets.hold(&format!("service-account token of {}", self.server), &token, Some(&self.server));
+        Ok(token)
     }
 
     async fn fetch(
@@ -217,6 +227,11 @@ impl TokenSource {
                     reason = reason.as_str(),
                     expires_in_s = issued.expires_in.map(|d| d.as_secs()),
                     "access token obtained"
+                );
+                self.secrets.hold(
+                    &format!("access token of {}", self.server),
+                    &issued.access_token,
+                    Some(&self.server),
                 );
                 let renew_at = oauth::renew_after(issued.expires_in).map(|after| Instant::now() + after);
                 state.token = Some(Cached { token: issued.access_token.clone(), renew_at });
@@ -423,7 +438,7 @@ impl TokenSource {
                 self.http.post_form(token_endpoint, &form, None).await?
             }
             AuthMode::ServiceAccountToken { file, grant } => {
-                let subject = read_token_file(file).await?;
+                let subject = self.read_token_file(file).await?;
                 let client_id = grant.as_ref().and_then(|(_, id)| id.as_deref());
                 let mut form: Vec<(&str, &str)> = vec![("grant_type", grant_type)];
                 if grant_type == GRANT_JWT_BEARER {

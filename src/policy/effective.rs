@@ -210,6 +210,8 @@ pub struct CompiledProfile {
     items: Arc<CompiledItems>,
     /// Rate limits of the profile and its servers.
     rates: Arc<RateRules>,
+    /// The profile's `outputFilters`.
+    filters: Arc<crate::secrets::OutputFilters>,
 }
 
 fn decision(server: &str, tool: Option<&str>, reason: Reason, detail: Option<String>) -> Decision {
@@ -279,6 +281,7 @@ impl CompiledProfile {
         let deny = LayerPatterns::new(&p.tool_denylist, Layer::Profile)?;
         let items = CompiledItems::compile(&spec, servers.iter().map(|(id, s)| (id.as_str(), &*s.spec)))?;
         let rates = RateRules::compile(&spec, servers.iter().map(|(id, s)| (id.as_str(), &*s.spec)))?;
+        let filters = Arc::new(crate::secrets::OutputFilters::new(&p.output_filters));
         Ok(CompiledProfile {
             revision: snapshot.revision().clone(),
             profile: profile.to_string(),
@@ -290,6 +293,7 @@ impl CompiledProfile {
             deny,
             items: Arc::new(items),
             rates: Arc::new(rates),
+            filters,
         })
     }
 
@@ -368,6 +372,7 @@ impl CompiledProfile {
             rank: OnceLock::new(),
             items: self.items.clone(),
             rates: self.rates.clone(),
+            filters: self.filters.clone(),
             id: CATALOG_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
@@ -483,6 +488,8 @@ pub struct ProfileCatalog {
     items: Arc<CompiledItems>,
     /// Rate limits.
     rates: Arc<RateRules>,
+    /// Output filters.
+    filters: Arc<crate::secrets::OutputFilters>,
     /// Distinct for every catalog built in this process: a set's identity without hashing it.
     id: u64,
 }
@@ -659,6 +666,11 @@ impl EffectiveSet {
     /// The rate limits of the profile and its servers.
     pub(crate) fn rate_rules(&self) -> &RateRules {
         &self.catalog.rates
+    }
+
+    /// The profile's `outputFilters`.
+    pub(crate) fn output_filters(&self) -> &crate::secrets::OutputFilters {
+        &self.catalog.filters
     }
 
     /// Whether `item` of `server` (its URI, or its prompt name) may be read or got through this

@@ -241,3 +241,90 @@ fn a_server_url_in_a_denied_range_is_never_dialled_by_name_or_literal() {
     }
     drop(served);
 }
+
+/// What a real stdio server is given and echoes: `fx` gets a token from a Secret (`valueFrom`,
+/// which local mode reads from `SPEAR_SECRET_FX_FX_TOKEN`), returns it from its `env` tool and
+/// prints each call's arguments on its stderr; `fx2` was given nothing. The caller sees the
+/// token redacted; a call that pastes it (verbatim, base64, hex) into `fx2`'s arguments is
+/// refused before it is sent; the audit file (arguments included) and the agent's log hold no
+/// spelling of it, nor its first bytes.
+#[test]
+fn a_secret_a_server_echoes_is_redacted_and_pasted_into_another_servers_call_is_refused() {
+    const TOKEN: &str = "ghp_K7v2LxQ9mZ4tR8wY1nB6cD3fH5jS0aP";
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, TOKEN);
+    let hex: String = TOKEN.bytes().map(|b| format!("{b:02x}")).collect();
+    let fixture = spear::testing::mcp_servers::fixture_stdio(&["--stderr-chatter"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args: Vec<String> = fixture.args.iter().map(|a| format!("{a:?}")).collect();
+    for (name, env) in [("fx", "[{name: FX_TOKEN, valueFrom: {secretKeyRef: {name: gh, key: token}}}]"), ("fx2", "[]")]
+    {
+        let yaml = format!(
+            "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata:\n  name: {name}\nspec:\n  transport: stdio\n  \
+             stdio:\n    command: {:?}\n    args: [{}]\n    env: {env}\n  allowedTools: [\"*\"]\n",
+            fixture.program.to_string_lossy(),
+            args.join(", "),
+        );
+        std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).expect("write server");
+    }
+    std::fs::write(
+        dir.path().join("profile.yaml"),
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata:\n  name: p\nspec:\n  servers: [fx, fx2]\n",
+    )
+    .expect("write profile");
+    let audit = tempfile::NamedTempFile::new().expect("audit file");
+    let audit_path = audit.path().to_string_lossy().into_owned();
+    let log = tempfile::NamedTempFile::new().expect("log file");
+    let stderr = std::process::Stdio::from(log.reopen().expect("log file"));
+    let extra = ["--audit-log", &audit_path, "--audit-arguments", "--log-level", "spear=debug,warn"];
+    let served = crate::serve::spawn_serve_with_env(dir, &extra, stderr, &[("SPEAR_SECRET_FX_FX_TOKEN", TOKEN)]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !http_get(served.admin, "/readyz").is_some_and(|(s, b)| s == 200 && !b.contains(": starting (")) {
+        assert!(Instant::now() < deadline, "not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let echo_fx2 = |text: &str| format!(r#"mcp__fx2__echo={{"text": "{text}"}}"#);
+    let calls = [
+        r#"mcp__fx__env={"name": "FX_TOKEN"}"#.to_string(),
+        format!(r#"mcp__fx__echo={{"text": "mine: {TOKEN}"}}"#),
+        echo_fx2(TOKEN),
+        echo_fx2(&b64),
+        echo_fx2(&hex),
+        echo_fx2(&format!("see {}", &TOKEN[..10])),
+    ];
+    let calls: Vec<&str> = calls.iter().map(String::as_str).collect();
+    for mode in [LEGACY, STATELESS] {
+        let events = mcp_calls(&served, &calls, mode);
+        let texts: Vec<String> = events.iter().map(|e| e["text"].as_str().unwrap_or_default().to_string()).collect();
+        // The server's own secret, from its own tool: redacted for the caller.
+        assert_eq!(texts[0], "[redacted: env FX_TOKEN of fx]", "{mode}");
+        // Sent to the server it belongs to (allowed), and redacted on the way back.
+        assert_eq!(texts[1], "mine: [redacted: env FX_TOKEN of fx]", "{mode}");
+        for (i, spelling) in ["verbatim", "base64", "hex"].iter().enumerate() {
+            let error = error_of(&events[2 + i]);
+            assert_eq!(error["reason"], "secret_in_arguments", "{mode} {spelling}: {error}");
+            assert_eq!(error["code"], "mcp_policy_denied");
+            let message = error["message"].as_str().unwrap_or_default();
+            assert!(message.contains("[redacted: env FX_TOKEN of fx]") && message.contains("'fx2'"), "{message}");
+        }
+        // A prefix is not the value: short of MIN_SECRET_BYTES of it, nothing is held.
+        assert_eq!(events[5]["is_error"], false, "{mode}: {:?}", events[5]);
+        for text in &texts {
+            assert!(!text.contains(TOKEN) && !text.contains(&b64) && !text.contains(&hex), "{mode}: {text}");
+        }
+    }
+    let denied = metric(served.admin, "mcp_denied_total{server_id=\"fx2\",reason=\"secret_in_arguments\"}");
+    assert_eq!(denied, 6.0);
+    drop(served);
+
+    let audit_text = std::fs::read_to_string(audit.path()).expect("audit");
+    let log_text = std::fs::read_to_string(log.path()).expect("log");
+    assert!(log_text.contains("fixture: call echo"), "the server's stderr is logged: {log_text}");
+    for (what, text) in [("audit", &audit_text), ("log", &log_text)] {
+        for spelling in [TOKEN, &b64, &hex, &TOKEN[..12]] {
+            assert!(!text.contains(spelling), "{what} holds {spelling}:\n{text}");
+        }
+    }
+    let refused = audit_lines(audit.path()).into_iter().filter(|l| l["reason"] == "secret_in_arguments").count();
+    assert_eq!(refused, 6);
+}

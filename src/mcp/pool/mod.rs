@@ -85,6 +85,9 @@ pub struct PoolOptions {
     pub hidden_env: Vec<String>,
     /// Addresses remote servers and their OAuth requests are never sent to (`--egress-deny-cidrs`).
     pub egress: crate::egress::AddressDenyList,
+    /// The secret values the agent holds: the pool adds each server's as it resolves its
+    /// configuration and gets its tokens; the agent redacts them from what leaves.
+    pub secrets: Arc<crate::secrets::HeldSecrets>,
 }
 
 impl Default for PoolOptions {
@@ -110,6 +113,7 @@ impl Default for PoolOptions {
             egress: crate::egress::AddressDenyList::AGENT_LOCAL
                 .parse()
                 .unwrap_or_else(|_| crate::egress::AddressDenyList::none()),
+            secrets: Arc::default(),
         }
     }
 }
@@ -170,6 +174,11 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
+    /// The secret values the agent holds (see [`PoolOptions::secrets`]).
+    pub(crate) fn secrets(&self) -> &Arc<crate::secrets::HeldSecrets> {
+        &self.inner.options.secrets
+    }
+
     /// A pool reading `${ENV:...}` values from the process environment, except `hidden_env`.
     pub fn new(options: PoolOptions) -> Self {
         let hidden = options.hidden_env.clone();

@@ -32,7 +32,6 @@ use crate::mcp::limits::{self, ListCut};
 use crate::mcp::output_schema;
 use crate::mcp::token_source::TokenSource;
 use crate::policy::Starting;
-use crate::telemetry::PoolMetrics;
 
 /// A live session and what it holds.
 pub(super) struct Live {
@@ -206,19 +205,16 @@ impl Slot {
     }
 
     /// The token source for `endpoint`'s auth, reused while its config is unchanged.
-    fn token_source(
-        &self,
-        endpoint: &Endpoint,
-        metrics: &PoolMetrics,
-        egress: &crate::egress::AddressDenyList,
-    ) -> Option<Arc<TokenSource>> {
+    fn token_source(&self, endpoint: &Endpoint, inner: &Inner) -> Option<Arc<TokenSource>> {
+        let options = &inner.options;
         let Endpoint::Http { url, auth: Some(auth), .. } = endpoint else { return None };
         let mut tokens = self.tokens.lock();
         if let Some(source) = tokens.as_ref().filter(|s| s.auth() == auth && s.url() == url) {
             return Some(source.clone());
         }
+        let (metrics, egress, secrets) = (options.metrics.clone(), &options.egress, options.secrets.clone());
         let source =
-            Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics.clone(), egress));
+            Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics, egress, secrets));
         *tokens = Some(source.clone());
         Some(source)
     }
@@ -271,6 +267,10 @@ impl Slot {
         let endpoint = match slot.config.resolve(|name| (inner.env)(name)) {
             Ok(endpoint) => {
                 *slot.env_missing.lock() = None;
+                // Before any byte reaches the server: what it is given is what it may not echo
+                // to others, nor others send it.
+                let held = slot.config.held_secrets(|name| (inner.env)(name));
+                inner.options.secrets.hold_all(held, Some(&slot.config.id));
                 endpoint
             }
             Err(missing) => {
@@ -293,7 +293,7 @@ impl Slot {
         let facts = Starting { what: endpoint.kind(), since: std::time::SystemTime::now(), budget };
         let frame_limit = limits::frame_limit(slot.config.budgets.max_tool_output_bytes(), inner.options.frame_limit);
         let lifecycle = lifecycle_for(slot.revision.lock().as_ref().filter(|(at, _)| at.elapsed() < REVISION_TTL));
-        let tokens = slot.token_source(&endpoint, &inner.options.metrics, &inner.options.egress);
+        let tokens = slot.token_source(&endpoint, inner);
         let (owner, pool) = (slot.clone(), inner.clone());
         let task = tokio::spawn(
             async move {

@@ -553,7 +553,8 @@ fn free_addr() -> SocketAddr {
 /// The doors of an in-process `spearlet run`, on free loopback ports.
 fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
     AgentConfig {
-        egress: None,
+        // The test's servers listen on loopback, which an agent in a pod denies by default.
+        egress: Some(spear::egress::AddressDenyList::AGENT_LOCAL.parse().expect("the local list parses")),
         http_addr: free_addr(),
         grpc_addr: free_addr(),
         admin_addr,

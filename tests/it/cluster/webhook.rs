@@ -763,6 +763,12 @@ impl LocalPod {
             env.push((name.clone(), self.path(&value)));
         }
         env.push(("KUBECONFIG".into(), self.kubeconfig.display().to_string()));
+        // This test's pod network is loopback, which an agent in a pod denies by default; the
+        // operator gives agents their list the same way (`--agent-egress-deny-cidrs`).
+        if !env.iter().any(|(name, _)| name == "SPEAR_EGRESS_DENY_CIDRS") {
+            let local = spear::egress::AddressDenyList::AGENT_LOCAL.to_string();
+            env.push(("SPEAR_EGRESS_DENY_CIDRS".into(), local));
+        }
         env
     }
 
