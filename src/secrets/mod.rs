@@ -15,7 +15,7 @@
 //! - One Aho-Corasick automaton over all spellings of all values: a text with nothing held is one
 //!   scan and no allocation, which is the common case and what the call path pays for.
 //! - Values under [`MIN_SECRET_BYTES`] are not searched: they would redact ordinary words.
-//! - A replacement names the origin (`[redacted: secret github-token/token]`), never any part of
+//! - A replacement names the origin (`[redacted: header Authorization of github]`), never any part of
 //!   the value, so a person reading output knows what was removed without learning it. No
 //!   `Debug` here prints a value.
 //! - Cut output (truncated to a budget) can end inside a value: [`Redactor::redact_cut`] also

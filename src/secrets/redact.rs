@@ -34,7 +34,7 @@ const UNSEARCHABLE: &str = "secrets could not be searched";
 #[derive(Clone)]
 pub(crate) struct Secret {
     pub(crate) value: String,
-    /// Where it came from, as the replacement names it: e.g. "secret github-token/token",
+    /// Where it came from, as the replacement names it: e.g. "header Authorization of github",
     /// "upstream api key", "oauth token of github". [`Redactor::new`] replaces `]` and control
     /// characters with `_` and keeps at most [`MAX_ORIGIN_CHARS`] characters.
     pub(crate) origin: Arc<str>,
