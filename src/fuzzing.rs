@@ -783,12 +783,29 @@ pub fn approval_round_open(
 /// A held value as a fuzz target gives it: (value, origin, the server it is granted to).
 pub type HeldSecret = (String, String, Option<String>);
 
-fn redactor(secrets: &[HeldSecret]) -> crate::secrets::Redactor {
-    crate::secrets::Redactor::new(secrets.iter().map(|(value, origin, granted_to)| crate::secrets::Secret {
-        value: value.clone(),
-        origin: origin.as_str().into(),
-        granted_to: granted_to.as_deref().map(Into::into),
-    }))
+/// A `Redactor` over held values, built once per input (building is most of a run's cost).
+pub struct SecretRedactor(crate::secrets::Redactor);
+
+impl SecretRedactor {
+    pub fn new(secrets: &[HeldSecret]) -> Self {
+        SecretRedactor(crate::secrets::Redactor::new(secrets.iter().map(|(value, origin, granted_to)| {
+            crate::secrets::Secret {
+                value: value.clone(),
+                origin: origin.as_str().into(),
+                granted_to: granted_to.as_deref().map(Into::into),
+            }
+        })))
+    }
+
+    /// `Redactor::redact`, or `Redactor::redact_cut` when `cut`.
+    pub fn redact(&self, text: &str, cut: bool) -> String {
+        if cut { self.0.redact_cut(text).into_owned() } else { self.0.redact(text).into_owned() }
+    }
+
+    /// `Redactor::foreign_in`.
+    pub fn foreign_in(&self, text: &str, server: &str) -> Option<String> {
+        self.0.foreign_in(text, server).map(str::to_string)
+    }
 }
 
 /// The spellings `value` is searched in (`secrets::redact`), verbatim first; none when it is
@@ -800,17 +817,6 @@ pub fn secret_spellings(value: &str) -> Vec<String> {
 /// The origin as a marker names it.
 pub fn secret_origin(origin: &str) -> String {
     crate::secrets::sanitize_origin(origin).to_string()
-}
-
-/// `Redactor::redact`, or `Redactor::redact_cut` when `cut`.
-pub fn redact_secrets(secrets: &[HeldSecret], text: &str, cut: bool) -> String {
-    let redactor = redactor(secrets);
-    if cut { redactor.redact_cut(text).into_owned() } else { redactor.redact(text).into_owned() }
-}
-
-/// `Redactor::foreign_in`.
-pub fn foreign_secret_in(secrets: &[HeldSecret], text: &str, server: &str) -> Option<String> {
-    redactor(secrets).foreign_in(text, server).map(str::to_string)
 }
 
 /// Every detector, compiled once for all runs.

@@ -21,7 +21,7 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use spear::fuzzing::{
-    HeldSecret, detectors_first_in, detectors_redact, foreign_secret_in, redact_secrets, secret_origin, secret_spellings,
+    HeldSecret, SecretRedactor, detectors_first_in, detectors_redact, secret_origin, secret_spellings,
 };
 
 const MAX_TEXT: usize = 1 << 20;
@@ -46,9 +46,16 @@ const SAMPLES: &[&str] = &[
 enum Piece {
     Text(String),
     /// Spelling `spelling` (modulo their count) of held value `secret`.
-    Spelling { secret: u8, spelling: u8 },
+    Spelling {
+        secret: u8,
+        spelling: u8,
+    },
     /// The first `len` bytes of that spelling (at a character boundary).
-    Prefix { secret: u8, spelling: u8, len: u8 },
+    Prefix {
+        secret: u8,
+        spelling: u8,
+        len: u8,
+    },
     Sample(u8),
 }
 
@@ -122,10 +129,11 @@ fuzz_target!(|input: Input| {
     let markers: Vec<String> = origins.iter().map(|o| format!("redacted: {o}")).collect();
     let every: Vec<String> = spellings.iter().flatten().cloned().collect();
 
-    let out = redact_secrets(&secrets, &text, false);
+    let redactor = SecretRedactor::new(&secrets);
+    let out = redactor.redact(&text, false);
     no_spelling_left(&out, &every, &markers);
 
-    let cut = redact_secrets(&secrets, &text, true);
+    let cut = redactor.redact(&text, true);
     no_spelling_left(&cut, &every, &markers);
     for s in &every {
         for len in 4..s.len() {
@@ -137,7 +145,7 @@ fuzz_target!(|input: Input| {
         }
     }
 
-    let foreign = foreign_secret_in(&secrets, &text, &input.server);
+    let foreign = redactor.foreign_in(&text, &input.server);
     let not_granted = |(_, _, granted): &&HeldSecret| granted.as_deref() != Some(input.server.as_str());
     if let Some(origin) = &foreign {
         let ok = secrets.iter().zip(&origins).any(|(s, o)| o == origin && not_granted(&s) && s.0.len() >= 8);

@@ -27,6 +27,10 @@ pub(crate) const MAX_ORIGIN_CHARS: usize = 128;
 /// The shortest tail [`Redactor::redact_cut`] removes: three bytes of a prefix is noise (a tail of
 /// ordinary text matches some spelling's first three bytes too often), four is where it stops.
 pub(crate) const MIN_CUT_TAIL_BYTES: usize = 4;
+/// Spelling bytes up to which the automaton is a DFA: about one state per byte and a row of byte
+/// classes per state, so at most a few MiB (a handful of tokens is a few KiB of spellings). Past
+/// it (a PEM key's spellings alone are ~100 KiB) the contiguous NFA, at a few bytes per state.
+const DFA_MAX_SPELLING_BYTES: usize = 16 * 1024;
 /// What a redactor that could not build its automaton says (it then redacts everything).
 const UNSEARCHABLE: &str = "secrets could not be searched";
 
@@ -299,7 +303,12 @@ pub(crate) fn searched_spellings(value: &str) -> Vec<String> {
 /// dev profile).
 fn build(spellings: &[Spelling]) -> Search {
     let patterns = spellings.iter().map(|s| &s.text);
-    let kind = Some(AhoCorasickKind::ContiguousNFA);
+    // A DFA scans ordinary output (words, numbers, base64-looking runs, where the prefilter
+    // rarely skips) many times faster than the NFA, and a pod's few held values are a few KiB of
+    // spellings, so its table stays small; past that, the NFA bounds memory.
+    let bytes: usize = spellings.iter().map(|s| s.text.len()).sum();
+    let kind =
+        Some(if bytes <= DFA_MAX_SPELLING_BYTES { AhoCorasickKind::DFA } else { AhoCorasickKind::ContiguousNFA });
     match AhoCorasick::builder().match_kind(MatchKind::Standard).kind(kind).build(patterns) {
         Ok(ac) => Search::Ready(ac),
         Err(_) => Search::Unsearchable,
