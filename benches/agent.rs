@@ -46,6 +46,7 @@ use serde_json::json;
 use spear::agent::grpc::pb;
 use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
 use spear::agent::grpc::pb::mcp_sessions_server::{McpSessions, McpSessionsServer};
+use spear::testing::bench::{percentile, us};
 use spear::testing::proc_stats::{cpu_time, rss_kib};
 use spear::testing::{echo, mcp_servers};
 use tonic::{Request, Response, Status};
@@ -58,15 +59,6 @@ struct Size {
     clients: usize,
     throughput_for: Duration,
     idle_rss: bool,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 async fn call(client: &Client, tool: &str) -> Result<Duration, String> {

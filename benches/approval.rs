@@ -19,29 +19,18 @@
 //! `cargo bench --bench approval` (`cargo test --all-targets` runs a short smoke form).
 #![allow(clippy::disallowed_macros, reason = "tests and benches print their figures and diagnostics")]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{ElicitResult, ElicitationAction};
 use serde_json::json;
 use spear::agent::audit::Door;
-use spear::agent::{Agent, AgentOptions, AuditSink, CallContext};
+use spear::agent::{Agent, AgentOptions, CallContext};
 use spear::api::manifest::Object;
 use spear::api::{ApprovalMode, McpApproval, McpProfile, McpServer};
-use spear::mcp::{Pool, PoolOptions, Relay, Relayed};
-use spear::registry::snapshot::{Entry, Snapshot};
-use spear::registry::view::StaticRegistry;
+use spear::mcp::{Relay, Relayed};
+use spear::testing::bench::{percentile, process_env, static_agent, us};
 use spear::testing::mcp_servers;
 use tokio_util::sync::CancellationToken;
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
 
 /// An approval webhook on loopback that allows everything; returns its URL.
 async fn webhook() -> String {
@@ -66,18 +55,8 @@ async fn cluster_agent(client: kube::Client, namespace: &str) -> (Agent, Cancell
         Object::Server(McpServer::test("gated").running(&fixture).allowing(["*"]).approval(ApprovalMode::Always, [])),
         Object::Profile(profile),
     ];
-    let snapshot = Snapshot::build(objects.into_iter().map(|o| Entry::local("bench.yaml", 1, o)), Vec::new());
-    let pool = Pool::with_env(
-        PoolOptions { idle_timeout: None, ..PoolOptions::default() },
-        Arc::new(|name: &str| std::env::var(name).ok()),
-    );
-    let mut options = AgentOptions::new("p").in_cluster(client, namespace.to_string(), Some("bench-pod".into()));
-    options.audit = AuditSink::disabled();
-    let agent = Agent::new(options, Arc::new(StaticRegistry::new(snapshot)), pool);
-    let cancel = CancellationToken::new();
-    tokio::spawn(agent.clone().run(cancel.clone()));
-    tokio::time::timeout(Duration::from_secs(60), agent.settled()).await.expect("agent settled in 60 s");
-    (agent, cancel)
+    let options = AgentOptions::new("p").in_cluster(client, namespace.to_string(), Some("bench-pod".into()));
+    static_agent(objects, process_env(), options).await
 }
 
 /// Decides every McpApproval of `namespace` as it appears: `Allow`, by "bench".
@@ -112,19 +91,7 @@ async fn agent(url: &str) -> (Agent, CancellationToken) {
         Object::Server(McpServer::test("gated").running(&fixture).allowing(["*"]).approval(ApprovalMode::Always, [])),
         Object::Profile(profile),
     ];
-    let snapshot = Snapshot::build(objects.into_iter().map(|o| Entry::local("bench.yaml", 1, o)), Vec::new());
-    let registry = Arc::new(StaticRegistry::new(snapshot));
-    let pool = Pool::with_env(
-        PoolOptions { idle_timeout: None, ..PoolOptions::default() },
-        Arc::new(|name: &str| std::env::var(name).ok()),
-    );
-    let mut options = AgentOptions::new("p");
-    options.audit = AuditSink::disabled();
-    let agent = Agent::new(options, registry, pool);
-    let cancel = CancellationToken::new();
-    tokio::spawn(agent.clone().run(cancel.clone()));
-    tokio::time::timeout(Duration::from_secs(60), agent.settled()).await.expect("agent settled in 60 s");
-    (agent, cancel)
+    static_agent(objects, process_env(), AgentOptions::new("p")).await
 }
 
 async fn call(agent: &Agent, name: &str, context: CallContext<'_>) -> Duration {

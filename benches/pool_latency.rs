@@ -21,17 +21,9 @@ use spear::api::manifest::Object;
 use spear::mcp::config::Mode;
 use spear::mcp::{Pool, PoolOptions};
 use spear::registry::snapshot::{Entry, Snapshot};
+use spear::testing::bench::{main_serving_echo, percentile, us};
 
 const ROUNDS: usize = 20;
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -159,15 +151,5 @@ async fn run(calls_per_round: usize) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--serve-echo") {
-        spear::testing::echo::serve_stdio(spear::testing::echo::StdioMode::Reactor);
-        return;
-    }
-    spear::install_crypto_provider();
-    // Under `cargo test --all-targets` (no `--bench`), a short smoke run of the harness.
-    let calls_per_round = if args.iter().any(|a| a == "--bench") { 100 } else { 2 };
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-    runtime.block_on(run(calls_per_round));
+    main_serving_echo(|full| run(if full { 100 } else { 2 }));
 }

@@ -15,24 +15,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use spear::agent::audit::Door;
-use spear::agent::{Agent, AgentOptions, AuditSink, CallContext};
+use spear::agent::{Agent, AgentOptions, CallContext};
 use spear::api::manifest::Object;
 use spear::api::{McpProfile, McpServer};
-use spear::mcp::{Pool, PoolOptions};
-use spear::registry::snapshot::{Entry, Snapshot};
-use spear::registry::view::StaticRegistry;
+use spear::testing::bench::{main_serving_echo, percentile, static_agent, us};
 use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "ghp_K7v2LxQ9mZ4tR8wY1nB6cD3fH5jS0aP";
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
 
 /// An agent over this binary's echo server; with `secret`, the server is given `TOKEN` from a
 /// Secret (`valueFrom`), which the agent then holds.
@@ -42,19 +31,11 @@ async fn agent(exe: &Path, secret: bool) -> (Agent, CancellationToken) {
         server = server.secret_env("API_TOKEN", "gh", "token");
     }
     let objects = vec![Object::Server(server), Object::Profile(McpProfile::test("p").servers(["echo"]))];
-    let snapshot = Snapshot::build(objects.into_iter().map(|o| Entry::local("bench.yaml", 1, o)), Vec::new());
     let env = move |name: &str| match name {
         "SPEAR_SECRET_ECHO_API_TOKEN" if secret => Some(TOKEN.to_string()),
         _ => std::env::var(name).ok(),
     };
-    let pool = Pool::with_env(PoolOptions { idle_timeout: None, ..PoolOptions::default() }, Arc::new(env));
-    let mut options = AgentOptions::new("p");
-    options.audit = AuditSink::disabled();
-    let agent = Agent::new(options, Arc::new(StaticRegistry::new(snapshot)), pool);
-    let cancel = CancellationToken::new();
-    tokio::spawn(agent.clone().run(cancel.clone()));
-    tokio::time::timeout(Duration::from_secs(60), agent.settled()).await.expect("agent settled in 60 s");
-    (agent, cancel)
+    static_agent(objects, Arc::new(env), AgentOptions::new("p")).await
 }
 
 /// `size` bytes of text a server might return: words, numbers and base64-looking runs from a
@@ -93,7 +74,8 @@ async fn call(agent: &Agent, text: &str) -> Duration {
     latency
 }
 
-async fn run(rounds: usize) {
+async fn run(full: bool) {
+    let rounds = if full { 2000 } else { 3 };
     let exe = std::env::current_exe().expect("the bench binary's path");
     let (on, stop_on) = agent(&exe, true).await;
     let (off, stop_off) = agent(&exe, false).await;
@@ -144,15 +126,5 @@ async fn run(rounds: usize) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--serve-echo") {
-        spear::testing::echo::serve_stdio(spear::testing::echo::StdioMode::Reactor);
-        return;
-    }
-    spear::install_crypto_provider();
-    // Under `cargo test --all-targets` (no `--bench`), a short smoke run of the harness.
-    let rounds = if args.iter().any(|a| a == "--bench") { 2000 } else { 3 };
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-    runtime.block_on(run(rounds));
+    main_serving_echo(run);
 }

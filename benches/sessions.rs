@@ -63,6 +63,7 @@ use rmcp::transport::common::server_side_http::ServerSseMessage;
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionHandle, LocalSessionWorker, SessionEvent};
 use rmcp::transport::worker::{Worker, WorkerContext, WorkerSendRequest, WorkerTransport};
 use serde_json::{Value, json};
+use spear::testing::bench::{percentile, us};
 use spear::testing::proc_stats::{rss_kib, status_kib};
 use spear::testing::{echo, mcp_servers};
 
@@ -93,15 +94,6 @@ struct Size {
     min_idle: u64,
     /// Times N sessions are opened and deleted again on agent A, to tell a leak from reuse.
     churn_rounds: usize,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 fn mib(kib: u64) -> f64 {

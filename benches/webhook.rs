@@ -39,6 +39,7 @@ use spear::operator::webhook::certs::{CertSource, SelfSigned};
 use spear::operator::webhook::{
     self, Inputs, Lookup, LookupError, MUTATE_PATH, NativeSidecars, WebhookConfig, WebhookMetrics,
 };
+use spear::testing::bench::{percentile, us};
 use spear::testing::control_plane::ControlPlane;
 use spear::testing::mcp_servers::free_port;
 use tokio_util::sync::CancellationToken;
@@ -50,15 +51,6 @@ const LABEL_BENCH: &str = "spear.test/webhook";
 struct Size {
     in_process: usize,
     api_creates: usize,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 fn ms(d: Duration) -> f64 {

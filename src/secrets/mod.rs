@@ -12,8 +12,9 @@
 //!   base64 at each alignment in both alphabets, hex, percent-encodings), not only verbatim: a
 //!   tool that base64-encodes a config file must not hand its token out. `spell.rs` lists the
 //!   families and what is left out.
-//! - One Aho-Corasick automaton over all spellings of all values: a text with nothing held is one
-//!   scan and no allocation, which is the common case and what the call path pays for.
+//! - One Aho-Corasick automaton over all spellings of all values, behind a skip-gram gate
+//!   (`gate.rs`) that turns away a text holding none of them after looking at one window per
+//!   stride: that text is the common case, and costs no allocation.
 //! - Values under [`MIN_SECRET_BYTES`] are not searched: they would redact ordinary words.
 //! - A replacement names the origin (`[redacted: header Authorization of github]`), never any part of
 //!   the value, so a person reading output knows what was removed without learning it. No
@@ -25,6 +26,7 @@
 
 mod detect;
 mod filters;
+mod gate;
 mod held;
 mod json;
 mod redact;

@@ -7,8 +7,10 @@
 //! - [`echo`]: a trivial rmcp echo server, for benches that need a server of negligible cost.
 //! - [`fixtures`]: builders for `McpServer` and `McpProfile` (`McpServer::test("fs").stdio(..)`).
 //! - [`golden`]: golden-file comparison, rewritten under `SPEAR_BLESS=1`.
+//! - [`bench`]: percentiles, an agent over a fixed registry, a bench's `main`.
 //! - [`proc_stats`]: a process's resident memory and CPU time from `/proc`, for the benches.
 
+pub mod bench;
 pub mod control_plane;
 pub mod echo;
 pub mod fixtures;

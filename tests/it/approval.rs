@@ -11,7 +11,8 @@ use serde_json::Value;
 use spear::testing::mcp_servers;
 
 use crate::serve::{
-    LEGACY, STATELESS, fixture_registry, http_get, next_event, script, serve, serve_with_env, start_client,
+    LEGACY, STATELESS, admin_metric, call_error, fixture_registry, http_get, next_event, script, serve, serve_with_env,
+    start_client,
 };
 
 /// The fixture registry with every call of `fx` needing approval, and `approval` as the
@@ -48,16 +49,6 @@ fn mcp_call(served: &crate::serve::Served, call: &str, extra: &[&str]) -> (Optio
 }
 
 /// The `{"error": {...}}` object of a failed call event.
-fn error_of(call: &Value) -> Value {
-    assert_eq!(call["is_error"], true, "{call}");
-    serde_json::from_str(call["text"].as_str().unwrap_or_default()).expect("the error object")
-}
-
-fn metric(admin: u16, line_start: &str) -> Option<f64> {
-    let (_, body) = http_get(admin, "/metrics")?;
-    body.lines().find(|l| l.starts_with(line_start))?.rsplit(' ').next()?.parse().ok()
-}
-
 #[test]
 fn the_mcp_caller_approves_or_denies_in_its_own_client_on_both_revisions() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -87,7 +78,7 @@ fn the_mcp_caller_approves_or_denies_in_its_own_client_on_both_revisions() {
         for (answer, said) in [("no", "did not approve"), ("decline", "declined")] {
             let (asked, called) = mcp_call(&served, call, &["--mode", mode, "--approve", answer]);
             assert!(asked.is_some(), "{mode} {answer}: asked");
-            let error = error_of(&called);
+            let error = call_error(&called);
             assert_eq!(error["error"]["code"], "mcp_approval_denied", "{mode} {answer}: {called}");
             assert_eq!(error["error"]["retryable"], false);
             let message = error["error"]["message"].as_str().unwrap_or_default();
@@ -99,20 +90,20 @@ fn the_mcp_caller_approves_or_denies_in_its_own_client_on_both_revisions() {
     // approver, the call needs an approval nobody can give.
     let (asked, called) = mcp_call(&served, call, &["--mode", LEGACY]);
     assert_eq!(asked, None);
-    let error = error_of(&called);
+    let error = call_error(&called);
     assert_eq!(error["error"]["code"], "mcp_approval_required", "{called}");
     assert!(error["error"]["message"].as_str().unwrap_or_default().contains("did not declare elicitation"), "{error}");
 
     // A caller that never answers: denied when timeoutSeconds runs out.
     let (asked, called) = mcp_call(&served, call, &["--mode", LEGACY, "--approve", "silent"]);
     assert!(asked.is_some());
-    let error = error_of(&called);
+    let error = call_error(&called);
     assert_eq!(error["error"]["code"], "mcp_approval_denied", "{called}");
     assert!(error["error"]["message"].as_str().unwrap_or_default().contains("(timeout)"), "{error}");
 
     let count = |decision: &str| {
         let series = format!("mcp_approval_total{{server_id=\"fx\",approver=\"caller\",decision=\"{decision}\"}}");
-        metric(served.admin, &series).unwrap_or_default()
+        admin_metric(served.admin, &series)
     };
     assert_eq!((count("allow"), count("deny"), count("timeout")), (2.0, 4.0, 1.0));
 
@@ -244,7 +235,7 @@ fn a_signed_webhook_decides_and_everything_but_its_allow_denies() {
 
     let count = |decision: &str| {
         let series = format!("mcp_approval_total{{server_id=\"fx\",approver=\"webhook\",decision=\"{decision}\"}}");
-        metric(served.admin, &series).unwrap_or_default()
+        admin_metric(served.admin, &series)
     };
     assert_eq!((count("allow"), count("deny"), count("timeout"), count("error")), (2.0, 1.0, 1.0, 4.0));
 }

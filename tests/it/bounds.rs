@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::serve::{LEGACY, STATELESS, fixture_registry, http_get, next_event, serve, start_client};
+use crate::serve::{
+    LEGACY, STATELESS, admin_metric, call_error, fixture_registry, http_get, next_event, serve, start_client,
+};
 
 /// The fixture registry with every tool of `fx` limited to 2 calls at once and one a minute, and
 /// the profile narrowing `lists` to one call.
@@ -39,20 +41,9 @@ fn mcp_calls(served: &crate::serve::Served, calls: &[&str], mode: &str) -> Vec<V
     events
 }
 
-/// The `{"error": {...}}` object of a failed call event.
+/// The error object of a failed call event.
 fn error_of(call: &Value) -> Value {
-    assert_eq!(call["is_error"], true, "{call}");
-    let error: Value = serde_json::from_str(call["text"].as_str().unwrap_or_default()).expect("the error object");
-    error["error"].clone()
-}
-
-fn metric(admin: u16, series: &str) -> f64 {
-    let (_, body) = http_get(admin, "/metrics").expect("/metrics");
-    body.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_default()
+    call_error(call)["error"].clone()
 }
 
 fn audit_lines(path: &std::path::Path) -> Vec<Value> {
@@ -112,14 +103,16 @@ fn a_rate_limited_tool_is_refused_with_its_wait_on_mcp_and_grpc_counted_and_audi
     assert_eq!(error_of(&calls[0])["reason"], "denied_by:profile", "{calls:?}");
 
     let denied =
-        |reason: &str| metric(served.admin, &format!("mcp_denied_total{{server_id=\"fx\",reason=\"{reason}\"}}"));
+        |reason: &str| admin_metric(served.admin, &format!("mcp_denied_total{{server_id=\"fx\",reason=\"{reason}\"}}"));
     assert_eq!(denied("rate_limited"), 4.0);
     assert_eq!(denied("denied_by:profile"), 1.0);
-    let errors =
-        metric(served.admin, "mcp_tool_call_error_total{server_id=\"fx\",tool=\"echo\",code=\"mcp_rate_limited\"}");
+    let errors = admin_metric(
+        served.admin,
+        "mcp_tool_call_error_total{server_id=\"fx\",tool=\"echo\",code=\"mcp_rate_limited\"}",
+    );
     assert_eq!(errors, 2.0);
-    assert!(metric(served.admin, "mcp_injection_total{server_id=\"fx\",status=\"offered\"}") >= 4.0);
-    assert!(metric(served.admin, "mcp_list_tools_duration_seconds_count{server_id=\"fx\"}") >= 1.0);
+    assert!(admin_metric(served.admin, "mcp_injection_total{server_id=\"fx\",status=\"offered\"}") >= 4.0);
+    assert!(admin_metric(served.admin, "mcp_list_tools_duration_seconds_count{server_id=\"fx\"}") >= 1.0);
 
     let _ = http_get(served.admin, "/healthz");
     drop(served);
@@ -246,8 +239,8 @@ fn a_server_url_in_a_denied_range_is_never_dialled_by_name_or_literal() {
 /// which local mode reads from `SPEAR_SECRET_FX_FX_TOKEN`), returns it from its `env` tool and
 /// prints each call's arguments on its stderr; `fx2` was given nothing. The caller sees the
 /// token redacted; a call that pastes it (verbatim, base64, hex) into `fx2`'s arguments is
-/// refused before it is sent; the audit file (arguments included) and the agent's log hold no
-/// spelling of it, nor its first bytes.
+/// refused before it is sent, on `/mcp` (both revisions) and gRPC; the audit file (arguments
+/// included) and the agent's log hold no spelling of it, nor its first bytes.
 #[test]
 fn a_secret_a_server_echoes_is_redacted_and_pasted_into_another_servers_call_is_refused() {
     const TOKEN: &str = "ghp_K7v2LxQ9mZ4tR8wY1nB6cD3fH5jS0aP";
@@ -313,8 +306,21 @@ fn a_secret_a_server_echoes_is_redacted_and_pasted_into_another_servers_call_is_
             assert!(!text.contains(TOKEN) && !text.contains(&b64) && !text.contains(&hex), "{mode}: {text}");
         }
     }
-    let denied = metric(served.admin, "mcp_denied_total{server_id=\"fx2\",reason=\"secret_in_arguments\"}");
-    assert_eq!(denied, 6.0);
+    // The gRPC door: the same redaction and the same refusal.
+    let grpc = |tool: &str, text: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["tools", "call", tool, "--args", &format!(r#"{{"text": "{text}"}}"#)])
+            .args(["--grpc-addr", &format!("127.0.0.1:{}", served.grpc)])
+            .output()
+            .expect("spawn spearlet tools call");
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let mine = grpc("fx/echo", &format!("mine: {TOKEN}"));
+    assert!(mine.contains("mine: [redacted: env FX_TOKEN of fx]") && !mine.contains(TOKEN), "{mine}");
+    let pasted = grpc("fx2/echo", &b64);
+    assert!(pasted.contains("secret_in_arguments") && !pasted.contains(&b64), "{pasted}");
+    let denied = admin_metric(served.admin, "mcp_denied_total{server_id=\"fx2\",reason=\"secret_in_arguments\"}");
+    assert_eq!(denied, 7.0);
     drop(served);
 
     let audit_text = std::fs::read_to_string(audit.path()).expect("audit");
@@ -326,5 +332,5 @@ fn a_secret_a_server_echoes_is_redacted_and_pasted_into_another_servers_call_is_
         }
     }
     let refused = audit_lines(audit.path()).into_iter().filter(|l| l["reason"] == "secret_in_arguments").count();
-    assert_eq!(refused, 6);
+    assert_eq!(refused, 7);
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use spear::testing::mcp_servers;
 
-use crate::serve::http_get;
+use crate::serve::{http_get, metric};
 
 /// A child process, killed on drop.
 pub struct Killed(pub Child);
@@ -130,11 +130,6 @@ impl Agent {
         }
         all
     }
-}
-
-/// A metric's value in Prometheus text, by its name and labels as written.
-pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
 }
 
 /// An McpServer at the test server on `port`, with `auth` (YAML lines under `http:`). Its calls

@@ -195,6 +195,22 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// A metric's value in Prometheus text, by its name and labels as written.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+}
+
+/// A metric's value on an agent's admin port (0 when it is absent: a counter not yet counted).
+pub fn admin_metric(admin: u16, series: &str) -> f64 {
+    http_get(admin, "/metrics").and_then(|(_, body)| metric(&body, series)).unwrap_or_default()
+}
+
+/// The structured error (`{"error": {...}}`) of a failed call event of the `mcp` client script.
+pub(crate) fn call_error(call: &Value) -> Value {
+    assert_eq!(call["is_error"], true, "{call}");
+    serde_json::from_str(call["text"].as_str().unwrap_or_default()).expect("the error object")
+}
+
 pub(crate) fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers").join(name)
 }
@@ -419,6 +435,91 @@ fn admin_port_reports_readiness_metrics_and_the_effective_set() {
     let best = &explained["toolSelection"]["tools"][0];
     assert_eq!((&best["name"], &best["why"]), (&json!("mcp__fx__echo"), &json!("ranked")), "{explained}");
     assert_eq!(explained["toolSelection"]["offered"], 1);
+}
+
+#[test]
+fn a_server_disabled_in_its_file_is_taken_out_and_stopped_without_editing_the_profile() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    let (_, body) = http_get(served.admin, "/debug/effective").expect("debug");
+    assert!(body.contains("mcp__fx__echo"), "{body}");
+    let agent_pid = served.child.id();
+    let children = || -> Vec<String> {
+        let out = Command::new("pgrep").args(["-P", &agent_pid.to_string()]).output().expect("pgrep");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+    };
+    let running = children();
+    assert!(!running.is_empty(), "the stdio server runs as a child of the agent");
+
+    let fx = served.dir.path().join("fx.yaml");
+    let yaml = std::fs::read_to_string(&fx).expect("fx.yaml");
+    std::fs::write(&fx, format!("{yaml}  enabled: false\n")).expect("disable fx");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (_, body) = http_get(served.admin, "/debug/effective").expect("debug");
+        if body.contains("\"disabled\"") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "fx not disabled within 20 s: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!body.contains("mcp__fx__echo"), "no tool of a disabled server: {body}");
+    while running.iter().any(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+        assert!(Instant::now() < deadline, "the disabled server's process still runs");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, ready) = http_get(served.admin, "/readyz").expect("readyz");
+    assert!(!ready.contains("fx: starting"), "the disabled server is not started again: {ready}");
+}
+
+#[test]
+fn spearlet_reconnect_starts_a_server_afresh_and_is_audited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let audit = tempfile::NamedTempFile::new().expect("audit file");
+    let audit_path = audit.path().to_string_lossy().into_owned();
+    let served = serve(dir, &["--audit-log", &audit_path]);
+    let agent_pid = served.child.id();
+    let children = || -> Vec<String> {
+        let out = Command::new("pgrep").args(["-P", &agent_pid.to_string()]).output().expect("pgrep");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+    };
+    let before = children();
+    assert_eq!(before.len(), 1, "one stdio child: {before:?}");
+    let admin = format!("127.0.0.1:{}", served.admin);
+    let reconnect = |server: &str| {
+        Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["reconnect", server, "--admin-addr", &admin])
+            .output()
+            .expect("spearlet reconnect runs")
+    };
+    let out = reconnect("fx");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fx: reconnecting"), "{out:?}");
+    // The old child goes, a new one is started and listed without any call.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = children();
+        let listed = http_get(served.admin, "/debug/effective").is_some_and(|(_, b)| b.contains("mcp__fx__echo"));
+        if !now.is_empty() && now != before && listed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no fresh start within 30 s: {before:?} -> {now:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let unknown = reconnect("nope");
+    assert!(!unknown.status.success(), "{unknown:?}");
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"), "{unknown:?}");
+    let lines = std::fs::read_to_string(audit.path()).expect("audit log");
+    let reconnects: Vec<Value> = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["kind"] == "reconnect")
+        .collect();
+    assert_eq!(reconnects.len(), 2, "{lines}");
+    assert_eq!((reconnects[0]["server_id"].as_str(), reconnects[0]["outcome"].as_str()), (Some("fx"), Some("ok")));
+    assert_eq!(reconnects[1]["outcome"], "unknown_server");
 }
 
 #[test]

@@ -383,7 +383,13 @@ async fn call(grpc: &GrpcArgs, name: &str, args: &str) -> Result<ExitCode, Failu
 /// Prints a call's outcome and returns its exit status.
 fn print_reply(reply: &pb::CallToolReply) -> ExitCode {
     if let Some(error) = &reply.error {
-        tell(format_args!("error: {}: {}", error.code, error.message));
+        // The reason and the wait, when the agent gave them: what a script branches on.
+        let reason = if error.reason.is_empty() { String::new() } else { format!(" (reason {})", error.reason) };
+        let wait = match error.retry_after_ms {
+            Some(ms) => format!("; retry after {ms} ms"),
+            None => String::new(),
+        };
+        tell(format_args!("error: {}{reason}: {}{wait}", error.code, error.message));
         return ExitCode::from(EXIT_INVALID);
     }
     say(&format!("{}\n", reply.text));
