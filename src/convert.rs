@@ -71,6 +71,9 @@ struct LegacyServer {
     server_id: String,
     #[serde(default)]
     display_name: Option<String>,
+    /// `enabled = false` keeps the server registered but out of use (`spec.enabled`).
+    #[serde(default)]
+    enabled: Option<bool>,
     transport: String,
     #[serde(default)]
     allowed_tools: Vec<String>,
@@ -195,6 +198,7 @@ fn to_mcp_server(legacy: LegacyServer) -> Result<McpServer, ConvertError> {
         &name,
         McpServerSpec {
             display_name: legacy.display_name,
+            enabled: legacy.enabled,
             transport,
             stdio,
             http,
@@ -278,6 +282,13 @@ max_tool_output_bytes = 65536
         assert_eq!(s.spec.allowed_resources, ["file:///srv/*"]);
         assert_eq!(s.spec.denied_prompts, ["debug"]);
         assert!(s.spec.allowed_prompts.is_empty(), "absent stays empty: deny by default");
+    }
+
+    #[test]
+    fn enabled_false_converts_and_absent_stays_absent() {
+        let off = convert(&FS.replace("[stdio]", "enabled = false\n[stdio]"), Format::Toml).expect("valid");
+        assert_eq!((off.spec.enabled, off.spec.is_enabled()), (Some(false), false));
+        assert_eq!(convert(FS, Format::Toml).expect("valid").spec.enabled, None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The admin port (4042, all interfaces): `/healthz`, `/readyz`, `/metrics`, and
-//! `/debug/effective` for loopback callers only (it shows the whole tool set and its reasons).
+//! The admin port (4042, all interfaces): `/healthz`, `/readyz`, `/metrics`, and for loopback
+//! callers only `/debug/effective` (it shows the whole tool set and its reasons) and
+//! `POST /admin/reconnect?server=ID` (`spearlet reconnect`, audited: it restarts a server).
 //!
 //! Ready means: the profile named by `--profile` exists and compiles, and each of its servers has
 //! had a first listing attempt: listed, failed, or still starting after the pool's
@@ -16,7 +17,7 @@ use axum::Router;
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 
@@ -29,8 +30,52 @@ use crate::policy::explain::{ExplainRequest, explain_json, explain_selection};
 pub(crate) fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
     let ready = agent.clone();
     let ready = move || ready.readiness();
-    crate::telemetry::admin_router(ready, metrics)
-        .merge(Router::new().route("/debug/effective", get(debug_effective)).with_state(agent))
+    crate::telemetry::admin_router(ready, metrics).merge(
+        Router::new()
+            .route("/debug/effective", get(debug_effective))
+            .route("/admin/reconnect", post(reconnect))
+            .with_state(agent),
+    )
+}
+
+#[derive(Deserialize)]
+struct ReconnectQuery {
+    server: Option<String>,
+}
+
+/// The audit line of a manual reconnect.
+#[derive(serde::Serialize)]
+struct ReconnectLine<'a> {
+    ts: String,
+    kind: &'static str,
+    server_id: &'a str,
+    peer: String,
+    outcome: &'static str,
+}
+
+async fn reconnect(
+    State(agent): State<Agent>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Query(query): Query<ReconnectQuery>,
+) -> Response {
+    if !peer.ip().is_loopback() {
+        return (StatusCode::FORBIDDEN, "/admin/reconnect answers loopback callers only\n").into_response();
+    }
+    let Some(server) = query.server.filter(|s| !s.is_empty()) else {
+        return (StatusCode::BAD_REQUEST, "server: required (POST /admin/reconnect?server=ID)\n").into_response();
+    };
+    let result = agent.pool().reconnect(&server).await;
+    agent.audit().record(&ReconnectLine {
+        ts: super::audit::now(),
+        kind: "reconnect",
+        server_id: super::audit::capped(&server),
+        peer: peer.ip().to_string(),
+        outcome: if result.is_ok() { "ok" } else { "unknown_server" },
+    });
+    match result {
+        Ok(()) => (StatusCode::ACCEPTED, format!("{server}: reconnecting\n")).into_response(),
+        Err(e) => (StatusCode::NOT_FOUND, format!("{}\n", e.message)).into_response(),
+    }
 }
 
 #[derive(Deserialize)]

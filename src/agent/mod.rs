@@ -33,4 +33,4 @@ pub use self::audit::{AuditSink, Door};
 pub use self::core::{Agent, AgentOptions, AgentState, CallContext, ToolCall};
 pub use self::doors::{chat, grpc};
 pub use self::run::{LocalConfig, PodConfig, RunError, run_in_pod, run_local};
-pub use self::serve::{AgentConfig, AuditTarget};
+pub use self::serve::{AgentConfig, AuditTarget, PoolLimits};

@@ -285,11 +285,13 @@ async fn run(
         Some(egress) => egress.clone(),
         None => default_egress.parse().map_err(|e| RunError::Config(format!("--egress-deny-cidrs: {e}")))?,
     };
-    // The agent keeps its sessions: a pod's servers stay connected while the pod lives.
     let pool = Pool::new(PoolOptions {
         mode,
         egress: egress.clone(),
-        idle_timeout: None,
+        tools_ttl: config.pool.tools_ttl,
+        max_concurrent_calls: config.pool.max_concurrent_calls,
+        max_children: config.pool.max_children,
+        idle_timeout: config.pool.server_idle,
         metrics: pool_metrics.clone(),
         hidden_env: config.upstream.api_key_env.iter().cloned().collect(),
         ..PoolOptions::default()

@@ -88,6 +88,34 @@ pub struct AgentConfig {
     /// `--egress-deny-cidrs`; `None`: the mode's default (`AddressDenyList::AGENT_LOCAL`, or
     /// `AGENT_POD` in a pod).
     pub egress: Option<crate::egress::AddressDenyList>,
+    /// The pool's limits.
+    pub pool: PoolLimits,
+}
+
+/// The pool limits the flags set (`crate::mcp::PoolOptions` holds them with the rest).
+#[derive(Clone, Debug)]
+pub struct PoolLimits {
+    /// How long a tools/list answer is reused.
+    pub tools_ttl: Duration,
+    /// Tool calls in flight over all servers.
+    pub max_concurrent_calls: usize,
+    /// stdio child processes at once (local mode).
+    pub max_children: usize,
+    /// How long a server's session may go unused before it is closed; `None` keeps it.
+    pub server_idle: Option<Duration>,
+}
+
+/// `spearlet run`'s defaults.
+impl Default for PoolLimits {
+    fn default() -> Self {
+        let pool = crate::mcp::PoolOptions::default();
+        PoolLimits {
+            tools_ttl: pool.tools_ttl,
+            max_concurrent_calls: pool.max_concurrent_calls,
+            max_children: pool.max_children,
+            server_idle: None,
+        }
+    }
 }
 
 /// The three bound listeners (bound first, so a taken port fails fast and names its flag).

@@ -26,6 +26,8 @@ pub mod reasons {
     pub(crate) const INVALID: &str = "Invalid";
     /// stdio servers run as sidecars and are not probed by the operator.
     pub(crate) const RUNS_AS_SIDECAR: &str = "RunsAsSidecar";
+    /// `spec.enabled` is false.
+    pub(crate) const DISABLED: &str = "Disabled";
     /// The probe succeeded.
     pub(crate) const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
     /// The probe failed; `lastError` says why.

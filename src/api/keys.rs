@@ -111,6 +111,12 @@ pub(crate) const ENV_HTTP_ADDR: &str = "SPEAR_HTTP_ADDR";
 pub(crate) const ENV_ADMIN_ADDR: &str = "SPEAR_ADMIN_ADDR";
 /// `--egress-deny-cidrs` of spearlet.
 pub(crate) const ENV_EGRESS_DENY_CIDRS: &str = "SPEAR_EGRESS_DENY_CIDRS";
+/// spearlet's pool limits: `--tools-ttl-seconds`, `--max-concurrent-calls`,
+/// `--max-stdio-children`, `--server-idle-seconds`.
+pub(crate) const ENV_TOOLS_TTL_SECONDS: &str = "SPEAR_TOOLS_TTL_SECONDS";
+pub(crate) const ENV_MAX_CONCURRENT_CALLS: &str = "SPEAR_MAX_CONCURRENT_CALLS";
+pub(crate) const ENV_MAX_STDIO_CHILDREN: &str = "SPEAR_MAX_STDIO_CHILDREN";
+pub(crate) const ENV_SERVER_IDLE_SECONDS: &str = "SPEAR_SERVER_IDLE_SECONDS";
 /// The chat upstream's API key (from the profile's `chat.upstream.apiKeySecretRef`; in local
 /// mode, export it).
 pub(crate) const ENV_UPSTREAM_API_KEY: &str = "SPEAR_UPSTREAM_API_KEY";
@@ -167,6 +173,9 @@ pub(crate) const ENV_PROBE_NAMESPACES: &str = "SPEAR_PROBE_NAMESPACES";
 pub(crate) const ENV_PROBE_DENY_CIDRS: &str = "SPEAR_PROBE_DENY_CIDRS";
 /// `spear-operator run --agent-egress-deny-cidrs`.
 pub(crate) const ENV_AGENT_EGRESS_DENY_CIDRS: &str = "SPEAR_AGENT_EGRESS_DENY_CIDRS";
+/// `spear-operator run --agent-tools-ttl-seconds` and `--agent-max-concurrent-calls`.
+pub(crate) const ENV_AGENT_TOOLS_TTL_SECONDS: &str = "SPEAR_AGENT_TOOLS_TTL_SECONDS";
+pub(crate) const ENV_AGENT_MAX_CONCURRENT_CALLS: &str = "SPEAR_AGENT_MAX_CONCURRENT_CALLS";
 /// `spear-operator run --forbidden-token-audiences`.
 pub(crate) const ENV_FORBIDDEN_TOKEN_AUDIENCES: &str = "SPEAR_FORBIDDEN_TOKEN_AUDIENCES";
 pub(crate) const ENV_WEBHOOK_ADDR: &str = "SPEAR_WEBHOOK_ADDR";

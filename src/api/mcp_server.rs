@@ -77,6 +77,14 @@ pub struct McpServerSpec {
     #[schemars(length(max = 128))]
     pub display_name: Option<String>,
 
+    /// Whether the server is in use; default true. `false` takes it out everywhere without
+    /// editing any McpProfile: agents list none of its tools, resources or prompts and close their
+    /// session to it, pods created meanwhile get no sidecar for it, and `spearlet explain` gives
+    /// the reason `disabled`. A stdio server enabled again reaches pods created while it was
+    /// disabled only once they are recreated (they have no sidecar for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
     /// How the agent reaches the server: `stdio` (a command run as a sidecar in Kubernetes, as a
     /// child process in local mode) or `streamableHttp` (an MCP Streamable HTTP endpoint).
     pub transport: Transport,
@@ -630,6 +638,11 @@ pub struct ServerInfo {
 }
 
 impl McpServerSpec {
+    /// False only when `spec.enabled` is `false`.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled != Some(false)
+    }
+
     /// Budgets with defaults applied where unset.
     pub fn budgets(&self) -> ServerBudgets {
         let b = self.budgets.clone().unwrap_or_default();

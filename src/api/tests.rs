@@ -32,6 +32,7 @@ fn full_server() -> McpServer {
         "fs",
         McpServerSpec {
             display_name: Some("Filesystem".into()),
+            enabled: Some(true),
             transport: Transport::Stdio,
             stdio: Some(StdioSpec {
                 image: Some("node:20-alpine".into()),

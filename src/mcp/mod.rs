@@ -14,7 +14,7 @@
 //! - [`connect`]: establishing one session, a file per transport (`stdio`, `socket`, `http`).
 //! - [`pool`]: sessions, budgets, caches, restarts (`slot`, `call`, `resources`).
 //! - [`relay`]: what a server sends during a call, to the door of that call.
-//! - `token_source` and `outbound_http` (I/O) and `oauth` (pure): outbound auth; `output_schema`: results checked.
+//! - `token_source` and `outbound_http` (I/O) and `oauth` (pure): outbound auth; `tool_schema`: arguments and results checked.
 //!
 //! Design notes: `src/mcp/README.md`.
 
@@ -27,11 +27,11 @@ pub mod limits;
 pub(crate) mod oauth;
 pub(crate) mod outbound_http;
 pub mod output;
-pub(crate) mod output_schema;
-mod plain_error;
+pub(crate) mod plain_error;
 pub mod pool;
 pub mod relay;
 pub(crate) mod token_source;
+pub(crate) mod tool_schema;
 
 pub use error::{ErrorCode, McpError};
 pub use pool::{Continuation, Pool, PoolOptions, ServerStatus, ToolOutput};

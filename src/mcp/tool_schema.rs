@@ -1,9 +1,12 @@
-//! Checking a tool's `structuredContent` against the `outputSchema` its server listed (MCP
-//! 2025-06-18 on: a server MUST answer conforming structured content, a client SHOULD validate).
-//! The agent validates so that a server's broken or lying answer never reaches a caller (or a
-//! model) as if it conformed: it becomes an error naming the first violation.
+//! Checking a call against the schemas its server listed for the tool: the arguments against the
+//! `inputSchema` before the call leaves, the `structuredContent` against the `outputSchema` when
+//! it comes back (MCP 2025-06-18 on: a server MUST answer conforming structured content, a client
+//! SHOULD validate). Arguments that break the schema (often a model's mistake) are refused with
+//! the first violation, so the model can correct them without the server seeing them; a server's
+//! broken or lying answer never reaches a caller (or a model) as if it conformed.
 //!
 //! Decisions:
+//! - no arguments are checked as `{}` (what the server would see);
 //! - a result with `isError: true` is not checked (the schema describes successful output);
 //! - no `structuredContent` from a tool that declares an `outputSchema` violates it;
 //! - the schema is the server's, so untrusted: its size is capped when it is listed
@@ -31,8 +34,8 @@ pub(crate) const MAX_PATTERNS: usize = 64;
 /// Longest violation quoted in an error (instance paths and messages quote the server's data).
 const MAX_VIOLATION_BYTES: usize = 300;
 
-/// Compiles a server's `outputSchema`; the error says why it cannot be used. Costly (run it
-/// off the runtime's threads).
+/// Compiles a server's `inputSchema` or `outputSchema`; the error says why it cannot be used.
+/// Costly (run it off the runtime's threads).
 pub(crate) fn compile(schema: &JsonObject) -> Result<Validator, String> {
     let count = patterns_in(schema);
     if count > MAX_PATTERNS {
@@ -47,6 +50,24 @@ pub(crate) fn compile(schema: &JsonObject) -> Result<Validator, String> {
         .map_err(|e| cut(&e.to_string()))
 }
 
+/// `Ok` when `arguments` conform to the tool's `inputSchema`; else the first violation, as a
+/// sentence for an error message.
+pub(crate) fn check_arguments(validator: &Validator, arguments: Option<&JsonObject>) -> Result<(), String> {
+    let empty = JsonObject::new();
+    let instance = Value::Object(arguments.unwrap_or(&empty).clone());
+    first_violation(validator, &instance).map_or(Ok(()), |(at, error)| {
+        Err(cut(&format!("the arguments do not conform to its inputSchema at {at}: {error}")))
+    })
+}
+
+/// Where and what the first violation of `instance` is, if any.
+fn first_violation(validator: &Validator, instance: &Value) -> Option<(String, String)> {
+    let error = validator.iter_errors(instance).next()?;
+    let path = error.instance_path().to_string();
+    let at = if path.is_empty() { "the root".to_string() } else { format!("'{path}'") };
+    Some((at, error.to_string()))
+}
+
 /// `Ok` when `result` conforms (or is a tool error, which is not checked); else the first
 /// violation, as a sentence for an error message.
 pub(crate) fn check(validator: &Validator, result: &CallToolResult) -> Result<(), String> {
@@ -56,14 +77,9 @@ pub(crate) fn check(validator: &Validator, result: &CallToolResult) -> Result<()
     let Some(structured) = &result.structured_content else {
         return Err("it answered no structuredContent, which its outputSchema requires".to_string());
     };
-    match validator.iter_errors(structured).next() {
-        None => Ok(()),
-        Some(error) => {
-            let path = error.instance_path().to_string();
-            let at = if path.is_empty() { "the root".to_string() } else { format!("'{path}'") };
-            Err(cut(&format!("its structuredContent does not conform to its outputSchema at {at}: {error}")))
-        }
-    }
+    first_violation(validator, structured).map_or(Ok(()), |(at, error)| {
+        Err(cut(&format!("its structuredContent does not conform to its outputSchema at {at}: {error}")))
+    })
 }
 
 /// Regular expressions in `schema`: every string `pattern` and every key of a
@@ -109,6 +125,22 @@ mod tests {
 
     fn structured(json: Value) -> CallToolResult {
         CallToolResult::structured(json)
+    }
+
+    #[test]
+    fn arguments_are_checked_and_none_count_as_an_empty_object() {
+        let validator = compile(&schema(serde_json::json!({
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "depth": {"type": "integer", "minimum": 0}},
+            "required": ["path"]
+        })))
+        .expect("compiles");
+        let args = |v: Value| v.as_object().cloned();
+        assert_eq!(check_arguments(&validator, args(serde_json::json!({"path": "/srv"})).as_ref()), Ok(()));
+        let wrong = check_arguments(&validator, args(serde_json::json!({"path": "/srv", "depth": -1})).as_ref());
+        assert!(wrong.as_ref().is_err_and(|e| e.contains("'/depth'") && e.contains("inputSchema")), "{wrong:?}");
+        let missing = check_arguments(&validator, None).expect_err("path is required");
+        assert!(missing.contains("the root") && missing.contains("path"), "{missing}");
     }
 
     #[test]

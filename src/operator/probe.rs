@@ -143,9 +143,10 @@ impl std::fmt::Debug for ProbeTarget {
 }
 
 /// The probe target of a Streamable HTTP server; `None` for stdio servers (they run as
-/// sidecars and are never probed by the operator).
+/// sidecars and are never probed by the operator) and disabled ones (no traffic to a server
+/// taken out of use).
 pub(crate) fn target(server: &McpServer) -> Option<ProbeTarget> {
-    if server.spec.transport != Transport::StreamableHttp {
+    if server.spec.transport != Transport::StreamableHttp || !server.spec.is_enabled() {
         return None;
     }
     let http = server.spec.http.as_ref()?;
@@ -186,7 +187,7 @@ pub(crate) fn schedule(
     now: &Time,
     config: &ProbeConfig,
 ) -> Schedule {
-    if server.spec.transport != Transport::StreamableHttp || !valid {
+    if server.spec.transport != Transport::StreamableHttp || !server.spec.is_enabled() || !valid {
         return Schedule::Never;
     }
     let Some(status) = status.filter(|s| s.observed_generation == server.metadata.generation) else {
@@ -426,6 +427,15 @@ mod tests {
     #[test]
     fn stdio_servers_have_no_target_and_are_never_probed() {
         let server = McpServer::test("fs").stdio("x", NO_ARGS);
+        assert_eq!(target(&server), None);
+        assert_eq!(schedule(&server, None, true, &at(100), &CONFIG), Schedule::Never);
+    }
+
+    #[test]
+    fn a_disabled_server_is_never_probed() {
+        let mut server = http(vec![]);
+        assert!(target(&server).is_some());
+        server.spec.enabled = Some(false);
         assert_eq!(target(&server), None);
         assert_eq!(schedule(&server, None, true, &at(100), &CONFIG), Schedule::Never);
     }

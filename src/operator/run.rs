@@ -77,6 +77,8 @@ pub(crate) struct OperatorConfig {
     pub(crate) forbidden_audiences: ForbiddenAudiences,
     /// `--agent-egress-deny-cidrs`, given to every injected agent.
     pub(crate) agent_egress: crate::egress::AddressDenyList,
+    /// The injected agents' pool limits, as their environment.
+    pub(crate) agent_pool: Vec<(String, String)>,
 }
 
 /// Where the admin view listens and which `Host` names it answers.
@@ -122,6 +124,7 @@ impl OperatorConfig {
         // Injected agents export traces where the operator does (its OTEL_* settings).
         let mut agent_env = crate::telemetry::otel::agent_env(std::env::vars());
         agent_env.push((crate::api::keys::ENV_EGRESS_DENY_CIDRS.to_string(), self.agent_egress.to_string()));
+        agent_env.extend(self.agent_pool.iter().cloned());
         let inject_config = InjectConfig {
             agent_env,
             forbidden_audiences: self.forbidden_audiences.clone(),

@@ -103,6 +103,12 @@ pub(crate) fn server_status(server: &McpServer, probe: Option<&ProbeOutcome>, no
     let problems = server.validate();
     status.conditions.push(accepted(&problems, old, generation, &now));
     match server.spec.transport {
+        _ if !server.spec.is_enabled() => status.conditions.push(cond(
+            types::READY,
+            FALSE,
+            reasons::DISABLED,
+            "spec.enabled is false: no agent lists its tools and new pods get no sidecar for it".into(),
+        )),
         Transport::Stdio => status.conditions.push(cond(
             types::READY,
             UNKNOWN,

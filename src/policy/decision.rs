@@ -100,6 +100,8 @@ pub enum Reason {
     UnknownServer,
     /// The registry has the server, the profile does not allow it.
     NotInProfile,
+    /// The profile allows the server, its `spec.enabled` is false.
+    Disabled,
     /// The server's allowedTools is empty: nothing is exposed.
     DenyAllServer,
     /// The layer's allowlist does not match.
@@ -126,6 +128,7 @@ impl fmt::Display for Reason {
         match self {
             Reason::UnknownServer => f.write_str("unknown_server"),
             Reason::NotInProfile => f.write_str("not_in_profile"),
+            Reason::Disabled => f.write_str("disabled"),
             Reason::DenyAllServer => f.write_str("deny_all_server"),
             Reason::NotAllowedBy(layer) => write!(f, "not_allowed_by:{layer}"),
             Reason::DeniedBy(layer) => write!(f, "denied_by:{layer}"),
@@ -146,6 +149,7 @@ impl Reason {
         match self {
             Reason::UnknownServer => "unknown_server",
             Reason::NotInProfile => "not_in_profile",
+            Reason::Disabled => "disabled",
             Reason::DenyAllServer => "deny_all_server",
             Reason::NotAllowedBy(Layer::Server) => "not_allowed_by:server",
             Reason::NotAllowedBy(Layer::Profile) => "not_allowed_by:profile",
@@ -294,6 +298,7 @@ mod tests {
         let mut reasons = vec![
             Reason::UnknownServer,
             Reason::NotInProfile,
+            Reason::Disabled,
             Reason::DenyAllServer,
             Reason::EnvMissing,
             Reason::ListFailed,

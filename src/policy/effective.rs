@@ -243,6 +243,10 @@ impl CompiledProfile {
                 continue;
             }
             let s = &server.object.spec;
+            if !s.is_enabled() {
+                static_decisions.push(decision(id, None, Reason::Disabled, None));
+                continue;
+            }
             let server_part: Arc<str> = s.tool_namespace.as_deref().unwrap_or(id).into();
             let compile = |patterns: &[String]| {
                 PatternSet::new(patterns).map_err(|source| PolicyError::InvalidPattern { layer: Layer::Server, source })

@@ -206,6 +206,25 @@ fn explain_shows_the_effective_servers_and_why_others_are_out() {
 }
 
 #[test]
+fn explain_gives_a_disabled_server_its_reason_and_validate_accepts_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for file in ["everything.yaml", "filesystem.yaml", "profiles.yaml"] {
+        let text = std::fs::read_to_string(repo().join("examples/registry").join(file)).expect("example");
+        let text =
+            text.replace("  displayName: Filesystem (read-mostly)\n", "  displayName: Filesystem\n  enabled: false\n");
+        std::fs::write(dir.path().join(file), text).expect("copy");
+    }
+    let registry = dir.path().to_string_lossy().into_owned();
+    let out = spearlet(&["validate", &registry], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = spearlet(&["explain", "--registry-dir", &registry, "--profile", "developer"], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.lines().any(|l| l.contains("filesystem") && l.contains("disabled")), "{text}");
+    assert!(!text.lines().any(|l| l.starts_with("filesystem ") && l.contains("10000")), "{text}");
+}
+
+#[test]
 fn explain_json_applies_the_request_and_refuses_servers_outside_the_profile() {
     let request = r#"{"server_ids": ["everything-http"], "budgets": {"tool_timeout_ms": 100}}"#;
     let out = spearlet(

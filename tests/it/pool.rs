@@ -100,6 +100,21 @@ async fn lists_and_calls_tools_over_stdio() {
 }
 
 #[tokio::test]
+async fn arguments_that_break_the_input_schema_are_refused_before_the_server_sees_them() {
+    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
+    pool.list_tools("fx").await.expect("tools/list");
+    // The server would answer a tool error (`Ok` with isError); the agent's refusal is `Err`.
+    for (arguments, at) in [(json!({"text": 5}), "'/text'"), (json!({}), "the root")] {
+        let refused = call(&pool, "fx", "echo", arguments.clone(), 10 * SECOND).await.expect_err("refused");
+        assert_eq!(refused.code, spear::mcp::ErrorCode::McpInvalidArguments, "{arguments}: {refused:?}");
+        assert!(!refused.retryable, "{refused:?}");
+        assert!(refused.message.contains("inputSchema") && refused.message.contains(at), "{}", refused.message);
+    }
+    assert_eq!(call(&pool, "fx", "echo", json!({"text": "hi"}), 10 * SECOND).await.expect("echo"), "hi");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
 async fn npm_everything_and_filesystem_servers_work_over_stdio() {
     let root = tempfile::tempdir().expect("tempdir");
     std::fs::write(root.path().join("hello.txt"), "hello from disk").expect("write");

@@ -65,6 +65,16 @@ pub(crate) struct RunArgs {
     #[arg(long, env = keys::ENV_AGENT_EGRESS_DENY_CIDRS, default_value = AddressDenyList::AGENT_POD)]
     agent_egress_deny_cidrs: AddressDenyList,
 
+    /// Seconds injected agents reuse a server's tools/list answer (their `--tools-ttl-seconds`,
+    /// 30 to 300).
+    #[arg(long, env = keys::ENV_AGENT_TOOLS_TTL_SECONDS, default_value_t = 60, value_parser = clap::value_parser!(u64).range(30..=300))]
+    agent_tools_ttl_seconds: u64,
+
+    /// Tool calls in flight at once in each injected agent, over all its servers (their
+    /// `--max-concurrent-calls`).
+    #[arg(long, env = keys::ENV_AGENT_MAX_CONCURRENT_CALLS, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    agent_max_concurrent_calls: u32,
+
     /// Token audiences (comma-separated patterns, `*` any run of characters, ASCII case
     /// ignored) an McpProfile's `identity.audiences: ["*"]` does not cover: the grant must list
     /// them literally. The default names the Kubernetes API server's and well-known cloud STSs';
@@ -180,6 +190,8 @@ impl RunArgs {
             probe_namespaces,
             probe_deny_cidrs,
             agent_egress_deny_cidrs,
+            agent_tools_ttl_seconds,
+            agent_max_concurrent_calls,
             forbidden_token_audiences,
             webhook,
             admin_view,
@@ -245,6 +257,10 @@ impl RunArgs {
             admin_view,
             forbidden_audiences: ForbiddenAudiences::new(forbidden_token_audiences),
             agent_egress: agent_egress_deny_cidrs,
+            agent_pool: vec![
+                (keys::ENV_TOOLS_TTL_SECONDS.to_string(), agent_tools_ttl_seconds.to_string()),
+                (keys::ENV_MAX_CONCURRENT_CALLS.to_string(), agent_max_concurrent_calls.to_string()),
+            ],
         })
     }
 
@@ -334,6 +350,12 @@ mod tests {
             defaults.denies("127.0.0.1".parse().expect("ip"))
                 && defaults.denies("169.254.169.254".parse().expect("ip"))
         );
+        let pool = config(&["--agent-tools-ttl-seconds=120"]).expect("parses").agent_pool;
+        assert_eq!(
+            pool,
+            [("SPEAR_TOOLS_TTL_SECONDS".into(), "120".into()), ("SPEAR_MAX_CONCURRENT_CALLS".into(), "256".into())]
+        );
+        assert!(config(&["--agent-tools-ttl-seconds=5"]).is_err(), "under the 30 s floor");
         let none = config(&["--agent-egress-deny-cidrs="]).expect("parses").agent_egress;
         assert!(none.is_empty());
         let error = config(&["--agent-egress-deny-cidrs=10.0.0.0/8,metadata"]).expect_err("not a range");

@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use crate::agent::{AgentConfig, AuditTarget};
+use crate::agent::{AgentConfig, AuditTarget, PoolLimits};
 use crate::api::api_key::ApiKey;
 use crate::api::keys;
 use crate::chat::UpstreamOverride;
@@ -76,6 +76,22 @@ pub struct AgentArgs {
     /// 0.0.0.0/8, plus loopback in a pod. Empty: no range (HTTP(S)_PROXY is used only then).
     #[arg(long, env = keys::ENV_EGRESS_DENY_CIDRS, value_name = "CIDRS")]
     pub(crate) egress_deny_cidrs: Option<crate::egress::AddressDenyList>,
+    /// Seconds a server's tools/list answer is reused (30 to 300) before it is asked again; a
+    /// server's `notifications/tools/list_changed` refreshes it at once.
+    #[arg(long, env = keys::ENV_TOOLS_TTL_SECONDS, default_value_t = 60, value_parser = clap::value_parser!(u64).range(30..=300))]
+    pub(crate) tools_ttl_seconds: u64,
+    /// Tool calls in flight over all servers at once; more wait (each server's
+    /// `budgets.maxConcurrency` applies too).
+    #[arg(long, env = keys::ENV_MAX_CONCURRENT_CALLS, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub(crate) max_concurrent_calls: u32,
+    /// stdio servers run as child processes at once (local mode; in a pod they are sidecars).
+    #[arg(long, env = keys::ENV_MAX_STDIO_CHILDREN, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) max_stdio_children: u32,
+    /// Seconds a server's session may go without a call before it is closed (a stdio child is
+    /// then stopped; the next call starts it again); 0 keeps sessions. Default: 600 for `serve`,
+    /// 0 for `run` (a pod's sidecars run anyway, and a restart would cost the next call a start).
+    #[arg(long, env = keys::ENV_SERVER_IDLE_SECONDS, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub(crate) server_idle_seconds: Option<u64>,
 }
 
 /// `--api-key`'s parser: the key, or why it is not one.
@@ -87,7 +103,7 @@ impl AgentArgs {
     /// The plain configuration; `admin_ip` is the admin port's address when `--admin-addr` is
     /// not given. Reads the key variable `--upstream-api-key-env` names; an unset one is a usage
     /// error rather than a chat door that fails every request later.
-    pub(crate) fn config(self, admin_ip: Ipv4Addr) -> anyhow::Result<AgentConfig> {
+    pub(crate) fn config(self, admin_ip: Ipv4Addr, default_server_idle: u64) -> anyhow::Result<AgentConfig> {
         if let Some(var) = self.upstream_api_key_env.as_deref()
             && std::env::var(var).map_or(true, |v| v.is_empty())
         {
@@ -112,6 +128,15 @@ impl AgentArgs {
             mcp_session_idle: Duration::from_secs(self.mcp_session_idle_seconds),
             api_key: self.api_key,
             egress: self.egress_deny_cidrs,
+            pool: PoolLimits {
+                tools_ttl: Duration::from_secs(self.tools_ttl_seconds),
+                max_concurrent_calls: self.max_concurrent_calls as usize,
+                max_children: self.max_stdio_children as usize,
+                server_idle: match self.server_idle_seconds.unwrap_or(default_server_idle) {
+                    0 => None,
+                    seconds => Some(Duration::from_secs(seconds)),
+                },
+            },
         })
     }
 }

@@ -7,6 +7,7 @@ mod convert;
 mod explain;
 mod install;
 mod pin;
+mod reconnect;
 mod registry;
 mod run;
 mod serve;
@@ -56,6 +57,7 @@ enum Command {
     Deny(approve::DenyArgs),
     Bridge(bridge::BridgeArgs),
     Install(install::InstallArgs),
+    Reconnect(reconnect::ReconnectArgs),
 }
 
 impl Args {
@@ -75,6 +77,7 @@ impl Args {
             Command::Deny(args) => args.run(),
             Command::Bridge(args) => args.run(),
             Command::Install(args) => args.run(),
+            Command::Reconnect(args) => args.run(),
         }));
         // Spans still batched leave before the process does.
         crate::telemetry::otel::shutdown();

@@ -66,7 +66,7 @@ impl RunArgs {
             secret_refs: self.secret_refs,
             granted_destinations: self.granted_destinations,
             kubeconfig: self.kubeconfig,
-            agent: self.agent.config(std::net::Ipv4Addr::UNSPECIFIED)?,
+            agent: self.agent.config(std::net::Ipv4Addr::UNSPECIFIED, 0)?,
         })
     }
 

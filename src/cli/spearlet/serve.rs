@@ -39,7 +39,7 @@ impl ServeArgs {
         Ok(LocalConfig {
             registry_dir: self.registry_dir,
             profile: self.profile,
-            agent: self.agent.config(std::net::Ipv4Addr::LOCALHOST)?,
+            agent: self.agent.config(std::net::Ipv4Addr::LOCALHOST, 600)?,
         })
     }
 }

@@ -19,13 +19,13 @@ use rmcp::service::{PeerRequestOptions, ServiceError};
 use serde_json::{Map, Value};
 use tracing::Instrument;
 
-use super::slot::{Live, Slot};
+use super::slot::{Live, SchemaOf, Slot};
 use super::{Inner, Pool};
 use crate::mcp::error::{ErrorCode, McpError};
 use crate::mcp::health::Action;
 use crate::mcp::output::{self, Truncation};
-use crate::mcp::output_schema;
 use crate::mcp::relay::{InFlight, Relay};
+use crate::mcp::tool_schema;
 use crate::telemetry::{PoolMetrics, otel};
 
 /// A tool call's result, capped.
@@ -187,6 +187,12 @@ impl ToolCall<'_> {
             .await
             .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
         let live = Slot::session(&self.slot, inner).await?;
+        if let Some(Ok(validator)) = self.slot.validator(self.tool, SchemaOf::Input).await.as_deref()
+            && let Err(violation) = tool_schema::check_arguments(validator, arguments.as_ref())
+        {
+            let (tool, server) = (self.tool, &self.slot.config.id);
+            return Err(McpError::new(ErrorCode::McpInvalidArguments, format!("'{tool}' on '{server}': {violation}")));
+        }
         *reached.lock() = Some(live.clone());
         let mut params = CallToolRequestParams::new(self.tool.to_string());
         params.arguments = arguments;
@@ -291,7 +297,7 @@ impl ToolCall<'_> {
         let output = cap_result(result, max_output_bytes, latency)?;
         // A tool with an outputSchema must answer structuredContent that conforms; one
         // the cap had to drop cannot be passed on as a valid result.
-        let validator = self.slot.output_validator(tool).await;
+        let validator = self.slot.validator(tool, SchemaOf::Output).await;
         if structured && output.result.structured_content.is_none() && validator.is_some() {
             return Err(McpError::new(
                 ErrorCode::McpOutputTooLarge,
@@ -304,7 +310,7 @@ impl ToolCall<'_> {
             ));
         }
         if let Some(Ok(validator)) = validator.as_deref()
-            && let Err(violation) = output_schema::check(validator, &output.result)
+            && let Err(violation) = tool_schema::check(validator, &output.result)
         {
             return Err(McpError::new(
                 ErrorCode::McpUnavailable,

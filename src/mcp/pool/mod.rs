@@ -232,12 +232,12 @@ impl Pool {
     }
 
     /// Brings the pool in line with `snapshot`: new servers are added (connected lazily),
-    /// servers whose connection fields changed get a fresh session and tool cache, removed
-    /// servers' sessions are closed. Returns the servers that could not be configured.
+    /// servers whose connection fields changed get a fresh session and tool cache, removed and
+    /// disabled servers' sessions are closed. Returns the servers that could not be configured.
     pub async fn apply(&self, snapshot: &Snapshot) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         let mut wanted: HashMap<Arc<str>, ServerConfig> = HashMap::new();
-        for versioned in snapshot.servers().values() {
+        for versioned in snapshot.servers().values().filter(|v| v.object.spec.is_enabled()) {
             match ServerConfig::new(&versioned.object, &self.inner.options.mode) {
                 Ok(config) => {
                     wanted.insert(config.id.clone(), config);
@@ -281,6 +281,16 @@ impl Pool {
         slots.get(server).cloned().ok_or_else(|| {
             McpError::new(ErrorCode::McpUnavailable, format!("server '{server}' is not in the registry"))
         })
+    }
+
+    /// Starts `server` afresh (`POST /admin/reconnect`): its session is closed, a stdio child
+    /// stopped, and the next listing (at once) starts it again. Calls in flight on the old
+    /// session end with `mcp_unavailable`.
+    pub async fn reconnect(&self, server: &str) -> Result<(), McpError> {
+        let slot = self.slot(server)?;
+        tracing::info!(server_id = %server, "reconnect asked for: closing its session");
+        slot.restart().await;
+        Ok(())
     }
 
     /// Establishes the sessions of every server now (eager mode); failures are recorded in

@@ -29,8 +29,8 @@ use crate::mcp::connect::{self, Connection, ListChanged};
 use crate::mcp::error::{ErrorCode, McpError, ServerRefusal};
 use crate::mcp::health::Health;
 use crate::mcp::limits::{self, ListCut};
-use crate::mcp::output_schema;
 use crate::mcp::token_source::TokenSource;
+use crate::mcp::tool_schema;
 use crate::policy::Starting;
 
 /// A live session and what it holds.
@@ -106,15 +106,23 @@ pub(super) struct Slot {
     pub(super) list_cut: Mutex<Option<ListCut>>,
     pub(super) list_changed: Arc<ListChanged>,
     pub(super) tools: tokio::sync::Mutex<ToolsCache>,
-    /// Compiled outputSchemas by tool, with the listed schema they were compiled from.
-    validators: tokio::sync::Mutex<HashMap<String, OutputValidator>>,
+    /// Compiled inputSchemas and outputSchemas by tool, with the listed schema they were
+    /// compiled from.
+    validators: tokio::sync::Mutex<HashMap<(String, SchemaOf), ListedValidator>>,
     /// The server's access tokens (`http.auth`), kept across its sessions while the resolved
     /// auth config is the same.
     tokens: Arc<Mutex<Option<Arc<TokenSource>>>>,
 }
 
-/// A listed outputSchema and its validator (or why it cannot be used).
-type OutputValidator = (Arc<rmcp::model::JsonObject>, Arc<Result<jsonschema::Validator, String>>);
+/// A listed schema and its validator (or why it cannot be used).
+type ListedValidator = (Arc<rmcp::model::JsonObject>, Arc<Result<jsonschema::Validator, String>>);
+
+/// Which of a tool's schemas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum SchemaOf {
+    Input,
+    Output,
+}
 
 pub(super) async fn reap_idle(inner: &Inner, idle: Duration) {
     let slots: Vec<Arc<Slot>> = inner.slots.read().values().cloned().collect();
@@ -152,34 +160,43 @@ fn lifecycle_for(known: Option<&(Instant, rmcp::model::ProtocolVersion)>) -> rmc
 // === impl Slot ===
 
 impl Slot {
-    /// The validator of the outputSchema the server's last tool list gives `tool`, if it gives
+    /// The validator of the schema (`of`) the server's last tool list gives `tool`, if it gives
     /// one (without waiting for the list: a list being fetched right now counts as none). Each
     /// listed schema is compiled once, off the runtime's threads and one at a time per server;
-    /// a schema that does not compile or is over a cap is `Err` (logged once), and results of
-    /// that tool pass unchecked (`output_schema.rs`).
-    pub(super) async fn output_validator(&self, tool: &str) -> Option<Arc<Result<jsonschema::Validator, String>>> {
+    /// a schema that does not compile or is over a cap is `Err` (logged once), and that tool's
+    /// calls pass unchecked (`tool_schema.rs`).
+    pub(super) async fn validator(
+        &self,
+        tool: &str,
+        of: SchemaOf,
+    ) -> Option<Arc<Result<jsonschema::Validator, String>>> {
         let schema = {
             let cache = self.tools.try_lock().ok()?;
             let Some((_, _, Ok(tools), _)) = cache.entry.as_ref() else { return None };
-            tools.iter().find(|t| t.name == tool)?.output_schema.clone()?
+            let listed = tools.iter().find(|t| t.name == tool)?;
+            match of {
+                SchemaOf::Input => listed.input_schema.clone(),
+                SchemaOf::Output => listed.output_schema.clone()?,
+            }
         };
+        let key = (tool.to_string(), of);
         let mut validators = self.validators.lock().await;
-        if let Some((listed, validator)) = validators.get(tool)
+        if let Some((listed, validator)) = validators.get(&key)
             && Arc::ptr_eq(listed, &schema)
         {
             return Some(validator.clone());
         }
         let compiling = schema.clone();
-        let compiled = tokio::task::spawn_blocking(move || output_schema::compile(&compiling))
+        let compiled = tokio::task::spawn_blocking(move || tool_schema::compile(&compiling))
             .await
             .unwrap_or_else(|e| Err(format!("compiling it failed: {e}")));
         let validator = Arc::new(compiled);
         if let Err(why) = validator.as_ref() {
-            tracing::warn!(server_id = %self.config.id, tool, error = %why, "outputSchema cannot be checked");
+            tracing::warn!(server_id = %self.config.id, tool, schema = ?of, error = %why, "the schema cannot be checked");
         }
-        // One entry per tool of the list: a tool that left the list leaves with the next list.
+        // One entry per schema of the list: a tool that left the list leaves with the next list.
         validators.retain(|_, (listed, _)| Arc::strong_count(listed) > 1);
-        validators.insert(tool.to_string(), (schema, validator.clone()));
+        validators.insert(key, (schema, validator.clone()));
         Some(validator)
     }
 
@@ -284,7 +301,10 @@ impl Slot {
             Endpoint::Stdio { .. } => Some(inner.children.clone().try_acquire_owned().map_err(|_| {
                 McpError::new(
                     ErrorCode::McpUnavailable,
-                    format!("the agent already runs {} stdio servers (its cap)", inner.options.max_children),
+                    format!(
+                        "the agent already runs {} stdio servers (its cap: --max-stdio-children)",
+                        inner.options.max_children
+                    ),
                 )
             })?),
             _ => None,
@@ -482,6 +502,22 @@ impl Slot {
             Ok(Err(e)) => Err(slot.failed(&live, e).await),
             Err(_) => Err(McpError::new(ErrorCode::McpTimeout, "tools/list did not answer in time")),
         }
+    }
+
+    /// A manual reconnect: closes the session and abandons a start in progress (a stdio child is
+    /// stopped), forgets the last start's failure, and marks the tool list changed, so the
+    /// agent lists again at once, which starts the server afresh.
+    pub(super) async fn restart(&self) {
+        let startup = self.startup.lock().take();
+        if let Some(startup) = startup {
+            startup.task.abort();
+        }
+        let live = self.session.lock().await.take();
+        if let Some(live) = live {
+            live.conn.close().await;
+        }
+        self.start_failure.lock().take();
+        self.list_changed.bump();
     }
 
     pub(super) async fn close(&self) {

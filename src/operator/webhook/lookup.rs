@@ -151,7 +151,7 @@ impl KubeLookup {
         servers: &[McpServer],
     ) -> Result<SecretGrants, LookupError> {
         let mut names: BTreeSet<String> = profile_secret_refs(profile).into_iter().map(|r| r.secret).collect();
-        for server in servers.iter().filter(|s| profile.selects(s)) {
+        for server in servers.iter().filter(|s| profile.selects(s) && s.spec.is_enabled()) {
             names.extend(server_secret_refs(server).into_iter().map(|r| r.secret));
         }
         let mut grants = SecretGrants::default();
@@ -174,10 +174,10 @@ impl KubeLookup {
 }
 
 /// The McpServers `profile` resolves to among `servers`: those named in `spec.servers` plus
-/// those `spec.serverSelector` matches. Named servers that do not exist are simply absent
-/// (the profile's status reports them).
+/// those `spec.serverSelector` matches, less the disabled ones (no sidecar, no Secret needed).
+/// Named servers that do not exist are simply absent (the profile's status reports them).
 pub(crate) fn profile_servers(profile: &McpProfile, servers: Vec<McpServer>) -> Vec<McpServer> {
-    servers.into_iter().filter(|s| profile.selects(s)).collect()
+    servers.into_iter().filter(|s| profile.selects(s) && s.spec.is_enabled()).collect()
 }
 
 /// The profile a pod asks for, unless it opted out (then nothing beyond the namespace is read).
@@ -203,6 +203,18 @@ mod tests {
         ];
         let names: Vec<_> = profile_servers(&profile, all).into_iter().filter_map(|s| s.metadata.name).collect();
         assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_disabled_server_gets_no_sidecar() {
+        let profile = McpProfile::test("dev").servers(["a", "b"]);
+        let mut off = McpServer::test("b");
+        off.spec.enabled = Some(false);
+        let names: Vec<_> = profile_servers(&profile, vec![McpServer::test("a"), off])
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        assert_eq!(names, ["a"]);
     }
 
     #[test]

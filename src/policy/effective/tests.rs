@@ -78,6 +78,18 @@ fn servers_outside_the_profile_are_not_in_profile_and_missing_ones_unknown() {
 }
 
 #[test]
+fn a_disabled_server_is_out_with_its_reason_and_is_not_listed() {
+    let mut off = server("web", &["*"], &[]);
+    off.spec.enabled = Some(false);
+    let snap = snapshot(vec![server("fs", &["*"], &[]), off], vec![McpProfile::test("dev").servers(["fs", "web"])]);
+    let compiled = compile(&snap, "dev");
+    assert_eq!(compiled.servers().map(|(id, _)| id).collect::<Vec<_>>(), ["fs"], "only fs is listed");
+    let set = compiled.effective(lookup(&lists(&[("fs", &["read"]), ("web", &["get"])])), None, &[]).expect("set");
+    assert_eq!(exposed(&set), ["fs/read"]);
+    assert_eq!(reasons(&set), ["web: disabled"]);
+}
+
+#[test]
 fn a_server_with_no_allowed_tools_is_deny_all() {
     let snap = snapshot(vec![server("fs", &[], &[])], vec![McpProfile::test("dev").servers(["fs"])]);
     let set = compile(&snap, "dev").effective(lookup(&lists(&[("fs", &["read"])])), None, &[]).expect("set");

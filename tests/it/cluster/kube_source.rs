@@ -567,6 +567,7 @@ fn agent_config(admin_addr: SocketAddr) -> AgentConfig {
         connection_limits: Default::default(),
         mcp_session_idle: Duration::from_secs(300),
         api_key: None,
+        pool: Default::default(),
     }
 }
 
