@@ -106,11 +106,30 @@ async fn arguments_that_break_the_input_schema_are_refused_before_the_server_see
     // The server would answer a tool error (`Ok` with isError); the agent's refusal is `Err`.
     for (arguments, at) in [(json!({"text": 5}), "'/text'"), (json!({}), "the root")] {
         let refused = call(&pool, "fx", "echo", arguments.clone(), 10 * SECOND).await.expect_err("refused");
-        assert_eq!(refused.code, spear::mcp::ErrorCode::McpInvalidArguments, "{arguments}: {refused:?}");
+        assert_eq!(refused.code, ErrorCode::McpInvalidArguments, "{arguments}: {refused:?}");
         assert!(!refused.retryable, "{refused:?}");
         assert!(refused.message.contains("inputSchema") && refused.message.contains(at), "{}", refused.message);
     }
     assert_eq!(call(&pool, "fx", "echo", json!({"text": "hi"}), 10 * SECOND).await.expect("echo"), "hi");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_the_agent_abandons_is_cancelled_at_the_server() {
+    let record = tempfile::NamedTempFile::new().expect("record file");
+    let path = record.path().to_string_lossy().into_owned();
+    let pool = pool_with(vec![fixture("fx", &["--record", &path])], options()).await;
+    pool.list_tools("fx").await.expect("tools/list");
+    let abandoned = call(&pool, "fx", "sleep", json!({"ms": 30_000}), Duration::from_millis(500)).await;
+    assert_eq!(abandoned.expect_err("over its budget").code, ErrorCode::McpTimeout);
+    // The server hears `notifications/cancelled` and stops the call's work.
+    let deadline = tokio::time::Instant::now() + 10 * SECOND;
+    while !std::fs::read_to_string(record.path()).unwrap_or_default().contains("cancelled sleep 30000") {
+        assert!(tokio::time::Instant::now() < deadline, "the server never heard the cancellation");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The session is still good.
+    assert_eq!(call(&pool, "fx", "echo", json!({"text": "after"}), 10 * SECOND).await.expect("echo"), "after");
     pool.shutdown().await;
 }
 

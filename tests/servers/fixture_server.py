@@ -57,8 +57,18 @@ async def echo(ctx, text: str) -> str:
     return text
 
 
+# --record FILE: a line per call cancelled by the client (`notifications/cancelled`).
+RECORD = None
+
+
 async def sleep(ctx, ms: int) -> str:
-    await anyio.sleep(ms / 1000)
+    try:
+        await anyio.sleep(ms / 1000)
+    except anyio.get_cancelled_exc_class():
+        if RECORD:
+            with open(RECORD, "a", encoding="utf-8") as record:
+                record.write(f"cancelled sleep {ms}\n")
+        raise
     return "slept"
 
 
@@ -295,7 +305,7 @@ async def hang_http(host: str, port: int) -> None:
 
 
 def main() -> None:
-    global CHATTER, STATE_FILE
+    global CHATTER, STATE_FILE, RECORD
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
@@ -303,11 +313,13 @@ def main() -> None:
     parser.add_argument("--garbage-stdout", action="store_true", help="stdio: a non-JSON line first")
     parser.add_argument("--hang", action="store_true", help="never answer anything")
     parser.add_argument("--stderr-chatter", action="store_true", help="a stderr line on every call")
+    parser.add_argument("--record", help="append a line to this file for every call the client cancels")
     parser.add_argument("--catalog", help="serve the tools of this JSONL catalog instead")
     parser.add_argument("--catalog-tools", type=int, default=500, help="how many distinct tools of --catalog")
     parser.add_argument("--state", help="keep tools changed at runtime in this file; adds rewrite_tool")
     args = parser.parse_args()
     CHATTER = args.stderr_chatter
+    RECORD = args.record
     if args.state:
         STATE_FILE = args.state
         TOOLS["rewrite_tool"] = (
