@@ -187,12 +187,16 @@ pub struct CallContext<'a> {
     /// messages, sampling and elicitation requests); `None`: progress and logs stay with the
     /// agent, elicitation is declined and sampling refused.
     pub relay: Option<&'a crate::mcp::Relay>,
+    /// Cancelled when the caller cancels the call (`/mcp`'s `notifications/cancelled`): the call
+    /// ends with `mcp_cancelled`, is audited, and the server is told to stop (the pool's call,
+    /// dropped, sends it `notifications/cancelled`).
+    pub cancelled: Option<&'a tokio_util::sync::CancellationToken>,
 }
 
 impl<'a> CallContext<'a> {
     /// A call from a door that relays nothing (gRPC, the chat loop).
     pub fn new(door: Door, request_id: &'a str, session_id: Option<&'a str>) -> Self {
-        CallContext { door, request_id, session_id, input: None, relay: None }
+        CallContext { door, request_id, session_id, input: None, relay: None, cancelled: None }
     }
 }
 
@@ -473,7 +477,16 @@ impl Agent {
                 call.server_id = Some(route.server.clone());
                 call.tool = Some(route.tool.clone());
                 let routed = self.call_routed(&used, &route, name, arguments, &context, started, &mut progress);
-                routed.await
+                match context.cancelled {
+                    Some(cancelled) => tokio::select! {
+                        result = routed => result,
+                        () = cancelled.cancelled() => Err(McpError::new(
+                            ErrorCode::McpCancelled,
+                            format!("the caller cancelled '{name}'; the server was told to stop"),
+                        )),
+                    },
+                    None => routed.await,
+                }
             }
             Err((error, server)) => {
                 call.server_id = server;

@@ -29,6 +29,8 @@ pub enum ErrorCode {
     McpBudgetExceeded,
     /// A rate limit is used up for now; `retry_after_ms` says when a call would pass.
     McpRateLimited,
+    /// The caller cancelled the call before its answer; the server was told to stop.
+    McpCancelled,
 }
 
 impl ErrorCode {
@@ -44,6 +46,7 @@ impl ErrorCode {
             ErrorCode::McpApprovalDenied => "mcp_approval_denied",
             ErrorCode::McpBudgetExceeded => "mcp_budget_exceeded",
             ErrorCode::McpRateLimited => "mcp_rate_limited",
+            ErrorCode::McpCancelled => "mcp_cancelled",
         }
     }
 }

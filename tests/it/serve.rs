@@ -1715,6 +1715,49 @@ fn a_servers_request_is_never_put_to_another_callers_session() {
     assert!(sampled["texts"].to_string().contains("sampling refused by spearlet"), "{sampled}");
 }
 
+/// A session caller that gives up on a call sends `notifications/cancelled` (as its own POST,
+/// the call's still open): the agent stops the call, answers and audits it as `mcp_cancelled`,
+/// and tells the server, which stops its work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() {
+    let record = tempfile::NamedTempFile::new().expect("record file");
+    let record_path = record.path().to_string_lossy().into_owned();
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&["--record", &record_path]));
+    let audit = tempfile::NamedTempFile::new().expect("audit file");
+    let audit_path = audit.path().to_string_lossy().into_owned();
+    let served = serve(dir, &["--audit-log", &audit_path]);
+    let http = reqwest::Client::new();
+    let session = open_session(&http, served.http, "canceller").await;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "mcp__fx__sleep", "arguments": {"ms": 30_000}}});
+    let (port, client, id) = (served.http, http.clone(), session.clone());
+    let pending = tokio::spawn(async move { mcp_post(&client, port, Some(&id), None, call).await });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let cancel =
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7, "reason": "gave up"}});
+    assert_eq!(mcp_post(&http, served.http, Some(&session), None, cancel).await.0, 202);
+    let (status, _, _, body) = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .expect("the call ends at once, not after 30 s")
+        .expect("the call task");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("mcp_cancelled"), "{body}");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(record.path()).unwrap_or_default().contains("cancelled sleep 30000") {
+        assert!(Instant::now() < deadline, "the server never heard the cancellation");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = std::fs::read_to_string(audit.path()).expect("audit");
+    let line = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["tool_name"] == "sleep")
+        .unwrap_or_else(|| panic!("no audit line of the call: {lines}"));
+    assert_eq!((line["status"].as_str(), line["server_id"].as_str()), (Some("mcp_cancelled"), Some("fx")), "{line}");
+}
+
 /// Every caller in a pod comes from 127.0.0.1, so the per-source share of a port must not cap an
 /// app: 100 rmcp Streamable HTTP sessions, each with its own connection pool (a connection for
 /// requests and the session's GET stream: about 200 connections, past a quarter of the default

@@ -299,7 +299,7 @@ impl ChatService {
         extension: &mut Extension,
         builtin: Option<&mut ToolOffer>,
     ) -> Vec<Value> {
-        let context = CallContext { door: Door::Chat, request_id, session_id: None, input: None, relay: None };
+        let context = CallContext::new(Door::Chat, request_id, None);
         let agent = &self.inner.agent;
         let mut found = Vec::new();
         let results = futures::future::join_all(round.run.iter().filter_map(|&i| calls.get(i)).map(|call| {

@@ -232,12 +232,8 @@ impl McpEndpoint {
         &self,
         name: &str,
         arguments: Option<serde_json::Map<String, serde_json::Value>>,
-        request_id: &str,
-        session_id: Option<&str>,
-        input: Option<&Continuation>,
-        relay: Option<&Relay>,
+        call_context: CallContext<'_>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let call_context = CallContext { door: Door::Mcp, request_id, session_id, input, relay };
         let set = match self.agent.default_set() {
             Ok(set) => set,
             Err(e) => return Ok(self.agent.refuse_call(&e, name, call_context).to_call_tool_result().into()),
@@ -619,7 +615,17 @@ impl ServerHandler for McpEndpoint {
         let headers = context.extensions.get::<axum::http::request::Parts>().map(|parts| &parts.headers);
         let span = call_span(request.meta.as_ref(), headers);
         let (relay, relayed) = self.relay_for(&context, request.meta.as_ref(), session.as_deref());
-        let call = self.call(&request.name, request.arguments, &request_id, session.as_deref(), input, Some(&relay));
+        // rmcp cancels `context.ct` on the client's `notifications/cancelled` but does not stop the
+        // handler: the core watches it.
+        let call_context = CallContext {
+            door: Door::Mcp,
+            request_id: &request_id,
+            session_id: session.as_deref(),
+            input,
+            relay: Some(&relay),
+            cancelled: Some(&context.ct),
+        };
+        let call = self.call(&request.name, request.arguments, call_context);
         let response = Box::pin(relaying(call.instrument(span), relayed, &context.peer)).await?;
         Ok(match response {
             // A result relayed from a 2025-era server has no `resultType`, which 2026-07-28
@@ -709,6 +715,7 @@ impl ServerHandler for McpEndpoint {
             session_id: session.as_deref(),
             input,
             relay: None,
+            cancelled: None,
         };
         let get = Box::pin(self.agent.get_prompt(&set, &request.name, request.arguments, call_context));
         let read = get.await.map_err(error_data)?;

@@ -19,7 +19,10 @@
 //! - rmcp still owns the session: a fast call counts as activity through [`super::keep_alive`].
 //!   A session rmcp no longer knows (expired, deleted) never takes the fast path, so rmcp
 //!   answers its requests, with 404.
+//! - A client's `notifications/cancelled` for a fast call (rmcp never saw the call) cancels it
+//!   here ([`FastCalls`]); the notification still goes on to rmcp.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -43,9 +46,11 @@ use tracing::Instrument as _;
 use super::endpoint::{self, McpEndpoint};
 use super::keep_alive::SessionKeeper;
 use crate::agent::http_guard::host_allowed;
+use crate::agent::{CallContext, Door};
 use crate::mcp::{Continuation, Relay, Relayed};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -58,6 +63,55 @@ pub(crate) struct McpRoute {
     keeper: Arc<SessionKeeper>,
     service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
     allowed_hosts: Arc<[String]>,
+    fast_calls: Arc<FastCalls>,
+}
+
+/// The fast calls in flight, by session and request id, each with the token that cancels it.
+/// An entry lives as long as its call, so the map is bounded by the calls in flight.
+#[derive(Default)]
+struct FastCalls(parking_lot::Mutex<HashMap<(String, String), CancellationToken>>);
+
+/// Removes a fast call's entry when the call ends.
+struct FastCall {
+    calls: Arc<FastCalls>,
+    key: (String, String),
+}
+
+impl FastCalls {
+    fn start(self: &Arc<Self>, session: &str, id: &str) -> (CancellationToken, FastCall) {
+        let key = (session.to_string(), id.to_string());
+        let token = CancellationToken::new();
+        self.0.lock().insert(key.clone(), token.clone());
+        (token, FastCall { calls: self.clone(), key })
+    }
+
+    fn cancel(&self, session: &str, id: &str) {
+        if let Some(token) = self.0.lock().remove(&(session.to_string(), id.to_string())) {
+            token.cancel();
+        }
+    }
+}
+
+impl Drop for FastCall {
+    fn drop(&mut self) {
+        self.calls.0.lock().remove(&self.key);
+    }
+}
+
+/// The request id a `notifications/cancelled` body names, as `RequestId` displays it.
+fn cancelled_request(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Params {
+        #[serde(rename = "requestId")]
+        request_id: RequestId,
+    }
+    #[derive(serde::Deserialize)]
+    struct Notification {
+        method: String,
+        params: Params,
+    }
+    let notification: Notification = serde_json::from_slice(body).ok()?;
+    (notification.method == "notifications/cancelled").then(|| notification.params.request_id.to_string())
 }
 
 impl McpRoute {
@@ -70,7 +124,8 @@ impl McpRoute {
         service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
         allowed_hosts: Vec<String>,
     ) -> Self {
-        McpRoute { endpoint, sessions, keeper, service, allowed_hosts: allowed_hosts.into() }
+        let fast_calls = Arc::default();
+        McpRoute { endpoint, sessions, keeper, service, allowed_hosts: allowed_hosts.into(), fast_calls }
     }
 }
 
@@ -101,9 +156,15 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
         let token = params.meta.as_ref().and_then(|meta| meta.get_progress_token());
         let (relay, relayed) = Relay::channel(token, route.endpoint.log_level(&session), false, false);
         let (endpoint, id) = (route.endpoint.clone(), call.id.to_string());
+        let (cancel, registered) = route.fast_calls.start(&session, &id);
         let response = async move {
-            let _in_flight = in_flight;
-            let response = endpoint.call(&params.name, params.arguments, &id, Some(&session), None, Some(&relay));
+            let (_in_flight, _registered) = (in_flight, registered);
+            let context = CallContext {
+                relay: Some(&relay),
+                cancelled: Some(&cancel),
+                ..CallContext::new(Door::Mcp, &id, Some(&session))
+            };
+            let response = endpoint.call(&params.name, params.arguments, context);
             // Without a continuation the core answers only `Complete`. A session speaks a
             // 2025-era revision, whose results have no `resultType` (rmcp strips it the same way).
             response.instrument(span).await.map(|response| match response {
@@ -115,6 +176,9 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
             })
         };
         return relay_reply(call.id, Box::pin(response), relayed).await;
+    }
+    if let Some(id) = cancelled_request(&bytes) {
+        route.fast_calls.cancel(&session, &id);
     }
     forward(&route, Request::from_parts(parts, Body::from(bytes))).await
 }
@@ -244,8 +308,15 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
         let (relay, relayed) = Relay::channel(token, None, false, false);
         let endpoint = route.endpoint.clone();
         let response = async move {
-            let response =
-                endpoint.call(&params.name, params.arguments, &request_id, None, Some(&continuation), Some(&relay));
+            let response = endpoint.call(
+                &params.name,
+                params.arguments,
+                CallContext {
+                    input: Some(&continuation),
+                    relay: Some(&relay),
+                    ..CallContext::new(Door::Mcp, &request_id, None)
+                },
+            );
             // Required from 2026-07-28 on; a result relayed from a 2025-era server has none.
             response.instrument(span).await.map(|response| match response {
                 CallToolResponse::Complete(mut result) => {
