@@ -38,6 +38,12 @@ pub(crate) fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
     )
 }
 
+/// 403 for a caller that is not on loopback (the admin port listens on every interface in a pod).
+fn refuse_remote(peer: SocketAddr, path: &str) -> Option<Response> {
+    (!peer.ip().is_loopback())
+        .then(|| (StatusCode::FORBIDDEN, format!("{path} answers loopback callers only\n")).into_response())
+}
+
 #[derive(Deserialize)]
 struct ReconnectQuery {
     server: Option<String>,
@@ -58,8 +64,8 @@ async fn reconnect(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<ReconnectQuery>,
 ) -> Response {
-    if !peer.ip().is_loopback() {
-        return (StatusCode::FORBIDDEN, "/admin/reconnect answers loopback callers only\n").into_response();
+    if let Some(refused) = refuse_remote(peer, "/admin/reconnect") {
+        return refused;
     }
     let Some(server) = query.server.filter(|s| !s.is_empty()) else {
         return (StatusCode::BAD_REQUEST, "server: required (POST /admin/reconnect?server=ID)\n").into_response();
@@ -89,8 +95,8 @@ async fn debug_effective(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<DebugQuery>,
 ) -> Response {
-    if !peer.ip().is_loopback() {
-        return (StatusCode::FORBIDDEN, "/debug/effective answers loopback callers only\n").into_response();
+    if let Some(refused) = refuse_remote(peer, "/debug/effective") {
+        return refused;
     }
     let request = match query.request.as_deref().map(ExplainRequest::parse).transpose() {
         Ok(request) => request.unwrap_or_default(),

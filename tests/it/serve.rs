@@ -114,6 +114,12 @@ pub fn fixture_registry_of(dir: &Path, fixture: &mcp_servers::Command) {
     .expect("write profile.yaml");
 }
 
+/// The pids of `parent`'s child processes (`pgrep -P`).
+pub(crate) fn child_pids(parent: u32) -> Vec<String> {
+    let out = Command::new("pgrep").args(["-P", &parent.to_string()]).output().expect("pgrep");
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+}
+
 /// Starts `spearlet serve` over `dir` (already filled) with `extra` flags; waits for /readyz and
 /// for every server's start to end (ready does not wait for a start past 10 s, which a loaded
 /// machine sees; the tests want the tools).
@@ -445,10 +451,7 @@ fn a_server_disabled_in_its_file_is_taken_out_and_stopped_without_editing_the_pr
     let (_, body) = http_get(served.admin, "/debug/effective").expect("debug");
     assert!(body.contains("mcp__fx__echo"), "{body}");
     let agent_pid = served.child.id();
-    let children = || -> Vec<String> {
-        let out = Command::new("pgrep").args(["-P", &agent_pid.to_string()]).output().expect("pgrep");
-        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
-    };
+    let children = || child_pids(agent_pid);
     let running = children();
     assert!(!running.is_empty(), "the stdio server runs as a child of the agent");
 
@@ -481,10 +484,7 @@ fn spearlet_reconnect_starts_a_server_afresh_and_is_audited() {
     let audit_path = audit.path().to_string_lossy().into_owned();
     let served = serve(dir, &["--audit-log", &audit_path]);
     let agent_pid = served.child.id();
-    let children = || -> Vec<String> {
-        let out = Command::new("pgrep").args(["-P", &agent_pid.to_string()]).output().expect("pgrep");
-        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
-    };
+    let children = || child_pids(agent_pid);
     let before = children();
     assert_eq!(before.len(), 1, "one stdio child: {before:?}");
     let admin = format!("127.0.0.1:{}", served.admin);
@@ -530,10 +530,7 @@ fn sigterm_stops_the_agent_and_reaps_its_servers() {
     let (_, body) = http_get(served.admin, "/debug/effective").expect("debug");
     assert!(body.contains("echo"), "{body}");
     let agent_pid = served.child.id();
-    let children = || -> Vec<String> {
-        let out = Command::new("pgrep").args(["-P", &agent_pid.to_string()]).output().expect("pgrep");
-        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
-    };
+    let children = || child_pids(agent_pid);
     let before = children();
     assert!(!before.is_empty(), "the stdio server runs as a child of the agent");
     let status = terminate(&mut served.child, Duration::from_secs(10)).expect("exited on SIGTERM within 10 s");

@@ -508,19 +508,18 @@ impl Slot {
     /// stopped), forgets the last start's failure, and marks the tool list changed, so the
     /// agent lists again at once, which starts the server afresh.
     pub(super) async fn restart(&self) {
-        let startup = self.startup.lock().take();
-        if let Some(startup) = startup {
-            startup.task.abort();
-        }
-        let live = self.session.lock().await.take();
-        if let Some(live) = live {
-            live.conn.close().await;
-        }
+        self.stop().await;
         self.start_failure.lock().take();
         self.list_changed.bump();
     }
 
     pub(super) async fn close(&self) {
+        self.stop().await;
+        self.concurrency.close();
+    }
+
+    /// Abandons a start in progress and closes the session.
+    async fn stop(&self) {
         let startup = self.startup.lock().take();
         if let Some(startup) = startup {
             // Dropping the start stops the child's process group (connect's guard).
@@ -530,7 +529,6 @@ impl Slot {
         if let Some(live) = live {
             live.conn.close().await;
         }
-        self.concurrency.close();
     }
 }
 
