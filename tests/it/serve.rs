@@ -1585,7 +1585,7 @@ fn a_servers_progress_logs_and_requests_reach_the_caller_of_the_call() {
         "mcp__everything__trigger-elicitation-request",
         "mcp__conf__test_tool_with_logging",
         r#"mcp__conf__test_sampling={"prompt": "capital of Peru?"}"#,
-        "mcp__conf__test_elicitation",
+        r#"mcp__conf__test_elicitation={"message": "Please provide your details"}"#,
     ];
     let subscriptions = [
         "--subscribe",
