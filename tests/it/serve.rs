@@ -511,13 +511,21 @@ fn spearlet_reconnect_starts_a_server_afresh_and_is_audited() {
     let unknown = reconnect("nope");
     assert!(!unknown.status.success(), "{unknown:?}");
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"), "{unknown:?}");
-    let lines = std::fs::read_to_string(audit.path()).expect("audit log");
-    let reconnects: Vec<Value> = lines
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["kind"] == "reconnect")
-        .collect();
-    assert_eq!(reconnects.len(), 2, "{lines}");
+    // The audit sink writes from a task of its own: wait for both lines.
+    let reconnects = loop {
+        let lines = std::fs::read_to_string(audit.path()).expect("audit log");
+        let reconnects: Vec<Value> = lines
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["kind"] == "reconnect")
+            .collect();
+        if reconnects.len() >= 2 {
+            break reconnects;
+        }
+        assert!(Instant::now() < deadline, "two reconnect lines within 30 s: {lines}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(reconnects.len(), 2, "{reconnects:?}");
     assert_eq!((reconnects[0]["server_id"].as_str(), reconnects[0]["outcome"].as_str()), (Some("fx"), Some("ok")));
     assert_eq!(reconnects[1]["outcome"], "unknown_server");
 }
@@ -1746,12 +1754,17 @@ async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() 
         assert!(Instant::now() < deadline, "the server never heard the cancellation");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let lines = std::fs::read_to_string(audit.path()).expect("audit");
-    let line = lines
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|l| l["tool_name"] == "sleep")
-        .unwrap_or_else(|| panic!("no audit line of the call: {lines}"));
+    // The audit sink writes from a task of its own: wait for the call's line.
+    let line = loop {
+        let lines = std::fs::read_to_string(audit.path()).expect("audit");
+        let found =
+            lines.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["tool_name"] == "sleep");
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(Instant::now() < deadline, "no audit line of the call: {lines}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!((line["status"].as_str(), line["server_id"].as_str()), (Some("mcp_cancelled"), Some("fx")), "{line}");
 }
 
