@@ -1725,6 +1725,7 @@ fn a_servers_request_is_never_put_to_another_callers_session() {
 /// and tells the server, which stops its work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() {
+    spear::install_crypto_provider();
     let record = tempfile::NamedTempFile::new().expect("record file");
     let record_path = record.path().to_string_lossy().into_owned();
     let dir = tempfile::tempdir().expect("tempdir");
