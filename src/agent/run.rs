@@ -292,6 +292,7 @@ async fn run(
         max_concurrent_calls: config.pool.max_concurrent_calls,
         max_children: config.pool.max_children,
         idle_timeout: config.pool.server_idle,
+        check_arguments: config.pool.check_arguments,
         metrics: pool_metrics.clone(),
         hidden_env: config.upstream.api_key_env.iter().cloned().collect(),
         ..PoolOptions::default()

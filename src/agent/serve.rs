@@ -103,6 +103,8 @@ pub struct PoolLimits {
     pub max_children: usize,
     /// How long a server's session may go unused before it is closed; `None` keeps it.
     pub server_idle: Option<Duration>,
+    /// Refuse arguments that break the tool's `inputSchema` before the call leaves.
+    pub check_arguments: bool,
 }
 
 /// `spearlet run`'s defaults.
@@ -114,6 +116,7 @@ impl Default for PoolLimits {
             max_concurrent_calls: pool.max_concurrent_calls,
             max_children: pool.max_children,
             server_idle: None,
+            check_arguments: pool.check_arguments,
         }
     }
 }

@@ -117,6 +117,8 @@ pub(crate) const ENV_TOOLS_TTL_SECONDS: &str = "SPEAR_TOOLS_TTL_SECONDS";
 pub(crate) const ENV_MAX_CONCURRENT_CALLS: &str = "SPEAR_MAX_CONCURRENT_CALLS";
 pub(crate) const ENV_MAX_STDIO_CHILDREN: &str = "SPEAR_MAX_STDIO_CHILDREN";
 pub(crate) const ENV_SERVER_IDLE_SECONDS: &str = "SPEAR_SERVER_IDLE_SECONDS";
+/// spearlet's `--check-arguments`.
+pub(crate) const ENV_CHECK_ARGUMENTS: &str = "SPEAR_CHECK_ARGUMENTS";
 /// The chat upstream's API key (from the profile's `chat.upstream.apiKeySecretRef`; in local
 /// mode, export it).
 pub(crate) const ENV_UPSTREAM_API_KEY: &str = "SPEAR_UPSTREAM_API_KEY";

@@ -2,7 +2,8 @@
 //! `inputSchema` before the call leaves, the `structuredContent` against the `outputSchema` when
 //! it comes back (MCP 2025-06-18 on: a server MUST answer conforming structured content, a client
 //! SHOULD validate). Arguments that break the schema (often a model's mistake) are refused with
-//! the first violation, so the model can correct them without the server seeing them; a server's
+//! the first violation when the agent is asked to (`--check-arguments`: a server validates its
+//! inputs itself, and the MCP conformance suite expects a client to send what it is asked); a server's
 //! broken or lying answer never reaches a caller (or a model) as if it conformed.
 //!
 //! Decisions:

@@ -101,7 +101,7 @@ async fn lists_and_calls_tools_over_stdio() {
 
 #[tokio::test]
 async fn arguments_that_break_the_input_schema_are_refused_before_the_server_sees_them() {
-    let pool = pool_with(vec![fixture("fx", &[])], options()).await;
+    let pool = pool_with(vec![fixture("fx", &[])], PoolOptions { check_arguments: true, ..options() }).await;
     pool.list_tools("fx").await.expect("tools/list");
     // The server would answer a tool error (`Ok` with isError); the agent's refusal is `Err`.
     for (arguments, at) in [(json!({"text": 5}), "'/text'"), (json!({}), "the root")] {
@@ -112,6 +112,12 @@ async fn arguments_that_break_the_input_schema_are_refused_before_the_server_see
     }
     assert_eq!(call(&pool, "fx", "echo", json!({"text": "hi"}), 10 * SECOND).await.expect("echo"), "hi");
     pool.shutdown().await;
+    // Off (the default), the server gets the call and answers it with its own tool error.
+    let unchecked = pool_with(vec![fixture("fx", &[])], options()).await;
+    unchecked.list_tools("fx").await.expect("tools/list");
+    let output = unchecked.call_tool("fx", "echo", args(json!({})), 10 * SECOND, BIG).await.expect("sent");
+    assert_eq!(output.result.is_error, Some(true), "the server's own answer: {}", text(&output));
+    unchecked.shutdown().await;
 }
 
 #[tokio::test]

@@ -92,6 +92,10 @@ pub struct AgentArgs {
     /// 0 for `run` (a pod's sidecars run anyway, and a restart would cost the next call a start).
     #[arg(long, env = keys::ENV_SERVER_IDLE_SECONDS, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub(crate) server_idle_seconds: Option<u64>,
+    /// Refuse a call whose arguments break the tool's listed inputSchema before it reaches the
+    /// server (`mcp_invalid_arguments` naming the first violation). Off: the server validates.
+    #[arg(long, env = keys::ENV_CHECK_ARGUMENTS)]
+    pub(crate) check_arguments: bool,
 }
 
 /// `--api-key`'s parser: the key, or why it is not one.
@@ -136,6 +140,7 @@ impl AgentArgs {
                     0 => None,
                     seconds => Some(Duration::from_secs(seconds)),
                 },
+                check_arguments: self.check_arguments,
             },
         })
     }

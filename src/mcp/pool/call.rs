@@ -187,7 +187,8 @@ impl ToolCall<'_> {
             .await
             .map_err(|_| McpError::new(ErrorCode::McpUnavailable, "the server was removed"))?;
         let live = Slot::session(&self.slot, inner).await?;
-        if let Some(Ok(validator)) = self.slot.validator(self.tool, SchemaOf::Input).await.as_deref()
+        if inner.options.check_arguments
+            && let Some(Ok(validator)) = self.slot.validator(self.tool, SchemaOf::Input).await.as_deref()
             && let Err(violation) = tool_schema::check_arguments(validator, arguments.as_ref())
         {
             let (tool, server) = (self.tool, &self.slot.config.id);

@@ -88,6 +88,10 @@ pub struct PoolOptions {
     /// The secret values the agent holds: the pool adds each server's as it resolves its
     /// configuration and gets its tokens; the agent redacts them from what leaves.
     pub secrets: Arc<crate::secrets::HeldSecrets>,
+    /// Refuse a call whose arguments break the tool's listed `inputSchema` before it leaves
+    /// (`--check-arguments`). Off by default: an MCP client sends what its caller asks and the
+    /// server validates (the conformance suite's SEP-2243 scenarios expect exactly that).
+    pub check_arguments: bool,
 }
 
 impl Default for PoolOptions {
@@ -114,6 +118,7 @@ impl Default for PoolOptions {
                 .parse()
                 .unwrap_or_else(|_| crate::egress::AddressDenyList::none()),
             secrets: Arc::default(),
+            check_arguments: false,
         }
     }
 }
