@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::serve::{
-    LEGACY, STATELESS, admin_metric, call_error, fixture_registry, http_get, next_event, serve, start_client,
+    LEGACY, STATELESS, admin_metric, audit_lines, call_error, fixture_registry, http_get, next_event, serve,
+    start_client,
 };
 
 /// The fixture registry with every tool of `fx` limited to 2 calls at once and one a minute, and
@@ -44,11 +45,6 @@ fn mcp_calls(served: &crate::serve::Served, calls: &[&str], mode: &str) -> Vec<V
 /// The error object of a failed call event.
 fn error_of(call: &Value) -> Value {
     call_error(call)["error"].clone()
-}
-
-fn audit_lines(path: &std::path::Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).expect("audit log");
-    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
 }
 
 #[test]

@@ -114,6 +114,26 @@ pub fn fixture_registry_of(dir: &Path, fixture: &mcp_servers::Command) {
     .expect("write profile.yaml");
 }
 
+/// The audit file's lines (JSON each).
+pub(crate) fn audit_lines(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).expect("audit log");
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+/// The audit lines `keep` picks, once there are at least `count` (the sink writes from a task of
+/// its own, so a line can land after the answer); panics after 10 s.
+pub(crate) fn wait_for_audit(path: &Path, count: usize, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lines: Vec<Value> = audit_lines(path).into_iter().filter(|l| keep(l)).collect();
+        if lines.len() >= count {
+            return lines;
+        }
+        assert!(Instant::now() < deadline, "{count} audit lines within 10 s, got {lines:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The pids of `parent`'s child processes (`pgrep -P`).
 pub(crate) fn child_pids(parent: u32) -> Vec<String> {
     let out = Command::new("pgrep").args(["-P", &parent.to_string()]).output().expect("pgrep");
@@ -511,20 +531,7 @@ fn spearlet_reconnect_starts_a_server_afresh_and_is_audited() {
     let unknown = reconnect("nope");
     assert!(!unknown.status.success(), "{unknown:?}");
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"), "{unknown:?}");
-    // The audit sink writes from a task of its own: wait for both lines.
-    let reconnects = loop {
-        let lines = std::fs::read_to_string(audit.path()).expect("audit log");
-        let reconnects: Vec<Value> = lines
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|l| l["kind"] == "reconnect")
-            .collect();
-        if reconnects.len() >= 2 {
-            break reconnects;
-        }
-        assert!(Instant::now() < deadline, "two reconnect lines within 30 s: {lines}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let reconnects = wait_for_audit(audit.path(), 2, |l| l["kind"] == "reconnect");
     assert_eq!(reconnects.len(), 2, "{reconnects:?}");
     assert_eq!((reconnects[0]["server_id"].as_str(), reconnects[0]["outcome"].as_str()), (Some("fx"), Some("ok")));
     assert_eq!(reconnects[1]["outcome"], "unknown_server");
@@ -1755,17 +1762,7 @@ async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() 
         assert!(Instant::now() < deadline, "the server never heard the cancellation");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The audit sink writes from a task of its own: wait for the call's line.
-    let line = loop {
-        let lines = std::fs::read_to_string(audit.path()).expect("audit");
-        let found =
-            lines.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["tool_name"] == "sleep");
-        if let Some(line) = found {
-            break line;
-        }
-        assert!(Instant::now() < deadline, "no audit line of the call: {lines}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let line = wait_for_audit(audit.path(), 1, |l| l["tool_name"] == "sleep").remove(0);
     assert_eq!((line["status"].as_str(), line["server_id"].as_str()), (Some("mcp_cancelled"), Some("fx")), "{line}");
 }
 
