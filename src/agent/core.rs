@@ -806,7 +806,7 @@ impl Agent {
     fn foreign_secret(&self, arguments: Option<&Map<String, Value>>, server: &str) -> Option<String> {
         let arguments = arguments?;
         let held = self.inner.pool.secrets().redactor();
-        if held.is_empty() {
+        if held.is_empty() || !held.holds_foreign_to(server) {
             return None;
         }
         arguments.iter().find_map(|(key, value)| {

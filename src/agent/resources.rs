@@ -343,7 +343,11 @@ impl Agent {
 
     /// A held value in `text` that `server` was not given: where it came from.
     fn foreign_secret_in(&self, text: &str, server: &str) -> Option<String> {
-        self.pool().secrets().redactor().foreign_in(text, server).map(str::to_string)
+        let held = self.pool().secrets().redactor();
+        if !held.holds_foreign_to(server) {
+            return None;
+        }
+        held.foreign_in(text, server).map(str::to_string)
     }
 
     /// A read's or get's result cleaned of held values and filter findings (see

@@ -190,8 +190,6 @@ impl Redactor {
         let ac = match &self.search {
             Search::Nothing => return None,
             Search::Unsearchable => return (!text.is_empty()).then_some(UNSEARCHABLE),
-            // Every value held was granted to this server: nothing can be foreign.
-            Search::Ready(..) if self.held.iter().all(|h| h.granted_to.as_deref() == Some(server)) => return None,
             Search::Ready(ac, gate) if gate.as_ref().is_none_or(|g| g.may_match(text.as_bytes())) => ac,
             Search::Ready(..) => return None,
         };
@@ -224,6 +222,12 @@ impl Redactor {
             }
         }
         pending.iter().find(|f| !covered(&granted, f)).map(|f| &*self.held[f.owner as usize].origin)
+    }
+
+    /// Whether some value held was not granted to `server`: without one, nothing in a call's
+    /// arguments can be foreign, and [`Redactor::foreign_in`] need not look (ask once per call).
+    pub(crate) fn holds_foreign_to(&self, server: &str) -> bool {
+        self.held.iter().any(|h| h.granted_to.as_deref() != Some(server))
     }
 
     /// [`Redactor::foreign_in`] over every string (and key) of a JSON value.
