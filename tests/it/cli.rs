@@ -133,6 +133,83 @@ fn convert_refuses_unknown_keys_naming_them() {
     assert!(err.contains("unknown-key.toml") && err.contains("shell"), "{err}");
 }
 
+/// `convert FILE` with the fixture under tests/fixtures/convert: its YAML, checked by `validate`.
+fn convert_fixture(file: &str, extra: &[&str]) -> (String, String) {
+    let path = format!("tests/fixtures/convert/{file}");
+    let mut args = vec!["convert", path.as_str()];
+    args.extend_from_slice(extra);
+    let out = spearlet(&args, None);
+    assert_eq!(out.status.code(), Some(0), "{file}: {out:?}");
+    let yaml = stdout(&out);
+    let checked = spearlet(&["validate", "-"], Some(&yaml));
+    assert_eq!(checked.status.code(), Some(0), "{file}: converted output must validate: {checked:?}\n{yaml}");
+    (yaml, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn convert_reads_the_designs_record_the_registrys_server_json_and_client_configs() {
+    let (design, _) = convert_fixture("design-github.toml", &[]);
+    assert!(design.contains("create_*: always") && design.contains("name: github-token"), "{design}");
+    assert!(!design.contains("toolNamespace"), "mcp.<server_id> is the default naming:\n{design}");
+
+    let (remote, notes) = convert_fixture("server.json", &[]);
+    assert!(remote.contains("url: https://weather.example.com/mcp"), "{remote}");
+    assert!(remote.contains("value: ${ENV:WEATHER_X_API_KEY}") && notes.contains("WEATHER_X_API_KEY"), "{notes}");
+    let (package, _) = convert_fixture("server.json", &["--prefer", "package", "--secret", "weather"]);
+    assert!(package.contains("'@example/weather-mcp@1.4.0'") && package.contains("- metric"), "{package}");
+    assert!(package.contains("name: weather\n") && package.contains("key: WEATHER_API_KEY"), "{package}");
+    assert!(package.contains("value: eu"), "a default is a plain value:\n{package}");
+
+    let (claude, notes) = convert_fixture("claude_desktop_config.json", &[]);
+    assert_eq!(claude.matches("kind: McpServer").count(), 3, "{claude}");
+    assert!(!claude.contains("ghp_") && !notes.contains("ghp_"), "a token is never copied:\n{claude}\n{notes}");
+    assert!(claude.contains("value: Bearer ${ENV:SENTRY_TOKEN}"), "{claude}");
+
+    let (vscode, _) = convert_fixture("mcp.json", &["--secret", "mcp-tokens"]);
+    assert!(vscode.contains("name: mcp-tokens") && vscode.contains("command: uvx"), "{vscode}");
+}
+
+#[test]
+fn convert_refuses_a_legacy_sse_record_with_the_fix() {
+    let out = spearlet(&["convert", "tests/fixtures/convert/design-sse.toml"], None);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(stdout(&out), "", "nothing of a refused file is written");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("design-sse.toml: transport:") && err.contains("Streamable HTTP"), "{err}");
+}
+
+/// The whole path a team takes: its Claude Desktop config, converted, serves the same server's
+/// tools (a real stdio server) once the registry allows them.
+#[test]
+fn a_converted_client_config_serves_its_tools() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let everything = spear::testing::mcp_servers::everything_stdio();
+    let config = serde_json::json!({"mcpServers": {"everything": {
+        "command": everything.program, "args": everything.args,
+        "env": everything.env.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+    }}});
+    let config_path = dir.path().join("claude_desktop_config.json");
+    std::fs::write(&config_path, config.to_string()).expect("config");
+    let registry = dir.path().join("registry");
+    std::fs::create_dir(&registry).expect("registry dir");
+    let registry = registry.to_string_lossy().into_owned();
+    let out = spearlet(&["convert", &config_path.to_string_lossy(), "--output-dir", &registry], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    let manifest = Path::new(&registry).join("everything.yaml");
+    let text = std::fs::read_to_string(&manifest).expect("everything.yaml");
+    std::fs::write(&manifest, text.replacen("spec:\n", "spec:\n  allowedTools: [echo, get-sum]\n", 1)).expect("allow");
+    let profile =
+        "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpProfile\nmetadata: {name: dev}\nspec:\n  servers: [everything]\n";
+    std::fs::write(Path::new(&registry).join("profile.yaml"), profile).expect("profile");
+
+    let out = spearlet(&["explain", "--registry-dir", &registry, "--profile", "dev", "--connect"], None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = stdout(&out);
+    let row = text.lines().find(|l| l.starts_with("everything ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("mcp__everything__echo,mcp__everything__get-sum"), "{text}");
+}
+
 #[test]
 fn registry_prints_the_example_snapshot_with_exit_0() {
     let out = spearlet(&["registry", "--registry-dir", "examples/registry"], None);
