@@ -834,3 +834,34 @@ pub fn detectors_redact(text: &str) -> String {
 pub fn detectors_first_in(text: &str) -> Option<&'static str> {
     all_detectors().first_in(text).map(|d| d.as_str())
 }
+
+// === convert ===
+
+/// What `spearlet convert` made of `text` read as format `format % 4` (design TOML, design JSON,
+/// server.json, client config): each server as the YAML it prints (with `origin` in its header)
+/// and as the JSON object it is; or the error's text.
+pub fn convert_config(
+    text: &str,
+    format: u8,
+    origin: &str,
+    secret: bool,
+    prefer_package: bool,
+) -> Result<Vec<(String, Value)>, String> {
+    use crate::convert::{self, Format, Options, Prefer};
+    let format =
+        [Format::DesignToml, Format::DesignJson, Format::ServerJson, Format::ClientConfig][usize::from(format % 4)];
+    let options = Options {
+        secret: secret.then(|| "mcp-tokens".to_string()),
+        entrypoint: Some(vec!["/server".to_string()]),
+        prefer: if prefer_package { Prefer::Package } else { Prefer::Remote },
+    };
+    let converted = convert::convert(text, format, &options).map_err(|e| e.to_string())?;
+    converted
+        .iter()
+        .map(|c| {
+            let yaml = convert::to_yaml(c, origin).map_err(|e| e.to_string())?;
+            let json = serde_json::to_value(&c.server).map_err(|e| e.to_string())?;
+            Ok((yaml, json))
+        })
+        .collect()
+}

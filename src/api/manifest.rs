@@ -307,12 +307,12 @@ fn deserialize<T: DeserializeOwned>(doc: &RawDocument) -> Result<T, Vec<Problem>
                 field = if field == "." { name.to_string() } else { format!("{field}.{name}") };
             }
             let field = if field == "." { "document".to_string() } else { field };
-            problems.push(Problem {
-                line: doc.line_of(&field),
-                message,
-                fix: "give the field the type and value the resource reference describes".into(),
-                field,
-            });
+            let fix = if message.contains(super::LEGACY_SSE_REASON) {
+                super::LEGACY_SSE_FIX.into()
+            } else {
+                "give the field the type and value the resource reference describes".into()
+            };
+            problems.push(Problem { line: doc.line_of(&field), message, fix, field });
             Err(problems)
         }
     }
@@ -623,6 +623,28 @@ spec:
         assert_eq!(parsed.problems[0].field, "spec.transport");
         assert_eq!(parsed.problems[0].line, 6);
         assert!(parsed.problems[0].message.contains("grpc"));
+    }
+
+    #[test]
+    fn the_legacy_sse_transport_is_refused_with_the_reason_and_the_fix() {
+        let http = "transport: sse\n  http: {url: \"https://x.example.com/sse\"}";
+        for spelling in ["sse", "SSE", "http_sse_legacy", "httpSse", "'sse'"] {
+            let text = SERVER.replace("transport: stdio", &http.replace("sse\n", &format!("{spelling}\n")));
+            for text in [
+                text.clone(),
+                serde_json::to_string(&serde_yaml::from_str::<Value>(&text).expect("yaml")).expect("json"),
+            ] {
+                let parsed = parse(&text);
+                assert_eq!(parsed.problems.len(), 1, "{spelling}: {:?}", parsed.problems);
+                let problem = &parsed.problems[0];
+                assert_eq!(problem.field, "spec.transport");
+                assert!(
+                    problem.message.contains("HTTP+SSE") && problem.message.contains("not supported"),
+                    "{problem:?}"
+                );
+                assert!(problem.fix.contains("streamableHttp") && problem.fix.contains("mcp-proxy"), "{problem:?}");
+            }
+        }
     }
 
     #[test]

@@ -86,7 +86,9 @@ pub struct McpServerSpec {
     pub enabled: Option<bool>,
 
     /// How the agent reaches the server: `stdio` (a command run as a sidecar in Kubernetes, as a
-    /// child process in local mode) or `streamableHttp` (an MCP Streamable HTTP endpoint).
+    /// child process in local mode) or `streamableHttp` (an MCP Streamable HTTP endpoint). The
+    /// legacy HTTP+SSE transport of MCP 2024-11-05 is not supported: use the server's Streamable
+    /// HTTP endpoint, or run a bridge such as `uvx mcp-proxy URL` as a stdio server.
     pub transport: Transport,
 
     /// The command to run for a stdio server. Required when transport is stdio.
@@ -154,8 +156,17 @@ pub struct McpServerSpec {
     pub pinning: Option<super::Pinning>,
 }
 
+/// Why the legacy HTTP+SSE transport is refused ([`LEGACY_SSE_FIX`] says what to do instead);
+/// `validate`, the agent's registry and `spearlet convert` all say it this way.
+pub const LEGACY_SSE_REASON: &str = "the legacy HTTP+SSE transport (MCP 2024-11-05) is not supported: the MCP \
+     client spear uses (rmcp) has no client for it, and Streamable HTTP replaced it in MCP 2025-03-26";
+/// What to do with a server that speaks only HTTP+SSE.
+pub const LEGACY_SSE_FIX: &str = "use the server's Streamable HTTP endpoint (transport: streamableHttp; often the \
+     same host with /mcp instead of /sse), or run a bridge such as `uvx mcp-proxy URL` as a stdio server (its own \
+     connections then bypass the agent's egress deny list)";
+
 /// How the agent talks to the server.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, Default)]
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, Default)]
 pub enum Transport {
     /// Newline-delimited JSON-RPC over a child process's stdin/stdout.
     #[default]
@@ -164,6 +175,22 @@ pub enum Transport {
     /// MCP Streamable HTTP.
     #[serde(rename = "streamableHttp")]
     StreamableHttp,
+}
+
+/// The two spellings, and a refusal with the reason for any spelling of the legacy SSE transport
+/// (`sse`, `SSE`, `http_sse_legacy`, `httpSse`, ...), which a derive would only call unknown.
+impl<'de> Deserialize<'de> for Transport {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        match text.as_ref() {
+            "stdio" => Ok(Transport::Stdio),
+            "streamableHttp" => Ok(Transport::StreamableHttp),
+            other if other.to_ascii_lowercase().contains("sse") => {
+                Err(serde::de::Error::custom(format_args!("`{other}`: {LEGACY_SSE_REASON}")))
+            }
+            other => Err(serde::de::Error::unknown_variant(other, &["stdio", "streamableHttp"])),
+        }
+    }
 }
 
 impl Transport {

@@ -2,7 +2,7 @@
 //! (`.mcp.json`) and Cursor, and the `servers` map (with `inputs`) of VS Code (`.vscode/mcp.json`).
 //!
 //! An entry with `command` is a stdio server; one with `url` (`serverUrl` in Windsurf) a
-//! Streamable HTTP server, unless its `type` says `sse` (refused, [`SSE_REFUSAL`]). Variables:
+//! Streamable HTTP server, unless its `type` says `sse` (refused, [`sse_refusal`]). Variables:
 //! - Claude Code's `${VAR}` / `${VAR:-default}` and VS Code's `${env:VAR}` become `${ENV:VAR}`
 //!   (`${ENV:VAR:-default}`) in env and header values, the two places spear expands them;
 //! - VS Code's `${input:id}` becomes `${ENV:ID}` (the prompt has no equivalent: the agent reads the
@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::EnvVar;
 use serde_json::{Map, Value};
 
 use super::registry::{NODE_IMAGE, UV_IMAGE};
-use super::{ConvertError, Converted, Options, SSE_REFUSAL, Values, auth_scheme_prefix, looks_secret, names_for};
+use super::{ConvertError, Converted, Options, Values, auth_scheme_prefix, looks_secret, names_for, sse_refusal};
 use crate::api::{HttpHeader, HttpSpec, McpServer, McpServerSpec, StdioSpec, Transport};
 
 /// Keys of an entry that map to a field.
@@ -109,7 +109,9 @@ fn server(
         ));
     }
     let (transport, stdio, http) = match (kind, command, url) {
-        (Some("sse"), _, _) => return Err(ConvertError::unsupported(format!("{key}.type"), SSE_REFUSAL)),
+        (Some(kind), _, _) if super::is_sse(kind) => {
+            return Err(ConvertError::unsupported(format!("{key}.type"), sse_refusal()));
+        }
         (Some("stdio") | None, Some(command), _) => {
             (Transport::Stdio, Some(stdio(entry, command, key, style, inputs, &mut values)?), None)
         }

@@ -14,14 +14,14 @@
 //!   policy engine), has no equivalent and is refused naming `destructiveHint`, the nearest.
 //! - `http.auth_ref`: the credential's name in a secret store; it becomes the `Authorization`
 //!   header from that Secret (`name` or `name/key`, key `authorization` by default).
-//! - `transport = "http_sse_legacy"`: refused, see [`SSE_REFUSAL`].
+//! - `transport = "http_sse_legacy"`: refused, see [`sse_refusal`].
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, SecretKeySelector};
 use serde::Deserialize;
 
-use super::{ConvertError, Converted, SSE_REFUSAL, is_tool_namespace, names_for};
+use super::{ConvertError, Converted, is_tool_namespace, names_for, sse_refusal};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{
     ApprovalMode, ApprovalPolicy, HeaderValueSource, HttpHeader, HttpSpec, McpServer, McpServerSpec, ServerBudgets,
@@ -129,7 +129,7 @@ pub(super) fn convert(design: DesignServer) -> Result<Converted, ConvertError> {
     let transport = match design.transport.as_str() {
         "stdio" => Transport::Stdio,
         "streamable_http" | "streamableHttp" | "streamable-http" | "http" => Transport::StreamableHttp,
-        "http_sse_legacy" | "sse" => return Err(ConvertError::unsupported("transport", SSE_REFUSAL)),
+        sse if super::is_sse(sse) => return Err(ConvertError::unsupported("transport", sse_refusal())),
         other => {
             return Err(ConvertError::unsupported(
                 "transport",

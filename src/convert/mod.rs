@@ -138,13 +138,15 @@ impl ConvertError {
     }
 }
 
-/// Why the legacy HTTP+SSE transport is refused, and what to do instead; said the same way by
-/// every converter and by the docs.
-pub(crate) const SSE_REFUSAL: &str = "the legacy HTTP+SSE transport (MCP 2024-11-05) is not supported: the MCP \
-     client spear uses (rmcp) has no SSE client, and the transport was replaced by Streamable HTTP in MCP \
-     2025-03-26. Use the server's Streamable HTTP endpoint (transport streamableHttp; often the same host with \
-     /mcp instead of /sse), or run a bridge such as `uvx mcp-proxy URL` as a stdio server (its own connections \
-     then bypass the agent's egress deny list)";
+/// Why the legacy HTTP+SSE transport is refused, and what to do instead.
+fn sse_refusal() -> String {
+    format!("{}; {}", crate::api::LEGACY_SSE_REASON, crate::api::LEGACY_SSE_FIX)
+}
+
+/// Any spelling of the legacy SSE transport (`sse`, `SSE`, `http_sse_legacy`, ...).
+fn is_sse(transport: &str) -> bool {
+    transport.to_ascii_lowercase().contains("sse")
+}
 
 /// Converts one file's text into validated McpServers, all or none.
 pub(crate) fn convert(text: &str, format: Format, options: &Options) -> Result<Vec<Converted>, ConvertError> {
@@ -171,14 +173,21 @@ pub(crate) fn convert(text: &str, format: Format, options: &Options) -> Result<V
 /// Renders a server as a YAML document: a header naming where it came from, the notes as
 /// comments, then the object.
 pub(crate) fn to_yaml(converted: &Converted, origin: &str) -> Result<String, serde_yaml::Error> {
-    let mut text = format!("# Converted by `spearlet convert` from {origin}\n");
+    let mut text = format!("# Converted by `spearlet convert` from {}\n", comment(origin));
     for note in &converted.notes {
         text.push_str("# note: ");
-        text.push_str(&note.replace('\n', " "));
+        text.push_str(&comment(note));
         text.push('\n');
     }
     text.push_str(&serde_yaml::to_string(&converted.server)?);
     Ok(text)
+}
+
+/// Text fit for one YAML comment line: notes and file names carry text from the input, and a
+/// line break in them (YAML reads `\r`, NEL, LS and PS as breaks too) would end the comment and
+/// let that text become keys of the manifest.
+fn comment(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') { ' ' } else { c }).collect()
 }
 
 /// A resource name and a tool namespace for a server known as `id` elsewhere: the id itself when
@@ -433,5 +442,18 @@ mod tests {
         assert_eq!(env_name("github", "token"), "GITHUB_TOKEN");
         assert_eq!(env_name("my-api", "X-Api-Key"), "MY_API_X_API_KEY");
         assert_eq!(env_name("spear-docs", "token"), "MCP_SPEAR_DOCS_TOKEN");
+    }
+
+    #[test]
+    fn notes_and_file_names_cannot_end_their_comment() {
+        let config = r#"{"mcpServers": {"x": {"command": "x"}}}"#;
+        let server = convert(config, Format::ClientConfig, &Options::default()).expect("valid").remove(0).server;
+        let notes =
+            ["a\rspec: {enabled: false}", "b\u{2028}kind: McpProfile", "c\u{85}d\ne"].map(String::from).to_vec();
+        let yaml = to_yaml(&Converted { server, notes }, "f\rmetadata: {name: y}").expect("yaml");
+        let read = crate::api::manifest::parse(&yaml);
+        assert!(read.is_valid(), "{yaml}");
+        let back: McpServer = serde_yaml::from_str(&yaml).expect("one object");
+        assert_eq!((back.metadata.name.as_deref(), back.spec.enabled), (Some("x"), None), "{yaml}");
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! One server.json offers several ways to run one server; one is chosen:
 //! - `remotes` first (no sidecar, nothing to download), the first `streamable-http` one; `sse`
-//!   remotes are refused ([`SSE_REFUSAL`]). `--prefer package` picks a package first.
+//!   remotes are refused ([`sse_refusal`]). `--prefer package` picks a package first.
 //! - `packages`: `npm` runs as `npx -y <id>@<version>`, `pypi` as `uvx <id>==<version>` (or the
 //!   package's `runtimeHint`), with `runtimeArguments` before the package and
 //!   `packageArguments` after it, in the `node:22-alpine` and `ghcr.io/astral-sh/uv:python3.12-alpine` images in
@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::EnvVar;
 use serde::Deserialize;
 
-use super::{ConvertError, Converted, Options, SSE_REFUSAL, Values, env_name, normalize_name};
+use super::{ConvertError, Converted, Options, Values, env_name, normalize_name, sse_refusal};
 use crate::api::{HttpHeader, HttpSpec, McpServer, McpServerSpec, StdioSpec, Transport};
 
 /// Which way to run a server.json server when it offers both.
@@ -149,7 +149,13 @@ pub(super) fn convert(json: ServerJson, options: &Options) -> Result<Converted, 
         (Some(_), _, _) => true,
         (None, Some(_), _) => false,
         (None, None, _) if !json.remotes.is_empty() => {
-            return Err(ConvertError::unsupported(format!("remotes[0] ({})", json.remotes[0].kind), SSE_REFUSAL));
+            let kind = &json.remotes[0].kind;
+            let reason = if super::is_sse(kind) {
+                sse_refusal()
+            } else {
+                format!("remote type '{kind}' is not one spear runs: it connects to streamable-http remotes")
+            };
+            return Err(ConvertError::unsupported("remotes[0].type", reason));
         }
         (None, None, _) => {
             return Err(ConvertError::unsupported("packages", "neither packages nor remotes: nothing to run"));
@@ -514,7 +520,7 @@ mod tests {
     fn an_sse_only_server_and_a_required_argument_without_value_are_refused() {
         let sse = r#"{"name": "a/b", "remotes": [{"type": "sse", "url": "https://x.example.com/sse"}]}"#;
         let err = convert_file(sse, Format::ServerJson, &Options::default()).expect_err("sse");
-        assert!(err.to_string().contains("remotes[0] (sse)") && err.to_string().contains("Streamable HTTP"), "{err}");
+        assert!(err.to_string().contains("remotes[0].type") && err.to_string().contains("Streamable HTTP"), "{err}");
 
         let filesystem = r#"{"name": "io.github.modelcontextprotocol/filesystem", "packages": [{"registryType": "npm",
           "identifier": "@modelcontextprotocol/server-filesystem", "version": "1.0.2",

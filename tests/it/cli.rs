@@ -176,6 +176,13 @@ fn convert_refuses_a_legacy_sse_record_with_the_fix() {
     assert_eq!(stdout(&out), "", "nothing of a refused file is written");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("design-sse.toml: transport:") && err.contains("Streamable HTTP"), "{err}");
+
+    let manifest = "apiVersion: mcp.spear.dev/v1alpha1\nkind: McpServer\nmetadata: {name: old}\nspec:\n  \
+                    transport: sse\n  http: {url: \"https://legacy.example.com/sse\"}\n";
+    let out = spearlet(&["validate", "-"], Some(manifest));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.contains("spec.transport") && text.contains("HTTP+SSE") && text.contains("mcp-proxy"), "{text}");
 }
 
 /// The whole path a team takes: its Claude Desktop config, converted, serves the same server's
