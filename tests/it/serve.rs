@@ -1766,6 +1766,58 @@ async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() 
     assert_eq!((line["status"].as_str(), line["server_id"].as_str()), (Some("mcp_cancelled"), Some("fx")), "{line}");
 }
 
+/// A gRPC caller that gives up (its call dropped: the stream is reset; or its `grpc-timeout`
+/// passes): the agent ends the call as `mcp_cancelled`, audits it, and tells the server, which
+/// stops its work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_grpc_caller_abandons_is_audited_and_cancelled_at_the_server() {
+    use spear::agent::grpc::pb;
+    use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
+    let record = tempfile::NamedTempFile::new().expect("record file");
+    let record_path = record.path().to_string_lossy().into_owned();
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&["--record", &record_path]));
+    let audit = tempfile::NamedTempFile::new().expect("audit file");
+    let audit_path = audit.path().to_string_lossy().into_owned();
+    let served = serve(dir, &["--audit-log", &audit_path]);
+    let mut client = McpSessionsClient::connect(format!("http://127.0.0.1:{}", served.grpc)).await.expect("connect");
+    let session = client
+        .open(pb::OpenRequest { server_id: "fx".into(), ..Default::default() })
+        .await
+        .expect("open")
+        .into_inner()
+        .session_id;
+    let sleep = |ms: u32| pb::CallToolRequest {
+        session_id: session.clone(),
+        tool: "sleep".into(),
+        args_json: format!(r#"{{"ms": {ms}}}"#),
+    };
+
+    // Dropped by the caller after a second.
+    let mut dropping = client.clone();
+    let abandoned = tokio::time::timeout(Duration::from_secs(1), dropping.call_tool(sleep(30_000))).await;
+    assert!(abandoned.is_err(), "the call must still be running: {abandoned:?}");
+    // A deadline the caller set: tonic's server ends the handler when it passes.
+    let mut request = tonic::Request::new(sleep(20_000));
+    request.set_timeout(Duration::from_millis(1500));
+    let timed_out = tokio::time::timeout(Duration::from_secs(10), client.call_tool(request))
+        .await
+        .expect("the deadline ends the call, not the server");
+    assert_eq!(timed_out.map(|_| ()).map_err(|s| s.code()), Err(tonic::Code::Cancelled));
+
+    for ms in [30_000, 20_000] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(record.path()).unwrap_or_default().contains(&format!("cancelled sleep {ms}")) {
+            assert!(Instant::now() < deadline, "the server never heard the cancellation of sleep {ms}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let lines = wait_for_audit(audit.path(), 2, |l| l["tool_name"] == "sleep");
+    for line in lines {
+        assert_eq!((line["status"].as_str(), line["door"].as_str()), (Some("mcp_cancelled"), Some("grpc")), "{line}");
+    }
+}
+
 /// Every caller in a pod comes from 127.0.0.1, so the per-source share of a port must not cap an
 /// app: 100 rmcp Streamable HTTP sessions, each with its own connection pool (a connection for
 /// requests and the session's GET stream: about 200 connections, past a quarter of the default

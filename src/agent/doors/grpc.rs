@@ -491,21 +491,38 @@ impl McpSessions for SessionsDoor {
         otel::continue_trace(&span, |key| request.metadata().get(key).and_then(|v| v.to_str().ok()));
         let pb::CallToolRequest { session_id, tool, args_json } = request.into_inner();
         let pinned = self.touch(&session_id)?;
-        let context = CallContext::new(Door::Grpc, &request_id, Some(&session_id));
         let set = match self.agent.effective(Some(&pinned.scope), &[]) {
             Ok(set) => set,
             // A policy refusal of a call is tool output, like a refused tool: the session stays usable.
             Err(e) => {
-                self.agent.refuse_call(&e, &tool, context);
+                self.agent.refuse_call(&e, &tool, CallContext::new(Door::Grpc, &request_id, Some(&session_id)));
                 return Ok(Response::new(refused_reply(&e, &self.revision())));
             }
         };
-        let name = resolve(&set, &pinned.server_id, &tool);
-        let call = self.agent.call_tool(&set, &name, arguments_from_json(&args_json), context).instrument(span).await;
+        let name = resolve(&set, &pinned.server_id, &tool).into_owned();
+        // A caller that cancels (a reset stream, a passed `grpc-timeout`) drops this handler: the
+        // guard then cancels the call, which runs on its own task so that it still ends as
+        // `mcp_cancelled`, is audited, and tells the server to stop.
+        let cancel = CancellationToken::new();
+        let cancel_on_drop = cancel.clone().drop_guard();
+        let (agent, session) = (self.agent.clone(), session_id.clone());
+        let call = tokio::spawn(
+            async move {
+                let context = CallContext {
+                    cancelled: Some(&cancel),
+                    ..CallContext::new(Door::Grpc, &request_id, Some(&session))
+                };
+                let call = agent.call_tool(&set, &name, arguments_from_json(&args_json), context).await;
+                (call, set.revision)
+            }
+            .instrument(span),
+        );
+        let (call, revision) = call.await.map_err(|e| Status::internal(format!("the call's task failed: {e}")))?;
+        cancel_on_drop.disarm();
         // A long call counts as use: the session's idle time starts when the call ends. (A
         // session closed meanwhile stays closed.)
         let _ = self.sessions().touch(&session_id, Instant::now());
-        Ok(Response::new(call_reply(&call, set.revision.as_str())))
+        Ok(Response::new(call_reply(&call, revision.as_str())))
     }
 
     async fn list_resources(
