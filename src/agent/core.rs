@@ -358,11 +358,20 @@ impl Agent {
         }
         let Some(digest) = self.inner.sets.is_new(context.door, context.session_id, set) else { return };
         if set.tools().next().is_none() {
-            tracing::warn!(
-                profile = %set.profile, door = ?context.door,
-                "the effective set offers no tool: check the McpProfile's servers and defaultServers, \
-                 and `spearlet explain` for why each tool is left out"
-            );
+            // Servers still starting (a first `npx` download) are no misconfiguration.
+            let starting = set.injections().filter(|(_, status)| *status == "not_listed").count();
+            if starting > 0 {
+                tracing::info!(
+                    profile = %set.profile, door = ?context.door, starting,
+                    "the effective set offers no tool yet: servers are still starting"
+                );
+            } else {
+                tracing::warn!(
+                    profile = %set.profile, door = ?context.door,
+                    "the effective set offers no tool: check the McpProfile's servers and defaultServers, \
+                     and `spearlet explain` for why each tool is left out"
+                );
+            }
         }
         let audit = &self.inner.options.audit;
         super::effective_log::record(audit, set, digest, context.door, context.request_id, context.session_id);
