@@ -6,6 +6,7 @@
 //! N agents = N × KubeSource::watch, each with its own kube::Client (own connections, 2 watches)
 //! patch one McpServer ──t0──▶ every source publishes the new resourceVersion ──▶ p50 / p99 / max
 //! kube-apiserver RSS (/proc/<pid>/status): before the sources, all synced, peak over the edits
+//! then N idle sources with the periodic relist off, then on: kube-apiserver CPU per second
 //! ```
 //!
 //! Run with `cargo bench --bench propagation`: a baseline of 1 source, then 200 and 2,000 sources, in the
@@ -22,7 +23,7 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use spear::api::{McpProfile, McpServer};
 use spear::registry::snapshot::Snapshot;
-use spear::registry::{KubeSource, KubeWatch, RegistryView};
+use spear::registry::{KubeSource, KubeWatch, RegistryView, Relist, WatchOptions};
 use spear::testing::control_plane::{ControlPlane, TestNamespace};
 use spear::testing::proc_stats::{cpu_time, rss_mib};
 use tokio_util::sync::CancellationToken;
@@ -122,6 +123,36 @@ async fn measure(control_plane: &ControlPlane, ns: &TestNamespace, count: usize,
     Row { sources: count, sync_all, samples, rss_before, rss_synced, rss_peak, own_kib_per_source, own_cpu_per_event }
 }
 
+/// The API server's cost of `count` idle sources watching with `options`: its CPU (cores, averaged
+/// over `window` once all synced) and RSS at the end. With the periodic relist on, each source
+/// lists both kinds again every 30-120 s; off, the watches alone.
+async fn idle_cost(
+    control_plane: &ControlPlane,
+    ns: &TestNamespace,
+    count: usize,
+    options: WatchOptions,
+    window: Duration,
+) -> (f64, f64) {
+    let pid = control_plane.apiserver_pid();
+    let shutdown = CancellationToken::new();
+    let mut sources: Vec<KubeWatch> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let client = control_plane.client().await;
+        sources.push(KubeSource::watch_with(client, &ns.name, "p", &shutdown, options).expect("valid names"));
+    }
+    let synced = tokio::time::timeout(GIVE_UP, join_all(sources.iter().map(KubeWatch::ready))).await;
+    assert!(synced.expect("every source must sync in time").iter().all(Result::is_ok), "every source must sync");
+    let cpu0 = cpu_time(pid);
+    tokio::time::sleep(window).await;
+    let cores = cpu_time(pid).saturating_sub(cpu0).as_secs_f64() / window.as_secs_f64();
+    let rss = rss_mib(pid);
+    shutdown.cancel();
+    drop(sources);
+    // Let the API server close the watches before the next measurement.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (cores, rss)
+}
+
 #[tokio::main]
 async fn main() {
     spear::install_crypto_provider();
@@ -140,6 +171,16 @@ async fn main() {
     for count in counts {
         rows.push(measure(control_plane, &ns, count, edits).await);
     }
+    // The periodic relist's price, at the largest count: one window with it off, one with it on
+    // (twice the longest period under `--bench`, so every source relists at least once).
+    let (relist_count, relist, off_window, on_window) = if benching() {
+        (*SOURCES.last().expect("counts"), Relist::DEFAULT, Duration::from_secs(60), 2 * Relist::DEFAULT.max)
+    } else {
+        let fast = Relist { min: Duration::from_millis(200), max: Duration::from_millis(400) };
+        (5, fast, Duration::from_secs(1), Duration::from_secs(2))
+    };
+    let off = idle_cost(control_plane, &ns, relist_count, WatchOptions { relist: None }, off_window).await;
+    let on = idle_cost(control_plane, &ns, relist_count, WatchOptions { relist: Some(relist) }, on_window).await;
 
     println!(
         "propagation: patch one McpServer → new snapshot in every agent source ({edits} edits per row; kube-apiserver \
@@ -182,5 +223,21 @@ async fn main() {
     println!(
         "(RSS b/s/p: before the sources start / all synced / peak during the edits; growth: peak over before; \
          KiB/source and µs/event: this process, i.e. the agents' sources, per source and per source per edit)"
+    );
+    let relists_per_s = 2.0 * relist_count as f64 / ((relist.min + relist.max).as_secs_f64() / 2.0);
+    println!(
+        "periodic relist, {relist_count} idle sources: kube-apiserver CPU {:.3} cores with it off ({} s), {:.3} with \
+         it on every {}-{} s ({} s; about {relists_per_s:.0} lists/s): +{:.3} cores, {:.0} µs of API server CPU per \
+         relist; RSS {:.0} / {:.0} MiB",
+        off.0,
+        off_window.as_secs(),
+        on.0,
+        relist.min.as_secs_f64(),
+        relist.max.as_secs_f64(),
+        on_window.as_secs(),
+        on.0 - off.0,
+        (on.0 - off.0).max(0.0) / relists_per_s * 1e6,
+        off.1,
+        on.1,
     );
 }

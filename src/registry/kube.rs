@@ -5,6 +5,7 @@
 //! McpProfile (fieldSelector metadata.name=<profile>) ─watcher─▶ Reflector ─Writer─▶ Store ─┐
 //! McpServer  (every one in the namespace)            ─watcher─▶ Reflector ─Writer─▶ Store ─┤
 //!   error ─▶ problem on that kind (not for 410 Gone) ─▶ backoff ─▶ fresh watcher (relist)    │
+//!   every 30-120 s (jittered) after a list ─▶ fresh watcher (relist)                          │
 //!   InitDone (a complete list stored) ─▶ that kind's problem cleared                         ▼
 //!        KubeSource::snapshot (pure): read + validate each object ─▶ Snapshot::build ─▶ Publisher
 //! ```
@@ -15,6 +16,11 @@
 //! - after an error, a fresh watcher relists: its `InitDone` proves the store is in sync again,
 //!   which clears the problem; the backoff is kube-runtime's [`DefaultBackoff`]; 410 Gone is not
 //!   an outage;
+//! - a periodic relist besides the watch ([`Relist`], 30-120 s, jittered so agents started
+//!   together do not list together): an event the watch missed (a bug in any layer between etcd
+//!   and the store) heals within two minutes instead of lasting until the next error. The list
+//!   is served from the API server's watch cache (kube-runtime's default `resourceVersion=0`
+//!   semantics); the store swaps to it at `InitDone`, so readers never see a half list;
 //! - objects are read one by one and validated as in local mode ([`Validate`]): one unreadable
 //!   object is left out with a problem naming the field, never the whole list;
 //! - degraded until the first sync: a reader that does not wait for [`KubeWatch::ready`] cannot
@@ -45,6 +51,41 @@ use crate::api::{McpProfile, McpServer, Validate};
 
 /// Retry delay used if a backoff ever runs out (kube-runtime's default never does); its maximum.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How often a reflector lists afresh besides its watch: a delay drawn uniformly from
+/// `min..=max` after each complete list. `None` in [`WatchOptions`]: only after errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Relist {
+    /// Shortest delay after a list.
+    pub min: Duration,
+    /// Longest delay after a list.
+    pub max: Duration,
+}
+
+impl Relist {
+    /// The design's period: 30-120 s.
+    pub const DEFAULT: Relist = Relist { min: Duration::from_secs(30), max: Duration::from_secs(120) };
+
+    /// A delay in `min..=max` (`min` when randomness is unavailable or the bounds are crossed).
+    fn next_delay(self) -> Duration {
+        let span = self.max.saturating_sub(self.min).as_millis() as u64;
+        let jitter = if span == 0 { 0 } else { getrandom::u64().map_or(0, |r| r % (span + 1)) };
+        self.min + Duration::from_millis(jitter)
+    }
+}
+
+/// How a [`KubeSource`] watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// The periodic relist; `None` turns it off (the bench's baseline).
+    pub relist: Option<Relist>,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions { relist: Some(Relist::DEFAULT) }
+    }
+}
 
 /// Errors of the Kubernetes registry source.
 #[derive(Debug, thiserror::Error)]
@@ -147,11 +188,14 @@ struct Reflector {
     writer: Writer<DynamicObject>,
     backoff: Box<dyn Backoff>,
     retry_at: Option<Instant>,
+    relist: Option<Relist>,
+    relist_at: Option<Instant>,
 }
 
 impl Reflector {
-    fn new(kind: Kind, connect: Connect, backoff: Box<dyn Backoff>) -> Self {
-        Reflector { connect, stream: None, writer: Writer::new(kind.resource()), backoff, retry_at: None }
+    fn new(kind: Kind, connect: Connect, backoff: Box<dyn Backoff>, relist: Option<Relist>) -> Self {
+        let writer = Writer::new(kind.resource());
+        Reflector { connect, stream: None, writer, backoff, retry_at: None, relist, relist_at: None }
     }
 
     fn store(&self) -> Store<DynamicObject> {
@@ -169,7 +213,22 @@ impl Reflector {
             }
             let connect = &mut self.connect;
             let stream = self.stream.get_or_insert_with(|| connect());
-            match stream.next().await {
+            let next = match self.relist_at {
+                Some(at) => tokio::select! {
+                    next = stream.next() => Some(next),
+                    () = tokio::time::sleep_until(at) => None,
+                },
+                None => Some(stream.next().await),
+            };
+            let Some(next) = next else {
+                // Time for the periodic relist: a fresh watcher lists; the store keeps serving
+                // the old list until the new one is complete.
+                tracing::debug!("periodic relist");
+                self.relist_at = None;
+                self.stream = None;
+                continue;
+            };
+            match next {
                 Some(Ok(event)) => {
                     self.writer.apply_watcher_event(&event);
                     match event {
@@ -177,6 +236,7 @@ impl Reflector {
                         Event::Init | Event::InitApply(_) => {}
                         Event::InitDone => {
                             self.backoff.reset();
+                            self.relist_at = self.relist.map(|r| Instant::now() + r.next_delay());
                             return Update::Listed;
                         }
                         Event::Apply(_) | Event::Delete(_) => return Update::Changed,
@@ -198,6 +258,7 @@ impl Reflector {
     /// Drops the current watcher and schedules a fresh one; returns the delay.
     fn retry_later(&mut self) -> Duration {
         self.stream = None;
+        self.relist_at = None;
         let delay = self.backoff.next().unwrap_or(MAX_BACKOFF);
         self.retry_at = Some(Instant::now() + delay);
         delay
@@ -233,6 +294,17 @@ impl KubeSource {
         profile: &str,
         shutdown: &CancellationToken,
     ) -> Result<KubeWatch, Error> {
+        KubeSource::watch_with(client, namespace, profile, shutdown, WatchOptions::default())
+    }
+
+    /// [`KubeSource::watch`] with `options`.
+    pub fn watch_with(
+        client: Client,
+        namespace: &str,
+        profile: &str,
+        shutdown: &CancellationToken,
+        options: WatchOptions,
+    ) -> Result<KubeWatch, Error> {
         if !is_dns1123_label(namespace) {
             return Err(Error::InvalidNamespace { namespace: namespace.to_string() });
         }
@@ -247,7 +319,7 @@ impl KubeSource {
         };
         let servers = connect(Kind::Server, watcher::Config::default());
         let profiles = connect(Kind::Profile, watcher::Config::default().fields(&format!("metadata.name={profile}")));
-        Ok(KubeSource::spawn(&runtime, namespace, profile, [servers, profiles], &default_backoff, shutdown))
+        Ok(KubeSource::spawn(&runtime, namespace, profile, [servers, profiles], &default_backoff, options, shutdown))
     }
 
     /// Starts the watch task over `[servers, profiles]` watchers.
@@ -257,10 +329,11 @@ impl KubeSource {
         profile: &str,
         [servers, profiles]: [Connect; 2],
         backoff: &dyn Fn() -> Box<dyn Backoff>,
+        options: WatchOptions,
         shutdown: &CancellationToken,
     ) -> KubeWatch {
-        let servers = Reflector::new(Kind::Server, servers, backoff());
-        let profiles = Reflector::new(Kind::Profile, profiles, backoff());
+        let servers = Reflector::new(Kind::Server, servers, backoff(), options.relist);
+        let profiles = Reflector::new(Kind::Profile, profiles, backoff(), options.relist);
         let state = |store| KindState { store, listed: false, problem: None };
         let source = KubeSource {
             namespace: namespace.to_string(),
@@ -702,6 +775,10 @@ mod tests {
     }
 
     fn start() -> Scripted {
+        start_with(WatchOptions { relist: None })
+    }
+
+    fn start_with(options: WatchOptions) -> Scripted {
         let (servers, server_connect) = scripted();
         let (profiles, profile_connect) = scripted();
         let watch = KubeSource::spawn(
@@ -710,6 +787,7 @@ mod tests {
             "p",
             [server_connect, profile_connect],
             &no_wait,
+            options,
             &CancellationToken::new(),
         );
         Scripted { servers, profiles, watch }
@@ -773,6 +851,38 @@ mod tests {
         assert!(!source_rx.borrow_and_update().is_degraded());
     }
 
+    /// A watch that silently missed an event (the server `new` was created, `fs` deleted, and
+    /// no event came) heals at the next periodic relist, with no error in between.
+    #[tokio::test]
+    async fn a_missed_event_heals_at_the_periodic_relist() {
+        let relist = Relist { min: Duration::from_millis(50), max: Duration::from_millis(150) };
+        let s = start_with(WatchOptions { relist: Some(relist) });
+        s.profiles.send(listed(vec![profile("p", "2")])).expect("script");
+        s.servers.send(listed(vec![server("fs", "1")])).expect("script");
+        s.watch.ready().await.expect("ready");
+        let mut rx = s.watch.watch();
+        s.servers.send(listed(vec![server("new", "9")])).expect("the relist's script");
+        let healed = until(&s.watch, "the relist", |snap| snap.server("new").is_some()).await;
+        assert!(healed.server("fs").is_none() && !healed.is_degraded(), "{:?}", healed.problems());
+        assert!(!rx.borrow_and_update().is_degraded(), "a relist is no outage");
+        // The profile relists too, on its own schedule.
+        s.profiles.send(listed(vec![profile("p", "3")])).expect("the profile's relist");
+        until(&s.watch, "the profile's relist", |snap| snap.profile("p").is_some_and(|p| p.resource_version == "3"))
+            .await;
+    }
+
+    #[test]
+    fn relist_delays_stay_within_their_bounds_and_spread() {
+        let delays: Vec<Duration> = (0..200).map(|_| Relist::DEFAULT.next_delay()).collect();
+        assert!(delays.iter().all(|d| (Relist::DEFAULT.min..=Relist::DEFAULT.max).contains(d)), "{delays:?}");
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 100, "jittered, not one period: {} distinct", distinct.len());
+        let fixed = Relist { min: Duration::from_secs(5), max: Duration::from_secs(5) };
+        assert_eq!(fixed.next_delay(), Duration::from_secs(5));
+        let crossed = Relist { min: Duration::from_secs(9), max: Duration::from_secs(1) };
+        assert_eq!(crossed.next_delay(), Duration::from_secs(9));
+    }
+
     #[tokio::test]
     async fn cancelling_shutdown_stops_the_task_and_ready_fails() {
         let (_servers, server_connect) = scripted();
@@ -784,6 +894,7 @@ mod tests {
             "p",
             [server_connect, profile_connect],
             &no_wait,
+            WatchOptions::default(),
             &shutdown,
         );
         shutdown.cancel();

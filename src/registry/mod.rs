@@ -22,7 +22,7 @@ pub mod kube;
 pub mod snapshot;
 pub mod view;
 
-pub use self::kube::{KubeSource, KubeWatch, snapshot_of_listed};
+pub use self::kube::{KubeSource, KubeWatch, Relist, WatchOptions, snapshot_of_listed};
 pub use dir::{DirOptions, DirSource, DirWatch};
 pub use snapshot::{Entry, Item, Revision, Snapshot, SourceIndex, SourceProblem, Versioned, content_version};
 pub use view::{Publisher, RegistryView, StaticRegistry};
