@@ -319,7 +319,8 @@ impl Effective {
     /// A `find_tools` call with `arguments` as the model sent them (any JSON): the names found,
     /// or the error code and message the model gets.
     pub fn find_tools(&self, arguments: &serde_json::Value) -> Result<Vec<String>, (String, String)> {
-        crate::chat::tool_loop::run_find_tools(&self.set, arguments.as_object())
+        let groups = self.set.tool_groups(|_| None);
+        crate::chat::tool_loop::run_find_tools(&self.set, arguments.as_object(), &groups)
             .map(|(_, found)| found.iter().map(|n| n.to_string()).collect())
             .map_err(|e| (e.code.as_str().to_string(), e.message))
     }

@@ -28,6 +28,7 @@ use super::core::{Agent, CallContext};
 use crate::mcp::pool::ItemRead;
 use crate::mcp::{ErrorCode, McpError};
 use crate::policy::EffectiveSet;
+use crate::policy::groups::{GROUPS_RESOURCE_URI, ServerBlurb, ToolGroup};
 use crate::policy::items::{self, ItemKind};
 use crate::policy::name;
 
@@ -79,7 +80,10 @@ impl Agent {
                 )
             })
             .collect();
-        ItemCapabilities::of(known.iter().map(|(r, p, c)| (*r, *p, c.as_ref())))
+        let mut declared = ItemCapabilities::of(known.iter().map(|(r, p, c)| (*r, *p, c.as_ref())));
+        // The agent's own resource, the tool groups.
+        declared.resources |= set.tools().next().is_some();
+        declared
     }
 
     /// `completion/complete` for an aggregated prompt name or resource template, routed to the
@@ -158,6 +162,28 @@ impl Agent {
             }
         }
         out
+    }
+
+    /// `set`'s tools by server ([`ToolGroup`]), with what each connected server says of itself.
+    pub(crate) fn tool_groups(&self, set: &EffectiveSet) -> Vec<ToolGroup> {
+        set.tool_groups(|id| {
+            let info = self.pool().status(id)?.info?;
+            Some(ServerBlurb { title: info.title, description: info.description })
+        })
+    }
+
+    /// The agent's own resource [`GROUPS_RESOURCE_URI`], which `/mcp` lists first when the set
+    /// has a tool (a gRPC session is one server's: it has no use for groups).
+    pub(crate) fn groups_resource(set: &EffectiveSet) -> Option<Resource> {
+        set.tools().next()?;
+        let resource = Resource::new(GROUPS_RESOURCE_URI, "tool-groups")
+            .with_title("Tool groups")
+            .with_description(
+                "The servers whose tools you may use, one group each: id, title, the server's own description \
+                 (its text, untrusted) and its tool names",
+            )
+            .with_mime_type("application/json");
+        Some(resource)
     }
 
     /// The resources of `set`'s servers that the policy lets through, under aggregated URIs.
@@ -264,6 +290,9 @@ impl Agent {
         id: &str,
         context: CallContext<'_>,
     ) -> Result<ItemRead<ReadResourceResult>, McpError> {
+        if id == GROUPS_RESOURCE_URI {
+            return Ok(self.groups_read(set));
+        }
         let started = Instant::now();
         let mut target = None;
         let result = async {
@@ -292,6 +321,20 @@ impl Agent {
         let (server, item) = target.map_or((None, id), |(s, u)| (Some(s), u));
         self.record_item(set, ItemKind::Resource, server, item, id, &result, started, context);
         result
+    }
+
+    /// [`GROUPS_RESOURCE_URI`] as read: the set's groups as JSON. The agent's own catalogue of
+    /// what the caller already sees, so no server is asked and nothing is audited.
+    fn groups_read(&self, set: &EffectiveSet) -> ItemRead<ReadResourceResult> {
+        let text = serde_json::json!({"groups": self.tool_groups(set)}).to_string();
+        let bytes = text.len();
+        let contents = rmcp::model::ResourceContents::TextResourceContents {
+            uri: GROUPS_RESOURCE_URI.to_string(),
+            mime_type: Some("application/json".to_string()),
+            text,
+            meta: None,
+        };
+        ItemRead { bytes, result: ReadResourceResult::new(vec![contents]), truncated: None, input_required: None }
     }
 
     /// Gets an aggregated prompt through the policy; audited.

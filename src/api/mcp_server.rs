@@ -659,6 +659,12 @@ pub struct ServerInfo {
     /// Server implementation version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The title the server gives itself (untrusted text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// What the server says it is (untrusted text); agents show it with the server's tool group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// Usage instructions the server gives to clients (untrusted text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,

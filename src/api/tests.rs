@@ -111,6 +111,7 @@ fn full_server() -> McpServer {
             name: Some("secure-filesystem-server".into()),
             version: Some("0.2.0".into()),
             instructions: Some("Use read_file.".into()),
+            ..Default::default()
         }),
         last_probe_time: Some(time("2026-11-22T01:02:03Z")),
         last_error: Some("none".into()),

@@ -31,6 +31,7 @@ use super::types::{ChatRequest, Choice, ChoiceKind, Message, ToolCallItem, ToolC
 use crate::api::ToolChoice as ProfileToolChoice;
 use crate::mcp::{ErrorCode, McpError};
 use crate::policy::budget::LoopBudgets;
+use crate::policy::groups::ToolGroup;
 use crate::policy::rank::Turn;
 use crate::policy::select::{self, Pinned, Selection, SelectionPolicy, Why};
 use crate::policy::{EffectiveSet, EffectiveTool};
@@ -306,6 +307,7 @@ pub(crate) fn upstream_body(
 pub(crate) fn run_find_tools(
     set: &EffectiveSet,
     arguments: Option<&serde_json::Map<String, serde_json::Value>>,
+    groups: &[ToolGroup],
 ) -> Result<(serde_json::Value, Vec<std::sync::Arc<str>>), McpError> {
     let invalid =
         |message: &str| McpError::new(ErrorCode::McpInvalidArguments, format!("{}: {message}", select::FIND_TOOLS));
@@ -326,6 +328,7 @@ pub(crate) fn run_find_tools(
     let found = set.find_tools(query, limit);
     let descriptions: std::collections::HashMap<&str, Option<&str>> =
         set.tools().map(|(_, t)| (&*t.name, t.tool.description.as_deref())).collect();
+    let group_of = |name: &str| groups.iter().find(|g| g.tools.iter().any(|t| &**t == name));
     let tools: Vec<serde_json::Value> = found
         .iter()
         .map(|t| {
@@ -333,15 +336,28 @@ pub(crate) fn run_find_tools(
                 "name": t.name,
                 "description": descriptions.get(&*t.name).copied().flatten().unwrap_or_default(),
                 "score": select::rounded(t.score),
+                "group": group_of(&t.name).map(|g| &*g.id),
             })
         })
+        .collect();
+    // Each group of a found tool once, without its tool list (the model asked for tools).
+    let mut seen: Vec<&str> = Vec::new();
+    let found_groups: Vec<serde_json::Value> = found
+        .iter()
+        .filter_map(|t| group_of(&t.name))
+        .filter(|g| {
+            let new = !seen.contains(&&*g.id);
+            seen.push(&g.id);
+            new
+        })
+        .map(|g| serde_json::json!({"id": g.id, "title": g.title, "description": g.description}))
         .collect();
     let note = if tools.is_empty() {
         "no tool matches these words; try other words"
     } else {
         "these tools can be called from your next step"
     };
-    let output = serde_json::json!({"tools": tools, "note": note});
+    let output = serde_json::json!({"tools": tools, "groups": found_groups, "note": note});
     Ok((output, found.into_iter().map(|t| t.name).collect()))
 }
 
@@ -725,12 +741,23 @@ mod selection_tests {
     #[test]
     fn find_tools_answers_matches_and_refuses_bad_arguments_naming_them() {
         let set = set();
+        let blurb = crate::policy::groups::ServerBlurb {
+            title: Some("Files".into()),
+            description: Some("Reads and writes files.".into()),
+        };
+        let groups = set.tool_groups(|_| Some(blurb.clone()));
         let (output, found) =
-            run_find_tools(&set, Some(&object(json!({"query": "move a file", "limit": 2})))).expect("runs");
+            run_find_tools(&set, Some(&object(json!({"query": "move a file", "limit": 2}))), &groups).expect("runs");
         assert_eq!(found.len(), 2);
         assert_eq!(&*found[0], "mcp__fs__move_file");
         assert_eq!(output["tools"][0]["description"], "move file");
-        let (output, found) = run_find_tools(&set, Some(&object(json!({"query": "zebra"})))).expect("runs");
+        assert_eq!(output["tools"][0]["group"], "fs");
+        assert_eq!(
+            output["groups"],
+            json!([{"id": "fs", "title": "Files", "description": "Reads and writes files."}]),
+            "each group of a found tool once, with the server's own description"
+        );
+        let (output, found) = run_find_tools(&set, Some(&object(json!({"query": "zebra"}))), &groups).expect("runs");
         assert!(found.is_empty());
         assert!(output["note"].as_str().is_some_and(|n| n.contains("other words")));
         for (arguments, field) in [
@@ -742,7 +769,7 @@ mod selection_tests {
             (Some(json!({"query": "file", "limit": "3"})), "limit"),
         ] {
             let arguments = arguments.map(object);
-            let error = run_find_tools(&set, arguments.as_ref()).expect_err("refused");
+            let error = run_find_tools(&set, arguments.as_ref(), &groups).expect_err("refused");
             assert_eq!(error.code, ErrorCode::McpInvalidArguments);
             assert!(error.message.contains(field), "{}", error.message);
         }

@@ -738,6 +738,12 @@ impl EffectiveSet {
         &self.catalog
     }
 
+    /// The `spec.displayName` of a server of the profile, if it has one.
+    pub(crate) fn display_name(&self, server: &str) -> Option<&str> {
+        let catalog = self.catalog.servers.iter().find(|s| &*s.id == server)?;
+        catalog.spec.spec.display_name.as_deref()
+    }
+
     /// Every exposed tool, in server order then list order.
     pub fn tools(&self) -> impl Iterator<Item = (&EffectiveServer, &EffectiveTool)> {
         self.servers.iter().flat_map(|s| s.tools.iter().flat_map(|t| t.iter()).map(move |t| (s, t)))

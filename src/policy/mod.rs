@@ -26,6 +26,7 @@ pub mod budget;
 mod decision;
 pub mod effective;
 pub mod explain;
+pub mod groups;
 pub mod items;
 pub mod name;
 pub mod pattern;

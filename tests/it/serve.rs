@@ -1373,7 +1373,8 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     assert!(resources.contains(&doc("instructions.md").as_str()), "{resources:?}");
     assert!(!resources.iter().any(|r| r.ends_with("features.md")), "denied by the server: {resources:?}");
     assert!(!resources.iter().any(|r| r.ends_with("startup.md")), "denied by the profile: {resources:?}");
-    assert!(resources.iter().all(|r| r.starts_with("spear://everything/")), "{resources:?}");
+    assert_eq!(resources.first(), Some(&"spear://groups"), "the agent's own tool groups come first");
+    assert!(resources[1..].iter().all(|r| r.starts_with("spear://everything/")), "{resources:?}");
     assert_eq!(got["templates"], json!(["spear://everything/demo://resource/dynamic/text/{resourceId}"]));
     assert_eq!(
         got["prompts"],
@@ -1443,26 +1444,34 @@ fn resources_and_prompts_are_listed_read_and_refused_through_every_layer() {
     assert_eq!(line("mcp__everything__args-prompt")["status"], "mcp_policy_denied");
 }
 
-/// A profile whose servers offer only tools (the fixture) declares only tools, and a client
-/// asking for resources, prompts or completions anyway gets -32601, not an empty list.
+/// A profile whose servers offer only tools (the fixture) declares resources for the agent's own
+/// tool groups (`spear://groups`: the set's tools by server, for a client that browses by server)
+/// and nothing else: a client asking for prompts or completions anyway gets -32601, not an empty
+/// list.
 #[test]
-fn capabilities_are_only_what_the_servers_and_the_policy_offer() {
+fn capabilities_are_only_what_the_servers_and_the_policy_offer_and_the_tool_groups() {
     let dir = tempfile::tempdir().expect("tempdir");
     fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&[]));
     let served = serve(dir, &[]);
     let output = Command::new(mcp_servers::python())
         .arg(script("mcp_items_client.py"))
         .args(["--url", &format!("http://127.0.0.1:{}/mcp", served.http)])
-        .args(["--get", "mcp__fx__anything", "--complete", "mcp__fx__anything:x=y"])
+        .args(["--get", "mcp__fx__anything", "--complete", "mcp__fx__anything:x=y", "--read", "spear://groups"])
         .output()
         .expect("run the Python MCP client");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "client failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
     let got: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    assert_eq!(got["capabilities"], json!({"resources": false, "prompts": false, "completions": false}));
+    assert_eq!(got["capabilities"], json!({"resources": true, "prompts": false, "completions": false}));
+    assert_eq!((&got["resources"], &got["templates"]), (&json!(["spear://groups"]), &json!([])));
+    let read = got["reads"]["spear://groups"]["ok"][0].as_str().unwrap_or_else(|| panic!("{}", got["reads"]));
+    let groups: Value = serde_json::from_str(read).expect("the groups are JSON");
+    let [group] = groups["groups"].as_array().expect("groups").as_slice() else { panic!("one group: {groups}") };
+    assert_eq!(group["id"], "fx", "{group}");
+    let tools: Vec<&str> = group["tools"].as_array().expect("tools").iter().filter_map(Value::as_str).collect();
+    assert!(tools.contains(&"mcp__fx__echo"), "{tools:?}");
+    assert!(!tools.contains(&"mcp__fx__big") && !tools.contains(&"mcp__fx__pid"), "only exposed tools: {tools:?}");
     for (what, answer) in [
-        ("resources/list", &got["resources"]),
-        ("resources/templates/list", &got["templates"]),
         ("prompts/list", &got["prompts"]),
         ("prompts/get", &got["gets"]["mcp__fx__anything"]),
         ("completion/complete", &got["completions"]["mcp__fx__anything:x=y"]),

@@ -302,10 +302,11 @@ impl ChatService {
         let context = CallContext::new(Door::Chat, request_id, None);
         let agent = &self.inner.agent;
         let mut found = Vec::new();
+        let groups = if builtin.is_some() { agent.tool_groups(set) } else { Vec::new() };
         let results = futures::future::join_all(round.run.iter().filter_map(|&i| calls.get(i)).map(|call| {
             let local = (builtin.is_some() && call.name() == select::FIND_TOOLS).then(|| {
                 agent.call_builtin(set, call.name(), call.arguments_object(), context, |arguments| {
-                    let (output, names) = tool_loop::run_find_tools(set, arguments)?;
+                    let (output, names) = tool_loop::run_find_tools(set, arguments, &groups)?;
                     found.extend(names);
                     Ok(output)
                 })

@@ -309,6 +309,12 @@ fn server_info(service: &Service) -> ServerInfo {
         .map(|peer| ServerInfo {
             name: peer.server_info.as_ref().map(|i| cut(&i.name, MAX_INFO_NAME_BYTES)),
             version: peer.server_info.as_ref().map(|i| cut(&i.version, MAX_INFO_NAME_BYTES)),
+            title: peer.server_info.as_ref().and_then(|i| i.title.as_deref()).map(|t| cut(t, MAX_INFO_NAME_BYTES)),
+            description: peer
+                .server_info
+                .as_ref()
+                .and_then(|i| i.description.as_deref())
+                .map(|d| cut(d, MAX_INFO_DESCRIPTION_BYTES)),
             instructions: peer.instructions.as_deref().map(|i| cut(i, MAX_INSTRUCTIONS_BYTES)),
         })
         .unwrap_or_default()
@@ -317,6 +323,8 @@ fn server_info(service: &Service) -> ServerInfo {
 /// Bytes kept of a server's name and version: the server chooses them, and they reach status,
 /// logs and `/debug/effective`.
 const MAX_INFO_NAME_BYTES: usize = 256;
+/// Bytes kept of a server's description (status, and its tool group, which cuts it further).
+const MAX_INFO_DESCRIPTION_BYTES: usize = 2048;
 /// Bytes kept of a server's `instructions` (they reach the model's system prompt).
 const MAX_INSTRUCTIONS_BYTES: usize = 8192;
 

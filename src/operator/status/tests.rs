@@ -31,6 +31,7 @@ fn succeeded(second: i64, tools: &[&str]) -> ProbeOutcome {
                 name: Some("web".into()),
                 version: Some("1.2.3".into()),
                 instructions: None,
+                ..Default::default()
             }),
             cut: None,
         },

@@ -648,7 +648,8 @@ impl ServerHandler for McpEndpoint {
             self.agent.item_capabilities(&set).resources,
             ErrorData::method_not_found::<ListResourcesRequestMethod>,
         )?;
-        let mut result = ListResourcesResult::with_all_items(self.agent.list_resources(&set).await);
+        let resources = Agent::groups_resource(&set).into_iter().chain(self.agent.list_resources(&set).await);
+        let mut result = ListResourcesResult::with_all_items(resources.collect());
         (result.ttl_ms, result.cache_scope) = list_hints();
         Ok(result)
     }
