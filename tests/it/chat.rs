@@ -965,6 +965,9 @@ async fn relevance_selection_offers_k_tools_of_500_and_find_tools_reaches_the_re
     let found = &tool_messages(&requests[1])[0];
     assert_eq!(found.0, "call_find");
     assert!(found.1.contains("mcp__cat__github_star"), "{}", found.1);
+    let answer: Value = serde_json::from_str(&found.1).expect("find_tools answers JSON");
+    assert!(answer["tools"].as_array().is_some_and(|t| t.iter().all(|t| t["group"] == "cat")), "{answer}");
+    assert_eq!(answer["groups"][0]["id"], "cat", "each found tool's server group: {answer}");
     assert!(offered[1].contains(&"mcp__cat__github_star".to_string()), "{:?}", offered[1]);
     // The found tool ran on its server; called, it stays offered.
     let star = tool_messages(&requests[2]).pop().expect("the star call's answer");
