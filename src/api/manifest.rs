@@ -277,10 +277,16 @@ fn read_document(doc: RawDocument, parsed: &mut Parsed) {
     }
 }
 
+/// The field path of a field serde ignored, as a manifest spells it: serde_ignored writes a `?`
+/// segment where it passed through an `Option` (`spec.stdio.?.sandbox`).
+pub(crate) fn ignored_field(path: &serde_ignored::Path<'_>) -> String {
+    path.to_string().split('.').filter(|segment| *segment != "?").collect::<Vec<_>>().join(".")
+}
+
 /// Strict deserialization: type errors carry their field path, unknown fields are errors.
 fn deserialize<T: DeserializeOwned>(doc: &RawDocument) -> Result<T, Vec<Problem>> {
     let mut unknown = Vec::new();
-    let mut record = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let mut record = |path: serde_ignored::Path<'_>| unknown.push(ignored_field(&path));
     let result: Result<T, _> =
         serde_path_to_error::deserialize(serde_ignored::Deserializer::new(doc.value.clone(), &mut record));
     // `status` is written by the operator; a manifest may carry it (for example `kubectl get -o
@@ -615,6 +621,13 @@ spec:
         assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
         assert_eq!(parsed.problems[0].field, "spec.allowedTool");
         assert_eq!(parsed.problems[0].line, 10);
+    }
+
+    #[test]
+    fn unknown_fields_inside_optional_blocks_are_named_as_written() {
+        let parsed = parse(&SERVER.replace("command: npx", "command: npx\n    sandbox: true"));
+        assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
+        assert_eq!((parsed.problems[0].field.as_str(), parsed.problems[0].line), ("spec.stdio.sandbox", 9));
     }
 
     #[test]

@@ -526,13 +526,31 @@ where
     let unreadable = "upgrade this agent to the version of the installed CRDs, or fix the object";
     let value = serde_json::to_value(object)
         .map_err(|e| vec![problem("document".into(), format!("the object cannot be re-encoded: {e}"), unreadable)])?;
-    let typed: K = serde_path_to_error::deserialize(value).map_err(|e| {
-        let field = match e.path().to_string() {
-            path if path == "." => "document".to_string(),
-            path => path,
-        };
-        vec![problem(field, format!("this agent cannot read the object: {}", e.inner()), unreadable)]
-    })?;
+    let mut unknown = Vec::new();
+    let mut record = |path: serde_ignored::Path<'_>| unknown.push(crate::api::manifest::ignored_field(&path));
+    let typed: K =
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(value, &mut record)).map_err(|e| {
+            let field = match e.path().to_string() {
+                path if path == "." => "document".to_string(),
+                path => path,
+            };
+            vec![problem(field, format!("this agent cannot read the object: {}", e.inner()), unreadable)]
+        })?;
+    // A spec field this agent does not know (CRDs newer than the agent) may narrow what the
+    // object allows (`enabled: false` did): ignoring it could serve more than the platform team
+    // wrote, so the object is left out. Status and metadata are not policy.
+    unknown.retain(|p| p.starts_with("spec"));
+    if !unknown.is_empty() {
+        return Err(unknown
+            .into_iter()
+            .map(|field| {
+                let message = "a field this agent does not know (the installed CRDs are newer): the object is left \
+                               out rather than served without it"
+                    .to_string();
+                problem(field, message, "restart the pod so the webhook injects the agent of the installed version")
+            })
+            .collect());
+    }
     let invalid = typed.validate();
     if !invalid.is_empty() {
         return Err(invalid.into_iter().map(|e| problem(e.field, e.message, &e.fix)).collect());
@@ -704,6 +722,29 @@ mod tests {
         assert!(snap.server("ws").is_none() && snap.server("fs").is_some());
         assert_eq!(snap.problems()[0].field, "spec.transport");
         assert!(snap.problems()[0].message.contains("websocket"), "{}", snap.problems()[0]);
+    }
+
+    /// Version skew: an agent older than the CRDs meets a spec field it does not know. It may
+    /// narrow the object, so the object is left out (fail closed), naming the field; new status
+    /// fields are the operator's and change nothing.
+    #[test]
+    fn a_spec_field_this_agent_does_not_know_leaves_the_object_out_and_status_fields_do_not() {
+        let stdio = json!({"command": "node"});
+        let newer = object(Kind::Server, "new", "4", json!({"transport": "stdio", "stdio": stdio, "futureLimit": 1}));
+        let nested = object(
+            Kind::Server,
+            "nested",
+            "4",
+            json!({"transport": "stdio", "stdio": {"command": "node", "sandbox": true}}),
+        );
+        let mut with_status = server("fs", "1");
+        with_status.data["status"] = json!({"futureCondition": "x", "toolCount": 2});
+        let snap = build("ns", &arcs(vec![newer, nested, with_status]), &[], Vec::new());
+        assert!(snap.server("new").is_none() && snap.server("nested").is_none());
+        assert!(snap.server("fs").is_some(), "an unknown status field is no reason: {:?}", snap.problems());
+        let fields: Vec<&str> = snap.problems().iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, ["spec.stdio.sandbox", "spec.futureLimit"], "{:?}", snap.problems());
+        assert!(snap.problems().iter().all(|p| p.fix.contains("restart the pod")), "{:?}", snap.problems());
     }
 
     #[test]
