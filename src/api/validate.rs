@@ -117,6 +117,13 @@ const RESERVED_HEADERS: &[&str] = &[
     "transfer-encoding",
 ];
 
+/// Whether `ns` is a valid `toolNamespace`: 1 to 32 letters, digits, `-` or `_`, without `__`
+/// (the separator of tool names) and not starting or ending with `_`.
+pub(crate) fn is_tool_namespace(ns: &str) -> bool {
+    let valid_chars = ns.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    !ns.is_empty() && ns.len() <= 32 && valid_chars && !ns.contains("__") && !ns.starts_with('_') && !ns.ends_with('_')
+}
+
 /// Whether `s` is a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters).
 pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
@@ -350,16 +357,14 @@ impl Validate for McpServer {
             validate_http(&mut p, http);
         }
 
-        if let Some(ns) = &spec.tool_namespace {
-            let valid_chars = ns.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-            let bad_edges = ns.starts_with('_') || ns.ends_with('_');
-            if ns.is_empty() || ns.len() > 32 || !valid_chars || ns.contains("__") || bad_edges {
-                p.push(
-                    "spec.toolNamespace",
-                    format!("'{ns}' is not a valid tool namespace"),
-                    "use 1 to 32 letters, digits, '-' or '_', without '__' and not starting or ending with '_'",
-                );
-            }
+        if let Some(ns) = &spec.tool_namespace
+            && !is_tool_namespace(ns)
+        {
+            p.push(
+                "spec.toolNamespace",
+                format!("'{ns}' is not a valid tool namespace"),
+                "use 1 to 32 letters, digits, '-' or '_', without '__' and not starting or ending with '_'",
+            );
         }
         check_patterns(&mut p, "spec.allowedTools", &spec.allowed_tools, bounds::TOOL_PATTERNS);
         check_patterns(&mut p, "spec.deniedTools", &spec.denied_tools, bounds::TOOL_PATTERNS);

@@ -19,8 +19,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::EnvVar;
 use serde_json::{Map, Value};
 
-use super::registry::{NODE_IMAGE, UV_IMAGE};
-use super::{ConvertError, Converted, Options, Values, auth_scheme_prefix, looks_secret, names_for, sse_refusal};
+use super::{
+    ConvertError, Converted, NODE_IMAGE, Options, UV_IMAGE, Values, auth_scheme_prefix, looks_secret, names_for,
+    sse_refusal,
+};
 use crate::api::{HttpHeader, HttpSpec, McpServer, McpServerSpec, StdioSpec, Transport};
 
 /// Keys of an entry that map to a field.
@@ -221,24 +223,14 @@ fn stdio(
         }
     }
     let image = match command {
-        "npx" | "node" => Some(NODE_IMAGE),
-        "uvx" | "uv" => Some(UV_IMAGE),
-        _ => None,
-    };
-    match image {
-        Some(image) => {
-            values.notes.push(format!("in a cluster the sidecar image is {image}: change spec.stdio.image freely"))
+        "npx" | "node" => values.sidecar_image(NODE_IMAGE),
+        "uvx" | "uv" => values.sidecar_image(UV_IMAGE),
+        _ => {
+            values.notes.push(format!("in a cluster set spec.stdio.image to an image that has {command}"));
+            None
         }
-        None => values.notes.push(format!("in a cluster set spec.stdio.image to an image that has {command}")),
-    }
-    Ok(StdioSpec {
-        image: image.map(str::to_string),
-        command: command.to_string(),
-        args,
-        env,
-        working_dir: cwd,
-        ..Default::default()
-    })
+    };
+    Ok(StdioSpec { image, command: command.to_string(), args, env, working_dir: cwd, ..Default::default() })
 }
 
 fn http(

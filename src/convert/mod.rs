@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::api::validate::{is_dns1123_label, is_dns1123_subdomain};
+use crate::api::validate::{is_dns1123_label, is_dns1123_subdomain, is_tool_namespace};
 use crate::api::{HeaderValueSource, HttpHeader, McpServer, ValidationError};
 use crate::secrets::{Detector, DetectorSet};
 
@@ -221,15 +221,10 @@ fn normalize_name(id: &str) -> String {
     trimmed.chars().take(63).collect::<String>().trim_end_matches('-').to_string()
 }
 
-/// Whether `s` is a valid `toolNamespace` (the same rule validation applies).
-fn is_tool_namespace(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 32
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        && !s.contains("__")
-        && !s.starts_with('_')
-        && !s.ends_with('_')
-}
+/// Image for npm packages in a cluster (the sidecar needs `npx`).
+const NODE_IMAGE: &str = "node:22-alpine";
+/// Image for PyPI packages in a cluster (the sidecar needs `uvx`).
+const UV_IMAGE: &str = "ghcr.io/astral-sh/uv:python3.12-alpine";
 
 /// Formats other than the design's name no tools: the server starts with none exposed.
 fn deny_by_default_note() -> String {
@@ -348,6 +343,12 @@ impl<'a> Values<'a> {
                 }
             }
         }
+    }
+
+    /// `image` as the sidecar's, with the note that it is a choice.
+    fn sidecar_image(&mut self, image: &str) -> Option<String> {
+        self.notes.push(format!("in a cluster the sidecar image is {image}: change spec.stdio.image freely"));
+        Some(image.to_string())
     }
 
     /// The notes, with the summary of what to set last.

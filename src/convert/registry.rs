@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::EnvVar;
 use serde::Deserialize;
 
-use super::{ConvertError, Converted, Options, Values, env_name, normalize_name, sse_refusal};
+use super::{ConvertError, Converted, NODE_IMAGE, Options, UV_IMAGE, Values, env_name, normalize_name, sse_refusal};
 use crate::api::{HttpHeader, HttpSpec, McpServer, McpServerSpec, StdioSpec, Transport};
 
 /// Which way to run a server.json server when it offers both.
@@ -35,11 +35,6 @@ pub(crate) enum Prefer {
     /// A package, run as a stdio server.
     Package,
 }
-
-/// Image for npm packages in a cluster (the sidecar needs `npx`).
-pub(super) const NODE_IMAGE: &str = "node:22-alpine";
-/// Image for PyPI packages in a cluster (the sidecar needs `uvx`).
-pub(super) const UV_IMAGE: &str = "ghcr.io/astral-sh/uv:python3.12-alpine";
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -278,17 +273,13 @@ fn package_spec(package: &Package, options: &Options, values: &mut Values<'_>) -
                 args.insert(0, "-y".into());
             }
             args.push(version.map_or_else(|| package.identifier.clone(), |v| format!("{}@{v}", package.identifier)));
-            values
-                .notes
-                .push(format!("in a cluster the sidecar image is {NODE_IMAGE}: change spec.stdio.image freely"));
-            (Some(NODE_IMAGE.to_string()), runtime, args)
+            (values.sidecar_image(NODE_IMAGE), runtime, args)
         }
         "pypi" => {
             let runtime = package.runtime_hint.clone().unwrap_or_else(|| "uvx".into());
             let mut args = runtime_args;
             args.push(version.map_or_else(|| package.identifier.clone(), |v| format!("{}=={v}", package.identifier)));
-            values.notes.push(format!("in a cluster the sidecar image is {UV_IMAGE}: change spec.stdio.image freely"));
-            (Some(UV_IMAGE.to_string()), runtime, args)
+            (values.sidecar_image(UV_IMAGE), runtime, args)
         }
         "oci" => {
             let reference = oci_reference(package, version);

@@ -1736,19 +1736,34 @@ fn a_servers_request_is_never_put_to_another_callers_session() {
     assert!(sampled["texts"].to_string().contains("sampling refused by spearlet"), "{sampled}");
 }
 
-/// A session caller that gives up on a call sends `notifications/cancelled` (as its own POST,
-/// the call's still open): the agent stops the call, answers and audits it as `mcp_cancelled`,
-/// and tells the server, which stops its work.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() {
-    spear::install_crypto_provider();
+/// `spearlet serve` over the fixture server recording what it hears (`--record`) and writing an
+/// audit log: the server, the record file and the audit file.
+fn serve_recording_fixture() -> (Served, tempfile::NamedTempFile, tempfile::NamedTempFile) {
     let record = tempfile::NamedTempFile::new().expect("record file");
     let record_path = record.path().to_string_lossy().into_owned();
     let dir = tempfile::tempdir().expect("tempdir");
     fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&["--record", &record_path]));
     let audit = tempfile::NamedTempFile::new().expect("audit file");
     let audit_path = audit.path().to_string_lossy().into_owned();
-    let served = serve(dir, &["--audit-log", &audit_path]);
+    (serve(dir, &["--audit-log", &audit_path]), record, audit)
+}
+
+/// Waits up to 10 s for the fixture's record file to hold `text`.
+async fn wait_for_record(path: &Path, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(path).unwrap_or_default().contains(text) {
+        assert!(Instant::now() < deadline, "the server never recorded '{text}'");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A session caller that gives up on a call sends `notifications/cancelled` (as its own POST,
+/// the call's still open): the agent stops the call, answers and audits it as `mcp_cancelled`,
+/// and tells the server, which stops its work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() {
+    spear::install_crypto_provider();
+    let (served, record, audit) = serve_recording_fixture();
     let http = reqwest::Client::new();
     let session = open_session(&http, served.http, "canceller").await;
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
@@ -1766,11 +1781,7 @@ async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() 
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("mcp_cancelled"), "{body}");
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(record.path()).unwrap_or_default().contains("cancelled sleep 30000") {
-        assert!(Instant::now() < deadline, "the server never heard the cancellation");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_record(record.path(), "cancelled sleep 30000").await;
     let line = wait_for_audit(audit.path(), 1, |l| l["tool_name"] == "sleep").remove(0);
     assert_eq!((line["status"].as_str(), line["server_id"].as_str()), (Some("mcp_cancelled"), Some("fx")), "{line}");
 }
@@ -1782,13 +1793,7 @@ async fn a_call_the_mcp_caller_cancels_is_audited_and_cancelled_at_the_server() 
 async fn a_call_the_grpc_caller_abandons_is_audited_and_cancelled_at_the_server() {
     use spear::agent::grpc::pb;
     use spear::agent::grpc::pb::mcp_sessions_client::McpSessionsClient;
-    let record = tempfile::NamedTempFile::new().expect("record file");
-    let record_path = record.path().to_string_lossy().into_owned();
-    let dir = tempfile::tempdir().expect("tempdir");
-    fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&["--record", &record_path]));
-    let audit = tempfile::NamedTempFile::new().expect("audit file");
-    let audit_path = audit.path().to_string_lossy().into_owned();
-    let served = serve(dir, &["--audit-log", &audit_path]);
+    let (served, record, audit) = serve_recording_fixture();
     let mut client = McpSessionsClient::connect(format!("http://127.0.0.1:{}", served.grpc)).await.expect("connect");
     let session = client
         .open(pb::OpenRequest { server_id: "fx".into(), ..Default::default() })
@@ -1815,11 +1820,7 @@ async fn a_call_the_grpc_caller_abandons_is_audited_and_cancelled_at_the_server(
     assert_eq!(timed_out.map(|_| ()).map_err(|s| s.code()), Err(tonic::Code::Cancelled));
 
     for ms in [30_000, 20_000] {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read_to_string(record.path()).unwrap_or_default().contains(&format!("cancelled sleep {ms}")) {
-            assert!(Instant::now() < deadline, "the server never heard the cancellation of sleep {ms}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_record(record.path(), &format!("cancelled sleep {ms}")).await;
     }
     let lines = wait_for_audit(audit.path(), 2, |l| l["tool_name"] == "sleep");
     for line in lines {
