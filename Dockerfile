@@ -27,6 +27,10 @@
 #
 #     eval "$(hack/images.sh)"    # SPEAR_E2E_*_IMAGE and SPEAR_E2E_IMAGE_TARS
 #
+#   With `--oci-layout DIR --platform linux/arm64` it adds a platform to a multi-arch OCI image
+#   layout instead: hack/release.sh builds the released images that way, one `bin` context per
+#   architecture (docs/releasing.md).
+#
 # Keep it to that subset (hack/oci-image.py fails loudly otherwise): no RUN (the images have no
 # shell), no base image (nothing can be pulled on the development machines).
 #

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the four images of the e2e cluster without Docker or a registry, from the Dockerfile
-# (the one recipe; hack/oci-image.py interprets it), as docker-archive tars for
-# `ctr -n k8s.io images import` in $HOME/.cache/spear-mcp/images/ (or $SPEAR_CACHE_DIR/images/):
+# (the one recipe; hack/oci-image.py interprets it), as tars for `ctr -n k8s.io images import` in
+# $HOME/.cache/spear-mcp/images/ (or $SPEAR_CACHE_DIR/images/): the spearlet and operator as
+# OCI image layouts, as hack/release.sh builds them for a release; the other two docker-archives.
 #
 #   spear.local/spearlet:e2e        target spearlet     base + the static spearlet
 #   spear.local/spear-operator:e2e  target operator     base + the static spear-operator
@@ -378,12 +379,28 @@ build_image() {
   python3 "$OCI" --file "$DOCKERFILE" --target "$target" --tag "$tag" --output "$tar" "$@" >&2
   tars+=("$tar")
 }
-build_image operator spear.local/spear-operator:e2e spear-operator --context base="$base" --context bin="$bin"
-build_image spearlet spear.local/spearlet:e2e spearlet --context base="$base" --context bin="$bin"
+# The two product images the way hack/release.sh builds them for a release: an OCI image layout
+# (gzip layers, an index per image), here for linux/amd64 only, tarred for `ctr images import`.
+layouts=()
+build_layout() {
+  local target=$1 tag=$2 layout="$OUT/$3.oci" tar="$OUT/$3.tar"
+  shift 3
+  log "image $tag (target $target, OCI layout as released)"
+  rm -rf "$layout"
+  python3 "$OCI" --file "$DOCKERFILE" --target "$target" --tag "$tag" --platform linux/amd64 \
+    --oci-layout "$layout" "$@" >&2
+  (cd "$layout" && find . -mindepth 1 ! -name '.*' | LC_ALL=C sort | tar --no-recursion --owner=0 --group=0 \
+    --numeric-owner --mtime=@0 -cf "$tar.tmp" -T -)
+  mv "$tar.tmp" "$tar"
+  layouts+=("$layout")
+  tars+=("$tar")
+}
+build_layout operator spear.local/spear-operator:e2e spear-operator --context base="$base" --context bin="$bin"
+build_layout spearlet spear.local/spearlet:e2e spearlet --context base="$base" --context bin="$bin"
 build_image mcp-servers spear.local/mcp-servers:e2e mcp-servers --context base="$base" --context mcp-rootfs="$mcp"
 build_image e2e-app spear.local/e2e-app:e2e e2e-app --context base="$base" --context app-rootfs="$app" \
   --context app-src="$REPO/e2e/app" --context servers-src="$REPO/tests/servers"
-python3 "$OCI" --verify "${tars[@]}" >&2
+python3 "$OCI" --verify "${layouts[@]}" "${tars[@]:2}" >&2
 for tar in "${tars[@]}"; do log "$(du -h "$tar" | cut -f1) $tar"; done
 log "done in $(($(date +%s) - start))s"
 

@@ -21,7 +21,9 @@ are copied as symlinks except a source path itself, which is followed. WORKDIR m
 directory that exists in the stage (BuildKit would create it: we refuse rather than guess its
 owner). A FROM scratch stage starts with BuildKit's default `PATH` in its config.
 
-Output: a docker-archive (what `docker save` writes and `ctr images import` and `docker load`
+Output: with `--oci-layout DIR --platform linux/amd64|linux/arm64`, the platform's image added to a
+multi-platform OCI image layout (hack/oci_layout.py; what hack/release.sh writes and pushes);
+otherwise a docker-archive (what `docker save` writes and `ctr images import` and `docker load`
 read): one uncompressed layer tar per COPY, `<sha256>.json` config, `manifest.json`. Layers are
 deterministic: entries sorted, mtime 0, uid/gid 0 unless --chown, no user or group names, modes from
 --chmod or the source files, hard links within a layer kept as links. The config has no dates, so the
@@ -42,6 +44,8 @@ import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, field, replace
+
+import oci_layout  # hack/oci_layout.py, beside this file
 
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # BuildKit's
 SUPPORTED = {"FROM", "COPY", "USER", "ENTRYPOINT", "CMD", "ENV", "WORKDIR", "LABEL"}
@@ -573,21 +577,35 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_archive(stage: Stage, tag: str, output: str) -> str:
+def write_layers(stage: Stage, tmp: str) -> list[tuple[str, str]]:
+    """Writes each layer's tar under `tmp`; returns (path, diff_id) pairs."""
+    out = []
+    for i, layer in enumerate(stage.layers):
+        path = os.path.join(tmp, f"{i}.tar")
+        print(f"oci-image: layer {i + 1}/{len(stage.layers)}: {layer.created_by}", file=sys.stderr)
+        out.append((path, f"sha256:{write_layer(layer, path)}"))
+    return out
+
+
+def image_config(stage: Stage, labels: dict[str, str]) -> dict:
+    """The image config without platform and rootfs; no dates, so the same inputs give the same ID."""
+    config = dict(stage.config)
+    if labels:
+        config["Labels"] = {**config.get("Labels", {}), **labels}
+    return {"config": config, "history": stage.history}
+
+
+def write_archive(stage: Stage, tag: str, output: str, labels: dict[str, str]) -> str:
     out_dir = os.path.dirname(os.path.abspath(output))
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".oci-image-") as tmp:
-        digests, paths = [], []
-        for i, layer in enumerate(stage.layers):
-            path = os.path.join(tmp, f"{i}.tar")
-            print(f"oci-image: layer {i + 1}/{len(stage.layers)}: {layer.created_by}", file=sys.stderr)
-            digests.append(write_layer(layer, path))
-            paths.append(path)
+        layers = write_layers(stage, tmp)
+        paths = [path for path, _ in layers]
+        digests = [diff_id.split(":", 1)[1] for _, diff_id in layers]
         config = {
             "architecture": "amd64",
             "os": "linux",
-            "config": stage.config,
+            **image_config(stage, labels),
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d in digests]},
-            "history": stage.history,
         }
         config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
         image_id = hashlib.sha256(config_bytes).hexdigest()
@@ -673,16 +691,33 @@ def main() -> int:
                     help="a named build context, as docker build --build-context NAME=DIR")
     ap.add_argument("--main-context", help="the context of COPY without --from (default: the Dockerfile's directory)")
     ap.add_argument("--tag", help="the image's name:tag in the archive")
-    ap.add_argument("--output", "-o", help="the docker-archive tar to write")
-    ap.add_argument("--verify", nargs="+", metavar="TAR", help="check docker-archive tars instead of building")
+    ap.add_argument("--output", "-o", help="the docker-archive tar to write (linux/amd64)")
+    ap.add_argument("--oci-layout", metavar="DIR",
+                    help="add the image to this OCI image layout instead, for --platform (see hack/oci_layout.py)")
+    ap.add_argument("--platform", default="linux/amd64", help="with --oci-layout: linux/amd64 or linux/arm64")
+    ap.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                    help="an image config label (and, with --oci-layout, a manifest annotation)")
+    ap.add_argument("--verify", nargs="+", metavar="PATH",
+                    help="check docker-archive tars or OCI layout directories instead of building")
     args = ap.parse_args()
     try:
         if args.verify:
             for path in args.verify:
-                print(verify(path))
+                print(oci_layout.verify(path) if os.path.isdir(path) else verify(path))
             return 0
-        if not (args.target and args.tag and args.output):
-            ap.error("--target, --tag and --output are required to build")
+        if not (args.target and args.tag and (args.output or args.oci_layout)):
+            ap.error("--target, --tag and --output or --oci-layout are required to build")
+        if args.output and args.oci_layout:
+            ap.error("--output and --oci-layout exclude each other")
+        if args.output and args.platform != "linux/amd64":
+            ap.error("a docker-archive (--output) is linux/amd64; use --oci-layout for other platforms")
+        oci_layout.platform(args.platform)
+        labels = {}
+        for spec in args.label:
+            key, sep, value = spec.partition("=")
+            if not sep or not key:
+                ap.error(f"--label wants KEY=VALUE, got {spec!r}")
+            labels[key] = value
         dockerfile = args.file or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Dockerfile")
         with open(dockerfile, encoding="utf-8") as f:
             instructions = parse_dockerfile(f.read(), dockerfile)
@@ -695,9 +730,16 @@ def main() -> int:
         main_dir = args.main_context or os.path.dirname(os.path.abspath(dockerfile))
         main_source = DirSource("(main)", main_dir, DockerIgnore(main_dir))
         stage = build_stage(instructions, args.target, contexts, main_source)
-        print(write_archive(stage, args.tag, args.output))
+        if args.oci_layout:
+            os.makedirs(args.oci_layout, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=args.oci_layout, prefix=".oci-image-") as tmp:
+                layers = write_layers(stage, tmp)
+                print(oci_layout.write_platform(args.oci_layout, args.tag, args.platform,
+                                                image_config(stage, labels), layers, labels))
+        else:
+            print(write_archive(stage, args.tag, args.output, labels))
         return 0
-    except BuildError as e:
+    except (BuildError, oci_layout.LayoutError) as e:
         print(f"oci-image: error: {e}", file=sys.stderr)
         return 1
 
