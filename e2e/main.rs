@@ -5,7 +5,9 @@
 //! green on machines without a cluster.
 //!
 //! ```text
-//! helm upgrade --install (charts/spear-mcp, default values but the images, --wait)
+//! the previous release's chart and images (e2e/previous-release) ──▶ a pod injected under it
+//! CRDs applied server-side, then helm upgrade --install (charts/spear-mcp, default values but the
+//!   images, --wait) ──▶ that pod keeps its agent and serves (skew.rs)
 //!   ├─ CRDs Established · caBundle filled · 2 operator replicas Ready, one Lease holder
 //!   └─ namespace spear-e2e-* (mcp.spear.dev/injection=enabled)
 //!        ├─ e2e-upstream pod (scripted OpenAI upstream: the one test double, for a hosted model)
@@ -30,6 +32,7 @@
 #![allow(clippy::disallowed_macros, reason = "the e2e run reports its steps and figures on stdout")]
 
 mod measure;
+mod skew;
 mod support;
 
 use std::collections::BTreeMap;
@@ -150,6 +153,7 @@ async fn run() -> Result<usize> {
         app: required(ENV_APP_IMAGE, "the e2e app image")?,
         mcp_servers: std::env::var(ENV_MCP_SERVERS_IMAGE).ok(),
     };
+    let previous = skew::Previous::from_env()?;
     let helm = helm()?;
     let mut report = Report::new();
     let mut namespaces_made: Vec<String> = Vec::new();
@@ -157,9 +161,35 @@ async fn run() -> Result<usize> {
     // Everything after the install attempt runs in here, so a failure anywhere still cleans up.
     let client = kube::Client::try_default().await.context("connecting with KUBECONFIG")?;
     let result = async {
+        let started = match &previous {
+            Some(previous) => Some(
+                skew::start_under_previous(
+                    &helm,
+                    &client,
+                    &images.app,
+                    images.mcp_servers.as_deref(),
+                    previous,
+                    &mut namespaces_made,
+                    &mut report,
+                )
+                .await?,
+            ),
+            None => {
+                println!(
+                    "e2e: no previous release given (SPEAR_E2E_PREVIOUS_*, hack/skew.sh): the upgrade check is skipped"
+                );
+                None
+            }
+        };
+        if previous.is_some() {
+            skew::upgrade_crds(&client, &mut report).await?;
+        }
         install(&helm, &images)?;
         report.ok("chart installed (helm --wait): operator Deployment rolled out");
         cluster_checks(&client, &mut report).await?;
+        if let (Some(previous), Some(started)) = (&previous, &started) {
+            skew::check_after_upgrade(&client, &images.operator, previous, started, &mut report).await?;
+        }
         let ns = create_namespace(&client, "spear-e2e-", true).await?;
         namespaces_made.push(ns.clone());
         println!("e2e: working in namespace {ns}");
@@ -196,11 +226,16 @@ async fn run() -> Result<usize> {
 }
 
 fn install(helm: &std::path::Path, images: &Images) -> Result<()> {
+    install_chart(helm, "charts/spear-mcp", &images.operator, &images.spearlet)
+}
+
+/// `helm upgrade --install` of `chart` with these images and otherwise default values.
+fn install_chart(helm: &std::path::Path, chart: &str, operator: &str, spearlet: &str) -> Result<()> {
     let mut args: Vec<String> = [
         "upgrade",
         "--install",
         RELEASE,
-        "charts/spear-mcp",
+        chart,
         "--namespace",
         RELEASE_NAMESPACE,
         "--create-namespace",
@@ -210,10 +245,7 @@ fn install(helm: &std::path::Path, images: &Images) -> Result<()> {
     ]
     .map(String::from)
     .to_vec();
-    for value in image_values("operator.image", &images.operator)
-        .into_iter()
-        .chain(image_values("spearlet.image", &images.spearlet))
-    {
+    for value in image_values("operator.image", operator).into_iter().chain(image_values("spearlet.image", spearlet)) {
         args.extend(["--set".to_string(), value]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The e2e run in real pods on this machine: builds the images (hack/images.sh), brings up the
-# local one-node cluster (hack/cluster.sh), imports the images into its containerd, runs
-# `cargo test --test e2e` (helm-installs the real chart, then e2e/main.rs) and takes the cluster
-# down again, whatever the outcome.
+# The e2e run in real pods on this machine: builds the images (hack/images.sh) and those of the
+# previous release (hack/skew.sh), brings up the local one-node cluster (hack/cluster.sh), imports
+# the images into its containerd, runs `cargo test --test e2e` (installs the previous release's
+# chart, starts a pod under it, upgrades to this tree's chart, then e2e/main.rs) and takes the
+# cluster down again, whatever the outcome.
 #
 #   hack/e2e.sh                          # what CI runs
 #   SPEAR_E2E_KEEP=1 hack/e2e.sh         # keep the cluster, the release and the test namespaces
@@ -20,6 +21,8 @@ start=$(date +%s)
 # Everything that compiles comes first, so the cluster is up only while the test runs.
 step "images (hack/images.sh)"
 eval "$(hack/images.sh || echo exit 1)"
+step "the previous release, for the upgrade check (hack/skew.sh)"
+eval "$(hack/skew.sh || echo exit 1)"
 step "helm (hack/helm.sh)"
 SPEAR_HELM="$(hack/helm.sh)"
 export SPEAR_HELM
@@ -57,6 +60,6 @@ hack/cluster.sh up
 eval "$(hack/cluster.sh env)"
 step "import images"
 # shellcheck disable=SC2086 # a space-separated list of paths without spaces
-hack/cluster.sh import $SPEAR_E2E_IMAGE_TARS
+hack/cluster.sh import $SPEAR_E2E_IMAGE_TARS $SPEAR_E2E_PREVIOUS_IMAGE_TARS
 step "e2e (cargo test --test e2e)"
 cargo test --test e2e

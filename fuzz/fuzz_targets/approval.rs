@@ -19,8 +19,13 @@ use spear::fuzzing::{approval_input_answer, approval_round_open, approval_round_
 
 #[derive(Arbitrary, Debug)]
 enum Input {
-    Webhook { status: u16, body: Vec<u8> },
-    Caller { answer: Vec<u8> },
+    Webhook {
+        status: u16,
+        body: Vec<u8>,
+    },
+    Caller {
+        answer: Vec<u8>,
+    },
     Round {
         name: String,
         digest: String,
@@ -43,7 +48,8 @@ fuzz_target!(|input: Input| {
         Input::Webhook { status, body } => {
             let (decision, reason) = approval_webhook_answer(status, &body);
             let parsed: Option<Value> = serde_json::from_slice(&body).ok();
-            let says_allow = parsed.as_ref().and_then(|v| v.as_object()).and_then(|o| o.get("decision")) == Some(&Value::from("allow"));
+            let says_allow = parsed.as_ref().and_then(|v| v.as_object()).and_then(|o| o.get("decision"))
+                == Some(&Value::from("allow"));
             let allows = status == 200 && body.len() <= 16 * 1024 && says_allow;
             assert_eq!(decision == "allow", allows, "status {status}, body {:?}", String::from_utf8_lossy(&body));
             clean(&reason);

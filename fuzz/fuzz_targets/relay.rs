@@ -19,8 +19,7 @@ use rmcp::model::{
     LoggingLevel, LoggingMessageNotificationParam, NumberOrString, ProgressNotificationParam, ProgressToken, RequestId,
 };
 use spear::mcp::relay::{
-    CallGuard, InFlight, MAX_LOG_DATA_BYTES, MAX_PROGRESS_MESSAGE_BYTES, Origin, RELAY_BUFFER, Relay, Relayed,
-    severity,
+    CallGuard, InFlight, MAX_LOG_DATA_BYTES, MAX_PROGRESS_MESSAGE_BYTES, Origin, RELAY_BUFFER, Relay, Relayed, severity,
 };
 use tokio::sync::mpsc::Receiver;
 
@@ -64,7 +63,8 @@ fuzz_target!(|events: Vec<Event>| {
             Event::Enter { relays, level, progress } => {
                 next += 1;
                 let token = ProgressToken(NumberOrString::Number(next));
-                let caller_token = progress.then(|| ProgressToken(NumberOrString::String(format!("caller-{next}").into())));
+                let caller_token =
+                    progress.then(|| ProgressToken(NumberOrString::String(format!("caller-{next}").into())));
                 let level = level.map(|l| LEVELS[usize::from(l) % LEVELS.len()]);
                 let (guard, receiver) = if relays {
                     let (relay, receiver) = Relay::channel(caller_token.clone(), level, true, true);
