@@ -296,7 +296,13 @@ sign() {
     $cosign attest --yes --type cyclonedx --predicate "$sbom" "$ref" >&2
     attested=$((attested + 1))
   done <"$out/digests.txt"
-  log "signed $signed artifacts, attached $attested SBOMs"
+  # What users run (docs/releasing.md): each signature checks against this workflow's identity.
+  local identity="${GITHUB_SERVER_URL:-https://github.com}/${GITHUB_WORKFLOW_REF:-spear-dev/spear-mcp/.github/workflows/release.yml@refs/tags/v$version}"
+  while read -r ref _; do
+    $cosign verify --certificate-identity "$identity" \
+      --certificate-oidc-issuer https://token.actions.githubusercontent.com "$ref" >/dev/null
+  done <"$out/digests.txt"
+  log "signed $signed artifacts and verified their signatures, attached $attested SBOMs"
 }
 
 CRANE_FLAGS=()

@@ -28,7 +28,9 @@ if [[ ! -x "$dir/bin/spearlet" || ! -x "$dir/bin/spear-operator" ]]; then
   start=$SECONDS
   rm -rf "${src:?}" "${dir:?}/bin"
   mkdir -p "$src" "$dir/bin"
-  git archive "$commit" | tar -x -C "$src"
+  # Fresh mtimes: `git archive` gives every file the commit's time, and cargo's freshness check is
+  # by mtime, so a build of another pin in the same target dir could look up to date.
+  git archive "$commit" | tar -x -m -C "$src"
   log "building the static binaries of ${commit:0:12} ($profile; once per pin)"
   built=$(cd "$src" && CARGO_TARGET_DIR="$cache/target" SPEAR_STATIC_PROFILE="$profile" hack/build-static.sh)
   cp "$(dirname "$built")/spearlet" "$(dirname "$built")/spear-operator" "$dir/bin/"
