@@ -388,10 +388,7 @@ build_layout() {
   log "image $tag (target $target, OCI layout as released)"
   rm -rf "$layout"
   python3 "$OCI" --file "$DOCKERFILE" --target "$target" --tag "$tag" --platform linux/amd64 \
-    --oci-layout "$layout" "$@" >&2
-  (cd "$layout" && find . -mindepth 1 ! -name '.*' | LC_ALL=C sort | tar --no-recursion --owner=0 --group=0 \
-    --numeric-owner --mtime=@0 -cf "$tar.tmp" -T -)
-  mv "$tar.tmp" "$tar"
+    --oci-layout "$layout" --oci-archive "$tar" "$@" >&2
   layouts+=("$layout")
   tars+=("$tar")
 }

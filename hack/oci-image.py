@@ -560,15 +560,7 @@ def write_layer(layer: Layer, out: str) -> str:
                 with open(node.source, "rb") as f:
                     info.size = os.fstat(f.fileno()).st_size
                     tar.addfile(info, f)
-    return sha256_file(out)
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return oci_layout.sha256_file(out)
 
 
 def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -694,6 +686,8 @@ def main() -> int:
     ap.add_argument("--output", "-o", help="the docker-archive tar to write (linux/amd64)")
     ap.add_argument("--oci-layout", metavar="DIR",
                     help="add the image to this OCI image layout instead, for --platform (see hack/oci_layout.py)")
+    ap.add_argument("--oci-archive", metavar="TAR",
+                    help="with --oci-layout: also write the layout as one tar (for `ctr images import`)")
     ap.add_argument("--platform", default="linux/amd64", help="with --oci-layout: linux/amd64 or linux/arm64")
     ap.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                     help="an image config label (and, with --oci-layout, a manifest annotation)")
@@ -707,6 +701,8 @@ def main() -> int:
             return 0
         if not (args.target and args.tag and (args.output or args.oci_layout)):
             ap.error("--target, --tag and --output or --oci-layout are required to build")
+        if args.oci_archive and not args.oci_layout:
+            ap.error("--oci-archive needs --oci-layout")
         if args.output and args.oci_layout:
             ap.error("--output and --oci-layout exclude each other")
         if args.output and args.platform != "linux/amd64":
@@ -736,6 +732,8 @@ def main() -> int:
                 layers = write_layers(stage, tmp)
                 print(oci_layout.write_platform(args.oci_layout, args.tag, args.platform,
                                                 image_config(stage, labels), layers, labels))
+            if args.oci_archive:
+                oci_layout.write_tar(args.oci_layout, args.oci_archive)
         else:
             print(write_archive(stage, args.tag, args.output, labels))
         return 0

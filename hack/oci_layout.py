@@ -53,7 +53,7 @@ def _canonical(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _sha256_file(path: str) -> str:
+def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -82,7 +82,7 @@ class Layout:
         return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data), **extra}
 
     def put_file(self, media_type: str, path: str) -> dict:
-        digest = _sha256_file(path)
+        digest = sha256_file(path)
         size = os.path.getsize(path)
         dest = os.path.join(self.blobs, digest)
         if os.path.exists(dest):
@@ -104,6 +104,24 @@ class Layout:
             return {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
         with open(path, encoding="utf-8") as f:
             return json.load(f)
+
+
+def write_tar(root: str, out: str) -> None:
+    """The layout as one tar (what `ctr images import` reads): entries sorted, owner 0, mtime 0."""
+    with tarfile.open(out + ".tmp", "w", format=tarfile.PAX_FORMAT) as tar:
+        for directory, dirs, files in sorted(os.walk(root)):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(dirs) + sorted(f for f in files if not f.startswith(".")):
+                path = os.path.join(directory, name)
+                info = tar.gettarinfo(path, os.path.relpath(path, root))
+                info.uid = info.gid = info.mtime = 0
+                info.uname = info.gname = ""
+                if info.isfile():
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+    os.replace(out + ".tmp", out)
 
 
 def gzip_layer(tar_path: str, out_path: str) -> None:
@@ -186,7 +204,7 @@ def verify(root: str) -> str:
             entries = 0
             for layer, diff_id in zip(manifest["layers"], diff_ids):
                 path = layout.blob_path(layer["digest"])
-                if _sha256_file(path) != layer["digest"].split(":", 1)[1] or os.path.getsize(path) != layer["size"]:
+                if sha256_file(path) != layer["digest"].split(":", 1)[1] or os.path.getsize(path) != layer["size"]:
                     raise LayoutError(f"{root}: {ref}: layer {layer['digest']} does not match its descriptor")
                 h = hashlib.sha256()
                 with gzip.open(path, "rb") as gz:

@@ -46,11 +46,9 @@ for spec in operator:spear-operator spearlet:spearlet; do
   if [[ ! -f "$tar" ]]; then
     rm -rf "$layout"
     python3 "$repo/hack/oci-image.py" --file "$src/Dockerfile" --target "$target" --tag "spear.local/$name:previous" \
-      --platform linux/amd64 --context base="$base" --context bin="$dir/bin" --oci-layout "$layout" >&2
+      --platform linux/amd64 --context base="$base" --context bin="$dir/bin" --oci-layout "$layout" \
+      --oci-archive "$tar" >&2
     python3 "$repo/hack/oci-image.py" --verify "$layout" >&2
-    (cd "$layout" && find . -mindepth 1 ! -name '.*' | LC_ALL=C sort | tar --no-recursion --owner=0 --group=0 \
-      --numeric-owner --mtime=@0 -cf "$tar.tmp" -T -)
-    mv "$tar.tmp" "$tar"
   fi
   tars+=("$tar")
 done
