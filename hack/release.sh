@@ -38,7 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
-log() { echo "release: $*" >&2; }
+log() { echo "release: $* ($(date -u +%H:%M:%S))" >&2; }
 die() { log "error: $*"; exit 1; }
 
 command=${1:-}
@@ -182,6 +182,7 @@ build() {
   local arch
   for arch in "${ARCHES[@]}"; do
     local built dest="$out/bin/linux-$arch"
+    log "static binaries linux/$arch (hack/build-static.sh)"
     built=$(dirname "$(hack/build-static.sh "$arch")")
     mkdir -p "$dest"
     cp "$built/spearlet" "$built/spear-operator" "$dest/"

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Builds the previous release the e2e upgrades from (e2e/previous-release names its commit): the
 # commit's tree exported with `git archive` (no worktree: the clone may be a temporary one), its
-# static spearlet and spear-operator built by its own hack/build-static.sh in a target dir of their
-# own (the same binary names in one target dir would overwrite this tree's), and its two images
+# static spearlet and spear-operator built by its own hack/build-static.sh, and its two images
 # built from its own Dockerfile by this tree's hack/oci-image.py, as OCI layouts tarred for
 # `ctr images import`. Everything is cached under $HOME/.cache/spear-mcp/skew/<commit>-<profile>/,
 # so CI builds it once per pin. Prints `export` lines on stdout; progress goes to stderr.
+#
+# The old tree builds in this tree's target dir, so the dependencies both lock to the same
+# version compile once (a target dir of its own cost a cold CI run ~400 crates). Two things make
+# that safe: the exported Cargo.toml's version gets `+previous.<commit>`, because cargo's unit hash
+# of a path package does not depend on where the tree is (without it, cargo would find this tree's
+# spear-mcp "fresh" and hand it back as the previous release); and both trees write the same binary
+# names at the top of the profile dir, so this tree's hack/build-static.sh runs again afterwards
+# (a no-op build that links its binaries back into place).
 #
 #   eval "$(hack/skew.sh)"   # SPEAR_E2E_PREVIOUS_{COMMIT,OPERATOR_IMAGE,SPEARLET_IMAGE,CHART,IMAGE_TARS}
 set -euo pipefail
@@ -31,9 +38,17 @@ if [[ ! -x "$dir/bin/spearlet" || ! -x "$dir/bin/spear-operator" ]]; then
   # Fresh mtimes: `git archive` gives every file the commit's time, and cargo's freshness check is
   # by mtime, so a build of another pin in the same target dir could look up to date.
   git archive "$commit" | tar -x -m -C "$src"
+  sed -i "0,/^version = \"\([^\"]*\)\"/s//version = \"\1+previous.${commit:0:12}\"/" "$src/Cargo.toml"
+  grep -q "^version = \".*+previous.${commit:0:12}\"" "$src/Cargo.toml" ||
+    die "could not mark the version in $src/Cargo.toml (its [package] version line)"
   log "building the static binaries of ${commit:0:12} ($profile; once per pin)"
-  built=$(cd "$src" && CARGO_TARGET_DIR="$cache/target" SPEAR_STATIC_PROFILE="$profile" hack/build-static.sh)
+  target_dir="${CARGO_TARGET_DIR:-$repo/target}"
+  built=$(cd "$src" && CARGO_TARGET_DIR="$target_dir" SPEAR_STATIC_PROFILE="$profile" hack/build-static.sh)
   cp "$(dirname "$built")/spearlet" "$(dirname "$built")/spear-operator" "$dir/bin/"
+  log "linking this tree's static binaries back into $(dirname "$built")"
+  CARGO_TARGET_DIR="$target_dir" SPEAR_STATIC_PROFILE="$profile" hack/build-static.sh >/dev/null
+  cmp -s "$dir/bin/spearlet" "$(dirname "$built")/spearlet" &&
+    die "the previous release's spearlet is byte-identical to this tree's: the build did not separate them"
   python3 hack/release/elf_check.py amd64 "$dir/bin/spearlet" "$dir/bin/spear-operator" >&2
   log "built in $((SECONDS - start)) s"
 fi
