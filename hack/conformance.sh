@@ -11,13 +11,14 @@
 #   s2  suite 0.2.0-alpha.12, `--requirements 2025-11-25` (session wire)
 #   s3  suite 0.2.0-alpha.12, `--requirements 2026-07-28` (stateless wire)
 # Legs (client scenarios; the suite starts a test server per scenario, spearlet's pool is the
-# client under test, driven by hack/conformance/client.sh; auth scenarios are not run):
+# client under test, driven by hack/conformance/client.sh):
 #   c1  suite 0.1.16: initialize, tools_call, elicitation-sep1034-client-defaults, sse-retry
 #   c2  suite 0.2.0-alpha.12, the same four at --spec-version 2025-11-25
 #   c3  suite 0.2.0-alpha.12, the 2026-07-28 requirement set's client scenarios but auth
-#   a1  suite 0.2.0-alpha.12, the auth scenarios a headless client can pass (client credentials
-#       with a secret and with private_key_jwt, the workload-identity JWT-bearer grant); the
-#       others need a person at a browser and are listed with the reason in expected.txt
+#   a1  suite 0.2.0-alpha.12, the auth scenarios: the headless grants (client credentials with a
+#       secret and with private_key_jwt, the workload-identity JWT-bearer grant) and the
+#       authorization-code ones, each at its own revision, `spearlet auth login --no-browser`
+#       playing the person's part (client.sh); what is not run or fails is in expected.txt
 #
 # What is behind spearlet: tests/servers/conformance_fixture.py, our own server with the names and
 # behaviour the scenarios check, as the stdio McpServer `conf` in a temporary registry dir. The
@@ -136,7 +137,17 @@ run_client_leg() { # leg suite-package spec-version scenario...
   log "$leg: $# client scenarios ($(($(date +%s) - start)) s)"
 }
 CLIENT_2025=(initialize tools_call elicitation-sep1034-client-defaults sse-retry)
-CLIENT_AUTH=(auth/client-credentials-basic auth/client-credentials-jwt auth/wif-jwt-bearer)
+# The auth scenarios of the 2025-11-25 and 2026-07-28 requirement sets, the 2025-03-26
+# back-compat ones and the headless extension grants; each runs at its own revision.
+CLIENT_AUTH=(auth/client-credentials-basic auth/client-credentials-jwt auth/wif-jwt-bearer
+  auth/metadata-default auth/metadata-var1 auth/metadata-var2 auth/metadata-var3 auth/basic-cimd
+  auth/scope-from-www-authenticate auth/scope-from-scopes-supported auth/scope-omitted-when-undefined
+  auth/scope-step-up auth/scope-retry-limit auth/token-endpoint-auth-basic auth/token-endpoint-auth-post
+  auth/token-endpoint-auth-none auth/pre-registration auth/resource-mismatch auth/offline-access-scope
+  auth/offline-access-not-supported auth/authorization-server-migration auth/iss-supported
+  auth/iss-not-advertised auth/iss-supported-missing auth/iss-wrong-issuer auth/iss-unexpected
+  auth/iss-normalized auth/metadata-issuer-mismatch auth/2025-03-26-oauth-metadata-backcompat
+  auth/2025-03-26-oauth-endpoint-fallback)
 CLIENT_2026=(tools_call request-metadata sep-2322-client-request-state http-standard-headers http-custom-headers
   http-invalid-tool-headers json-schema-ref-no-deref)
 for leg in "${LEGS[@]}"; do

@@ -24,27 +24,62 @@ mkdir -p "$WORK/registry" "$WORK/tokens"
 # http.auth, the secrets the env vars local mode reads for them (what the webhook sets in a pod),
 # a workload JWT the token file of the server (what the webhook's projected volume holds). The
 # authorization server is pinned (http.auth.issuer) to the one the scenario's server names in its
-# protected-resource metadata: the harness plays the platform team that looked it up once.
+# protected-resource metadata: the harness plays the platform team that looked it up once. An
+# authorization-code scenario gets http.auth.authorizationCode, and `spearlet auth login` runs
+# before spearlet starts (below).
 AUTH_YAML="$(python3 - "$WORK/tokens" "$URL" <<'PY'
-import json, os, sys, urllib.parse, urllib.request
+import json, os, re, sys, urllib.error, urllib.parse, urllib.request
 ctx = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
 ref = '{secretKeyRef: {name: sut, key: value}}'
+# The authorization-code scenarios: every auth/ one but the headless grants' (a1's first three),
+# enterprise-managed authorization and DPoP (not implemented; expected.txt says why).
+headless = ("client-credentials", "wif-", "enterprise-", "dpop")
+code_flow = scenario.startswith("auth/") and not any(scenario[5:].startswith(h) for h in headless)
+
+def challenge_metadata(url):
+    """The resource_metadata URL of the server's 401 challenge, if it sends one."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}).encode()
+    request = urllib.request.Request(url, data=body, headers={
+        "content-type": "application/json", "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2025-11-25"})
+    try:
+        urllib.request.urlopen(request, timeout=5).close()
+    except urllib.error.HTTPError as e:
+        found = re.search(r'resource_metadata="([^"]+)"', e.headers.get("www-authenticate") or "")
+        return found.group(1) if found else None
+    except Exception:
+        pass
+    return None
 
 def issuer_of(url):
     u = urllib.parse.urlsplit(url)
-    for path in (f"/.well-known/oauth-protected-resource{u.path}", "/.well-known/oauth-protected-resource"):
+    candidates = [f"{u.scheme}://{u.netloc}{p}" for p in
+                  (f"/.well-known/oauth-protected-resource{u.path}", "/.well-known/oauth-protected-resource")]
+    if code_flow:
+        candidates.insert(0, challenge_metadata(url))
+    for candidate in filter(None, candidates):
         try:
-            with urllib.request.urlopen(f"{u.scheme}://{u.netloc}{path}", timeout=5) as answer:
+            with urllib.request.urlopen(candidate, timeout=5) as answer:
                 servers = json.load(answer).get("authorization_servers") or []
         except Exception:
             continue
         if servers:
             return servers[0]
-    return None
+    # No protected-resource metadata (a 2025-03-26 server): its origin is its authorization server.
+    return f"{u.scheme}://{u.netloc}" if code_flow else None
 
-issuer = issuer_of(sys.argv[2]) if ctx else None
+issuer = issuer_of(sys.argv[2]) if ctx or code_flow else None
 pin = f'issuer: {json.dumps(issuer)}, ' if issuer else ''
-if "private_key_pem" in ctx:
+if code_flow and "client_id" in ctx:
+    client = f'clientId: {json.dumps(ctx["client_id"])}, clientSecret: {ref}'
+    print(f'    auth: {{{pin}authorizationCode: {{{client}}}}}')
+elif code_flow:
+    # The client ID metadata document the suite's CIMD scenario expects (it serves none; used
+    # only where the authorization server advertises the support, else dynamic registration).
+    cimd = json.dumps("https://conformance-test.local/client-metadata.json")
+    print(f'    auth: {{{pin}authorizationCode: {{clientIdMetadataUrl: {cimd}}}}}')
+elif "private_key_pem" in ctx:
     alg = ctx.get("signing_algorithm", "ES256")
     print(f'    auth: {{clientCredentials: {{clientId: {json.dumps(ctx["client_id"])}, privateKey: {{secretKeyRef: {{name: sut, key: value}}, algorithm: {alg}}}}}}}')
 elif "client_secret" in ctx and "idp_client_id" not in ctx:
@@ -72,6 +107,28 @@ $AUTH_YAML
 YAML
 source "$(dirname "$0")/lib.sh"
 write_profile "$WORK/registry/sut.yaml" sut
+export SPEAR_GRANT_DIR="$WORK/grants"
+if grep -q authorizationCode "$WORK/registry/sut.yaml"; then
+  # The person's part: `spearlet auth login --no-browser` prints the authorization URL, and the
+  # browser is python's urllib, which follows the suite's (auto-approving) authorization server
+  # back to the login's loopback listener, as the suite's own headless clients do.
+  "$SPEARLET" auth login --server sut --registry-dir "$WORK/registry" --no-browser --timeout 20 \
+    >"$WORK/login.url" 2>"$WORK/login.log" &
+  LOGIN_PID=$!
+  for _ in $(seq 1 80); do
+    [[ -s "$WORK/login.url" ]] && break
+    kill -0 "$LOGIN_PID" 2>/dev/null || break
+    sleep 0.25
+  done
+  if [[ -s "$WORK/login.url" ]]; then
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10).read()' \
+      "$(head -n 1 "$WORK/login.url")" >/dev/null 2>&1 || true
+  fi
+  if ! wait "$LOGIN_PID"; then
+    cat "$WORK/login.log" >&2
+    exit 1
+  fi
+fi
 start_spearlet "$WORK"
 # Not ready is no reason to stop: some scenarios' servers refuse the first connection on purpose.
 wait_ready 15 || true

@@ -63,6 +63,9 @@ pub(crate) const VOLUME_AUTH_TOKENS: &str = "spear-auth-tokens";
 pub const AUTH_TOKEN_DIR: &str = "/var/run/secrets/mcp.spear.dev/tokens";
 /// Overrides [`AUTH_TOKEN_DIR`] (local mode: a directory of token files named by server).
 pub const ENV_AUTH_TOKEN_DIR: &str = "SPEAR_AUTH_TOKEN_DIR";
+/// Local mode: the directory of the grants `spearlet auth login` stores (`<dir>/<server>.json`);
+/// default `$XDG_STATE_HOME/spear-mcp/grants` (`~/.local/state/spear-mcp/grants`).
+pub const ENV_GRANT_DIR: &str = "SPEAR_GRANT_DIR";
 /// Where the kubelet mounts a container's service-account token.
 pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 pub const BIN_DIR: &str = "/spear/bin";

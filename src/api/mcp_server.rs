@@ -264,9 +264,10 @@ pub struct HttpSpec {
     pub headers: Vec<HttpHeader>,
 
     /// How the agent authenticates to the server: the MCP authorization flow for a client with
-    /// no human at hand (OAuth 2.1 client credentials), or the pod's own service-account token,
-    /// sent as is or exchanged. Unset: no authentication beyond `headers`; a server that then
-    /// answers 401 is reported as `AuthRequired`.
+    /// no human at hand (OAuth 2.1 client credentials), the pod's own service-account token
+    /// (sent as is or exchanged), or a grant a person consented to once (authorization code
+    /// with PKCE, `spearlet auth login`). Unset: no authentication beyond `headers`; a server
+    /// that then answers 401 is reported as `AuthRequired`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<HttpAuth>,
 }
@@ -276,8 +277,12 @@ pub struct HttpSpec {
 /// (single-flight) on expiry or when the server rejects one (a 401 is retried once).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[x_kube(
-    validation = Rule::new("[has(self.clientCredentials), has(self.serviceAccountToken), has(self.tokenExchange)].exists_one(x, x)")
-        .message("set exactly one of clientCredentials, serviceAccountToken and tokenExchange")
+    validation = Rule::new("[has(self.clientCredentials), has(self.serviceAccountToken), has(self.tokenExchange), has(self.authorizationCode)].exists_one(x, x)")
+        .message("set exactly one of clientCredentials, serviceAccountToken, tokenExchange and authorizationCode"),
+    validation = Rule::new("!has(self.authorizationCode) || has(self.issuer)")
+        .message("authorizationCode needs issuer: the refresh token a person's consent produced goes only to the authorization server it names")
+        .field_path(".issuer")
+        .reason(Reason::FieldValueRequired)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct HttpAuth {
@@ -289,7 +294,8 @@ pub struct HttpAuth {
     /// or the server changes: the MCP server is trusted with nothing, so it does not choose
     /// where the client secret or the pod's token goes.
     ///
-    /// Required with `clientCredentials.clientSecret` and with `tokenExchange` (both grants).
+    /// Required with `clientCredentials.clientSecret`, `tokenExchange` (both grants) and
+    /// `authorizationCode` (a stored grant is used only with the issuer it came from).
     /// For `tokenExchange` it defaults to `audience` when the audience is itself an `https://`
     /// URL (the token then goes only to the party it is minted for). Optional with
     /// `clientCredentials.privateKey` (the signed assertion is bound to the issuer it is sent
@@ -314,6 +320,15 @@ pub struct HttpAuth {
     /// grant (workload identity federation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_exchange: Option<TokenExchangeAuth>,
+
+    /// OAuth 2.1 authorization code with PKCE at the authorization server `issuer` names: a
+    /// person runs `spearlet auth login --server NAME` once and consents in a browser; the
+    /// grant (refresh token, registered client, issuer) is stored and the agent renews access
+    /// tokens from it without a person. For the public remote servers that only offer this
+    /// flow. Local mode only in this version (a 0600 file per server); an injected pod refuses
+    /// the server with an error saying so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization_code: Option<AuthorizationCodeAuth>,
 
     /// The scopes the agent may request. The agent requests what the server asks for (its
     /// `WWW-Authenticate` scope, else its metadata's `scopes_supported`) narrowed to this list;
@@ -346,6 +361,40 @@ pub struct ClientCredentialsAuth {
     /// signed JWT assertion (`private_key_jwt`, RFC 7523).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub private_key: Option<PrivateKeySource>,
+}
+
+/// The client of the authorization-code flow, and where its grant is kept. The client is
+/// pre-registered (`clientId`, with `clientSecret` for a confidential client), identified by a
+/// client ID metadata document (`clientIdMetadataUrl`, used where the authorization server
+/// advertises `client_id_metadata_document_supported`), or, with neither, registered at login
+/// by dynamic client registration (RFC 7591) where the authorization server offers it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("!(has(self.clientId) && has(self.clientIdMetadataUrl))")
+        .message("set at most one of clientId and clientIdMetadataUrl"),
+    validation = Rule::new("!has(self.clientSecret) || has(self.clientId)")
+        .message("clientSecret belongs to a pre-registered client: set clientId too")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorizationCodeAuth {
+    /// A client registered at the authorization server beforehand (with a loopback redirect
+    /// URI, `http://127.0.0.1/callback` with any port, as RFC 8252 section 7.3 describes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub client_id: Option<String>,
+
+    /// The pre-registered client's secret (a confidential client), from a Secret key the Secret
+    /// grants to this server. Sent with the token endpoint authentication method the
+    /// authorization server advertises (`client_secret_basic` first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<HeaderValueSource>,
+
+    /// An `https://` URL serving this client's metadata document (the MCP client ID metadata
+    /// document): used as the client id where the authorization server supports it; elsewhere
+    /// the login falls back to dynamic registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https://"))]
+    pub client_id_metadata_url: Option<String>,
 }
 
 /// A private key for `private_key_jwt`.
@@ -428,6 +477,13 @@ pub const DEFAULT_SA_TOKEN_SECONDS: i64 = 3600;
 impl HttpAuth {
     pub fn secret_values(&self) -> Vec<(&'static str, &'static str, &SecretKeySelector)> {
         let mut out = Vec::new();
+        if let Some(secret) = self.authorization_code.as_ref().and_then(|ac| ac.client_secret.as_ref()) {
+            out.push((
+                AUTH_CLIENT_SECRET,
+                "spec.http.auth.authorizationCode.clientSecret.secretKeyRef",
+                &secret.secret_key_ref,
+            ));
+        }
         if let Some(cc) = &self.client_credentials {
             if let Some(secret) = &cc.client_secret {
                 out.push((
@@ -469,11 +525,16 @@ impl HttpAuth {
     /// Whether this mode sends a credential that is good elsewhere (a client secret, the pod's
     /// token) to an authorization server, so the server must be pinned by `issuer`.
     pub fn needs_issuer(&self) -> bool {
-        self.token_exchange.is_some() || self.client_credentials.as_ref().is_some_and(|cc| cc.private_key.is_none())
+        self.token_exchange.is_some()
+            || self.authorization_code.is_some()
+            || self.client_credentials.as_ref().is_some_and(|cc| cc.private_key.is_none())
     }
 
     /// The mode's name, for `explain` and status lines.
     pub fn mode(&self) -> &'static str {
+        if self.authorization_code.is_some() {
+            return "oauth authorization code (a person's stored grant)";
+        }
         match (&self.client_credentials, &self.service_account_token, &self.token_exchange) {
             (Some(cc), _, _) if cc.private_key.is_some() => "oauth client credentials (private_key_jwt)",
             (Some(_), _, _) => "oauth client credentials (client secret)",

@@ -55,6 +55,8 @@ pub(crate) fn http_destination(http: &HttpSpec) -> String {
             "serviceAccountToken"
         } else if a.token_exchange.is_some() {
             "tokenExchange"
+        } else if a.authorization_code.is_some() {
+            "authorizationCode"
         } else {
             "none"
         }

@@ -518,14 +518,53 @@ fn validate_http(p: &mut Problems, http: &HttpSpec) {
 /// What the schema's CEL rules say too (for local mode, which has no API server), and what
 /// they cannot: scope syntax and non-empty identifiers.
 fn validate_auth(p: &mut Problems, auth: &HttpAuth) {
-    let modes =
-        [auth.client_credentials.is_some(), auth.service_account_token.is_some(), auth.token_exchange.is_some()];
+    let modes = [
+        auth.client_credentials.is_some(),
+        auth.service_account_token.is_some(),
+        auth.token_exchange.is_some(),
+        auth.authorization_code.is_some(),
+    ];
     if modes.iter().filter(|m| **m).count() != 1 {
         p.push(
             "spec.http.auth",
             "needs exactly one mode",
-            "set one of clientCredentials, serviceAccountToken and tokenExchange",
+            "set one of clientCredentials, serviceAccountToken, tokenExchange and authorizationCode",
         );
+    }
+    if let Some(ac) = &auth.authorization_code {
+        const FIELD: &str = "spec.http.auth.authorizationCode";
+        if ac.client_id.is_some() && ac.client_id_metadata_url.is_some() {
+            p.push(
+                FIELD,
+                "sets both clientId and clientIdMetadataUrl",
+                "keep clientId for a pre-registered client, or clientIdMetadataUrl for a metadata document",
+            );
+        }
+        if ac.client_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
+            p.push(
+                format!("{FIELD}.clientId"),
+                "is empty",
+                "set the id the authorization server registered, or remove it",
+            );
+        }
+        if ac.client_secret.is_some() && ac.client_id.is_none() {
+            p.push(
+                format!("{FIELD}.clientSecret"),
+                "belongs to a pre-registered client",
+                "set clientId too, or remove clientSecret (a dynamically registered client gets its own)",
+            );
+        }
+        if let Some(url) = ac.client_id_metadata_url.as_deref() {
+            let field = format!("{FIELD}.clientIdMetadataUrl");
+            match url::Url::parse(url) {
+                Ok(u) if u.scheme() == "https" && u.host_str().is_some() && u.fragment().is_none() => {}
+                _ => p.push(
+                    field,
+                    format!("{url:?} is not an https:// URL"),
+                    "use the https:// URL that serves the client's metadata document (it is the client id)",
+                ),
+            }
+        }
     }
     p.max_items("spec.http.auth.scopes", &auth.scopes, bounds::HEADERS);
     for (i, scope) in auth.scopes.iter().enumerate() {
@@ -617,6 +656,8 @@ fn validate_issuer(p: &mut Problems, auth: &HttpAuth) {
         let why = if auth.token_exchange.is_some() {
             "tokenExchange sends the pod's service-account token to an authorization server, and its audience \
              is not an https:// URL to default to"
+        } else if auth.authorization_code.is_some() {
+            "authorizationCode sends a person's refresh token to an authorization server"
         } else {
             "clientCredentials.clientSecret sends the client secret to an authorization server"
         };

@@ -191,6 +191,11 @@ enum AuthModeConfig {
     ServiceAccountToken {
         grant: Option<(TokenGrant, Option<String>)>,
     },
+    /// A person's stored grant (`spearlet auth login`).
+    AuthorizationCode {
+        client_secret: Option<Value>,
+        in_cluster: bool,
+    },
 }
 
 /// `http.auth`, resolved: what the pool's token source works from. Its `Debug` redacts secrets.
@@ -217,6 +222,18 @@ pub(crate) enum AuthMode {
     /// The projected service-account token at `file`: sent as the bearer token (`grant` `None`),
     /// or the subject of a grant (with an optional client id).
     ServiceAccountToken { file: PathBuf, grant: Option<(TokenGrant, Option<String>)> },
+    /// A person's stored grant: refreshed with its refresh token; a pre-registered client's
+    /// secret from the McpServer (it wins over the one stored with the grant).
+    AuthorizationCode { grant: GrantLocation, client_secret: Option<String> },
+}
+
+/// Where the agent reads (and writes back) a stored grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum GrantLocation {
+    /// Local mode: the file `spearlet auth login` wrote.
+    File(PathBuf),
+    /// Why there is none (the message of the lasting refusal).
+    Unavailable(String),
 }
 
 impl std::fmt::Debug for AuthMode {
@@ -230,6 +247,7 @@ impl std::fmt::Debug for AuthMode {
             AuthMode::ServiceAccountToken { file, grant } => {
                 write!(f, "ServiceAccountToken({}, {grant:?})", file.display())
             }
+            AuthMode::AuthorizationCode { grant, .. } => write!(f, "AuthorizationCode({grant:?})"),
         }
     }
 }
@@ -238,6 +256,14 @@ impl AuthConfig {
     fn new(server: &str, auth: &HttpAuth, mode: &Mode) -> Self {
         let secret = |field_id: &str| secret_value(server, field_id, mode);
         let mode = match (&auth.client_credentials, &auth.token_exchange) {
+            _ if auth.authorization_code.is_some() => AuthModeConfig::AuthorizationCode {
+                client_secret: auth
+                    .authorization_code
+                    .as_ref()
+                    .and_then(|ac| ac.client_secret.as_ref())
+                    .map(|_| secret(AUTH_CLIENT_SECRET)),
+                in_cluster: !matches!(mode, Mode::Local),
+            },
             (Some(cc), _) if cc.private_key.is_some() => AuthModeConfig::PrivateKeyJwt {
                 client_id: cc.client_id.clone(),
                 key: secret(AUTH_PRIVATE_KEY),
@@ -267,6 +293,23 @@ impl AuthConfig {
                 let dir = lookup(ENV_AUTH_TOKEN_DIR).unwrap_or_else(|| AUTH_TOKEN_DIR.to_string());
                 AuthMode::ServiceAccountToken { file: Path::new(&dir).join(server), grant: grant.clone() }
             }
+            AuthModeConfig::AuthorizationCode { client_secret, in_cluster } => AuthMode::AuthorizationCode {
+                grant: if *in_cluster {
+                    GrantLocation::Unavailable(
+                        "spec.http.auth.authorizationCode: a person's stored grant is not available to an injected \
+                         pod in this version; use the server from local mode (spearlet serve --registry-dir)"
+                            .to_string(),
+                    )
+                } else {
+                    match super::grant_store::grant_dir(lookup)
+                        .and_then(|dir| super::grant_store::grant_path(&dir, server))
+                    {
+                        Ok(path) => GrantLocation::File(path),
+                        Err(e) => GrantLocation::Unavailable(e.to_string()),
+                    }
+                },
+                client_secret: client_secret.as_ref().map(|v| v.resolve(&none, lookup)).transpose()?,
+            },
         };
         Ok(AuthEndpoint { mode, scopes: self.scopes.clone(), issuer: self.issuer.clone() })
     }

@@ -14,16 +14,21 @@
 //! - [`connect`]: establishing one session, a file per transport (`stdio`, `socket`, `http`).
 //! - [`pool`]: sessions, budgets, caches, restarts (`slot`, `call`, `resources`).
 //! - [`relay`]: what a server sends during a call, to the door of that call.
-//! - `token_source` and `outbound_http` (I/O) and `oauth` (pure): outbound auth; `tool_schema`: arguments and results checked.
+//! - `token_source`, `discovery`, `outbound_http` (I/O) and `oauth` (pure): outbound auth;
+//!   [`login`] and `grant_store` (I/O): a person's consent (`spearlet auth login`) and where its
+//!   grant is kept; `tool_schema`: arguments and results checked.
 //!
 //! Design notes: `src/mcp/README.md`.
 
 pub mod arguments;
 pub mod config;
 pub mod connect;
+pub(crate) mod discovery;
 pub mod error;
+pub(crate) mod grant_store;
 pub mod health;
 pub mod limits;
+pub(crate) mod login;
 pub(crate) mod oauth;
 pub(crate) mod outbound_http;
 pub mod output;

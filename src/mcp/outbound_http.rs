@@ -99,6 +99,10 @@ impl reqwest::dns::Resolve for PolicyResolver {
 pub(crate) struct Answer {
     pub(crate) status: u16,
     pub(crate) body: Vec<u8>,
+    /// Its `WWW-Authenticate` header (the first), when it has one.
+    pub(crate) www_authenticate: Option<String>,
+    /// Its `Mcp-Session-Id` header, when it has one.
+    pub(crate) session_id: Option<String>,
 }
 
 /// The outbound HTTP client of one anchor (the address policy depends on its URL).
@@ -128,6 +132,8 @@ impl OutboundHttp {
     /// The client for `purpose` requests whose address policy anchors to `anchor_url`, never
     /// dialling what `deny` (`--egress-deny-cidrs`) denies either.
     pub(crate) fn anchored(anchor_url: &str, purpose: &'static str, deny: &AddressDenyList) -> Self {
+        // Whatever command builds this client (the agent, `auth login`), TLS needs the provider.
+        crate::install_crypto_provider();
         let loopback_allowed = url::Url::parse(anchor_url).is_ok_and(|u| is_loopback_url(&u));
         let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -223,6 +229,9 @@ impl OutboundHttp {
             TokenError::transient(format!("the request to {url} failed: {}", crate::telemetry::error_chain(&e)))
         })?;
         let status = response.status().as_u16();
+        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let www_authenticate = header("www-authenticate");
+        let session_id = header("mcp-session-id");
         let mut body = Vec::new();
         while let Some(chunk) =
             response.chunk().await.map_err(|e| TokenError::transient(format!("reading the answer of {url}: {e}")))?
@@ -234,7 +243,7 @@ impl OutboundHttp {
             }
             body.extend_from_slice(&chunk);
         }
-        Ok(Answer { status, body })
+        Ok(Answer { status, body, www_authenticate, session_id })
     }
 }
 

@@ -32,7 +32,10 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::config::{AuthEndpoint, AuthMode};
+use super::config::{AuthEndpoint, AuthMode, GrantLocation};
+use super::discovery;
+use super::grant_store;
+use super::oauth::grant::{self, ClientAuthMethod};
 use super::oauth::{self, IssuedToken, RequestBudget, TokenError};
 use super::outbound_http::OutboundHttp;
 use crate::api::{JwtAlgorithm, TokenGrant};
@@ -42,6 +45,7 @@ use crate::telemetry::PoolMetrics;
 const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
 
 const GRANT_CLIENT_CREDENTIALS: &str = "client_credentials";
+const GRANT_REFRESH_TOKEN: &str = "refresh_token";
 const GRANT_TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
 const GRANT_JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 const TOKEN_TYPE_JWT: &str = "urn:ietf:params:oauth:token-type:jwt";
@@ -218,7 +222,7 @@ impl TokenSource {
             return Err(error);
         }
         state.token = None;
-        let result = self.fetch_inner(state, challenge).await;
+        let result = self.fetch_inner(state, challenge, reason).await;
         self.metrics.token_fetch(&self.server, reason.as_str(), result.is_ok());
         match result {
             Ok(issued) => {
@@ -313,41 +317,18 @@ impl TokenSource {
         })
     }
 
-    /// The server's protected-resource metadata (RFC 9728): at the challenge's
-    /// `resource_metadata`, else the well-known locations. `None`: it publishes none (or none
-    /// for this resource), and the pinned issuer (or the server's origin) is used.
+    /// The server's protected-resource metadata for this server (see
+    /// [`discovery::resource_metadata`]); one for another resource is not this server's (RFC
+    /// 9728 section 3.3).
     async fn resource_metadata(
         &self,
         resource: &url::Url,
         challenge: Option<&str>,
     ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, TokenError> {
-        let mut candidates = Vec::new();
-        if let Some(url) = challenge
-            .and_then(|c| rmcp::transport::auth::WWWAuthenticateParams::parse(c, resource).resource_metadata_url)
-        {
-            candidates.push(url);
-        }
-        candidates.extend(oauth::protected_resource_metadata_urls(resource));
-        for url in candidates {
-            let answer = self.http.get(&url).await?;
-            if answer.status >= 500 {
-                return Err(TokenError::transient(format!(
-                    "the protected-resource metadata at {url} answered HTTP {}",
-                    answer.status
-                )));
-            }
-            if answer.status != 200 {
-                continue;
-            }
-            let Ok(serde_json::Value::Object(document)) = serde_json::from_slice(&answer.body) else { continue };
-            // RFC 9728 section 3.3: metadata for another resource is not this server's.
-            let for_this =
-                document.get("resource").and_then(|r| r.as_str()).is_none_or(|r| oauth::same_url(r, &self.url));
-            if for_this {
-                return Ok(Some(document));
-            }
-        }
-        Ok(None)
+        let for_this = |document: &serde_json::Map<String, serde_json::Value>| {
+            document.get("resource").and_then(|r| r.as_str()).is_none_or(|r| oauth::same_url(r, &self.url))
+        };
+        Ok(discovery::resource_metadata(&self.http, resource, challenge, for_this).await?.map(|(_, doc)| doc))
     }
 
     /// The authorization-server metadata at `issuer`'s well-known locations.
@@ -355,35 +336,21 @@ impl TokenSource {
         &self,
         issuer: &url::Url,
     ) -> Result<serde_json::Map<String, serde_json::Value>, TokenError> {
-        for url in oauth::authorization_server_metadata_urls(issuer) {
-            let answer = self.http.get(&url).await?;
-            if answer.status >= 500 {
-                return Err(TokenError::transient(format!(
-                    "the authorization-server metadata at {url} answered HTTP {}",
-                    answer.status
-                )));
-            }
-            if answer.status != 200 {
-                continue;
-            }
-            match serde_json::from_slice(&answer.body) {
-                Ok(serde_json::Value::Object(document)) => return Ok(document),
-                _ => {
-                    return Err(TokenError::transient(format!(
-                        "the authorization-server metadata at {url} is not a JSON object"
-                    )));
-                }
-            }
-        }
-        Err(TokenError::transient(format!(
-            "no authorization-server metadata at {issuer} (RFC 8414 or OpenID Connect discovery); check \
-             spec.http.auth.issuer"
-        )))
+        discovery::server_metadata(&self.http, issuer).await?.ok_or_else(|| discovery::no_server_metadata(issuer))
     }
 
-    async fn fetch_inner(&self, state: &mut State, challenge: Option<&str>) -> Result<IssuedToken, TokenError> {
+    async fn fetch_inner(
+        &self,
+        state: &mut State,
+        challenge: Option<&str>,
+        reason: FetchReason,
+    ) -> Result<IssuedToken, TokenError> {
+        if let AuthMode::AuthorizationCode { grant, client_secret } = &self.auth.mode {
+            return self.token_from_grant(state, challenge, reason, grant, client_secret.as_deref()).await;
+        }
         let found = self.discovered(state, challenge).await?;
         let grant_type = match &self.auth.mode {
+            AuthMode::AuthorizationCode { .. } => GRANT_REFRESH_TOKEN,
             AuthMode::ClientSecret { .. } | AuthMode::PrivateKeyJwt { .. } => GRANT_CLIENT_CREDENTIALS,
             AuthMode::ServiceAccountToken { grant: Some((TokenGrant::JwtBearer, _)), .. } => GRANT_JWT_BEARER,
             AuthMode::ServiceAccountToken { .. } => GRANT_TOKEN_EXCHANGE,
@@ -437,6 +404,9 @@ impl TokenSource {
                 }
                 self.http.post_form(token_endpoint, &form, None).await?
             }
+            AuthMode::AuthorizationCode { .. } => {
+                return Err(TokenError::lasting("a stored grant is renewed with its refresh token"));
+            }
             AuthMode::ServiceAccountToken { file, grant } => {
                 let subject = self.read_token_file(file).await?;
                 let client_id = grant.as_ref().and_then(|(_, id)| id.as_deref());
@@ -461,6 +431,113 @@ impl TokenSource {
             }
         };
         oauth::parse_token_response(answer.status, &answer.body)
+    }
+}
+
+impl TokenSource {
+    /// A token from the person's stored grant: its access token while fresh (the first fetch),
+    /// else one for its refresh token, the grant written back with what the authorization
+    /// server returned (a rotated refresh token replaces the old one).
+    async fn token_from_grant(
+        &self,
+        state: &mut State,
+        challenge: Option<&str>,
+        reason: FetchReason,
+        location: &GrantLocation,
+        client_secret: Option<&str>,
+    ) -> Result<IssuedToken, TokenError> {
+        let login = format!("run `spearlet auth login --server {}` (with this registry) to consent again", self.server);
+        let path = match location {
+            GrantLocation::File(path) => path.clone(),
+            GrantLocation::Unavailable(why) => return Err(TokenError::lasting(why.clone())),
+        };
+        let issuer = self.auth.issuer.clone().unwrap_or_default();
+        let read = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || grant_store::read(&path)
+        });
+        let mut grant = match read.await {
+            Ok(Ok(grant)) => grant,
+            Ok(Err(grant_store::GrantStoreError::Missing { .. })) => {
+                return Err(TokenError::lasting(format!(
+                    "the server needs a person's consent and none is stored ({}): {login}",
+                    path.display()
+                )));
+            }
+            Ok(Err(e)) => return Err(TokenError::lasting(format!("{e}: {login}"))),
+            Err(e) => return Err(TokenError::transient(format!("reading the grant: {e}"))),
+        };
+        if let Some(why) = grant.mismatch(&self.url, &issuer) {
+            return Err(TokenError::lasting(format!("{why}: {login}")));
+        }
+        let now = grant::unix_now();
+        if reason == FetchReason::Initial
+            && let Some(token) = grant.usable_access_token(now, oauth::RENEW_BEFORE.as_secs())
+        {
+            let expires_in = grant.access_token_expires_at.map(|at| std::time::Duration::from_secs(at - now));
+            return Ok(IssuedToken { access_token: token.to_string(), expires_in, refresh_token: None, scope: None });
+        }
+        let Some(refresh_token) = grant.refresh_token.clone() else {
+            return Err(TokenError::lasting(format!(
+                "the stored access token {} and the grant has no refresh token (the authorization server issued \
+                 none): {login}",
+                if reason == FetchReason::Rejected { "was rejected" } else { "expired" }
+            )));
+        };
+        self.secrets.hold(&format!("refresh token of {}", self.server), &refresh_token, Some(&self.server));
+        let found = self.discovered(state, challenge).await?;
+        if let Some(why) = oauth::grant_refusal(found.grant_types_supported.as_ref(), GRANT_REFRESH_TOKEN) {
+            return Err(TokenError::lasting(why));
+        }
+        let secret = client_secret.map(str::to_string).or_else(|| grant.client.client_secret.clone());
+        if let Some(secret) = &secret {
+            self.secrets.hold(&format!("client secret of {}", self.server), secret, Some(&self.server));
+        }
+        let client_id = grant.client.client_id.clone();
+        let mut form: Vec<(&str, &str)> =
+            vec![("grant_type", GRANT_REFRESH_TOKEN), ("refresh_token", &refresh_token), ("resource", &grant.resource)];
+        let answer = match (grant.client.auth_method, secret.as_deref()) {
+            (ClientAuthMethod::ClientSecretBasic, Some(secret)) => {
+                self.http.post_form(&found.token_endpoint, &form, Some((&client_id, secret))).await?
+            }
+            (ClientAuthMethod::ClientSecretPost, Some(secret)) => {
+                form.extend([("client_id", client_id.as_str()), ("client_secret", secret)]);
+                self.http.post_form(&found.token_endpoint, &form, None).await?
+            }
+            _ => {
+                form.push(("client_id", &client_id));
+                self.http.post_form(&found.token_endpoint, &form, None).await?
+            }
+        };
+        let issued = oauth::parse_token_response(answer.status, &answer.body).map_err(|e| {
+            // The refresh token itself is refused: revoked, expired, or rotated by another user.
+            if e.message.contains("\"invalid_grant\"") {
+                TokenError::lasting(format!("the stored grant was refused ({}): {login}", e.message))
+            } else {
+                e
+            }
+        })?;
+        if let Some(rotated) = &issued.refresh_token {
+            self.secrets.hold(&format!("refresh token of {}", self.server), rotated, Some(&self.server));
+            grant.refresh_token = Some(rotated.clone());
+        }
+        grant.access_token = Some(issued.access_token.clone());
+        grant.access_token_expires_at = issued.expires_in.map(|d| now.saturating_add(d.as_secs()));
+        grant.refreshed_at = Some(now);
+        if let Some(scope) = &issued.scope {
+            grant.scope = scope.clone();
+        }
+        let write = tokio::task::spawn_blocking(move || grant_store::write(&path, &grant));
+        match write.await {
+            Ok(Ok(())) => {}
+            // The new access token still works; a rotated refresh token that could not be kept
+            // fails the next renewal, which then says to log in again.
+            Ok(Err(e)) => {
+                tracing::warn!(server_id = %self.server, error = %e, "the renewed grant was not written back")
+            }
+            Err(e) => tracing::warn!(server_id = %self.server, error = %e, "the renewed grant was not written back"),
+        }
+        Ok(issued)
     }
 }
 

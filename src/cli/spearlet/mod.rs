@@ -2,6 +2,7 @@
 
 mod agent_args;
 mod approve;
+mod auth;
 mod bridge;
 mod convert;
 mod explain;
@@ -58,6 +59,7 @@ enum Command {
     Bridge(bridge::BridgeArgs),
     Install(install::InstallArgs),
     Reconnect(reconnect::ReconnectArgs),
+    Auth(auth::AuthArgs),
 }
 
 impl Args {
@@ -78,6 +80,7 @@ impl Args {
             Command::Bridge(args) => args.run(),
             Command::Install(args) => args.run(),
             Command::Reconnect(args) => args.run(),
+            Command::Auth(args) => args.run(),
         }));
         // Spans still batched leave before the process does.
         crate::telemetry::otel::shutdown();

@@ -30,6 +30,9 @@
 //!   of letting each wait its tool timeout for a start that cannot succeed. Network errors, 5xx
 //!   and `invalid_grant` (an expired subject token, replaced at the next rotation) are not.
 
+pub(crate) mod authorization_code;
+pub(crate) mod grant;
+
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -63,7 +66,7 @@ impl TokenError {
 /// The scope a headless client never asks for (see the module header).
 const OFFLINE_ACCESS: &str = "offline_access";
 /// Renew this long before expiry...
-const RENEW_BEFORE: Duration = Duration::from_secs(60);
+pub(crate) const RENEW_BEFORE: Duration = Duration::from_secs(60);
 /// ...but not before this share of the lifetime (per mille).
 const RENEW_AT_PER_MILLE: u32 = 900;
 /// Bytes of a server's challenge or error text kept in a message.
@@ -106,9 +109,10 @@ pub(crate) fn grant_refusal(grant_types_supported: Option<&serde_json::Value>, g
     let interactive_only = offered.iter().all(|g| matches!(*g, "authorization_code" | "refresh_token" | "implicit"));
     Some(if interactive_only {
         format!(
-            "the authorization server offers only interactive grants ({}), which need a person at a browser; \
-             a pod cannot complete them: register a client for the client_credentials grant, or use \
-             serviceAccountToken or tokenExchange if the server trusts the cluster's issuer",
+            "the authorization server offers only interactive grants ({}), which need a person at a browser: \
+             use spec.http.auth.authorizationCode and `spearlet auth login`, register a client for the \
+             client_credentials grant, or use serviceAccountToken or tokenExchange if the server trusts the \
+             cluster's issuer",
             offered.join(", ")
         )
     } else {
@@ -256,6 +260,10 @@ pub(crate) struct TokenResponse {
     #[serde(default)]
     expires_in: Option<serde_json::Value>,
     #[serde(default)]
+    refresh_token: Option<String>,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
     error: Option<String>,
     #[serde(default)]
     error_description: Option<String>,
@@ -266,6 +274,10 @@ pub(crate) struct TokenResponse {
 pub(crate) struct IssuedToken {
     pub(crate) access_token: String,
     pub(crate) expires_in: Option<Duration>,
+    /// A refresh token (authorization code and refresh grants; a rotated one replaces the old).
+    pub(crate) refresh_token: Option<String>,
+    /// The scopes granted, when the authorization server says (RFC 6749 section 5.1).
+    pub(crate) scope: Option<String>,
 }
 
 impl std::fmt::Debug for IssuedToken {
@@ -312,7 +324,12 @@ pub(crate) fn parse_token_response(status: u16, body: &[u8]) -> Result<IssuedTok
         Some(serde_json::Value::String(s)) => s.parse().ok(),
         _ => None,
     };
-    Ok(IssuedToken { access_token, expires_in: expires_in.map(Duration::from_secs) })
+    Ok(IssuedToken {
+        access_token,
+        expires_in: expires_in.map(Duration::from_secs),
+        refresh_token: parsed.refresh_token.filter(|t| !t.is_empty()),
+        scope: parsed.scope,
+    })
 }
 
 /// How long after issue a token with lifetime `expires_in` is renewed; `None`: not before the
@@ -414,7 +431,7 @@ pub(crate) fn unconfigured_auth_message(challenge: &str) -> String {
     format!(
         "the server requires authorization (HTTP 401, WWW-Authenticate: {}); set spec.http.auth on the McpServer \
          (clientCredentials for a registered OAuth client, serviceAccountToken or tokenExchange for the pod's \
-         identity). The interactive authorization-code flow is not available to a pod",
+         identity, authorizationCode and `spearlet auth login` for a server that needs a person's consent)",
         quote(challenge)
     )
 }
@@ -462,7 +479,15 @@ mod tests {
     #[test]
     fn token_responses_are_read_and_errors_never_echo_a_token() {
         let ok = parse_token_response(200, br#"{"access_token":"tok","token_type":"bearer","expires_in":"120"}"#);
-        assert_eq!(ok, Ok(IssuedToken { access_token: "tok".into(), expires_in: Some(Duration::from_secs(120)) }));
+        assert_eq!(
+            ok,
+            Ok(IssuedToken {
+                access_token: "tok".into(),
+                expires_in: Some(Duration::from_secs(120)),
+                refresh_token: None,
+                scope: None
+            })
+        );
         let refused = parse_token_response(400, br#"{"error":"invalid_grant","error_description":"expired"}"#);
         assert_eq!(
             refused,
