@@ -722,6 +722,48 @@ pub fn quote(text: &str) -> String {
     crate::mcp::oauth::quote(text)
 }
 
+/// `mcp::oauth::authorization_code::read_redirect` of a redirect's query, expecting `state` from
+/// `issuer`: ("code", the code), ("stray", "") or ("refused", the message).
+pub fn read_redirect(query: &str, state: &str, issuer: &str, iss_supported: bool) -> (&'static str, String) {
+    use crate::mcp::oauth::authorization_code::{ExpectedRedirect, Redirect, read_redirect};
+    match read_redirect(query, &ExpectedRedirect { state, issuer, iss_supported }) {
+        Redirect::Code(code) => ("code", code),
+        Redirect::Stray => ("stray", String::new()),
+        Redirect::Refused(why) => ("refused", why),
+    }
+}
+
+/// `mcp::oauth::grant::StoredGrant::parse`: `Ok((its Debug text, refresh token))` or the error.
+pub fn parse_grant(bytes: &[u8]) -> Result<(String, Option<String>), String> {
+    crate::mcp::oauth::grant::StoredGrant::parse(bytes)
+        .map(|g| (format!("{g:?}"), g.refresh_token.clone()))
+        .map_err(|e| e.to_string())
+}
+
+/// `mcp::login::resource_covers` (`None`: `server` is not a URL).
+pub fn resource_covers(resource: &str, server: &str) -> Option<bool> {
+    Some(crate::mcp::login::resource_covers(resource, &url::Url::parse(server).ok()?))
+}
+
+/// `mcp::login::authorization_server` of a metadata document for the MCP server at `server`:
+/// `Ok((authorization endpoint, token endpoint, registration endpoint))` or the refusal;
+/// `None` when the document is not a JSON object or `server` not a URL.
+pub fn authorization_server(document: &[u8], server: &str) -> Option<Result<(String, String, Option<String>), String>> {
+    let Ok(Value::Object(document)) = serde_json::from_slice(document) else { return None };
+    let server = url::Url::parse(server).ok()?;
+    Some(
+        crate::mcp::login::authorization_server(&document, &server)
+            .map(|found| {
+                (
+                    found.authorization_endpoint.to_string(),
+                    found.token_endpoint.to_string(),
+                    found.registration_endpoint.map(|u| u.to_string()),
+                )
+            })
+            .map_err(|e| e.to_string()),
+    )
+}
+
 // === pinned tool digests ===
 
 /// The pin digest (`sha256:<hex>`) of a tool as a server lists it: the JSON parsed as rmcp's

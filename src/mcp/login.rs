@@ -91,11 +91,11 @@ impl std::fmt::Debug for LoginRequest {
 }
 
 /// The authorization server's endpoints and what its metadata says.
-struct AuthorizationServer {
-    authorization_endpoint: url::Url,
-    token_endpoint: url::Url,
-    registration_endpoint: Option<url::Url>,
-    iss_supported: bool,
+pub(crate) struct AuthorizationServer {
+    pub(crate) authorization_endpoint: url::Url,
+    pub(crate) token_endpoint: url::Url,
+    pub(crate) registration_endpoint: Option<url::Url>,
+    pub(crate) iss_supported: bool,
     cimd_supported: bool,
     auth_methods: Option<Vec<String>>,
     scopes_supported: Vec<String>,
@@ -247,7 +247,7 @@ async fn probe(http: &OutboundHttp, server: &url::Url) -> Result<Option<String>,
 /// Whether the protected-resource metadata's `resource` covers the server URL: the same origin,
 /// and its path a prefix of the server's at a `/` boundary (the MCP spec's canonical server URI
 /// may leave the path out).
-fn resource_covers(resource: &str, server: &url::Url) -> bool {
+pub(crate) fn resource_covers(resource: &str, server: &url::Url) -> bool {
     let Ok(resource) = url::Url::parse(resource) else { return false };
     if resource.origin() != server.origin() || resource.fragment().is_some() {
         return false;
@@ -271,7 +271,7 @@ fn endpoint(document: &Document, key: &str, server: &url::Url) -> Result<Option<
     Ok(Some(url))
 }
 
-fn authorization_server(document: &Document, server: &url::Url) -> Result<AuthorizationServer, LoginError> {
+pub(crate) fn authorization_server(document: &Document, server: &url::Url) -> Result<AuthorizationServer, LoginError> {
     if let Some(why) = oauth::grant_refusal(document.get("grant_types_supported"), "authorization_code") {
         return Err(refuse(why));
     }
@@ -317,10 +317,7 @@ fn scopes(
     resource_scopes: &[String],
     offered: &[String],
 ) -> Vec<String> {
-    let base = url::Url::parse("http://challenge.invalid/").ok();
-    let from_challenge = challenge
-        .zip(base.as_ref())
-        .and_then(|(c, base)| rmcp::transport::auth::WWWAuthenticateParams::parse(c, base).scope)
+    let from_challenge = super::token_source::challenge_scope(challenge, &request.url)
         .map(|s| s.split_whitespace().map(str::to_string).collect::<Vec<_>>())
         .unwrap_or_default();
     let mut asked = if from_challenge.is_empty() { resource_scopes.to_vec() } else { from_challenge };

@@ -360,8 +360,9 @@ impl TokenSource {
         }
         // What the server asks for now (its challenge, its metadata), else what the
         // authorization server offers; narrowed to the McpServer's scopes.
-        let mut asked: Vec<String> =
-            challenge_scope(challenge).map(|s| s.split_whitespace().map(str::to_string).collect()).unwrap_or_default();
+        let mut asked: Vec<String> = challenge_scope(challenge, &self.url)
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
         asked.extend(found.resource_scopes.iter().cloned());
         if asked.is_empty() {
             asked = found.server_scopes.clone();
@@ -602,9 +603,10 @@ fn client_assertion(
         .map_err(|e| TokenError::lasting(format!("signing the client assertion: {e}")))
 }
 
-/// The `scope` parameter of a Bearer challenge.
-fn challenge_scope(challenge: Option<&str>) -> Option<String> {
-    let base = url::Url::parse("http://challenge.invalid/").ok()?;
+/// The `scope` parameter of a Bearer challenge from the server at `server_url` (its origin is the
+/// base the challenge's `resource_metadata` is judged against).
+pub(crate) fn challenge_scope(challenge: Option<&str>, server_url: &str) -> Option<String> {
+    let base = url::Url::parse(server_url).ok()?;
     rmcp::transport::auth::WWWAuthenticateParams::parse(challenge?, &base).scope
 }
 

@@ -18,6 +18,12 @@
 `--interactive-only` advertises only the authorization-code grant (and refuses others), as a
 server built for people at browsers does.
 
+`--authorization-code` serves that grant for real: authlib's authorization-code grant with PKCE
+(RFC 7636, S256 required) for the public client `--login-client` (redirect URIs on loopback),
+whose /authorize approves at once as the person `person` (the test plays the browser) and adds
+the RFC 9207 `iss`; and its refresh-token grant with rotation (each refresh revokes the old
+refresh token and issues a new one). POST /admin/revoke then revokes the refresh tokens too.
+
     python oauth_server.py --port P [--host H --public-url URL] --client-id ID --client-secret S [--token-lifetime SECONDS]
         [--interactive-only] [--jwks FILE --sa-issuer ISS --sa-audience AUD --exchange-client ID]
 """
@@ -44,6 +50,7 @@ from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
 from authlib.oauth2.rfc6749 import grants
 from authlib.oauth2.rfc6749.errors import InvalidGrantError, InvalidRequestError, UnsupportedGrantTypeError
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
+from authlib.oauth2.rfc7636 import CodeChallenge
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
@@ -73,9 +80,26 @@ class FormRequest(OAuth2Request):
         return {}
 
 
+class QueryRequest(OAuth2Request):
+    """An authorization request as authlib reads it: the query's parameters."""
+
+    def __init__(self, url, headers, query):
+        super().__init__("GET", url, headers=headers)
+        self.payload = BasicOAuth2Payload(query)
+
+    @property
+    def form(self):
+        return {}
+
+    @property
+    def args(self):
+        return self.payload.data
+
+
 class Client(ClientMixin):
-    def __init__(self, client_id, secret, methods, grant_types):
+    def __init__(self, client_id, secret, methods, grant_types, loopback_redirects=False):
         self.client_id, self.secret, self.methods, self.grant_types = client_id, secret, methods, grant_types
+        self.loopback_redirects = loopback_redirects
 
     def get_client_id(self):
         return self.client_id
@@ -87,7 +111,8 @@ class Client(ClientMixin):
         return " ".join(s for s in (scope or "").split() if s in SCOPES)
 
     def check_redirect_uri(self, redirect_uri):
-        return False
+        # RFC 8252 section 7.3: any port of a loopback redirect URI.
+        return self.loopback_redirects and redirect_uri.startswith("http://127.0.0.1:")
 
     def check_client_secret(self, client_secret):
         return self.secret is not None and secrets.compare_digest(self.secret, client_secret)
@@ -96,7 +121,7 @@ class Client(ClientMixin):
         return method in self.methods
 
     def check_response_type(self, response_type):
-        return False
+        return self.loopback_redirects and response_type == "code"
 
     def check_grant_type(self, grant_type):
         return grant_type in self.grant_types
@@ -144,6 +169,67 @@ class TokenExchangeGrant(grants.BaseGrant, grants.TokenEndpointMixin):
         return 200, token, self.TOKEN_RESPONSE_HEADER
 
 
+class Issued:
+    """An authorization code or a refresh token, as the grants below read it."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def check_client(self, client):
+        return self.client_id == client.get_client_id()
+
+    def get_scope(self):
+        return self.scope
+
+    def get_redirect_uri(self):
+        return self.redirect_uri
+
+
+class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none"]
+
+    def save_authorization_code(self, code, request):
+        data = request.payload.data
+        self.server.state["codes"][code] = Issued(
+            client_id=request.client.get_client_id(),
+            redirect_uri=data.get("redirect_uri"),
+            scope=request.scope,
+            user=request.user,
+            code_challenge=data.get("code_challenge"),
+            code_challenge_method=data.get("code_challenge_method"),
+        )
+
+    def query_authorization_code(self, code, client):
+        found = self.server.state["codes"].get(code)
+        return found if found is not None and found.check_client(client) else None
+
+    def delete_authorization_code(self, authorization_code):
+        codes = self.server.state["codes"]
+        for code in [c for c, v in codes.items() if v is authorization_code]:
+            del codes[code]
+
+    def authenticate_user(self, authorization_code):
+        return authorization_code.user
+
+
+class RefreshTokenGrant(grants.RefreshTokenGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none"]
+    INCLUDE_NEW_REFRESH_TOKEN = True
+
+    def authenticate_refresh_token(self, refresh_token):
+        state = self.server.state
+        if refresh_token in state["revoked_refresh"]:
+            return None
+        return state["refresh"].get(refresh_token)
+
+    def authenticate_user(self, refresh_token):
+        return refresh_token.user
+
+    def revoke_old_credential(self, refresh_token):
+        state = self.server.state
+        state["revoked_refresh"].update(t for t, v in state["refresh"].items() if v is refresh_token)
+
+
 class Server(AuthorizationServer):
     def __init__(self, state):
         super().__init__(scopes_supported=SCOPES)
@@ -161,6 +247,10 @@ class Server(AuthorizationServer):
             "resource": request.payload.data.get("resource"),
             "subject": user,
         }
+        if token.get("refresh_token"):
+            self.state["refresh"][token["refresh_token"]] = Issued(
+                client_id=request.client.get_client_id(), scope=token.get("scope"), user=user, redirect_uri=None
+            )
 
     def send_signal(self, name, *args, **kwargs):
         pass
@@ -229,6 +319,8 @@ def main():
     parser.add_argument("--client-secret", required=True)
     parser.add_argument("--token-lifetime", type=int, default=3600)
     parser.add_argument("--interactive-only", action="store_true")
+    parser.add_argument("--authorization-code", action="store_true")
+    parser.add_argument("--login-client", default="spear-login")
     parser.add_argument("--jwks")
     parser.add_argument("--sa-issuer")
     parser.add_argument("--sa-audience")
@@ -243,9 +335,15 @@ def main():
                 args.client_id, args.client_secret, ["client_secret_basic", "client_secret_post"], ["client_credentials"]
             ),
             args.exchange_client: Client(args.exchange_client, None, ["none"], [TOKEN_EXCHANGE]),
+            args.login_client: Client(
+                args.login_client, None, ["none"], ["authorization_code", "refresh_token"], loopback_redirects=True
+            ),
         },
         "tokens": {},
         "revoked": set(),
+        "codes": {},
+        "refresh": {},
+        "revoked_refresh": set(),
         "requests": [],
         "jwks": JsonWebKey.import_key_set(json.load(open(args.jwks))) if args.jwks else None,
         "sa_issuer": args.sa_issuer,
@@ -259,6 +357,7 @@ def main():
         "default",
         BearerTokenGenerator(
             access_token_generator=lambda **_: secrets.token_urlsafe(32),
+            refresh_token_generator=lambda **_: secrets.token_urlsafe(32),
             expires_generator=lambda client, grant_type: args.token_lifetime,
         ),
     )
@@ -266,8 +365,13 @@ def main():
         server.register_grant(ClientCredentialsGrant)
         if state["jwks"] is not None:
             server.register_grant(TokenExchangeGrant)
+    if args.authorization_code:
+        server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True)])
+        server.register_grant(RefreshTokenGrant)
 
     grant_types = ["authorization_code", "refresh_token"] if args.interactive_only else ["client_credentials", TOKEN_EXCHANGE]
+    if args.authorization_code and not args.interactive_only:
+        grant_types += ["authorization_code", "refresh_token"]
 
     async def as_metadata(_request: Request):
         return JSONResponse(
@@ -280,6 +384,7 @@ def main():
                 "scopes_supported": SCOPES,
                 "response_types_supported": ["code"],
                 "code_challenge_methods_supported": ["S256"],
+                "authorization_response_iss_parameter_supported": args.authorization_code,
             }
         )
 
@@ -302,6 +407,7 @@ def main():
 
     async def revoke(_request: Request):
         state["revoked"].update(state["tokens"].keys())
+        state["revoked_refresh"].update(state["refresh"].keys())
         return JSONResponse({"revoked": len(state["revoked"])})
 
     async def requests(_request: Request):
@@ -310,8 +416,18 @@ def main():
     async def issued(_request: Request):
         return JSONResponse({"tokens": list(state["tokens"].keys()), "direct_subjects": state["direct"]})
 
-    async def authorize(_request: Request):
-        return Response("a person would sign in here", status_code=200)
+    async def authorize(request: Request):
+        if not args.authorization_code:
+            return Response("a person would sign in here", status_code=200)
+        query = dict(request.query_params)
+        oauth_request = QueryRequest(str(request.url), request.headers, query)
+        grant = server.get_authorization_grant(oauth_request)
+        response = server.create_authorization_response(oauth_request, grant_user="person", grant=grant)
+        location = response.headers.get("location")
+        state["requests"].append({"authorize": query, "status": response.status_code})
+        if response.status_code == 302 and location and "code=" in location:
+            return Response(status_code=302, headers={"location": f"{location}&iss={base}"})
+        return response
 
     mcp = MCPServer(
         "oauth-protected",
