@@ -233,8 +233,8 @@ fn auth_required(server: &McpServer, asked: &str) -> (&'static str, String) {
             FALSE,
             format!(
                 "the server requires authorization ({asked}) and spec.http.auth is not set, so agents \
-                 are refused too: set spec.http.auth (clientCredentials, serviceAccountToken or \
-                 tokenExchange)"
+                 are refused too: set spec.http.auth (clientCredentials, serviceAccountToken, \
+                 tokenExchange, or authorizationCode for a server that needs a person's consent)"
             ),
         ),
     }
