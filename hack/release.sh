@@ -268,8 +268,13 @@ push() {
     echo "$lines" >>"$out/digests.txt"
   done
   local chart="$out/chart/spear-mcp-$version.tgz"
-  digest=$(hack/helm.sh -- push "$chart" "oci://$to/charts" "${helm_flags[@]}" 2>&1 | tee /dev/stderr |
-    sed -n 's/^Digest: //p')
+  # Captured, then shown: `tee /dev/stderr` would reopen stderr, which truncates a log file that
+  # stderr is redirected to (a CI log lost everything before this step that way).
+  local pushed
+  pushed=$(hack/helm.sh -- push "$chart" "oci://$to/charts" "${helm_flags[@]}" 2>&1) ||
+    { echo "$pushed" >&2; die "helm push failed"; }
+  echo "$pushed" >&2
+  digest=$(sed -n 's/^Digest: //p' <<<"$pushed")
   [[ -n "$digest" ]] || die "helm push printed no digest"
   echo "$to/charts/spear-mcp@$digest" >>"$out/digests.txt"
   log "pushed; digests in $out/digests.txt:"

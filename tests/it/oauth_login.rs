@@ -91,6 +91,23 @@ fn a_persons_grant_is_stored_used_rotated_and_refused_once_revoked() {
     let first_refresh = first["refresh_token"].as_str().expect("a refresh token").to_string();
     assert!(!said.contains(&first_refresh), "the login printed the refresh token");
 
+    // explain says whether someone must log in, never the token.
+    let explain = |grant_dir: &std::path::Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["explain", "--profile", "p", "--registry-dir"])
+            .arg(&registry)
+            .env("SPEAR_GRANT_DIR", grant_dir)
+            .output()
+            .expect("spearlet explain");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = explain(&grants);
+    assert!(shown.contains("GRANTS") && shown.contains("grant stored"), "{shown}");
+    assert!(!shown.contains(&first_refresh), "{shown}");
+    let shown = explain(&work.path().join("none"));
+    assert!(shown.contains("no grant stored: run `spearlet auth login --server remote`"), "{shown}");
+
     // The agent uses the stored access token, then the refresh token once it expires (3 s).
     let grant_dir = grants.to_str().expect("utf-8 path");
     let agent = start_agent(&yaml, &[("SPEAR_GRANT_DIR", grant_dir)]);

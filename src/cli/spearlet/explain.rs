@@ -101,7 +101,8 @@ impl ExplainArgs {
                 } else {
                     (BTreeMap::new(), ListedItems::new())
                 };
-                let explained = explain(&snapshot, &profile, &request, self.connect.then_some((&tools, &items)))?;
+                let mut explained = explain(&snapshot, &profile, &request, self.connect.then_some((&tools, &items)))?;
+                add_grants(&mut explained, &snapshot);
                 self.print(explained, &[], None);
             }
             Source::Cluster(target) => {
@@ -214,6 +215,40 @@ impl ExplainArgs {
 struct Explained {
     json: Value,
     table: String,
+}
+
+/// Local mode: what each `http.auth.authorizationCode` server's stored grant says (the grant
+/// files `spearlet serve` would read, `SPEAR_GRANT_DIR`), as `grants` in JSON and a GRANTS table.
+fn add_grants(explained: &mut Explained, snapshot: &Snapshot) {
+    use crate::mcp::{grant_store, oauth::grant};
+    let now = grant::unix_now();
+    let dir = grant_store::grant_dir(|v| std::env::var(v).ok());
+    let mut states = serde_json::Map::new();
+    for (name, server) in snapshot.servers() {
+        let Some(http) = server.object.spec.http.as_ref() else { continue };
+        let Some(auth) = http.auth.as_ref().filter(|a| a.authorization_code.is_some()) else { continue };
+        let issuer = auth.issuer.as_deref().unwrap_or_default();
+        let path = dir
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|d| grant_store::grant_path(d, name).map_err(|e| e.to_string()));
+        let read = path.and_then(|p| match grant_store::read(&p) {
+            Ok(g) => Ok(Some(g)),
+            Err(grant_store::GrantStoreError::Missing { .. }) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        });
+        let state =
+            grant::grant_state(read.as_ref().map(Option::as_ref).map_err(Clone::clone), name, &http.url, issuer, now);
+        states.insert(name.to_string(), state.into());
+    }
+    if states.is_empty() {
+        return;
+    }
+    explained.table.push_str("GRANTS\n");
+    for (name, state) in &states {
+        explained.table.push_str(&format!("  {name:<40} {}\n", state.as_str().unwrap_or_default()));
+    }
+    explained.json["grants"] = Value::Object(states);
 }
 
 fn warn_problems(snapshot: &Snapshot) {

@@ -176,6 +176,39 @@ impl StoredGrant {
     }
 }
 
+/// What `explain` says of a server's stored grant (`read`: what reading it gave, `None` when
+/// there is none), for the server at `url` pinned to `issuer`, at `now`: whether someone must
+/// log in, and how fresh the grant is. Never a token.
+pub(crate) fn grant_state(
+    read: Result<Option<&StoredGrant>, String>,
+    server: &str,
+    url: &str,
+    issuer: &str,
+    now: u64,
+) -> String {
+    let login = format!("run `spearlet auth login --server {server}`");
+    let grant = match read {
+        Ok(Some(grant)) => grant,
+        Ok(None) => return format!("no grant stored: {login}"),
+        Err(why) => return format!("{why}: {login}"),
+    };
+    if let Some(why) = grant.mismatch(url, issuer) {
+        return format!("{why}: {login}");
+    }
+    let access = match (grant.access_token.as_deref(), grant.access_token_expires_at) {
+        (None, _) => "no access token yet".to_string(),
+        (Some(_), Some(at)) if at <= now => "access token expired".to_string(),
+        (Some(_), Some(at)) => format!("access token fresh for {} s", at - now),
+        (Some(_), None) => "access token of unknown lifetime".to_string(),
+    };
+    let renewal = if grant.refresh_token.is_some() {
+        "renewed with its refresh token".to_string()
+    } else {
+        format!("no refresh token: when the access token expires, {login}")
+    };
+    format!("grant stored (consented {} s ago), {access}, {renewal}", now.saturating_sub(grant.obtained_at))
+}
+
 /// Unix seconds now.
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -253,6 +286,26 @@ mod tests {
         let mut unknown = sample();
         unknown.access_token_expires_at = None;
         assert!(unknown.usable_access_token(u64::MAX, 60).is_some());
+    }
+
+    #[test]
+    fn explain_says_whether_someone_must_log_in_and_never_shows_a_token() {
+        let grant = sample();
+        let (url, issuer) = ("https://mcp.example.com/mcp", "https://as.example.com");
+        let state = |read: Result<Option<&StoredGrant>, String>, now| grant_state(read, "github", url, issuer, now);
+        let fresh = state(Ok(Some(&grant)), 1_500);
+        assert!(fresh.contains("fresh for 500 s") && fresh.contains("refresh token"), "{fresh}");
+        assert!(state(Ok(Some(&grant)), 3_000).contains("expired"));
+        assert!(state(Ok(None), 0).contains("spearlet auth login --server github"));
+        assert!(state(Err("unreadable".into()), 0).starts_with("unreadable: run"));
+        let moved = grant_state(Ok(Some(&grant)), "github", "https://other.example.com/mcp", issuer, 0);
+        assert!(moved.contains("spec.http.url") && moved.contains("auth login"), "{moved}");
+        let mut once = sample();
+        once.refresh_token = None;
+        assert!(state(Ok(Some(&once)), 1_500).contains("no refresh token"));
+        for text in [fresh, state(Ok(Some(&once)), 3_000)] {
+            assert!(!text.contains("token-value"), "{text}");
+        }
     }
 
     #[test]
