@@ -78,7 +78,10 @@ fuzz_target!(|input: Input| {
     }
 
     if resource_covers(&input.resource, &input.server) == Some(true) {
-        let (r, s) = (url::Url::parse(&input.resource).expect("a covering resource is a URL"), url::Url::parse(&input.server).expect("url"));
+        let (r, s) = (
+            url::Url::parse(&input.resource).expect("a covering resource is a URL"),
+            url::Url::parse(&input.server).expect("url"),
+        );
         assert_eq!(r.origin(), s.origin(), "{} covers {}", input.resource, input.server);
     }
 
