@@ -108,26 +108,28 @@ YAML
 source "$(dirname "$0")/lib.sh"
 write_profile "$WORK/registry/sut.yaml" sut
 export SPEAR_GRANT_DIR="$WORK/grants"
-if grep -q authorizationCode "$WORK/registry/sut.yaml"; then
-  # The person's part: `spearlet auth login --no-browser` prints the authorization URL, and the
-  # browser is python's urllib, which follows the suite's (auto-approving) authorization server
-  # back to the login's loopback listener, as the suite's own headless clients do.
+# The person's part: `spearlet auth login --no-browser` prints the authorization URL, and the
+# browser is python's urllib, which follows the suite's (auto-approving) authorization server
+# back to the login's loopback listener, as the suite's own headless clients do.
+login() {
   "$SPEARLET" auth login --server sut --registry-dir "$WORK/registry" --no-browser --timeout 20 \
     >"$WORK/login.url" 2>"$WORK/login.log" &
-  LOGIN_PID=$!
+  local pid=$! _
   for _ in $(seq 1 80); do
     [[ -s "$WORK/login.url" ]] && break
-    kill -0 "$LOGIN_PID" 2>/dev/null || break
+    kill -0 "$pid" 2>/dev/null || break
     sleep 0.25
   done
   if [[ -s "$WORK/login.url" ]]; then
     python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10).read()' \
       "$(head -n 1 "$WORK/login.url")" >/dev/null 2>&1 || true
   fi
-  if ! wait "$LOGIN_PID"; then
-    cat "$WORK/login.log" >&2
-    exit 1
-  fi
+  wait "$pid" || { cat "$WORK/login.log" >&2; return 1; }
+}
+CODE_FLOW=""
+if grep -q authorizationCode "$WORK/registry/sut.yaml"; then
+  CODE_FLOW=1
+  login || exit 1
 fi
 start_spearlet "$WORK"
 # Not ready is no reason to stop: some scenarios' servers refuse the first connection on purpose.
@@ -154,3 +156,10 @@ done
 # with defaults are the pool's to send, SEP-1034). It stands for the person the agent lacks.
 [[ ${#CALLS[@]} -eq 0 ]] || "${PYTHON:-python3}" "$(dirname "$0")/../../tests/servers/mcp_relay_client.py" \
   --url "http://127.0.0.1:$HTTP_PORT/mcp" --accept-as-shown "${CALLS[@]}" >/dev/null || true
+# A call the grant's scopes do not cover (403 insufficient_scope) notes the demanded scopes in the
+# grant and says to log in again: the person does, and the calls are made again.
+if [[ -n "$CODE_FLOW" && ${#CALLS[@]} -gt 0 ]] && grep -q step_up_scopes "$WORK/grants/sut.json" 2>/dev/null; then
+  login || exit 1
+  "${PYTHON:-python3}" "$(dirname "$0")/../../tests/servers/mcp_relay_client.py" \
+    --url "http://127.0.0.1:$HTTP_PORT/mcp" --accept-as-shown "${CALLS[@]}" >/dev/null || true
+fi

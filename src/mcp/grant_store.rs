@@ -121,6 +121,7 @@ mod tests {
             scope: String::new(),
             obtained_at: 1,
             refreshed_at: None,
+            step_up_scopes: Vec::new(),
         }
     }
 

@@ -211,6 +211,7 @@ pub(crate) async fn login(request: &LoginRequest, show: impl FnOnce(&url::Url)) 
         access_token_expires_at: issued.expires_in.map(|d| now.saturating_add(d.as_secs())),
         obtained_at: now,
         refreshed_at: None,
+        step_up_scopes: Vec::new(),
     })
 }
 

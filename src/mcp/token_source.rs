@@ -192,6 +192,63 @@ impl TokenSource {
         self.fetch(&mut state, Some(challenge), reason).await
     }
 
+    /// After the server refused `rejected` for insufficient scope (`403`, `challenge`): a token
+    /// of a newer grant (someone logged in again since), else the refusal that says what to
+    /// consent to, with the demanded scopes noted in the grant for the next login.
+    pub(crate) async fn step_up(&self, rejected: Option<&str>, challenge: &str) -> Result<String, TokenError> {
+        let demanded: Vec<String> = challenge_scope(Some(challenge), &self.url)
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        let AuthMode::AuthorizationCode { grant: GrantLocation::File(path), .. } = &self.auth.mode else {
+            return Err(TokenError::transient(format!(
+                "the server refused the call for insufficient scope (WWW-Authenticate: {}); check the scopes \
+                 spec.http.auth.scopes allows and the client is granted",
+                oauth::quote(challenge)
+            )));
+        };
+        let mut state = self.state.lock().await;
+        let mut grant = read_grant(path).await?;
+        let issuer = self.auth.issuer.clone().unwrap_or_default();
+        if let Some(why) = grant.mismatch(&self.url, &issuer) {
+            return Err(TokenError::lasting(why));
+        }
+        let now = grant::unix_now();
+        if let Some(token) = grant.usable_access_token(now, 0).filter(|t| Some(*t) != rejected) {
+            let renew_at = grant
+                .access_token_expires_at
+                .and_then(|at| oauth::renew_after(Some(std::time::Duration::from_secs(at.saturating_sub(now)))))
+                .map(|after| Instant::now() + after);
+            self.secrets.hold(&format!("access token of {}", self.server), token, Some(&self.server));
+            state.token = Some(Cached { token: token.to_string(), renew_at });
+            return Ok(token.to_string());
+        }
+        let missing = match grant::step_up(&grant.scope, &demanded, &self.auth.scopes) {
+            grant::StepUp::Futile(why) => return Err(TokenError::transient(why)),
+            grant::StepUp::Login(missing) => missing,
+        };
+        for scope in &missing {
+            if !grant.step_up_scopes.contains(scope) {
+                grant.step_up_scopes.push(scope.clone());
+            }
+        }
+        let shown = missing.iter().map(|s| oauth::quote(s)).collect::<Vec<_>>().join(" ");
+        let write = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || grant_store::write(&path, &grant)
+        });
+        match write.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(server_id = %self.server, error = %e, "the demanded scopes were not noted"),
+            Err(e) => tracing::warn!(server_id = %self.server, error = %e, "the demanded scopes were not noted"),
+        }
+        tracing::info!(server_id = %self.server, scopes = %shown, "the server asks for more scopes than the grant has");
+        Err(TokenError::transient(format!(
+            "the server asks for scope(s) {shown} for this call, which the person's grant does not have: run \
+             `spearlet auth login --server {}` to consent to them (the login asks for them too)",
+            self.server
+        )))
+    }
+
     /// The pod's service-account token at `file`, held for redaction as it is read.
     async fn read_token_file(&self, file: &Path) -> Result<String, TokenError> {
         let token = read_token_file(file).await?;
@@ -453,21 +510,8 @@ impl TokenSource {
             GrantLocation::Unavailable(why) => return Err(TokenError::lasting(why.clone())),
         };
         let issuer = self.auth.issuer.clone().unwrap_or_default();
-        let read = tokio::task::spawn_blocking({
-            let path = path.clone();
-            move || grant_store::read(&path)
-        });
-        let mut grant = match read.await {
-            Ok(Ok(grant)) => grant,
-            Ok(Err(grant_store::GrantStoreError::Missing { .. })) => {
-                return Err(TokenError::lasting(format!(
-                    "the server needs a person's consent and none is stored ({}): {login}",
-                    path.display()
-                )));
-            }
-            Ok(Err(e)) => return Err(TokenError::lasting(format!("{e}: {login}"))),
-            Err(e) => return Err(TokenError::transient(format!("reading the grant: {e}"))),
-        };
+        let mut grant =
+            read_grant(&path).await.map_err(|e| TokenError { message: format!("{}: {login}", e.message), ..e })?;
         if let Some(why) = grant.mismatch(&self.url, &issuer) {
             return Err(TokenError::lasting(format!("{why}: {login}")));
         }
@@ -539,6 +583,24 @@ impl TokenSource {
             Err(e) => tracing::warn!(server_id = %self.server, error = %e, "the renewed grant was not written back"),
         }
         Ok(issued)
+    }
+}
+
+/// The stored grant at `path`, read off the runtime's threads. A missing or unreadable one is a
+/// lasting refusal (a person must log in).
+async fn read_grant(path: &Path) -> Result<grant::StoredGrant, TokenError> {
+    let read = tokio::task::spawn_blocking({
+        let path = path.to_path_buf();
+        move || grant_store::read(&path)
+    });
+    match read.await {
+        Ok(Ok(grant)) => Ok(grant),
+        Ok(Err(grant_store::GrantStoreError::Missing { .. })) => Err(TokenError::lasting(format!(
+            "the server needs a person's consent and none is stored ({})",
+            path.display()
+        ))),
+        Ok(Err(e)) => Err(TokenError::lasting(e.to_string())),
+        Err(e) => Err(TokenError::transient(format!("reading the grant: {e}"))),
     }
 }
 

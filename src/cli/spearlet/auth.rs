@@ -111,6 +111,15 @@ impl LoginArgs {
             None => grant_store::grant_dir(|v| std::env::var(v).ok()).map_err(usage)?,
         };
         let path = grant_store::grant_path(&grant_dir, name).map_err(usage)?;
+        // Logging in again asks for what the stored grant has and what the server demanded of
+        // it since (a step-up), so no call that worked stops working.
+        let mut extra_scopes = self.scopes.clone();
+        if let Ok(stored) = grant_store::read(&path)
+            && stored.mismatch(&http.url, &issuer).is_none()
+        {
+            extra_scopes.extend(stored.scope.split_whitespace().map(str::to_string));
+            extra_scopes.extend(stored.step_up_scopes.iter().cloned());
+        }
         let request = LoginRequest {
             server: name.clone(),
             url: http.url.clone(),
@@ -121,7 +130,7 @@ impl LoginArgs {
                 metadata_url: code.client_id_metadata_url.clone(),
             },
             allowed_scopes: auth.scopes.clone(),
-            extra_scopes: self.scopes.clone(),
+            extra_scopes,
             redirect_port: self.redirect_port,
             timeout: Duration::from_secs(self.timeout.max(1)),
         };

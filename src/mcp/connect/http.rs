@@ -160,6 +160,14 @@ impl PoolHttp {
         };
         let token = source.current().await.map_err(|e| self.token_failed(e))?;
         match call(token.clone()).await {
+            // 403 insufficient_scope: a newer grant's token, sent again once, or why not.
+            Err(StreamableHttpError::InsufficientScope(e)) => {
+                let fresh = source
+                    .step_up(token.as_deref(), &e.www_authenticate_header)
+                    .await
+                    .map_err(|e| self.token_failed(e))?;
+                call(Some(fresh)).await
+            }
             Err(StreamableHttpError::AuthRequired(c)) => {
                 let fresh = source
                     .renew(token.as_deref(), &c.www_authenticate_header)

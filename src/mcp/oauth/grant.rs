@@ -94,6 +94,10 @@ pub(crate) struct StoredGrant {
     /// When the refresh token was last replaced (Unix seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) refreshed_at: Option<u64>,
+    /// Scopes the server demanded for a call (`403 insufficient_scope`) that the grant lacks:
+    /// the next `spearlet auth login` asks for them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) step_up_scopes: Vec<String>,
 }
 
 impl std::fmt::Debug for StoredGrant {
@@ -176,6 +180,44 @@ impl StoredGrant {
     }
 }
 
+/// What a server's `insufficient_scope` demand means for a grant holding `granted` (its
+/// space-separated scopes), with the McpServer allowing `allowed` (empty: anything).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StepUp {
+    /// A person must consent to these scopes too (`spearlet auth login`).
+    Login(Vec<String>),
+    /// Another consent would not help: the message says why.
+    Futile(String),
+}
+
+/// See [`StepUp`]: the demanded scopes the grant lacks, unless the McpServer does not allow them
+/// or the grant already has them all (a server that refuses even then would make every login
+/// futile, so none is asked for: the retry limit of the MCP spec's step-up).
+pub(crate) fn step_up(granted: &str, demanded: &[String], allowed: &[String]) -> StepUp {
+    let shown = |s: &[String]| s.iter().take(8).map(|x| super::quote(x)).collect::<Vec<_>>().join(" ");
+    if demanded.is_empty() {
+        return StepUp::Futile("the server refused the call for insufficient scope without naming one".to_string());
+    }
+    let refused: Vec<String> =
+        demanded.iter().filter(|s| !allowed.is_empty() && !allowed.contains(s)).cloned().collect();
+    if !refused.is_empty() {
+        return StepUp::Futile(format!(
+            "the server asks for scope(s) {} for this call, which spec.http.auth.scopes does not allow",
+            shown(&refused)
+        ));
+    }
+    let held: Vec<&str> = granted.split_whitespace().collect();
+    let missing: Vec<String> = demanded.iter().filter(|s| !held.contains(&s.as_str())).cloned().collect();
+    if missing.is_empty() {
+        return StepUp::Futile(format!(
+            "the server refuses the call for insufficient scope, though the grant has the scope(s) it asks for ({}); \
+             another consent would not change that",
+            shown(demanded)
+        ));
+    }
+    StepUp::Login(missing)
+}
+
 /// What `explain` says of a server's stored grant (`read`: what reading it gave, `None` when
 /// there is none), for the server at `url` pinned to `issuer`, at `now`: whether someone must
 /// log in, and how fresh the grant is. Never a token.
@@ -237,6 +279,20 @@ mod tests {
             scope: "repo:read".into(),
             obtained_at: 1_000,
             refreshed_at: None,
+            step_up_scopes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_step_up_asks_for_the_missing_scopes_once_and_never_what_is_not_allowed() {
+        let v = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(step_up("mcp:basic", &v(&["mcp:write"]), &[]), StepUp::Login(v(&["mcp:write"])));
+        assert_eq!(step_up("mcp:basic", &v(&["mcp:basic", "mcp:write"]), &[]), StepUp::Login(v(&["mcp:write"])));
+        assert!(matches!(step_up("mcp:admin", &v(&["mcp:admin"]), &[]), StepUp::Futile(_)));
+        assert!(matches!(step_up("a", &[], &[]), StepUp::Futile(_)));
+        match step_up("a", &v(&["admin"]), &v(&["a", "b"])) {
+            StepUp::Futile(why) => assert!(why.contains("spec.http.auth.scopes"), "{why}"),
+            other => panic!("{other:?}"),
         }
     }
 
