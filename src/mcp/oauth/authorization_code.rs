@@ -172,14 +172,14 @@ pub(crate) fn read_redirect(query: &str, expected: &ExpectedRedirect<'_>) -> Red
                 "the redirect's iss {} is not the issuer the request went to ({}): an authorization response \
                  from another authorization server (RFC 9207 mix-up) is not used",
                 quote(got),
-                expected.issuer
+                quote(expected.issuer)
             ));
         }
         None if expected.iss_supported && error.is_none() => {
             return Redirect::Refused(format!(
                 "the redirect has no iss parameter, though {}'s metadata says it sends one \
                  (authorization_response_iss_parameter_supported): the response is not used (RFC 9207)",
-                expected.issuer
+                quote(expected.issuer)
             ));
         }
         _ => {}
