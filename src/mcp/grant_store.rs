@@ -100,29 +100,9 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
-    use crate::mcp::oauth::grant::{ClientAuthMethod, GRANT_FORMAT, GrantClient};
 
     fn grant() -> StoredGrant {
-        StoredGrant {
-            format: GRANT_FORMAT,
-            server: "github".into(),
-            server_url: "https://mcp.example.com/mcp".into(),
-            resource: "https://mcp.example.com/mcp".into(),
-            issuer: "https://as.example.com".into(),
-            client: GrantClient {
-                client_id: "c".into(),
-                client_secret: None,
-                auth_method: ClientAuthMethod::None,
-                registration: "dynamic".into(),
-            },
-            refresh_token: Some("r".into()),
-            access_token: None,
-            access_token_expires_at: None,
-            scope: String::new(),
-            obtained_at: 1,
-            refreshed_at: None,
-            step_up_scopes: Vec::new(),
-        }
+        crate::mcp::oauth::grant::tests::sample()
     }
 
     #[test]

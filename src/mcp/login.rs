@@ -176,26 +176,22 @@ pub(crate) async fn login(request: &LoginRequest, show: impl FnOnce(&url::Url)) 
     let expected = ExpectedRedirect { state: &state, issuer: &request.issuer, iss_supported: server.iss_supported };
     let code = wait_for_redirect(listener, &expected, request.timeout, || show(&authorize)).await?;
 
-    let mut form: Vec<(&str, &str)> = vec![
+    let form = [
         ("grant_type", "authorization_code"),
-        ("code", &code),
-        ("redirect_uri", &redirect_uri),
-        ("code_verifier", &pkce.verifier),
-        ("resource", &resource),
+        ("code", code.as_str()),
+        ("redirect_uri", redirect_uri.as_str()),
+        ("code_verifier", pkce.verifier.as_str()),
+        ("resource", resource.as_str()),
     ];
-    let answer = match (client.auth_method, client.client_secret.as_deref()) {
-        (ClientAuthMethod::ClientSecretBasic, Some(secret)) => {
-            http.post_form(&server.token_endpoint, &form, Some((&client.client_id, secret))).await?
-        }
-        (ClientAuthMethod::ClientSecretPost, Some(secret)) => {
-            form.extend([("client_id", client.client_id.as_str()), ("client_secret", secret)]);
-            http.post_form(&server.token_endpoint, &form, None).await?
-        }
-        _ => {
-            form.push(("client_id", &client.client_id));
-            http.post_form(&server.token_endpoint, &form, None).await?
-        }
-    };
+    let answer = http
+        .post_form_as_client(
+            &server.token_endpoint,
+            &form,
+            &client.client_id,
+            client.client_secret.as_deref(),
+            client.auth_method,
+        )
+        .await?;
     let issued = oauth::parse_token_response(answer.status, &answer.body)?;
     let now = unix_now();
     Ok(StoredGrant {

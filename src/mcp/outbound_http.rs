@@ -201,6 +201,31 @@ impl OutboundHttp {
         self.send(url, request).await
     }
 
+    /// POST the token request `form` to `url` as the client `client_id`, authenticated by
+    /// `method` with `secret` (RFC 6749 section 2.3.1; a public client, or one without its
+    /// secret, sends only its id).
+    pub(crate) async fn post_form_as_client(
+        &self,
+        url: &url::Url,
+        form: &[(&str, &str)],
+        client_id: &str,
+        secret: Option<&str>,
+        method: super::oauth::grant::ClientAuthMethod,
+    ) -> Result<Answer, TokenError> {
+        use super::oauth::grant::ClientAuthMethod;
+        let mut form = form.to_vec();
+        match (method, secret) {
+            (ClientAuthMethod::ClientSecretBasic, Some(secret)) => {
+                return self.post_form(url, &form, Some((client_id, secret))).await;
+            }
+            (ClientAuthMethod::ClientSecretPost, Some(secret)) => {
+                form.extend([("client_id", client_id), ("client_secret", secret)]);
+            }
+            _ => form.push(("client_id", client_id)),
+        }
+        self.post_form(url, &form, None).await
+    }
+
     /// POST the JSON `body` to `url` with `headers`, within `timeout`; the answer is read up to
     /// `max_bytes` (a longer one is an error).
     pub(crate) async fn post_json(

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use super::config::{AuthEndpoint, AuthMode, GrantLocation};
 use super::discovery;
 use super::grant_store;
-use super::oauth::grant::{self, ClientAuthMethod};
+use super::oauth::grant;
 use super::oauth::{self, IssuedToken, RequestBudget, TokenError};
 use super::outbound_http::OutboundHttp;
 use crate::api::{JwtAlgorithm, TokenGrant};
@@ -538,22 +538,18 @@ impl TokenSource {
         if let Some(secret) = &secret {
             self.secrets.hold(&format!("client secret of {}", self.server), secret, Some(&self.server));
         }
-        let client_id = grant.client.client_id.clone();
-        let mut form: Vec<(&str, &str)> =
-            vec![("grant_type", GRANT_REFRESH_TOKEN), ("refresh_token", &refresh_token), ("resource", &grant.resource)];
-        let answer = match (grant.client.auth_method, secret.as_deref()) {
-            (ClientAuthMethod::ClientSecretBasic, Some(secret)) => {
-                self.http.post_form(&found.token_endpoint, &form, Some((&client_id, secret))).await?
-            }
-            (ClientAuthMethod::ClientSecretPost, Some(secret)) => {
-                form.extend([("client_id", client_id.as_str()), ("client_secret", secret)]);
-                self.http.post_form(&found.token_endpoint, &form, None).await?
-            }
-            _ => {
-                form.push(("client_id", &client_id));
-                self.http.post_form(&found.token_endpoint, &form, None).await?
-            }
-        };
+        let form =
+            [("grant_type", GRANT_REFRESH_TOKEN), ("refresh_token", &refresh_token), ("resource", &grant.resource)];
+        let answer = self
+            .http
+            .post_form_as_client(
+                &found.token_endpoint,
+                &form,
+                &grant.client.client_id,
+                secret.as_deref(),
+                grant.client.auth_method,
+            )
+            .await?;
         let issued = oauth::parse_token_response(answer.status, &answer.body).map_err(|e| {
             // The refresh token itself is refused: revoked, expired, or rotated by another user.
             if e.message.contains("\"invalid_grant\"") {

@@ -257,10 +257,11 @@ pub(crate) fn unix_now() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample() -> StoredGrant {
+    /// A grant of every field, for the tests here and the grant store's.
+    pub(crate) fn sample() -> StoredGrant {
         StoredGrant {
             format: GRANT_FORMAT,
             server: "github".into(),
