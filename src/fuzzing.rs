@@ -740,6 +740,45 @@ pub fn parse_grant(bytes: &[u8]) -> Result<(String, Option<String>), String> {
         .map_err(|e| e.to_string())
 }
 
+/// `mcp::oauth::grant_secret` over a grant Secret shaped by whoever may write it: its
+/// `allowed-servers` and renewal-claim annotations and its `grant.json`, read for `server` by the
+/// agent `holder` at `now`: (whether the grant was handed over, who else holds the renewal, what
+/// the condition's presence says of a refusal note).
+pub fn grant_secret(
+    allowed: Option<&str>,
+    claim: Option<&str>,
+    refused: Option<&str>,
+    data: &[u8],
+    (server, holder, now): (&str, &str, u64),
+) -> (bool, Option<String>, Option<String>) {
+    use crate::api::keys::{ANNOTATION_GRANT_LOGIN_REQUIRED, ANNOTATION_GRANT_RENEWING, GRANT_SECRET_KEY};
+    use crate::mcp::oauth::grant_secret::{self, GrantPresence};
+    let mut annotations = std::collections::BTreeMap::new();
+    for (key, value) in [
+        (crate::api::secret_grant::ANNOTATION_ALLOWED_SERVERS, allowed),
+        (ANNOTATION_GRANT_RENEWING, claim),
+        (ANNOTATION_GRANT_LOGIN_REQUIRED, refused),
+    ] {
+        if let Some(value) = value {
+            annotations.insert(key.to_string(), value.to_string());
+        }
+    }
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        data: Some([(GRANT_SECRET_KEY.to_string(), k8s_openapi::ByteString(data.to_vec()))].into()),
+        ..Default::default()
+    };
+    let given = grant_secret::grant_of(&secret, server).is_ok();
+    let presence = match grant_secret::presence(secret.metadata.annotations.as_ref()) {
+        GrantPresence::LoginRequired(why) => Some(why),
+        _ => None,
+    };
+    (given, grant_secret::claimed_by_other(&secret, holder, now), presence)
+}
+
 /// `mcp::login::resource_covers` (`None`: `server` is not a URL).
 pub fn resource_covers(resource: &str, server: &str) -> Option<bool> {
     Some(crate::mcp::login::resource_covers(resource, &url::Url::parse(server).ok()?))

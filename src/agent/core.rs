@@ -109,6 +109,8 @@ pub struct AgentState {
     /// A hash of the default tool set (names, descriptions, schemas): it changes exactly when
     /// an MCP client must be told `tools/list_changed`.
     pub(crate) tools_fingerprint: u64,
+    /// Of why unlisted servers are not listed (`ProfileCatalog::listings`).
+    pub(crate) listings_fingerprint: u64,
     /// The effective set of a request that narrows nothing, computed once per state (the hot
     /// path of `/mcp`).
     pub(crate) default_set: Option<Arc<EffectiveSet>>,
@@ -242,6 +244,7 @@ impl Agent {
             first_lists_done: false,
             generation: 0,
             tools_fingerprint: 0,
+            listings_fingerprint: 0,
             default_set: None,
         };
         let (state, _) = watch::channel(Arc::new(initial));
@@ -1055,12 +1058,25 @@ impl Agent {
     ) {
         let default_set = catalog.as_ref().and_then(|c| c.effective(None, &[]).ok()).map(Arc::new);
         let fingerprint = default_set.as_deref().map_or(0, fingerprint);
+        // What a call to an unlisted server is told (a refusal's message) is a change too, but
+        // not one of the tools MCP clients are told about.
+        let listings = {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            for (id, listing, _) in catalog.iter().flat_map(|c| c.listings()) {
+                id.hash(&mut hasher);
+                if !matches!(listing, Listing::Listed) {
+                    format!("{listing:?}").hash(&mut hasher);
+                }
+            }
+            hasher.finish()
+        };
         let metrics = &self.inner.options.registry_metrics;
         self.inner.state.send_if_modified(|current| {
             let same = current.generation > 0
                 && current.snapshot.revision() == snapshot.revision()
                 && current.snapshot.problems() == snapshot.problems()
                 && current.tools_fingerprint == fingerprint
+                && current.listings_fingerprint == listings
                 && current.catalog.is_some() == catalog.is_some()
                 && current.profile_error == profile_error
                 && current.first_lists_done == first_lists_done;
@@ -1078,6 +1094,7 @@ impl Agent {
                 first_lists_done,
                 generation,
                 tools_fingerprint: fingerprint,
+                listings_fingerprint: listings,
                 default_set,
             });
             true

@@ -33,6 +33,7 @@ use super::serve::{AgentConfig, AuditTarget, Listeners, ServeError, serve};
 use crate::api::keys;
 use crate::egress::AddressDenyList;
 use crate::mcp::config::Mode;
+use crate::mcp::grant_store::secret::GrantSecrets;
 use crate::mcp::{Pool, PoolOptions};
 use crate::registry::dir::{DirOptions, DirSource};
 use crate::registry::kube::{Error as KubeError, KubeSource};
@@ -285,6 +286,15 @@ async fn run(
         Some(egress) => egress.clone(),
         None => default_egress.parse().map_err(|e| RunError::Config(format!("--egress-deny-cidrs: {e}")))?,
     };
+    // The Secrets of persons' grants are read and renewed through the same client, one pod at a
+    // time: the claim names the pod.
+    let grant_secrets = match (&kube, &origin.namespace) {
+        (Some(client), Some(namespace)) => {
+            let holder = origin.pod.clone().unwrap_or_else(|| format!("spearlet-{}", std::process::id()));
+            Some(GrantSecrets::new(client.clone(), namespace, &holder))
+        }
+        _ => None,
+    };
     let pool = Pool::new(PoolOptions {
         mode,
         egress: egress.clone(),
@@ -297,6 +307,9 @@ async fn run(
         hidden_env: config.upstream.api_key_env.iter().cloned().collect(),
         ..PoolOptions::default()
     });
+    if let Some(grant_secrets) = grant_secrets {
+        pool.use_grant_secrets(grant_secrets);
+    }
     let mut options = AgentOptions::new(profile);
     options.audit = audit;
     options.registry_metrics = registry_metrics;

@@ -16,6 +16,10 @@ pub mod types {
     /// allowlists leave nothing of servers whose tools are known), `Unknown` when no server's
     /// tools are known to the operator (stdio servers are listed by agents only).
     pub(crate) const TOOLS_OFFERED: &str = "ToolsOffered";
+    /// A person's grant for the server is stored in its `authorizationCode.tokenSecretRef`
+    /// Secret and not known to be refused; set only for such servers, from the Secret's
+    /// annotations (the operator never reads its data).
+    pub(crate) const GRANT_READY: &str = "GrantReady";
 }
 
 /// Condition reasons (CamelCase, as Kubernetes API conventions ask).
@@ -50,6 +54,12 @@ pub mod reasons {
     /// ServiceAccount identity it asks for; the message names it. The Gateway API's reason for a
     /// missing grant.
     pub(crate) const REF_NOT_PERMITTED: &str = "RefNotPermitted";
+    /// A person's grant is stored (the message says when it was last renewed).
+    pub(crate) const GRANT_STORED: &str = "GrantStored";
+    /// The grant Secret does not exist: nobody has logged in yet.
+    pub(crate) const NO_GRANT: &str = "NoGrant";
+    /// An agent found the grant refused (revoked or expired): a person must log in again.
+    pub(crate) const LOGIN_REQUIRED: &str = "LoginRequired";
     /// The profile offers tools of servers whose tools are known.
     pub(crate) const TOOLS_OFFERED: &str = "ToolsOffered";
     /// The profile allows no McpServer that exists.

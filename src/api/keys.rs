@@ -66,6 +66,21 @@ pub const ENV_AUTH_TOKEN_DIR: &str = "SPEAR_AUTH_TOKEN_DIR";
 /// Local mode: the directory of the grants `spearlet auth login` stores (`<dir>/<server>.json`);
 /// default `$XDG_STATE_HOME/spear-mcp/grants` (`~/.local/state/spear-mcp/grants`).
 pub const ENV_GRANT_DIR: &str = "SPEAR_GRANT_DIR";
+/// Cluster mode: the type of the Secret holding a person's grant (`tokenSecretRef`).
+pub const GRANT_SECRET_TYPE: &str = "mcp.spear.dev/oauth-grant";
+/// The grant Secret's key holding the grant document.
+pub const GRANT_SECRET_KEY: &str = "grant.json";
+/// Label on a grant Secret: the McpServer whose grant it holds.
+pub const LABEL_GRANT_FOR: &str = "mcp.spear.dev/grant-for";
+/// Annotation on a grant Secret: when a person logged in or an agent last renewed the grant
+/// (RFC 3339); what the operator's condition shows, without reading the data.
+pub const ANNOTATION_GRANT_RENEWED_AT: &str = "mcp.spear.dev/grant-renewed-at";
+/// Annotation on a grant Secret: set by an agent when the authorization server refused the
+/// grant (revoked or expired), with why; removed by the next login.
+pub const ANNOTATION_GRANT_LOGIN_REQUIRED: &str = "mcp.spear.dev/grant-login-required";
+/// Annotation on a grant Secret: `<holder> <unix seconds>`, the agent renewing it now (others
+/// wait for its result instead of spending the refresh token too).
+pub const ANNOTATION_GRANT_RENEWING: &str = "mcp.spear.dev/grant-renewing";
 /// Where the kubelet mounts a container's service-account token.
 pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 pub const BIN_DIR: &str = "/spear/bin";

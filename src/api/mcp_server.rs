@@ -325,8 +325,8 @@ pub struct HttpAuth {
     /// person runs `spearlet auth login --server NAME` once and consents in a browser; the
     /// grant (refresh token, registered client, issuer) is stored and the agent renews access
     /// tokens from it without a person. For the public remote servers that only offer this
-    /// flow. Local mode only in this version (a 0600 file per server); an injected pod refuses
-    /// the server with an error saying so.
+    /// flow. The grant lives in a 0600 file per server in local mode, and in the Secret
+    /// `tokenSecretRef` names in a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authorization_code: Option<AuthorizationCodeAuth>,
 
@@ -395,6 +395,24 @@ pub struct AuthorizationCodeAuth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https://"))]
     pub client_id_metadata_url: Option<String>,
+
+    /// The Secret of this namespace that holds the grant in a cluster (key `grant.json`):
+    /// `spearlet auth login --server NAME -n NAMESPACE` creates or updates it, and the pods'
+    /// agents read it and write renewed tokens back, so their service account needs `get` and
+    /// `update` on this Secret by name. Like any Secret, it is used only when its annotation
+    /// `mcp.spear.dev/allowed-servers` names this server. Required for pods; local mode keeps
+    /// the grant in a file instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<GrantSecretRef>,
+}
+
+/// The Secret holding a person's grant.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantSecretRef {
+    /// The Secret's name, in the McpServer's namespace.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
 }
 
 /// A private key for `private_key_jwt`.

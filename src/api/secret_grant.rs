@@ -88,7 +88,16 @@ pub fn server_secret_refs(server: &McpServer) -> Vec<SecretRef> {
     for (_, field, selector) in server.spec.http.iter().flat_map(|h| &h.auth).flat_map(|a| a.secret_values()) {
         refs.push(SecretRef { field: field.to_string(), secret: selector.name.clone() });
     }
+    refs.extend(grant_secret_ref(server));
     refs
+}
+
+/// The Secret holding a person's grant for `server` (`authorizationCode.tokenSecretRef`): read
+/// and written by the pods' agents themselves, never delivered by the webhook.
+pub fn grant_secret_ref(server: &McpServer) -> Option<SecretRef> {
+    let auth = server.spec.http.as_ref()?.auth.as_ref()?;
+    let name = &auth.authorization_code.as_ref()?.token_secret_ref.as_ref()?.name;
+    Some(SecretRef { field: "spec.http.auth.authorizationCode.tokenSecretRef".into(), secret: name.clone() })
 }
 
 /// The Secrets `profile` references: its upstream API key and its webhook approvers' signing keys.
@@ -136,6 +145,11 @@ impl SecretGrants {
     /// A Secret's annotations (`None`: it does not exist).
     pub fn insert(&mut self, secret: impl Into<String>, annotations: Option<BTreeMap<String, String>>) {
         self.secrets.insert(secret.into(), annotations);
+    }
+
+    /// The annotations of `secret`; `None` when it does not exist (or was not read).
+    pub fn annotations(&self, secret: &str) -> Option<&BTreeMap<String, String>> {
+        self.secrets.get(secret)?.as_ref()
     }
 
     /// Grants from Secrets that all allow everything: what local mode and tests without an API
@@ -194,7 +208,7 @@ impl SecretGrants {
 }
 
 /// Whether the comma-separated `list` names `name` or is `*`.
-fn lists(list: &str, name: &str) -> bool {
+pub(crate) fn lists(list: &str, name: &str) -> bool {
     list.split(',').map(str::trim).any(|item| item == "*" || item == name)
 }
 

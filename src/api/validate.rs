@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::ObjectMeta;
 
 use super::env_ref;
-use super::{ApprovalPolicy, HttpAuth, HttpSpec, McpProfile, McpServer, StdioSpec, Transport};
+use super::{ApprovalPolicy, AuthorizationCodeAuth, HttpAuth, HttpSpec, McpProfile, McpServer, StdioSpec, Transport};
 
 /// One problem in a resource: the field path (`spec.http.url`), what is wrong, and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -532,39 +532,7 @@ fn validate_auth(p: &mut Problems, auth: &HttpAuth) {
         );
     }
     if let Some(ac) = &auth.authorization_code {
-        const FIELD: &str = "spec.http.auth.authorizationCode";
-        if ac.client_id.is_some() && ac.client_id_metadata_url.is_some() {
-            p.push(
-                FIELD,
-                "sets both clientId and clientIdMetadataUrl",
-                "keep clientId for a pre-registered client, or clientIdMetadataUrl for a metadata document",
-            );
-        }
-        if ac.client_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
-            p.push(
-                format!("{FIELD}.clientId"),
-                "is empty",
-                "set the id the authorization server registered, or remove it",
-            );
-        }
-        if ac.client_secret.is_some() && ac.client_id.is_none() {
-            p.push(
-                format!("{FIELD}.clientSecret"),
-                "belongs to a pre-registered client",
-                "set clientId too, or remove clientSecret (a dynamically registered client gets its own)",
-            );
-        }
-        if let Some(url) = ac.client_id_metadata_url.as_deref() {
-            let field = format!("{FIELD}.clientIdMetadataUrl");
-            match url::Url::parse(url) {
-                Ok(u) if u.scheme() == "https" && u.host_str().is_some() && u.fragment().is_none() => {}
-                _ => p.push(
-                    field,
-                    format!("{url:?} is not an https:// URL"),
-                    "use the https:// URL that serves the client's metadata document (it is the client id)",
-                ),
-            }
-        }
+        validate_authorization_code(p, ac);
     }
     p.max_items("spec.http.auth.scopes", &auth.scopes, bounds::HEADERS);
     for (i, scope) in auth.scopes.iter().enumerate() {
@@ -614,6 +582,48 @@ fn validate_auth(p: &mut Problems, auth: &HttpAuth) {
                 "use 600 to 86400 (the kubelet's bounds for projected tokens)",
             );
         }
+    }
+}
+
+/// `spec.http.auth.authorizationCode`.
+fn validate_authorization_code(p: &mut Problems, ac: &AuthorizationCodeAuth) {
+    const FIELD: &str = "spec.http.auth.authorizationCode";
+    if ac.client_id.is_some() && ac.client_id_metadata_url.is_some() {
+        p.push(
+            FIELD,
+            "sets both clientId and clientIdMetadataUrl",
+            "keep clientId for a pre-registered client, or clientIdMetadataUrl for a metadata document",
+        );
+    }
+    if ac.client_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
+        p.push(format!("{FIELD}.clientId"), "is empty", "set the id the authorization server registered, or remove it");
+    }
+    if ac.client_secret.is_some() && ac.client_id.is_none() {
+        p.push(
+            format!("{FIELD}.clientSecret"),
+            "belongs to a pre-registered client",
+            "set clientId too, or remove clientSecret (a dynamically registered client gets its own)",
+        );
+    }
+    if let Some(url) = ac.client_id_metadata_url.as_deref() {
+        let field = format!("{FIELD}.clientIdMetadataUrl");
+        match url::Url::parse(url) {
+            Ok(u) if u.scheme() == "https" && u.host_str().is_some() && u.fragment().is_none() => {}
+            _ => p.push(
+                field,
+                format!("{url:?} is not an https:// URL"),
+                "use the https:// URL that serves the client's metadata document (it is the client id)",
+            ),
+        }
+    }
+    if let Some(secret) = &ac.token_secret_ref
+        && !is_dns1123_subdomain(&secret.name)
+    {
+        p.push(
+            format!("{FIELD}.tokenSecretRef.name"),
+            format!("{:?} is not a Secret name", secret.name),
+            "use a DNS-1123 subdomain: lower-case letters, digits, '-' and '.'",
+        );
     }
 }
 

@@ -195,6 +195,8 @@ enum AuthModeConfig {
     AuthorizationCode {
         client_secret: Option<Value>,
         in_cluster: bool,
+        /// `tokenSecretRef.name`.
+        secret: Option<String>,
     },
 }
 
@@ -232,6 +234,8 @@ pub(crate) enum AuthMode {
 pub(crate) enum GrantLocation {
     /// Local mode: the file `spearlet auth login` wrote.
     File(PathBuf),
+    /// A pod: the Secret of its namespace `authorizationCode.tokenSecretRef` names.
+    Secret(String),
     /// Why there is none (the message of the lasting refusal).
     Unavailable(String),
 }
@@ -263,6 +267,11 @@ impl AuthConfig {
                     .and_then(|ac| ac.client_secret.as_ref())
                     .map(|_| secret(AUTH_CLIENT_SECRET)),
                 in_cluster: !matches!(mode, Mode::Local),
+                secret: auth
+                    .authorization_code
+                    .as_ref()
+                    .and_then(|ac| ac.token_secret_ref.as_ref())
+                    .map(|r| r.name.clone()),
             },
             (Some(cc), _) if cc.private_key.is_some() => AuthModeConfig::PrivateKeyJwt {
                 client_id: cc.client_id.clone(),
@@ -293,13 +302,16 @@ impl AuthConfig {
                 let dir = lookup(ENV_AUTH_TOKEN_DIR).unwrap_or_else(|| AUTH_TOKEN_DIR.to_string());
                 AuthMode::ServiceAccountToken { file: Path::new(&dir).join(server), grant: grant.clone() }
             }
-            AuthModeConfig::AuthorizationCode { client_secret, in_cluster } => AuthMode::AuthorizationCode {
+            AuthModeConfig::AuthorizationCode { client_secret, in_cluster, secret } => AuthMode::AuthorizationCode {
                 grant: if *in_cluster {
-                    GrantLocation::Unavailable(
-                        "spec.http.auth.authorizationCode: a person's stored grant is not available to an injected \
-                         pod in this version; use the server from local mode (spearlet serve --registry-dir)"
-                            .to_string(),
-                    )
+                    match secret {
+                        Some(name) => GrantLocation::Secret(name.clone()),
+                        None => GrantLocation::Unavailable(format!(
+                            "spec.http.auth.authorizationCode.tokenSecretRef is not set: in a cluster the person's \
+                             grant lives in a Secret; name one, then run `spearlet auth login --server {server} -n \
+                             <namespace>`"
+                        )),
+                    }
                 } else {
                     match super::grant_store::grant_dir(lookup)
                         .and_then(|dir| super::grant_store::grant_path(&dir, server))

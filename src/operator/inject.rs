@@ -47,7 +47,7 @@ use crate::api::keys::{
     VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
 use crate::api::names::{SOCKET_FILE, http_destination, secret_env_var, secret_ref_id, short_hash};
-use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef};
+use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef, grant_secret_ref};
 use crate::api::validate::is_dns1123_subdomain;
 use crate::api::{McpProfile, McpServer, StdioSpec};
 
@@ -699,6 +699,13 @@ impl AgentSecrets {
             self.refs.push(secret_ref_id(name, field_id));
             let owner = format!("McpServer {name:?} {field}");
             insert_secret(&mut self.env, secret_env_var(name, field_id), owner, selector.clone())?;
+        }
+        // The agent reads the grant Secret itself (and checks the grant again on every read);
+        // said here so the pod's creator learns it now, not at the first call.
+        if let Some(reference) = grant_secret_ref(server)
+            && let Err(refusal) = secrets.check(Referrer::Server(name), &reference)
+        {
+            warnings.push(format!("{refusal}; the agent refuses the server until it does"));
         }
         Ok(())
     }

@@ -28,6 +28,7 @@ use crate::api::{
     MAX_STATUS_TOOLS, McpProfile, McpProfileStatus, McpServer, McpServerStatus, ServerInfo, Transport, Validate,
     ValidationError,
 };
+use crate::mcp::oauth::grant_secret::GrantPresence;
 use crate::policy::pin;
 use crate::policy::{CompiledProfile, RequestScope, ServerTools, ToolInfo, ToolList};
 use crate::registry::snapshot::{Entry, Snapshot};
@@ -387,6 +388,50 @@ pub(crate) fn fold_secret_refusals<R: std::fmt::Display>(
             condition(old, types::RESOLVED_REFS, FALSE, reasons::REF_NOT_PERMITTED, refused, generation, &now)
         }),
     }
+}
+
+/// `GrantReady` for a server whose grant lives in a Secret (`authorizationCode.tokenSecretRef`),
+/// from what the Secret's annotations say (`presence`); nothing for other servers.
+pub(crate) fn fold_grant(
+    status_conditions: &mut Vec<Condition>,
+    old: &[Condition],
+    server: &McpServer,
+    presence: GrantPresence,
+    now: Time,
+) {
+    let Some(reference) = crate::api::secret_grant::grant_secret_ref(server) else { return };
+    let (name, namespace) = (server.metadata.name.as_deref().unwrap_or_default(), server.metadata.namespace.as_deref());
+    let login = format!("run `spearlet auth login --server {name} -n {}`", namespace.unwrap_or("<namespace>"));
+    let secret = &reference.secret;
+    let (status, reason, message) = match presence {
+        GrantPresence::Missing => {
+            (FALSE, reasons::NO_GRANT, format!("no grant is stored (Secret {secret:?} does not exist): {login}"))
+        }
+        GrantPresence::LoginRequired(why) => (
+            FALSE,
+            reasons::LOGIN_REQUIRED,
+            format!("an agent found the grant in Secret {secret:?} refused ({why}): {login}"),
+        ),
+        GrantPresence::Stored { renewed_at } => (
+            TRUE,
+            reasons::GRANT_STORED,
+            match renewed_at {
+                Some(at) => format!("a person's grant is stored in Secret {secret:?}, last renewed {at}"),
+                None => format!("a grant is stored in Secret {secret:?}"),
+            },
+        ),
+    };
+    let generation = server.metadata.generation;
+    status_conditions.retain(|c| c.type_ != types::GRANT_READY);
+    status_conditions.push(condition(
+        old,
+        types::GRANT_READY,
+        status,
+        reason,
+        message,
+        generation,
+        &whole_seconds(&now),
+    ));
 }
 
 /// `Accepted` from validation problems: the first few as `field: message (fix)`.

@@ -41,5 +41,6 @@ mod cluster {
     mod kube_source;
     mod metrics;
     mod oauth;
+    mod oauth_grant;
     mod webhook;
 }

@@ -80,13 +80,35 @@ pub fn start_agent(yaml: &str, env: &[(&str, &str)]) -> Agent {
     let registry = dir.path().join("registry");
     std::fs::create_dir(&registry).expect("mkdir");
     std::fs::write(registry.join("registry.yaml"), yaml).expect("write registry");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spearlet"));
+    command.arg("serve").arg("--registry-dir").arg(&registry).envs(env.iter().copied());
+    spawn_agent(command, dir)
+}
+
+/// `spearlet run` for profile `p` of `namespace` as pod `pod`, through `kubeconfig` (the pod's
+/// service account), with the test's loopback servers allowed.
+pub fn start_pod_agent(kubeconfig: &Path, namespace: &str, pod: &str) -> Agent {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spearlet"));
+    command
+        .arg("run")
+        .args(["--namespace", namespace, "--pod-name", pod])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--socket-dir")
+        .arg(dir.path())
+        .args(["--egress-deny-cidrs", spear::egress::AddressDenyList::AGENT_LOCAL])
+        .env_remove("KUBECONFIG");
+    spawn_agent(command, dir)
+}
+
+/// Starts `command` (serve or run) for profile `p` on free ports, its log (at debug) and audit
+/// lines in `dir`; waits until it answers.
+fn spawn_agent(mut command: Command, dir: tempfile::TempDir) -> Agent {
     let (http, grpc, admin) = (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
     let log = dir.path().join("spearlet.log");
     let audit = dir.path().join("audit.jsonl");
-    let child = Command::new(env!("CARGO_BIN_EXE_spearlet"))
-        .arg("serve")
-        .arg("--registry-dir")
-        .arg(&registry)
+    let child = command
         .args(["--profile", "p"])
         .args(["--http-addr", &format!("127.0.0.1:{http}")])
         .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
@@ -94,16 +116,15 @@ pub fn start_agent(yaml: &str, env: &[(&str, &str)]) -> Agent {
         .args(["--log-level", "debug"])
         .arg("--audit-log")
         .arg(&audit)
-        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"))
         .spawn()
-        .expect("spawn spearlet serve");
+        .expect("spawn spearlet");
     let agent = Agent { _child: Killed(child), grpc, admin, log, audit, _dir: dir };
     let deadline = Instant::now() + Duration::from_secs(30);
     while http_get(agent.admin, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "spearlet serve did not answer within 30 s");
+        assert!(Instant::now() < deadline, "spearlet did not answer within 30 s");
         std::thread::sleep(Duration::from_millis(50));
     }
     agent

@@ -8,7 +8,7 @@
 
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -37,6 +37,31 @@ fn path_of(url: &url::Url) -> String {
     url[url::Position::BeforePath..].to_string()
 }
 
+/// The person's part of a running `spearlet auth login --no-browser`: the URL it prints on one
+/// line, followed as their browser would (the test authorization server at `port` approves at
+/// once, and redirects to the login's loopback listener). (The URL, the login's output.)
+pub(crate) fn consent(mut login: Child, port: u16) -> (url::Url, Output) {
+    let mut line = String::new();
+    std::io::BufReader::new(login.stdout.take().expect("stdout")).read_line(&mut line).expect("the URL line");
+    let authorize = match url::Url::parse(line.trim()) {
+        Ok(url) => url,
+        Err(e) => {
+            let out = login.wait_with_output().expect("the login ends");
+            panic!(
+                "the printed line is not the authorization URL ({e}): {line:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        }
+    };
+    let (status, location) = get_redirect(port, &path_of(&authorize));
+    assert_eq!(status, 302, "the authorization server approves at once");
+    let callback = url::Url::parse(&location.expect("a redirect")).expect("the redirect URI");
+    assert_eq!(callback.host_str(), Some("127.0.0.1"), "{callback}");
+    let (status, _) = http_get(callback.port().expect("a port"), &path_of(&callback)).expect("the listener answers");
+    assert_eq!(status, 200);
+    (authorize, login.wait_with_output().expect("the login ends"))
+}
+
 #[test]
 fn a_persons_grant_is_stored_used_rotated_and_refused_once_revoked() {
     let port = mcp_servers::free_port();
@@ -56,7 +81,7 @@ fn a_persons_grant_is_stored_used_rotated_and_refused_once_revoked() {
     let grants = work.path().join("grants");
 
     // The person's part: the URL printed on one line, followed by their browser.
-    let mut login = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+    let login = Command::new(env!("CARGO_BIN_EXE_spearlet"))
         .args(["auth", "login", "--server", "remote", "--no-browser", "--timeout", "30", "--registry-dir"])
         .arg(&registry)
         .arg("--grant-dir")
@@ -66,21 +91,12 @@ fn a_persons_grant_is_stored_used_rotated_and_refused_once_revoked() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spearlet auth login");
-    let mut line = String::new();
-    std::io::BufReader::new(login.stdout.take().expect("stdout")).read_line(&mut line).expect("the URL line");
-    let authorize = url::Url::parse(line.trim()).expect("the printed line is the authorization URL");
+    let (authorize, out) = consent(login, port);
     let query: Vec<(String, String)> = authorize.query_pairs().map(|(k, v)| (k.into(), v.into())).collect();
     let param = |k: &str| query.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
     assert_eq!(param("code_challenge_method").as_deref(), Some("S256"), "{authorize}");
     assert_eq!(param("resource"), Some(format!("http://127.0.0.1:{port}/mcp")), "{authorize}");
     assert_eq!(param("scope").as_deref(), Some("mcp:tools"), "what the server's metadata asks for");
-    let (status, location) = get_redirect(port, &path_of(&authorize));
-    assert_eq!(status, 302, "the authorization server approves at once");
-    let callback = url::Url::parse(&location.expect("a redirect")).expect("the redirect URI");
-    assert_eq!(callback.host_str(), Some("127.0.0.1"), "{callback}");
-    let (status, _) = http_get(callback.port().expect("a port"), &path_of(&callback)).expect("the listener answers");
-    assert_eq!(status, 200);
-    let out = login.wait_with_output().expect("the login ends");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && said.contains("logged in to remote"), "{said}");
 

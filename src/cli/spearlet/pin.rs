@@ -56,7 +56,7 @@ impl PinArgs {
             Some(dir) => (DirSource::load(dir).map_err(usage)?, dir.display().to_string()),
             None => {
                 let read = cluster::read_server(&name, &self.kube);
-                let (namespace, snapshot) = block_on(async {
+                let (_, namespace, snapshot) = block_on(async {
                     read.await.map_err(|e| if e.is_usage() { usage(e) } else { anyhow::Error::new(e) })
                 })?;
                 (snapshot, format!("namespace {namespace}"))

@@ -180,6 +180,20 @@ impl StoredGrant {
     }
 }
 
+impl StoredGrant {
+    /// The stored access token while it is not yet due for renewal at `now`, timed from its
+    /// lifetime as `oauth::renew_after` times a token the agent got itself: the login's, or one
+    /// another agent renewed. One of unknown lifetime is used until the server rejects it.
+    pub(crate) fn fresh_access_token(&self, now: u64) -> Option<&str> {
+        let token = self.access_token.as_deref().filter(|t| !t.is_empty())?;
+        let Some(expires_at) = self.access_token_expires_at else { return Some(token) };
+        let issued_at = self.refreshed_at.unwrap_or(self.obtained_at).min(expires_at);
+        let lifetime = std::time::Duration::from_secs(expires_at - issued_at);
+        let due = issued_at + super::renew_after(Some(lifetime)).map_or(0, |d| d.as_secs());
+        (now < due).then_some(token)
+    }
+}
+
 /// What a server's `insufficient_scope` demand means for a grant holding `granted` (its
 /// space-separated scopes), with the McpServer allowing `allowed` (empty: anything).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,6 +296,24 @@ pub(crate) mod tests {
             refreshed_at: None,
             step_up_scopes: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_stored_access_token_is_fresh_until_it_is_due_for_renewal() {
+        // Obtained at 1 000, expiring at 2 000: due a minute before, at 1 940.
+        let grant = sample();
+        assert_eq!(grant.fresh_access_token(1_000), Some("access-token-value"));
+        assert_eq!(grant.fresh_access_token(1_939), Some("access-token-value"));
+        assert_eq!(grant.fresh_access_token(1_940), None);
+        // Renewed since: timed from the renewal. A short token (4 s) is still taken by another
+        // agent within its first 3 s, which a fixed one-minute margin would never do.
+        let renewed = StoredGrant { refreshed_at: Some(5_000), access_token_expires_at: Some(5_004), ..sample() };
+        assert_eq!(renewed.fresh_access_token(5_002), Some("access-token-value"));
+        assert_eq!(renewed.fresh_access_token(5_003), None);
+        let unknown = StoredGrant { access_token_expires_at: None, ..sample() };
+        assert_eq!(unknown.fresh_access_token(u64::MAX), Some("access-token-value"));
+        let none = StoredGrant { access_token: Some(String::new()), ..sample() };
+        assert_eq!(none.fresh_access_token(1_000), None);
     }
 
     #[test]

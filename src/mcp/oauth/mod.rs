@@ -32,6 +32,7 @@
 
 pub(crate) mod authorization_code;
 pub(crate) mod grant;
+pub(crate) mod grant_secret;
 
 use std::time::Duration;
 

@@ -164,6 +164,9 @@ struct Inner {
     items_changed: Arc<ListChanged>,
     /// `notifications/resources/updated` from every server: (server id, the server's URI).
     resource_updates: tokio::sync::broadcast::Sender<(Arc<str>, String)>,
+    /// Cluster mode: the Secrets of persons' grants (`authorizationCode.tokenSecretRef`), set
+    /// once before the first server starts.
+    grant_secrets: std::sync::OnceLock<crate::mcp::grant_store::secret::GrantSecrets>,
 }
 
 /// The client pool. Cheap to clone; clones share sessions.
@@ -193,6 +196,12 @@ impl Pool {
         )
     }
 
+    /// In a pod: where the grants of `authorizationCode` servers are read and renewed. Set before
+    /// the first server starts; a second call changes nothing.
+    pub(crate) fn use_grant_secrets(&self, secrets: crate::mcp::grant_store::secret::GrantSecrets) {
+        let _ = self.inner.grant_secrets.set(secrets);
+    }
+
     /// A pool reading `${ENV:...}` values through `env` (tests pass their own).
     pub fn with_env(options: PoolOptions, env: Arc<EnvLookup>) -> Self {
         crate::install_crypto_provider();
@@ -205,6 +214,7 @@ impl Pool {
             shutdown: CancellationToken::new(),
             items_changed: Arc::new(ListChanged::default()),
             resource_updates: tokio::sync::broadcast::Sender::new(RESOURCE_UPDATES_BUFFER),
+            grant_secrets: std::sync::OnceLock::new(),
         });
         if let Some(idle) = inner.options.idle_timeout {
             let weak = Arc::downgrade(&inner);

@@ -230,8 +230,15 @@ impl Slot {
             return Some(source.clone());
         }
         let (metrics, egress, secrets) = (options.metrics.clone(), &options.egress, options.secrets.clone());
-        let source =
-            Arc::new(TokenSource::new(self.config.id.clone(), url.clone(), auth.clone(), metrics, egress, secrets));
+        let source = Arc::new(TokenSource::new(
+            self.config.id.clone(),
+            url.clone(),
+            auth.clone(),
+            metrics,
+            egress,
+            secrets,
+            inner.grant_secrets.get().cloned(),
+        ));
         *tokens = Some(source.clone());
         Some(source)
     }

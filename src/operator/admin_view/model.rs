@@ -247,6 +247,8 @@ pub struct ServerRow {
     pub health: Health,
     pub accepted: Option<ConditionView>,
     pub ready: Option<ConditionView>,
+    /// `GrantReady`, for servers whose person's grant lives in a Secret.
+    pub grant: Option<ConditionView>,
     pub tool_count: Option<u32>,
     pub tools: Vec<String>,
     pub last_error: Option<String>,
@@ -335,6 +337,7 @@ fn server_row(server: &McpServer) -> ServerRow {
         health,
         accepted,
         ready,
+        grant: ConditionView::of(&status.conditions, types::GRANT_READY),
         tool_count: status.tool_count,
         tools: status.tools,
         last_error: status.last_error,

@@ -137,7 +137,10 @@ fn servers(rows: &[ServerRow]) -> Markup {
                         td { (s.transport) }
                         td { span class=(health_class(s.health)) { (s.health.label()) } }
                         td { (condition_cell(s.accepted.as_ref())) }
-                        td { (condition_cell(s.ready.as_ref())) }
+                        td {
+                            (condition_cell(s.ready.as_ref()))
+                            @if let Some(grant) = &s.grant { div.sub { "grant " (condition_cell(Some(grant))) } }
+                        }
                         td.num title=(s.tools.join(", ")) {
                             @match s.tool_count { Some(n) => (n), None => span.muted { "–" } }
                         }
@@ -146,6 +149,7 @@ fn servers(rows: &[ServerRow]) -> Markup {
                             @else if let Some(message) = s.accepted.as_ref().filter(|c| c.status == "False").map(|c| &c.message) {
                                 pre { (message) }
                             }
+                            @if let Some(grant) = s.grant.as_ref().filter(|c| c.status == "False") { pre { (grant.message) } }
                             @if let Some(time) = &s.last_probe_time { div.sub { "probed " (time) } }
                         }
                     }

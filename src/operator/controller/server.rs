@@ -21,11 +21,12 @@ use super::context::{
 use super::metrics::{ControllerMetrics, KIND_NAMESPACE};
 use super::namespace::injection_enabled;
 use crate::api::keys::KIND_SERVER;
-use crate::api::secret_grant::server_secret_refs;
+use crate::api::secret_grant::{grant_secret_ref, server_secret_refs};
 use crate::api::{McpServer, Validate};
+use crate::mcp::oauth::grant_secret;
 use crate::operator::probe::{self, Schedule};
 use crate::operator::scope::Scope;
-use crate::operator::status::{ProbeOutcome, ProbeResult, fold_secret_refusals, server_status};
+use crate::operator::status::{ProbeOutcome, ProbeResult, fold_grant, fold_secret_refusals, server_status};
 
 /// McpServer status, re-reconciled from the namespace cache: a namespace that turns
 /// injection-enabled gets its servers probed now, not at their next requeue
@@ -110,6 +111,10 @@ async fn reconcile_server(server: Arc<McpServer>, ctx: Arc<Context>) -> Result<A
             server.metadata.generation,
             now.clone(),
         );
+        if let Some(reference) = grant_secret_ref(&server) {
+            let presence = grant_secret::presence(grants.annotations(&reference.secret));
+            fold_grant(&mut status.conditions, old, &server, presence, now.clone());
+        }
     }
     if server.status.as_ref() != Some(&status) {
         let api: Api<McpServer> = Api::namespaced(ctx.client.clone(), &namespace);

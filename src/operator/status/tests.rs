@@ -388,3 +388,81 @@ fn tools_pinned_names_the_served_tools_that_differ_from_their_pins() {
     let unpinned = server_status(&http("web"), Some(&succeeded(100, &["search"])), at(100));
     assert!(unpinned.conditions.iter().all(|c| c.type_ != types::TOOLS_PINNED));
 }
+
+#[test]
+fn grant_ready_says_whether_a_person_must_log_in_from_the_secrets_annotations_only() {
+    use crate::mcp::oauth::grant_secret::{self, GrantPresence};
+    let mut server: McpServer = serde_json::from_value(serde_json::json!({
+        "apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer",
+        "metadata": {"name": "github", "namespace": "team-a", "generation": 3},
+        "spec": {"transport": "streamableHttp", "http": {"url": "https://mcp.example.com/mcp", "auth": {
+            "issuer": "https://as.example.com",
+            "authorizationCode": {"tokenSecretRef": {"name": "gh-grant"}}}}}
+    }))
+    .expect("server");
+    let grant_of = |status: &McpServerStatus| status.conditions.iter().find(|c| c.type_ == types::GRANT_READY).cloned();
+
+    let mut status = server_status(&server, None, at(100));
+    fold_grant(&mut status.conditions, &[], &server, GrantPresence::Missing, at(100));
+    let missing = grant_of(&status).expect("GrantReady");
+    assert_eq!((missing.status.as_str(), missing.reason.as_str()), (FALSE, reasons::NO_GRANT));
+    assert!(missing.message.contains("spearlet auth login --server github -n team-a"), "{}", missing.message);
+    assert_eq!(missing.observed_generation, Some(3));
+
+    // Stored, then refused by the authorization server as an agent recorded it.
+    let secret = grant_secret::login_secret(
+        None,
+        "gh-grant",
+        "team-a",
+        "github",
+        &crate::mcp::oauth::grant::tests::sample(),
+        1_000,
+    )
+    .expect("secret");
+    let old = status.conditions.clone();
+    let mut status = server_status(&server, None, at(200));
+    fold_grant(
+        &mut status.conditions,
+        &old,
+        &server,
+        grant_secret::presence(secret.metadata.annotations.as_ref()),
+        at(200),
+    );
+    let stored = grant_of(&status).expect("GrantReady");
+    assert_eq!((stored.status.as_str(), stored.reason.as_str()), (TRUE, reasons::GRANT_STORED));
+    assert!(stored.message.contains("last renewed 1970-01-01T00:16:40Z"), "{}", stored.message);
+    let refused =
+        grant_secret::login_required(secret, "the authorization server refused the grant (invalid_grant)", 2_000);
+    let old = status.conditions.clone();
+    let mut status = server_status(&server, None, at(300));
+    fold_grant(
+        &mut status.conditions,
+        &old,
+        &server,
+        grant_secret::presence(refused.metadata.annotations.as_ref()),
+        at(300),
+    );
+    let login = grant_of(&status).expect("GrantReady");
+    assert_eq!((login.status.as_str(), login.reason.as_str()), (FALSE, reasons::LOGIN_REQUIRED));
+    assert!(
+        login.message.contains("invalid_grant") && login.message.contains("spearlet auth login"),
+        "{}",
+        login.message
+    );
+    assert_eq!(login.last_transition_time, at(300), "a new status is a transition");
+    let token = crate::mcp::oauth::grant::tests::sample().refresh_token.expect("token");
+    assert!(status.conditions.iter().all(|c| !c.message.contains(&token)), "never a token");
+
+    // Servers without a grant Secret get no such condition.
+    server
+        .spec
+        .http
+        .as_mut()
+        .and_then(|h| h.auth.as_mut())
+        .and_then(|a| a.authorization_code.as_mut())
+        .expect("ac")
+        .token_secret_ref = None;
+    let mut status = server_status(&server, None, at(400));
+    fold_grant(&mut status.conditions, &[], &server, GrantPresence::Missing, at(400));
+    assert!(grant_of(&status).is_none());
+}

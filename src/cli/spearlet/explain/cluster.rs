@@ -353,8 +353,6 @@ async fn client_config(
     Ok((config, context))
 }
 
-/// The one McpServer `name` of a namespace (default: the kubeconfig context's) as a snapshot,
-/// read and validated as the agent reads it, for `spearlet pin`: (namespace, snapshot).
 /// A client for the cluster `kube` picks, and the namespace (the flag's, else the context's).
 pub(in crate::cli::spearlet) async fn client_for(kube: &KubeArgs) -> Result<(Client, String), ClusterError> {
     let (config, _) = client_config(kube.kubeconfig.as_deref(), kube.context.as_deref()).await?;
@@ -363,23 +361,24 @@ pub(in crate::cli::spearlet) async fn client_for(kube: &KubeArgs) -> Result<(Cli
     Ok((Client::try_from(config).map_err(ClusterError::Client)?, namespace))
 }
 
+/// The one McpServer `name` of a namespace (default: the kubeconfig context's) as a snapshot,
+/// read and validated as the agent reads it, for `spearlet pin` and `auth login`: (the client,
+/// the namespace, the snapshot).
 pub(in crate::cli::spearlet) async fn read_server(
     name: &str,
     kube: &KubeArgs,
-) -> Result<(String, Snapshot), ClusterError> {
-    let (config, _) = client_config(kube.kubeconfig.as_deref(), kube.context.as_deref()).await?;
-    let namespace = kube.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
-    check_name(&namespace, "namespace", "a DNS-1123 label (-n/--namespace)", is_dns1123_label)?;
+) -> Result<(Client, String, Snapshot), ClusterError> {
+    let (client, namespace) = client_for(kube).await?;
     // Checked before it goes into a field selector, where a ',' would add a clause.
     check_name(name, "McpServer name", "a DNS-1123 label", is_dns1123_label)?;
-    let client = Client::try_from(config).map_err(ClusterError::Client)?;
     let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
     let servers = resource::<McpServer>(&client, &namespace)
         .list(&by_name)
         .await
         .map_err(|e| api_error(e, "list", &plural::<McpServer>(), &namespace))?;
     let servers: Vec<_> = servers.items.into_iter().map(Arc::new).collect();
-    Ok((namespace.clone(), snapshot_of_listed(&namespace, &servers, &[])))
+    let snapshot = snapshot_of_listed(&namespace, &servers, &[]);
+    Ok((client, namespace, snapshot))
 }
 
 fn check_name(

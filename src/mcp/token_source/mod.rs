@@ -32,14 +32,15 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::config::{AuthEndpoint, AuthMode, GrantLocation};
+use super::config::{AuthEndpoint, AuthMode};
 use super::discovery;
-use super::grant_store;
-use super::oauth::grant;
+use super::grant_store::secret::GrantSecrets;
 use super::oauth::{self, IssuedToken, RequestBudget, TokenError};
 use super::outbound_http::OutboundHttp;
 use crate::api::{JwtAlgorithm, TokenGrant};
 use crate::telemetry::PoolMetrics;
+
+mod grant;
 
 /// Bytes read of a service-account token file (a JWT is a few KiB).
 const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
@@ -111,6 +112,8 @@ pub(crate) struct TokenSource {
     metrics: PoolMetrics,
     /// Where the tokens it gets are held (for redaction).
     secrets: Arc<crate::secrets::HeldSecrets>,
+    /// The grant Secrets of the pod's namespace (cluster mode).
+    grant_secrets: Option<GrantSecrets>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -122,6 +125,7 @@ impl TokenSource {
         metrics: PoolMetrics,
         egress: &crate::egress::AddressDenyList,
         secrets: Arc<crate::secrets::HeldSecrets>,
+        grant_secrets: Option<GrantSecrets>,
     ) -> Self {
         let http = OutboundHttp::new(&url, egress);
         let state = State {
@@ -130,7 +134,7 @@ impl TokenSource {
             challenge: None,
             budget: RequestBudget::new(std::time::Instant::now()),
         };
-        TokenSource { server, url, auth, http, metrics, secrets, state: tokio::sync::Mutex::new(state) }
+        TokenSource { server, url, auth, http, metrics, secrets, grant_secrets, state: tokio::sync::Mutex::new(state) }
     }
 
     /// What this source was built from: a source is reused while its config is unchanged.
@@ -192,63 +196,6 @@ impl TokenSource {
         self.fetch(&mut state, Some(challenge), reason).await
     }
 
-    /// After the server refused `rejected` for insufficient scope (`403`, `challenge`): a token
-    /// of a newer grant (someone logged in again since), else the refusal that says what to
-    /// consent to, with the demanded scopes noted in the grant for the next login.
-    pub(crate) async fn step_up(&self, rejected: Option<&str>, challenge: &str) -> Result<String, TokenError> {
-        let demanded: Vec<String> = challenge_scope(Some(challenge), &self.url)
-            .map(|s| s.split_whitespace().map(str::to_string).collect())
-            .unwrap_or_default();
-        let AuthMode::AuthorizationCode { grant: GrantLocation::File(path), .. } = &self.auth.mode else {
-            return Err(TokenError::transient(format!(
-                "the server refused the call for insufficient scope (WWW-Authenticate: {}); check the scopes \
-                 spec.http.auth.scopes allows and the client is granted",
-                oauth::quote(challenge)
-            )));
-        };
-        let mut state = self.state.lock().await;
-        let mut grant = read_grant(path).await?;
-        let issuer = self.auth.issuer.clone().unwrap_or_default();
-        if let Some(why) = grant.mismatch(&self.url, &issuer) {
-            return Err(TokenError::lasting(why));
-        }
-        let now = grant::unix_now();
-        if let Some(token) = grant.usable_access_token(now, 0).filter(|t| Some(*t) != rejected) {
-            let renew_at = grant
-                .access_token_expires_at
-                .and_then(|at| oauth::renew_after(Some(std::time::Duration::from_secs(at.saturating_sub(now)))))
-                .map(|after| Instant::now() + after);
-            self.secrets.hold(&format!("access token of {}", self.server), token, Some(&self.server));
-            state.token = Some(Cached { token: token.to_string(), renew_at });
-            return Ok(token.to_string());
-        }
-        let missing = match grant::step_up(&grant.scope, &demanded, &self.auth.scopes) {
-            grant::StepUp::Futile(why) => return Err(TokenError::transient(why)),
-            grant::StepUp::Login(missing) => missing,
-        };
-        for scope in &missing {
-            if !grant.step_up_scopes.contains(scope) {
-                grant.step_up_scopes.push(scope.clone());
-            }
-        }
-        let shown = missing.iter().map(|s| oauth::quote(s)).collect::<Vec<_>>().join(" ");
-        let write = tokio::task::spawn_blocking({
-            let path = path.clone();
-            move || grant_store::write(&path, &grant)
-        });
-        match write.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(server_id = %self.server, error = %e, "the demanded scopes were not noted"),
-            Err(e) => tracing::warn!(server_id = %self.server, error = %e, "the demanded scopes were not noted"),
-        }
-        tracing::info!(server_id = %self.server, scopes = %shown, "the server asks for more scopes than the grant has");
-        Err(TokenError::transient(format!(
-            "the server asks for scope(s) {shown} for this call, which the person's grant does not have: run \
-             `spearlet auth login --server {}` to consent to them (the login asks for them too)",
-            self.server
-        )))
-    }
-
     /// The pod's service-account token at `file`, held for redaction as it is read.
     async fn read_token_file(&self, file: &Path) -> Result<String, TokenError> {
         let token = read_token_file(file).await?;
@@ -278,8 +225,8 @@ impl TokenSource {
             tracing::warn!(server_id = %self.server, reason = reason.as_str(), error = %error, "access token request not sent");
             return Err(error);
         }
-        state.token = None;
-        let result = self.fetch_inner(state, challenge, reason).await;
+        let previous = state.token.take().map(|cached| cached.token);
+        let result = self.fetch_inner(state, challenge, reason, previous).await;
         self.metrics.token_fetch(&self.server, reason.as_str(), result.is_ok());
         match result {
             Ok(issued) => {
@@ -401,9 +348,11 @@ impl TokenSource {
         state: &mut State,
         challenge: Option<&str>,
         reason: FetchReason,
+        previous: Option<String>,
     ) -> Result<IssuedToken, TokenError> {
         if let AuthMode::AuthorizationCode { grant, client_secret } = &self.auth.mode {
-            return self.token_from_grant(state, challenge, reason, grant, client_secret.as_deref()).await;
+            let fetch = grant::Fetch { challenge, reason, previous: previous.as_deref() };
+            return self.token_from_grant(state, fetch, grant, client_secret.as_deref()).await;
         }
         let found = self.discovered(state, challenge).await?;
         let grant_type = match &self.auth.mode {
@@ -489,114 +438,6 @@ impl TokenSource {
             }
         };
         oauth::parse_token_response(answer.status, &answer.body)
-    }
-}
-
-impl TokenSource {
-    /// A token from the person's stored grant: its access token while fresh (the first fetch),
-    /// else one for its refresh token, the grant written back with what the authorization
-    /// server returned (a rotated refresh token replaces the old one).
-    async fn token_from_grant(
-        &self,
-        state: &mut State,
-        challenge: Option<&str>,
-        reason: FetchReason,
-        location: &GrantLocation,
-        client_secret: Option<&str>,
-    ) -> Result<IssuedToken, TokenError> {
-        let login = format!("run `spearlet auth login --server {}` (with this registry) to consent again", self.server);
-        let path = match location {
-            GrantLocation::File(path) => path.clone(),
-            GrantLocation::Unavailable(why) => return Err(TokenError::lasting(why.clone())),
-        };
-        let issuer = self.auth.issuer.clone().unwrap_or_default();
-        let mut grant =
-            read_grant(&path).await.map_err(|e| TokenError { message: format!("{}: {login}", e.message), ..e })?;
-        if let Some(why) = grant.mismatch(&self.url, &issuer) {
-            return Err(TokenError::lasting(format!("{why}: {login}")));
-        }
-        let now = grant::unix_now();
-        if reason == FetchReason::Initial
-            && let Some(token) = grant.usable_access_token(now, oauth::RENEW_BEFORE.as_secs())
-        {
-            let expires_in = grant.access_token_expires_at.map(|at| std::time::Duration::from_secs(at - now));
-            return Ok(IssuedToken { access_token: token.to_string(), expires_in, refresh_token: None, scope: None });
-        }
-        let Some(refresh_token) = grant.refresh_token.clone() else {
-            return Err(TokenError::lasting(format!(
-                "the stored access token {} and the grant has no refresh token (the authorization server issued \
-                 none): {login}",
-                if reason == FetchReason::Rejected { "was rejected" } else { "expired" }
-            )));
-        };
-        self.secrets.hold(&format!("refresh token of {}", self.server), &refresh_token, Some(&self.server));
-        let found = self.discovered(state, challenge).await?;
-        if let Some(why) = oauth::grant_refusal(found.grant_types_supported.as_ref(), GRANT_REFRESH_TOKEN) {
-            return Err(TokenError::lasting(why));
-        }
-        let secret = client_secret.map(str::to_string).or_else(|| grant.client.client_secret.clone());
-        if let Some(secret) = &secret {
-            self.secrets.hold(&format!("client secret of {}", self.server), secret, Some(&self.server));
-        }
-        let form =
-            [("grant_type", GRANT_REFRESH_TOKEN), ("refresh_token", &refresh_token), ("resource", &grant.resource)];
-        let answer = self
-            .http
-            .post_form_as_client(
-                &found.token_endpoint,
-                &form,
-                &grant.client.client_id,
-                secret.as_deref(),
-                grant.client.auth_method,
-            )
-            .await?;
-        let issued = oauth::parse_token_response(answer.status, &answer.body).map_err(|e| {
-            // The refresh token itself is refused: revoked, expired, or rotated by another user.
-            if e.message.contains("\"invalid_grant\"") {
-                TokenError::lasting(format!("the stored grant was refused ({}): {login}", e.message))
-            } else {
-                e
-            }
-        })?;
-        if let Some(rotated) = &issued.refresh_token {
-            self.secrets.hold(&format!("refresh token of {}", self.server), rotated, Some(&self.server));
-            grant.refresh_token = Some(rotated.clone());
-        }
-        grant.access_token = Some(issued.access_token.clone());
-        grant.access_token_expires_at = issued.expires_in.map(|d| now.saturating_add(d.as_secs()));
-        grant.refreshed_at = Some(now);
-        if let Some(scope) = &issued.scope {
-            grant.scope = scope.clone();
-        }
-        let write = tokio::task::spawn_blocking(move || grant_store::write(&path, &grant));
-        match write.await {
-            Ok(Ok(())) => {}
-            // The new access token still works; a rotated refresh token that could not be kept
-            // fails the next renewal, which then says to log in again.
-            Ok(Err(e)) => {
-                tracing::warn!(server_id = %self.server, error = %e, "the renewed grant was not written back")
-            }
-            Err(e) => tracing::warn!(server_id = %self.server, error = %e, "the renewed grant was not written back"),
-        }
-        Ok(issued)
-    }
-}
-
-/// The stored grant at `path`, read off the runtime's threads. A missing or unreadable one is a
-/// lasting refusal (a person must log in).
-async fn read_grant(path: &Path) -> Result<grant::StoredGrant, TokenError> {
-    let read = tokio::task::spawn_blocking({
-        let path = path.to_path_buf();
-        move || grant_store::read(&path)
-    });
-    match read.await {
-        Ok(Ok(grant)) => Ok(grant),
-        Ok(Err(grant_store::GrantStoreError::Missing { .. })) => Err(TokenError::lasting(format!(
-            "the server needs a person's consent and none is stored ({})",
-            path.display()
-        ))),
-        Ok(Err(e)) => Err(TokenError::lasting(e.to_string())),
-        Err(e) => Err(TokenError::transient(format!("reading the grant: {e}"))),
     }
 }
 

@@ -1,6 +1,6 @@
-//! Where a stored grant (`oauth::grant`) lives in local mode: one JSON file per server,
-//! `<dir>/<server>.json`, the directory `SPEAR_GRANT_DIR` or `$XDG_STATE_HOME/spear-mcp/grants`
-//! (`~/.local/state/spear-mcp/grants`).
+//! Where a stored grant (`oauth::grant`) lives. In a cluster: a Secret (`secret`). In local mode:
+//! one JSON file per server, `<dir>/<server>.json`, the directory `SPEAR_GRANT_DIR` or
+//! `$XDG_STATE_HOME/spear-mcp/grants` (`~/.local/state/spear-mcp/grants`), as follows.
 //!
 //! - **Owner only.** The directory is created 0700 and each file written 0600: a refresh token
 //!   is the person's consent, usable by whoever reads it.
@@ -9,6 +9,8 @@
 //!   torn document, and a crash leaves the old grant or the new one.
 //! - **Bounded reads** (`oauth::grant::MAX_GRANT_BYTES`); a server name is a DNS label, so it
 //!   cannot climb out of the directory (checked again here).
+
+pub(crate) mod secret;
 
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
