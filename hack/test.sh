@@ -23,6 +23,9 @@ export SPEAR_PROMTOOL
 # The OpenTelemetry Collector (built from its Go modules, cached); tests/it/tracing.rs exports to it.
 SPEAR_OTELCOL="$(hack/otelcol.sh)"
 export SPEAR_OTELCOL
+# Ory Hydra (built from its Go module, cached); tests/it/oauth_hydra.rs logs in at it.
+SPEAR_HYDRA="$(hack/hydra.sh)"
+export SPEAR_HYDRA
 # Debian's chromium (apt-get, once); tests/it/cluster/admin_view.rs loads the admin view in it.
 SPEAR_CHROMIUM="$(hack/chromium.sh)"
 export SPEAR_CHROMIUM

@@ -157,8 +157,8 @@ pub(crate) async fn login(request: &LoginRequest, show: impl FnOnce(&url::Url)) 
     let port = listener.local_addr().map_err(|e| refuse(format!("the redirect listener: {e}")))?.port();
     let redirect_uri = format!("http://127.0.0.1:{port}/callback");
 
-    let client = client(&http, request, &server, &redirect_uri).await?;
     let scope = scopes(request, challenge.as_deref(), &resource_scopes, &server.scopes_supported).join(" ");
+    let client = client(&http, request, &server, &redirect_uri, &scope).await?;
     let pkce = Pkce::random().map_err(|e| refuse(format!("randomness for PKCE: {e}")))?;
     let state = code_flow::random_state().map_err(|e| refuse(format!("randomness for state: {e}")))?;
     let authorize = code_flow::authorization_url(
@@ -334,6 +334,7 @@ async fn client(
     request: &LoginRequest,
     server: &AuthorizationServer,
     redirect_uri: &str,
+    scope: &str,
 ) -> Result<GrantClient, LoginError> {
     let auth_methods = server.auth_methods.as_deref();
     if let Some(client_id) = &request.client.client_id {
@@ -363,7 +364,7 @@ async fn client(
     let offered = |m: &str| auth_methods.is_none_or(|all| all.iter().any(|x| x == m));
     let method =
         ["none", "client_secret_basic", "client_secret_post"].into_iter().find(|m| offered(m)).unwrap_or("none");
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "client_name": format!("spearlet (McpServer {})", request.server),
         "redirect_uris": [redirect_uri],
         "grant_types": ["authorization_code", "refresh_token"],
@@ -371,6 +372,11 @@ async fn client(
         "token_endpoint_auth_method": method,
         "application_type": "native",
     });
+    // The scopes the login asks for (RFC 7591 section 2): an authorization server that limits a
+    // client to its registered scopes (Hydra does) refuses the others.
+    if !scope.is_empty() {
+        body["scope"] = scope.into();
+    }
     let answer = http.post_json(endpoint, body.to_string().into_bytes(), &[], PROBE_TIMEOUT).await?;
     if !(200..300).contains(&answer.status) {
         let said = serde_json::from_slice::<serde_json::Value>(&answer.body)

@@ -21,6 +21,7 @@ mod fixtures;
 mod grpc;
 mod mcp_servers;
 mod oauth;
+mod oauth_hydra;
 mod oauth_login;
 mod pinning;
 mod pool;

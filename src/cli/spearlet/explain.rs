@@ -112,7 +112,8 @@ impl ExplainArgs {
                     read.await.map_err(|e| if e.is_usage() { usage(e) } else { anyhow::Error::new(e) })
                 })?;
                 warn_problems(&found.snapshot);
-                let explained = explain(&found.snapshot, &found.profile, &request, None)?;
+                let mut explained = explain(&found.snapshot, &found.profile, &request, None)?;
+                add_cluster_grants(&mut explained, &found.snapshot);
                 let mut heading = vec![found.source_line()];
                 heading.extend(found.pod.as_ref().map(cluster::PodInfo::line));
                 let mut extra = serde_json::Map::new();
@@ -239,6 +240,33 @@ fn add_grants(explained: &mut Explained, snapshot: &Snapshot) {
         });
         let state =
             grant::grant_state(read.as_ref().map(Option::as_ref).map_err(Clone::clone), name, &http.url, issuer, now);
+        states.insert(name.to_string(), state.into());
+    }
+    if states.is_empty() {
+        return;
+    }
+    explained.table.push_str("GRANTS\n");
+    for (name, state) in &states {
+        explained.table.push_str(&format!("  {name:<40} {}\n", state.as_str().unwrap_or_default()));
+    }
+    explained.json["grants"] = Value::Object(states);
+}
+
+/// Cluster mode: what the operator's `GrantReady` condition says of each server whose grant
+/// lives in a Secret (`authorizationCode.tokenSecretRef`); the Secret itself is not read.
+fn add_cluster_grants(explained: &mut Explained, snapshot: &Snapshot) {
+    use crate::api::conditions::types::GRANT_READY;
+    let mut states = serde_json::Map::new();
+    for (name, server) in snapshot.servers() {
+        let Some(reference) = crate::api::secret_grant::grant_secret_ref(&server.object) else { continue };
+        let conditions = server.object.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let state = match conditions.iter().find(|c| c.type_ == GRANT_READY) {
+            Some(c) => format!("{} ({}): {}", c.status, c.reason, c.message),
+            None => format!(
+                "Secret {:?}: not reported yet (the operator reports GrantReady in injection-enabled namespaces)",
+                reference.secret
+            ),
+        };
         states.insert(name.to_string(), state.into());
     }
     if states.is_empty() {

@@ -433,6 +433,79 @@ async fn a_profile_reports_a_server_asking_for_the_pods_identity_it_does_not_gra
     .await;
 }
 
+/// `GrantReady` of a server whose person's grant lives in a Secret, from the Secret's
+/// annotations (what the login and the agents write): no Secret, a stored grant, a refused one;
+/// and `spearlet explain` in the cluster shows it. The Secret's data is never needed.
+#[tokio::test]
+async fn grant_ready_follows_the_grant_secrets_annotations_and_explain_shows_it() {
+    use k8s_openapi::api::core::v1::Secret;
+    use spear::api::{AuthorizationCodeAuth, GrantSecretRef, HttpAuth};
+    let ns = ControlPlane::shared().namespace("ctl-grant").await;
+    let servers = ns.api::<McpServer>();
+    let auth = HttpAuth {
+        issuer: Some("http://127.0.0.1:9".into()),
+        authorization_code: Some(AuthorizationCodeAuth {
+            token_secret_ref: Some(GrantSecretRef { name: "gh-grant".into() }),
+            ..AuthorizationCodeAuth::default()
+        }),
+        ..HttpAuth::default()
+    };
+    create(&servers, &McpServer::test("gh").http("http://127.0.0.1:9/mcp").allowing(["*"]).auth(auth)).await;
+    create(&ns.api::<McpProfile>(), &McpProfile::test("p").servers(["gh"])).await;
+    let _controller = Running::start(ns.client.clone(), config(&ns));
+    let grant_ready = |reason: &'static str| {
+        move |s: &McpServer| server_condition(s, "GrantReady").is_some_and(|c| c.reason == reason)
+    };
+    let found = wait_for(&servers, "gh", "GrantReady=False, NoGrant", grant_ready("NoGrant")).await;
+    let condition = server_condition(&found, "GrantReady").expect("set");
+    assert_eq!(condition.status, "False");
+    let login = format!("spearlet auth login --server gh -n {}", ns.name);
+    assert!(condition.message.contains(&login), "{}", condition.message);
+
+    // Secrets are not watched: a touch of the server stands for the minute's re-check.
+    let touch = |n: u32| {
+        let servers = servers.clone();
+        async move {
+            let patch = serde_json::json!({"metadata": {"annotations": {"test/touch": n.to_string()}}});
+            servers.patch("gh", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("touch");
+        }
+    };
+    let mut secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gh-grant", "annotations": {
+            "mcp.spear.dev/allowed-servers": "gh",
+            "mcp.spear.dev/grant-renewed-at": "2026-11-29T10:00:00Z"}},
+        "type": "mcp.spear.dev/oauth-grant",
+        "data": {"grant.json": "bm90IHJlYWQ="}
+    }))
+    .expect("secret");
+    let secrets = ns.api::<Secret>();
+    secrets.create(&PostParams::default(), &secret).await.expect("the grant Secret");
+    touch(1).await;
+    let found = wait_for(&servers, "gh", "GrantReady=True", grant_ready("GrantStored")).await;
+    let condition = server_condition(&found, "GrantReady").expect("set");
+    assert_eq!(condition.status, "True");
+    assert!(condition.message.contains("2026-11-29T10:00:00Z"), "{}", condition.message);
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spearlet"))
+        .args(["explain", "--profile", "p", "-n", &ns.name])
+        .env("KUBECONFIG", ControlPlane::shared().kubeconfig_path())
+        .output()
+        .await
+        .expect("spearlet explain");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && shown.contains("GRANTS") && shown.contains("GrantStored"), "{shown}");
+
+    secret.metadata.annotations.get_or_insert_default().insert(
+        "mcp.spear.dev/grant-login-required".into(),
+        "2026-11-29T11:00:00Z the authorization server refused the grant (invalid_grant)".into(),
+    );
+    secrets.replace("gh-grant", &PostParams::default(), &secret).await.expect("marked refused");
+    touch(2).await;
+    let found = wait_for(&servers, "gh", "GrantReady=False, LoginRequired", grant_ready("LoginRequired")).await;
+    let condition = server_condition(&found, "GrantReady").expect("set");
+    assert!(condition.message.contains("invalid_grant") && condition.message.contains(&login), "{}", condition.message);
+}
+
 // === writes ===
 
 /// Counts resourceVersions per object name seen by a watch of `api` (creation included).
