@@ -7,6 +7,7 @@
 //!        protected-resource metadata (RFC 9728) from the server, authorization-server metadata
 //!        (RFC 8414) from the pinned issuer
 //!        ──▶ client credentials | RFC 8693 token exchange | RFC 7523 JWT-bearer
+//!            | a person's stored grant: its access token, else its refresh token (`grant.rs`)
 //!        ──▶ the request is sent again, once
 //! ```
 //!

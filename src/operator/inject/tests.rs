@@ -728,6 +728,36 @@ fn references_their_secret_does_not_grant_are_left_out_with_a_warning() {
     assert!(refused.iter().any(|w| w.contains("McpProfile") && w.contains("upstream API key")));
 }
 
+/// A person's grant Secret (`authorizationCode.tokenSecretRef`) is read by the agent itself, so
+/// nothing is injected for it; one that does not allow the server is said at admission.
+#[test]
+fn a_grant_secret_that_does_not_allow_its_server_is_said_at_admission() {
+    let mut server = http_server("gh");
+    server.spec.http.as_mut().expect("http").auth = Some(
+        serde_json::from_value(json!({"issuer": "https://as.example",
+            "authorizationCode": {"tokenSecretRef": {"name": "gh-grant"}}}))
+        .expect("auth"),
+    );
+    let profile = profile(&[&server]);
+    let servers = vec![server];
+    let warned = |grants: &SecretGrants| {
+        let decision = mutate(&with_profile(), &enabled(), Some(&profile), &servers, grants, &config(true), &key())
+            .expect("decides");
+        let (_, pod, warnings) = patched(&decision);
+        let env =
+            pod.spec.as_ref().expect("spec").init_containers.iter().flatten().flat_map(|c| c.env.iter().flatten());
+        assert!(env.filter(|e| e.value_from.is_some()).all(|e| !e.name.contains("GRANT")), "nothing injected for it");
+        warnings.iter().filter(|w| w.contains("gh-grant")).cloned().collect::<Vec<_>>()
+    };
+    let warnings = warned(&SecretGrants::default());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("does not exist") && warnings[0].contains("agent refuses the server"), "{warnings:?}");
+    let mut other = SecretGrants::default();
+    other.insert("gh-grant", Some([(ANNOTATION_ALLOWED_SERVERS.to_string(), "jira".to_string())].into()));
+    assert!(warned(&other)[0].contains(ANNOTATION_ALLOWED_SERVERS));
+    assert!(warned(&SecretGrants::allow_all(["gh-grant"])).is_empty());
+}
+
 /// An approval webhook's signing key reaches the agent (and only the agent) when its Secret
 /// grants the profile; a Secret that does not is left out with a warning naming the annotation.
 #[test]
