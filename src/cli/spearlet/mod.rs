@@ -95,7 +95,7 @@ pub const KUBECTL_PLUGIN: &str = "kubectl-spear";
 /// `kubectl spear`: the spearlet invoked as the kubectl plugin `kubectl-spear`. Only the commands
 /// that make sense from a workstation against a cluster.
 #[derive(Parser, Debug)]
-#[command(name = KUBECTL_PLUGIN, bin_name = "kubectl spear", version, about = "spear-mcp for kubectl: why a pod sees the tools it sees, pinning a server's tools, approving calls")]
+#[command(name = KUBECTL_PLUGIN, bin_name = "kubectl spear", version, about = "spear-mcp for kubectl: why a pod sees the tools it sees, pinning a server's tools, approving calls, logging in to a remote server")]
 pub struct PluginArgs {
     #[command(flatten)]
     log: LogArgs,
@@ -110,6 +110,7 @@ enum PluginCommand {
     Pin(pin::PinArgs),
     Approve(approve::ApproveArgs),
     Deny(approve::DenyArgs),
+    Auth(auth::AuthArgs),
 }
 
 impl PluginArgs {
@@ -121,6 +122,7 @@ impl PluginArgs {
             PluginCommand::Pin(args) => args.run(),
             PluginCommand::Approve(args) => args.run(),
             PluginCommand::Deny(args) => args.run(),
+            PluginCommand::Auth(args) => args.run(),
         }))
     }
 }

@@ -9,6 +9,7 @@
 //! command to run. No token reaches an agent's log, audit or metrics.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -64,9 +65,10 @@ fn reconnect(agent: &Agent) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// `spearlet auth login --server remote -n NS --no-browser`, as the cluster's admin.
-fn login(namespace: &str) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_spearlet"));
+/// `spearlet auth login --server remote -n NS --no-browser`, as the cluster's admin; run as
+/// `program` (the spearlet, or a `kubectl-spear` link to it: the kubectl plugin).
+fn login(program: &Path, namespace: &str) -> Command {
+    let mut command = Command::new(program);
     command
         .args(["auth", "login", "--server", SERVER, "--no-browser", "--timeout", "30", "-n", namespace])
         .env("KUBECONFIG", ControlPlane::shared().kubeconfig_path())
@@ -175,9 +177,14 @@ async fn a_grant_in_a_secret_is_stored_by_the_login_shared_by_pods_and_renewed_o
         ..Secret::default()
     };
     secrets.create(&PostParams::default(), &unrelated).await.expect("an unrelated Secret");
+    // As `kubectl spear auth login`, the plugin.
+    let plugin_dir = tempfile::tempdir().expect("tempdir");
+    let plugin = plugin_dir.path().join("kubectl-spear");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_spearlet"), &plugin).expect("link the plugin name");
     let namespace = ns.name.clone();
-    let out =
-        tokio::task::spawn_blocking(move || login(&namespace).output().expect("the login runs")).await.expect("join");
+    let out = tokio::task::spawn_blocking(move || login(&plugin, &namespace).output().expect("the login runs"))
+        .await
+        .expect("join");
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(said.contains("does not overwrite it"), "{said}");
@@ -187,9 +194,11 @@ async fn a_grant_in_a_secret_is_stored_by_the_login_shared_by_pods_and_renewed_o
 
     // The person's login stores the grant in the Secret.
     let namespace = ns.name.clone();
-    let out = tokio::task::spawn_blocking(move || consent(login(&namespace).spawn().expect("the login"), port).1)
-        .await
-        .expect("join");
+    let out = tokio::task::spawn_blocking(move || {
+        consent(login(Path::new(env!("CARGO_BIN_EXE_spearlet")), &namespace).spawn().expect("the login"), port).1
+    })
+    .await
+    .expect("join");
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success() && said.contains(&format!("Secret {}/{GRANT_SECRET}", ns.name)), "{said}");
     let stored = secrets.get(GRANT_SECRET).await.expect("the grant Secret");
