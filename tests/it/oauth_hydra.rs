@@ -59,6 +59,21 @@ fn app_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/hydra_app.py")
 }
 
+/// `spearlet auth login --server SERVER --no-browser` on the registry at `registry`, storing in
+/// `grants`.
+fn login_command(server: &str, registry: &Path, grants: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spearlet"));
+    command
+        .args(["auth", "login", "--server", server, "--no-browser", "--timeout", "60", "--registry-dir"])
+        .arg(registry)
+        .arg("--grant-dir")
+        .arg(grants)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
 /// The person's part of a running `spearlet auth login --no-browser`: the URL it prints, followed
 /// by a browser (Hydra, its login and consent app, back to the login's listener). The login's
 /// output.
@@ -156,17 +171,7 @@ fn a_login_at_hydra_registers_its_client_and_the_agent_renews_rotates_and_is_ref
     std::fs::create_dir(&registry).expect("mkdir");
     std::fs::write(registry.join("registry.yaml"), &yaml).expect("write");
     let grants = work.path().join("grants");
-    let login = Command::new(env!("CARGO_BIN_EXE_spearlet"))
-        .args(["auth", "login", "--server", "remote", "--no-browser", "--timeout", "60", "--registry-dir"])
-        .arg(&registry)
-        .arg("--grant-dir")
-        .arg(&grants)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spearlet auth login");
-    let out = browse(login);
+    let out = browse(login_command("remote", &registry, &grants).spawn().expect("spearlet auth login"));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && said.contains("logged in to remote"), "{said}");
 
@@ -183,19 +188,9 @@ fn a_login_at_hydra_registers_its_client_and_the_agent_renews_rotates_and_is_ref
     // The agent calls as the person, and renews once the 4 s token is due: Hydra rotates the
     // refresh token, and the new one is written back.
     // The confidential client's login: its secret from the environment, as local mode reads it.
-    let login = Command::new(env!("CARGO_BIN_EXE_spearlet"))
-        .args(["auth", "login", "--server", "confidential", "--no-browser", "--timeout", "60"])
-        .args(["--redirect-port", &redirect_port.to_string(), "--registry-dir"])
-        .arg(&registry)
-        .arg("--grant-dir")
-        .arg(&grants)
-        .env(secret_env.0, secret_env.1)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spearlet auth login");
-    let out = browse(login);
+    let mut login = login_command("confidential", &registry, &grants);
+    login.args(["--redirect-port", &redirect_port.to_string()]).env(secret_env.0, secret_env.1);
+    let out = browse(login.spawn().expect("spearlet auth login"));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && said.contains("logged in to confidential"), "{said}");
     let confidential: Value =

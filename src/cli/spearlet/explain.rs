@@ -242,14 +242,7 @@ fn add_grants(explained: &mut Explained, snapshot: &Snapshot) {
             grant::grant_state(read.as_ref().map(Option::as_ref).map_err(Clone::clone), name, &http.url, issuer, now);
         states.insert(name.to_string(), state.into());
     }
-    if states.is_empty() {
-        return;
-    }
-    explained.table.push_str("GRANTS\n");
-    for (name, state) in &states {
-        explained.table.push_str(&format!("  {name:<40} {}\n", state.as_str().unwrap_or_default()));
-    }
-    explained.json["grants"] = Value::Object(states);
+    push_grants(explained, states);
 }
 
 /// Cluster mode: what the operator's `GrantReady` condition says of each server whose grant
@@ -269,6 +262,11 @@ fn add_cluster_grants(explained: &mut Explained, snapshot: &Snapshot) {
         };
         states.insert(name.to_string(), state.into());
     }
+    push_grants(explained, states);
+}
+
+/// Each server's grant state, as a GRANTS table and the `grants` field (nothing when none).
+fn push_grants(explained: &mut Explained, states: serde_json::Map<String, Value>) {
     if states.is_empty() {
         return;
     }

@@ -82,7 +82,7 @@ pub(crate) fn login_secret(
     grant: &StoredGrant,
     now: u64,
 ) -> Result<Secret, GrantSecretError> {
-    let mut secret = match existing {
+    let secret = match existing {
         Some(secret) => {
             may_take(&secret, server)?;
             secret
@@ -99,9 +99,7 @@ pub(crate) fn login_secret(
             ..Secret::default()
         },
     };
-    let annotations = secret.metadata.annotations.get_or_insert_default();
-    annotations.remove(ANNOTATION_GRANT_LOGIN_REQUIRED);
-    annotations.remove(ANNOTATION_GRANT_RENEWING);
+    // `with_grant` also clears a refusal note and a renewal claim: a login replaces both.
     Ok(with_grant(secret, grant, now))
 }
 

@@ -177,7 +177,7 @@ impl TokenSource {
         refresh_token: &str,
         client_secret: Option<&str>,
     ) -> Result<IssuedToken, TokenError> {
-        self.secrets.hold(&format!("refresh token of {}", self.server), refresh_token, Some(&self.server));
+        // The refresh token was held for redaction when the grant was loaded.
         let found = self.discovered(state, challenge).await?;
         if let Some(why) = oauth::grant_refusal(found.grant_types_supported.as_ref(), GRANT_REFRESH_TOKEN) {
             return Err(TokenError::lasting(why));
