@@ -17,6 +17,7 @@
 //! - [`cli`]: the binaries' flags and subcommands (flags → config → a library call)
 //! - [`telemetry`]: logging, metrics and the admin router shared by both binaries
 //! - [`http_server`]: the HTTP server loop of both binaries (header timeout, connection cap)
+//! - [`trust`]: extra CA certificates every outbound HTTPS client trusts (`--extra-ca-file`)
 //! - `testing` (feature `testing`, and unit tests): the test control plane and fixtures
 //! - `fuzzing` (feature `fuzzing`): thin wrappers the cargo-fuzz targets in `fuzz/` call
 
@@ -37,6 +38,7 @@ pub mod policy;
 pub mod registry;
 pub mod secrets;
 pub mod telemetry;
+pub mod trust;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -66,6 +66,11 @@ pub const ENV_AUTH_TOKEN_DIR: &str = "SPEAR_AUTH_TOKEN_DIR";
 /// Local mode: the directory of the grants `spearlet auth login` stores (`<dir>/<server>.json`);
 /// default `$XDG_STATE_HOME/spear-mcp/grants` (`~/.local/state/spear-mcp/grants`).
 pub const ENV_GRANT_DIR: &str = "SPEAR_GRANT_DIR";
+/// `--extra-ca-file` of spearlet and spear-operator: CA certificates (PEM) trusted beside the
+/// system's roots for outbound HTTPS.
+pub const ENV_EXTRA_CA_FILE: &str = "SPEAR_EXTRA_CA_FILE";
+/// The operator's trust bundle (PEM), written into the agent container at injection.
+pub const ENV_EXTRA_CA_PEM: &str = "SPEAR_EXTRA_CA_PEM";
 /// Cluster mode: the type of the Secret holding a person's grant (`tokenSecretRef`).
 pub const GRANT_SECRET_TYPE: &str = "mcp.spear.dev/oauth-grant";
 /// The grant Secret's key holding the grant document.

@@ -153,11 +153,8 @@ pub(crate) fn completions_url(base: &str) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     /// The HTTP client could not be built (TLS setup).
-    #[error("building the upstream HTTP client: {source}")]
-    Client {
-        #[source]
-        source: reqwest::Error,
-    },
+    #[error("building the upstream HTTP client: {message}")]
+    Client { message: String },
     /// No answer: connection refused, DNS, TLS, timeout.
     #[error("upstream {url} unreachable: {source}")]
     Unreachable {
@@ -195,7 +192,7 @@ const MAX_RESPONSE_BYTES: usize = 16 << 20;
 /// The HTTP client for upstream requests.
 #[derive(Clone, Debug)]
 pub(crate) struct Upstream {
-    client: reqwest::Client,
+    client: std::sync::Arc<crate::trust::TrustingClient>,
     /// `--egress-deny-cidrs`, for URLs that name an address.
     deny: AddressDenyList,
 }
@@ -209,14 +206,18 @@ impl Upstream {
     pub(crate) fn new(timeouts: UpstreamTimeouts, deny: &AddressDenyList) -> Result<Self, UpstreamError> {
         // reqwest is built with rustls and no provider (rmcp's feature): install ring first.
         crate::install_crypto_provider();
-        let builder = reqwest::Client::builder()
-            .connect_timeout(timeouts.connect)
-            .timeout(timeouts.request)
-            // No redirects: the request carries the model key, and a POST API has no reason to
-            // move; a 3xx goes back to the caller like any other upstream status.
-            .redirect(reqwest::redirect::Policy::none());
-        let client = deny.apply(builder, DENIED_BY_NAME).build().map_err(|source| UpstreamError::Client { source })?;
-        Ok(Upstream { client, deny: deny.clone() })
+        let policy = deny.clone();
+        let client = crate::trust::TrustingClient::new(move |builder| {
+            let builder = builder
+                .connect_timeout(timeouts.connect)
+                .timeout(timeouts.request)
+                // No redirects: the request carries the model key, and a POST API has no reason to
+                // move; a 3xx goes back to the caller like any other upstream status.
+                .redirect(reqwest::redirect::Policy::none());
+            policy.apply(builder, DENIED_BY_NAME)
+        });
+        client.get().map_err(|message| UpstreamError::Client { message })?;
+        Ok(Upstream { client: std::sync::Arc::new(client), deny: deny.clone() })
     }
 
     /// POSTs `body` to `target` and reads the completion.
@@ -226,8 +227,8 @@ impl Upstream {
         }
         // Serializing these types cannot fail (string keys, no non-finite floats from JSON input).
         let bytes = serde_json::to_vec(body).unwrap_or_default();
-        let mut request = self
-            .client
+        let client = self.client.get().map_err(|message| UpstreamError::Client { message })?;
+        let mut request = client
             .post(&target.url)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json")

@@ -79,6 +79,27 @@ pub(crate) fn emit(document: &str) {
     print!("{document}");
 }
 
+/// `--extra-ca-file`, for every command of both binaries that makes outbound HTTPS requests.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct TrustArgs {
+    /// CA certificates (PEM) trusted beside the system's roots for outbound HTTPS: private CAs
+    /// of remote MCP servers, their authorization servers, approval webhooks, the model
+    /// upstream. Read again when it changes (a ConfigMap volume rotates in place).
+    #[arg(long, global = true, env = crate::api::keys::ENV_EXTRA_CA_FILE, value_name = "FILE")]
+    extra_ca_file: Option<std::path::PathBuf>,
+    /// The operator's bundle, written into injected agents (PEM); not a flag.
+    #[arg(long, hide = true, global = true, env = crate::api::keys::ENV_EXTRA_CA_PEM, value_name = "PEM")]
+    extra_ca_pem: Option<String>,
+}
+
+impl TrustArgs {
+    /// Sets the process's extra roots ([`crate::trust::configure`]); a bad bundle is a usage error.
+    pub(crate) fn configure(&self) -> anyhow::Result<()> {
+        crate::trust::configure(self.extra_ca_file.as_deref(), self.extra_ca_pem.as_deref()).map_err(usage)?;
+        Ok(())
+    }
+}
+
 /// A usage error with `message`.
 pub(crate) fn usage(message: impl std::fmt::Display) -> anyhow::Error {
     UsageError(message.to_string()).into()

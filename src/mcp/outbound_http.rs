@@ -107,9 +107,9 @@ pub(crate) struct Answer {
 
 /// The outbound HTTP client of one anchor (the address policy depends on its URL).
 pub(crate) struct OutboundHttp {
-    /// An error here (the TLS backend could not start) fails each request rather than falling
-    /// back to a client without the policy.
-    client: Result<reqwest::Client, String>,
+    /// An error from it (the TLS backend could not start) fails each request rather than
+    /// falling back to a client without the policy.
+    client: crate::trust::TrustingClient,
     loopback_allowed: bool,
     /// What the requests are, for errors ("OAuth requests").
     purpose: &'static str,
@@ -135,14 +135,15 @@ impl OutboundHttp {
         // Whatever command builds this client (the agent, `auth login`), TLS needs the provider.
         crate::install_crypto_provider();
         let loopback_allowed = url::Url::parse(anchor_url).is_ok_and(|u| is_loopback_url(&u));
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(REQUEST_TIMEOUT)
-            .dns_resolver(Arc::new(PolicyResolver { loopback_allowed, purpose, deny: deny.clone() }));
-        if !deny.is_empty() {
-            builder = builder.no_proxy();
-        }
-        let client = builder.build().map_err(|e| crate::telemetry::error_chain(&e));
+        let resolver = Arc::new(PolicyResolver { loopback_allowed, purpose, deny: deny.clone() });
+        let no_proxy = !deny.is_empty();
+        let client = crate::trust::TrustingClient::new(move |builder| {
+            let builder = builder
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(REQUEST_TIMEOUT)
+                .dns_resolver(resolver.clone());
+            if no_proxy { builder.no_proxy() } else { builder }
+        });
         OutboundHttp { client, loopback_allowed, purpose, deny: deny.clone() }
     }
 
@@ -164,9 +165,9 @@ impl OutboundHttp {
         }
     }
 
-    fn client(&self) -> Result<&reqwest::Client, TokenError> {
+    fn client(&self) -> Result<reqwest::Client, TokenError> {
         self.client
-            .as_ref()
+            .get()
             .map_err(|e| TokenError::transient(format!("building the HTTP client for {}: {e}", self.purpose)))
     }
 

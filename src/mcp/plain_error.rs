@@ -50,10 +50,17 @@ pub(crate) fn plain(error: &(dyn Error + 'static)) -> String {
         Some(Cause::TimedOut) => format!("no answer in time{at}: is the address reachable from here?"),
         Some(Cause::Closed) => format!("the server closed the connection{at}: see the server's log"),
         Some(Cause::UnknownHost) => format!("cannot resolve the host{at}: check the host name in http.url"),
-        Some(Cause::Tls) => format!(
-            "TLS handshake failed{at} ({}): check the URL's scheme and the server's certificate",
-            without_type_names(&deepest.to_string())
-        ),
+        Some(Cause::Tls) => {
+            let text = without_type_names(&deepest.to_string());
+            // The one TLS failure with a fix on this side: a private CA the process does not trust.
+            let fix = if text.contains("UnknownIssuer") {
+                "the certificate's CA is not trusted here: a private CA goes in --extra-ca-file \
+                 (SPEAR_EXTRA_CA_FILE; in a cluster, the chart's trustBundle)"
+            } else {
+                "check the URL's scheme and the server's certificate"
+            };
+            format!("TLS handshake failed{at} ({text}): {fix}")
+        }
         None => format!("{}{at}", without_type_names(&deepest.to_string())),
     }
 }

@@ -40,11 +40,11 @@ use crate::api::env_ref::{self, Segment};
 use crate::api::identity::{ForbiddenAudiences, IdentityRefusal};
 use crate::api::keys::{
     ADMIN_PORT_NAME, AGENT_CONTAINER, ANNOTATION_INJECT, ANNOTATION_INJECTED, ANNOTATION_PROFILE, AUTH_TOKEN_DIR,
-    BIN_DIR, ENV_ADMIN_ADDR, ENV_API_KEY, ENV_CHAT_URL, ENV_GRANTED_DESTINATIONS, ENV_GRPC_ADDR, ENV_HTTP_ADDR,
-    ENV_MCP_URL, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_PROFILE, ENV_SECRET_REFS, ENV_SIDECAR_SERVERS, ENV_SOCKET_DIR,
-    ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION, PORT_ADMIN, PORT_GRPC,
-    PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX, SOCKET_VOLUME_PREFIX, SPEARLET, TMP_VOLUME_PREFIX,
-    VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
+    BIN_DIR, ENV_ADMIN_ADDR, ENV_API_KEY, ENV_CHAT_URL, ENV_EXTRA_CA_PEM, ENV_GRANTED_DESTINATIONS, ENV_GRPC_ADDR,
+    ENV_HTTP_ADDR, ENV_MCP_URL, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_PROFILE, ENV_SECRET_REFS, ENV_SIDECAR_SERVERS,
+    ENV_SOCKET_DIR, ENV_UPSTREAM_API_KEY, IMAGE_SPEARLET, INIT_CONTAINER, INJECTION_ENABLED, LABEL_INJECTION,
+    PORT_ADMIN, PORT_GRPC, PORT_HTTP, RUN_DIR, SERVICE_ACCOUNT_DIR, SIDECAR_PREFIX, SOCKET_VOLUME_PREFIX, SPEARLET,
+    TMP_VOLUME_PREFIX, VOLUME_AUTH_TOKENS, VOLUME_BIN, VOLUME_NO_TOKEN,
 };
 use crate::api::names::{SOCKET_FILE, http_destination, secret_env_var, secret_ref_id, short_hash};
 use crate::api::secret_grant::{Referrer, SecretGrants, SecretRef, grant_secret_ref};
@@ -113,6 +113,9 @@ pub struct InjectConfig {
     /// Token audiences a profile's `identity.audiences: ["*"]` does not cover
     /// (`--forbidden-token-audiences`, plus the cluster's issuer when the operator learned it).
     pub forbidden_audiences: ForbiddenAudiences,
+    /// CA certificates (PEM) the agent trusts beside the system's roots (the operator's
+    /// `--extra-ca-file`), given inline so that nothing in the pod's namespace can add to them.
+    pub extra_ca_pem: Option<std::sync::Arc<str>>,
 }
 
 impl InjectConfig {
@@ -127,6 +130,7 @@ impl InjectConfig {
             ports: Ports::default(),
             agent_env: Vec::new(),
             forbidden_audiences: ForbiddenAudiences::default(),
+            extra_ca_pem: None,
         }
     }
 }
@@ -913,6 +917,9 @@ fn agent_container(
     ];
     env.extend(secret_env);
     env.extend(config.agent_env.iter().map(|(name, value)| self::env(name, value)));
+    if let Some(pem) = &config.extra_ca_pem {
+        env.push(self::env(ENV_EXTRA_CA_PEM, &**pem));
+    }
     Container {
         name: AGENT_CONTAINER.to_string(),
         image: Some(config.agent_image.clone()),

@@ -109,7 +109,7 @@ pub(crate) fn probes_namespace(scope: ProbeNamespaces, injection_enabled: bool) 
 /// The probe's HTTP client: the deny list in the resolver, no redirects, no proxy while the
 /// list is non-empty, no idle connections kept (a probe is one exchange per minute).
 fn http_client(deny: &AddressDenyList, denied: Arc<AtomicBool>) -> Result<reqwest::Client, String> {
-    let mut builder = reqwest::Client::builder()
+    let mut builder = crate::trust::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .pool_max_idle_per_host(0)
         .dns_resolver(Arc::new(DenyingResolver::flagging(deny.clone(), denied, DENIED_MESSAGE)));

@@ -128,6 +128,7 @@ impl OperatorConfig {
         let inject_config = InjectConfig {
             agent_env,
             forbidden_audiences: self.forbidden_audiences.clone(),
+            extra_ca_pem: crate::trust::pem(),
             ..InjectConfig::new(self.agent_image.clone(), self.spearlet_image.clone())
         };
         let mut webhook_config = WebhookConfig::new(self.webhook_addr, inject_config, self.native_sidecars, cert);

@@ -9,6 +9,7 @@
 //! - [`golden`]: golden-file comparison, rewritten under `SPEAR_BLESS=1`.
 //! - [`bench`]: percentiles, an agent over a fixed registry, a bench's `main`.
 //! - [`proc_stats`]: a process's resident memory and CPU time from `/proc`, for the benches.
+//! - [`test_ca`]: a private CA that issues server certificates, for HTTPS test servers.
 
 pub mod bench;
 pub mod control_plane;
@@ -17,3 +18,4 @@ pub mod fixtures;
 pub mod golden;
 pub mod mcp_servers;
 pub mod proc_stats;
+pub mod test_ca;

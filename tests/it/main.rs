@@ -30,6 +30,7 @@ mod serve;
 mod static_binary;
 mod support;
 mod tracing;
+mod trust;
 
 /// The tests against the test control plane ([`spear::testing::control_plane::ControlPlane`]).
 mod cluster {

@@ -15,6 +15,9 @@
 - `--sa-direct-audience AUD`: the MCP server also accepts the cluster's service-account tokens
   with that audience as they are (verified against `--jwks`, `--sa-issuer`).
 
+`--tls-ca DIR` serves HTTPS: a certificate for the host of `--public-url`, issued at start by
+the CA in DIR (`ca.crt`, `ca.key`), so a test or a pod need not know the address in advance.
+
 `--interactive-only` advertises only the authorization-code grant (and refuses others), as a
 server built for people at browsers does.
 
@@ -25,7 +28,7 @@ the RFC 9207 `iss`; and its refresh-token grant with rotation (each refresh revo
 refresh token and issues a new one). POST /admin/revoke then revokes the refresh tokens too.
 
     python oauth_server.py --port P [--host H --public-url URL] --client-id ID --client-secret S [--token-lifetime SECONDS]
-        [--interactive-only] [--jwks FILE --sa-issuer ISS --sa-audience AUD --exchange-client ID]
+        [--interactive-only] [--jwks FILE --sa-issuer ISS --sa-audience AUD --exchange-client ID] [--tls-ca DIR]
 """
 
 import argparse
@@ -310,6 +313,51 @@ class Verifier:
         )
 
 
+def issue_certificate(ca_dir, host):
+    """A server certificate for `host` (a name or an IP address) signed by the CA in `ca_dir`;
+    returns the paths of the certificate and its key."""
+    import datetime
+    import ipaddress
+    import tempfile
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(open(os.path.join(ca_dir, "ca.crt"), "rb").read())
+    ca_key = serialization.load_pem_private_key(open(os.path.join(ca_dir, "ca.key"), "rb").read(), password=None)
+    try:
+        san = x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        san = x509.DNSName(host)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out = tempfile.mkdtemp(prefix="oauth-server-tls-")
+    cert_path, key_path = os.path.join(out, "tls.crt"), os.path.join(out, "tls.key")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    return cert_path, key_path
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -326,6 +374,7 @@ def main():
     parser.add_argument("--sa-audience")
     parser.add_argument("--exchange-client", default="spear-exchange")
     parser.add_argument("--sa-direct-audience")
+    parser.add_argument("--tls-ca", help="serve HTTPS with a certificate issued by the CA in this directory")
     args = parser.parse_args()
 
     base = (args.public_url or f"http://127.0.0.1:{args.port}").rstrip("/")
@@ -461,7 +510,13 @@ def main():
             Route("/admin/tokens", issued, methods=["GET"]),
         ]
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    tls = {}
+    if args.tls_ca:
+        from urllib.parse import urlsplit
+
+        cert, key = issue_certificate(args.tls_ca, urlsplit(base).hostname)
+        tls = {"ssl_certfile": cert, "ssl_keyfile": key}
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **tls)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ impl InjectArgs {
         let grants = SecretGrants::allow_all(referenced.iter().map(String::as_str));
         let labels = BTreeMap::from([(LABEL_INJECTION.to_string(), INJECTION_ENABLED.to_string())]);
         let mut config = InjectConfig::new(self.agent_image, self.spearlet_image);
+        config.extra_ca_pem = crate::trust::pem();
         config.native_sidecars = !self.classic_sidecars;
 
         // Each run draws a new key: a pod applied from this output carries it in its spec.

@@ -21,6 +21,9 @@ pub struct Args {
     #[command(flatten)]
     log: LogArgs,
 
+    #[command(flatten)]
+    trust: crate::cli::TrustArgs,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -35,11 +38,14 @@ enum Command {
 impl Args {
     /// Runs the selected subcommand and returns the process's exit status.
     pub fn run(self) -> ExitCode {
-        let Self { log, command } = self;
-        let code = exit(log.init().map_err(usage).and_then(|_logs| match command {
-            Command::Crds(args) => args.run(),
-            Command::Inject(args) => args.run(),
-            Command::Run(args) => args.run(),
+        let Self { log, trust, command } = self;
+        let code = exit(log.init().map_err(usage).and_then(|_logs| {
+            trust.configure()?;
+            match command {
+                Command::Crds(args) => args.run(),
+                Command::Inject(args) => args.run(),
+                Command::Run(args) => args.run(),
+            }
         }));
         // Spans still batched leave before the process does.
         crate::telemetry::otel::shutdown();

@@ -26,7 +26,7 @@ pub use self::run::RunArgs;
 pub use self::serve::ServeArgs;
 pub use self::tools::ToolsCommand;
 use crate::agent::RunError;
-use crate::cli::{exit, usage};
+use crate::cli::{TrustArgs, exit, usage};
 use crate::telemetry::LogArgs;
 
 /// The per-pod MCP agent of spear-mcp.
@@ -35,6 +35,9 @@ use crate::telemetry::LogArgs;
 pub struct Args {
     #[command(flatten)]
     log: LogArgs,
+
+    #[command(flatten)]
+    trust: TrustArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -65,22 +68,25 @@ enum Command {
 impl Args {
     /// Runs the selected subcommand and returns the process's exit status.
     pub fn run(self) -> ExitCode {
-        let Self { log, command } = self;
-        let code = exit(log.init().map_err(usage).and_then(|_logs| match command {
-            Command::Serve(args) => args.run(),
-            Command::Run(args) => args.run(),
-            Command::Tools { command } => command.run(),
-            Command::Registry(args) => args.run(),
-            Command::Explain(args) => args.run(),
-            Command::Validate(args) => args.run(),
-            Command::Convert(args) => args.run(),
-            Command::Pin(args) => args.run(),
-            Command::Approve(args) => args.run(),
-            Command::Deny(args) => args.run(),
-            Command::Bridge(args) => args.run(),
-            Command::Install(args) => args.run(),
-            Command::Reconnect(args) => args.run(),
-            Command::Auth(args) => args.run(),
+        let Self { log, trust, command } = self;
+        let code = exit(log.init().map_err(usage).and_then(|_logs| {
+            trust.configure()?;
+            match command {
+                Command::Serve(args) => args.run(),
+                Command::Run(args) => args.run(),
+                Command::Tools { command } => command.run(),
+                Command::Registry(args) => args.run(),
+                Command::Explain(args) => args.run(),
+                Command::Validate(args) => args.run(),
+                Command::Convert(args) => args.run(),
+                Command::Pin(args) => args.run(),
+                Command::Approve(args) => args.run(),
+                Command::Deny(args) => args.run(),
+                Command::Bridge(args) => args.run(),
+                Command::Install(args) => args.run(),
+                Command::Reconnect(args) => args.run(),
+                Command::Auth(args) => args.run(),
+            }
         }));
         // Spans still batched leave before the process does.
         crate::telemetry::otel::shutdown();
@@ -100,6 +106,9 @@ pub struct PluginArgs {
     #[command(flatten)]
     log: LogArgs,
 
+    #[command(flatten)]
+    trust: TrustArgs,
+
     #[command(subcommand)]
     command: PluginCommand,
 }
@@ -116,13 +125,16 @@ enum PluginCommand {
 impl PluginArgs {
     /// Runs the selected subcommand and returns the process's exit status.
     pub fn run(self) -> ExitCode {
-        let Self { log, command } = self;
-        exit(log.init().map_err(usage).and_then(|_logs| match command {
-            PluginCommand::Explain(args) => args.run(),
-            PluginCommand::Pin(args) => args.run(),
-            PluginCommand::Approve(args) => args.run(),
-            PluginCommand::Deny(args) => args.run(),
-            PluginCommand::Auth(args) => args.run(),
+        let Self { log, trust, command } = self;
+        exit(log.init().map_err(usage).and_then(|_logs| {
+            trust.configure()?;
+            match command {
+                PluginCommand::Explain(args) => args.run(),
+                PluginCommand::Pin(args) => args.run(),
+                PluginCommand::Approve(args) => args.run(),
+                PluginCommand::Deny(args) => args.run(),
+                PluginCommand::Auth(args) => args.run(),
+            }
         }))
     }
 }

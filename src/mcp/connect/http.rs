@@ -331,7 +331,7 @@ fn rmcp_default_client(deny: &crate::egress::AddressDenyList) -> Result<reqwest:
             attempt.follow()
         }
     });
-    let builder = reqwest::Client::builder().pool_max_idle_per_host(0).redirect(policy);
+    let builder = crate::trust::client_builder().pool_max_idle_per_host(0).redirect(policy);
     deny.apply(builder, DENIED_BY_NAME).build()
 }
 

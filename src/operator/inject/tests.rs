@@ -1017,3 +1017,32 @@ fn an_mcp_server_author_cannot_unmask_the_pods_api_token_in_their_sidecar() {
     let (_, out, warnings) = patched(&decision);
     assert!(!masked(find(out, "mcp-helper")) && warnings.is_empty(), "{warnings:?}");
 }
+
+#[test]
+fn the_operators_trust_bundle_goes_inline_to_the_agent_only() {
+    let (profile, servers) = mixed();
+    let pem = crate::testing::test_ca::TestCa::new("private").cert_pem();
+    let mut config = config(true);
+    config.extra_ca_pem = Some(std::sync::Arc::from(pem.as_str()));
+    let decision = mutate(
+        &with_profile(),
+        &enabled(),
+        Some(&profile),
+        &servers,
+        &granted(Some(&profile), &servers),
+        &config,
+        &key(),
+    )
+    .expect("mutates");
+    let (_, out, _) = patched(&decision);
+    let spec = out.spec.as_ref().expect("spec");
+    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let given = env_of(c, crate::api::keys::ENV_EXTRA_CA_PEM).and_then(|e| e.value.as_deref());
+        // A value, never a reference to a ConfigMap the namespace could edit, and no volume.
+        assert_eq!(given, (c.name == AGENT_CONTAINER).then_some(pem.as_str()), "container {}", c.name);
+    }
+    // Without a bundle, nothing is added (the goldens hold the rest of the pod).
+    let without = run(&with_profile(), Some(&profile), &servers, true);
+    let (_, plain, _) = patched(&without);
+    assert!(env_of(find(plain, AGENT_CONTAINER), crate::api::keys::ENV_EXTRA_CA_PEM).is_none());
+}

@@ -324,6 +324,15 @@ pub(crate) async fn review<L: Lookup>(
         None => Vec::new(),
     };
     let api_key = ApiKey::random().map_err(ReviewError::Randomness)?;
+    // The trust bundle as it is now: a rotated --extra-ca-file reaches the next pod.
+    let rotated;
+    let config = match crate::trust::pem() {
+        current if !same_bundle(current.as_ref(), config.extra_ca_pem.as_ref()) => {
+            rotated = InjectConfig { extra_ca_pem: current, ..config.clone() };
+            &rotated
+        }
+        _ => config,
+    };
     let decision = inject::mutate(
         &pod,
         &inputs.namespace_labels,
@@ -344,6 +353,15 @@ pub(crate) async fn review<L: Lookup>(
         }
         Decision::Deny { message } => deny(message),
     })
+}
+
+/// Whether two bundles are the same one (the trust module shares a bundle until it changes).
+fn same_bundle(a: Option<&Arc<str>>, b: Option<&Arc<str>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        (None, None) => true,
+        _ => false,
+    }
 }
 
 // === HTTP ===
