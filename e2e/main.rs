@@ -16,6 +16,8 @@
 //!        ├─ Deployment e2e-app (profile developer) ──▶ injected, Ready; its driver (PyPI mcp and
 //!        │    openai clients) lists and calls tools through $SPEAR_MCP_URL, runs a chat tool loop,
 //!        │    is refused a tool outside the profile, cannot reach the servers' sockets
+//!        ├─ a person's grant (grant.rs): `auth login` in a pod stores it in a Secret, the
+//!        │    injected agent reads it over TLS from the chart's trustBundle, renews, writes back
 //!        ├─ McpServer edit ──▶ in the pod's tool list (timed) · a new stdio server ──▶ restart required
 //!        ├─ a call needing approval waits on its McpApproval ──▶ `kubectl spear approve` ──▶ it runs
 //!        ├─ faults: server process killed in its sidecar · agent container stopped ·
@@ -31,6 +33,7 @@
 #![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "the e2e run reports its steps and figures on stdout")]
 
+mod grant;
 mod measure;
 mod skew;
 mod support;
@@ -157,6 +160,8 @@ async fn run() -> Result<usize> {
     let helm = helm()?;
     let mut report = Report::new();
     let mut namespaces_made: Vec<String> = Vec::new();
+    // The private CA of the grant step's servers; the chart's trustBundle holds it.
+    let private_ca = spear::testing::test_ca::TestCa::new("spear-e2e-private");
 
     // Everything after the install attempt runs in here, so a failure anywhere still cleans up.
     let client = kube::Client::try_default().await.context("connecting with KUBECONFIG")?;
@@ -184,6 +189,7 @@ async fn run() -> Result<usize> {
         if previous.is_some() {
             skew::upgrade_crds(&client, &mut report).await?;
         }
+        grant::publish_trust_bundle(&client, &private_ca).await?;
         install(&helm, &images)?;
         report.ok("chart installed (helm --wait): operator Deployment rolled out");
         cluster_checks(&client, &mut report).await?;
@@ -195,7 +201,7 @@ async fn run() -> Result<usize> {
         println!("e2e: working in namespace {ns}");
         let other = create_namespace(&client, "spear-e2e-plain-", false).await?;
         namespaces_made.push(other.clone());
-        namespace_checks(&client, &images, &ns, &other, &mut report).await
+        namespace_checks(&client, &images, &ns, &other, &private_ca, &mut report).await
     }
     .await;
     if result.is_err() {
@@ -217,6 +223,10 @@ async fn run() -> Result<usize> {
             // The checks' outcome matters more than the cleanup's; say what is left behind.
             eprintln!("e2e: warning: uninstalling {RELEASE} failed: {e:#}");
         }
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+        if let Err(e) = config_maps.delete(grant::TRUST_CONFIGMAP, &DeleteParams::default()).await {
+            eprintln!("e2e: warning: deleting ConfigMap {}: {e}", grant::TRUST_CONFIGMAP);
+        }
     }
     println!("e2e: steps and their times:");
     for (step, took) in &report.steps {
@@ -225,12 +235,15 @@ async fn run() -> Result<usize> {
     result.map(|()| report.passed)
 }
 
+/// This tree's chart, with the grant step's private CA as its `trustBundle`.
 fn install(helm: &std::path::Path, images: &Images) -> Result<()> {
-    install_chart(helm, "charts/spear-mcp", &images.operator, &images.spearlet)
+    let trust = format!("trustBundle.configMap={}", grant::TRUST_CONFIGMAP);
+    install_chart(helm, "charts/spear-mcp", &images.operator, &images.spearlet, &[&trust])
 }
 
-/// `helm upgrade --install` of `chart` with these images and otherwise default values.
-fn install_chart(helm: &std::path::Path, chart: &str, operator: &str, spearlet: &str) -> Result<()> {
+/// `helm upgrade --install` of `chart` with these images, `values` (`--set`) and otherwise
+/// default values.
+fn install_chart(helm: &std::path::Path, chart: &str, operator: &str, spearlet: &str, values: &[&str]) -> Result<()> {
     let mut args: Vec<String> = [
         "upgrade",
         "--install",
@@ -245,7 +258,11 @@ fn install_chart(helm: &std::path::Path, chart: &str, operator: &str, spearlet: 
     ]
     .map(String::from)
     .to_vec();
-    for value in image_values("operator.image", operator).into_iter().chain(image_values("spearlet.image", spearlet)) {
+    for value in image_values("operator.image", operator)
+        .into_iter()
+        .chain(image_values("spearlet.image", spearlet))
+        .chain(values.iter().map(|v| (*v).to_string()))
+    {
         args.extend(["--set".to_string(), value]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -357,6 +374,7 @@ async fn namespace_checks(
     images: &Images,
     ns: &str,
     other: &str,
+    private_ca: &spear::testing::test_ca::TestCa,
     report: &mut Report,
 ) -> Result<()> {
     let servers: Api<McpServer> = Api::namespaced(client.clone(), ns);
@@ -587,6 +605,9 @@ async fn namespace_checks(
 
     // 8. The pod's identity as the credential of a remote server.
     identity_checks(client, images, ns, report).await?;
+
+    // 8a. A person's grant in a Secret, read by the agent over TLS from a private CA.
+    grant::grant_checks(client, images, private_ca, ns, report).await?;
 
     // 8b. A call that waits for a person: an McpApproval decided with `kubectl spear approve`.
     approval_checks(client, &driver, ns, report).await?;

@@ -75,7 +75,7 @@ pub async fn start_under_previous(
     made: &mut Vec<String>,
     report: &mut Report,
 ) -> Result<Started> {
-    install_chart(helm, &previous.chart.to_string_lossy(), &previous.operator, &previous.spearlet)?;
+    install_chart(helm, &previous.chart.to_string_lossy(), &previous.operator, &previous.spearlet, &[])?;
     report.ok(&format!("previous release installed ({}: its chart and images)", &previous.commit[..12]));
 
     let ns = create_namespace(client, "spear-e2e-previous-", true).await?;
