@@ -146,14 +146,16 @@ pub async fn grant_checks(
         given.and_then(|e| e.value.as_deref()).is_some_and(|pem| pem.contains("BEGIN CERTIFICATE")),
         "the agent was not given the operator's trust bundle inline"
     );
-    let driver = Driver { client: client.clone(), ns: ns.to_string(), pod: pod.metadata.name.clone().context("a name")? };
+    let driver =
+        Driver { client: client.clone(), ns: ns.to_string(), pod: pod.metadata.name.clone().context("a name")? };
     let whoami = format!("mcp__{SERVER}__whoami");
     let answer = driver.call(&whoami, &json!({})).await?;
     ensure!(
         answer["is_error"] == false && answer["text"].as_str().is_some_and(|t| t.contains("\"person\"")),
         "the server did not see the person: {answer}"
     );
-    report.ok("the injected agent reads the grant Secret and calls as the person, over TLS from the chart's trustBundle");
+    report
+        .ok("the injected agent reads the grant Secret and calls as the person, over TLS from the chart's trustBundle");
 
     // The access token lives 5 s: the next call renews with the refresh token, which the server
     // rotates, and the agent writes the new one back.

@@ -9,9 +9,15 @@
 //! server from holding every other tool back (its calls wait within their budget, then answer
 //! retryably). A missing or invalid profile is not ready, with the reason in the 503 body. The
 //! body lists each server's state either way (`fs: starting (npx), 14 s of 120 s`).
+//!
+//! `/startupz` (the injected startup probe's) answers as `/readyz` once the agent is ready or
+//! cannot become so, holding the request up to [`STARTUP_HOLD`] until then: the kubelet probes
+//! once a second, so an answer at once would pass half a second, on average, after the first
+//! lists are in, and the pod's app waits for that probe.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Query, State};
@@ -32,10 +38,24 @@ pub(crate) fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
     let ready = move || ready.readiness();
     crate::telemetry::admin_router(ready, metrics).merge(
         Router::new()
+            .route("/startupz", get(startupz))
             .route("/debug/effective", get(debug_effective))
             .route("/admin/reconnect", post(reconnect))
             .with_state(agent),
     )
+}
+
+/// Under the kubelet's default probe timeout (1 s), so a held probe is not a failed one, and
+/// near its period (1 s), so the next probe starts as this one ends.
+pub(crate) const STARTUP_HOLD: Duration = Duration::from_millis(900);
+
+async fn startupz(State(agent): State<Agent>) -> Response {
+    // Either way the answer is readiness now: a hold that ran out answers "not yet".
+    let _settled = tokio::time::timeout(STARTUP_HOLD, agent.settled()).await;
+    match agent.readiness() {
+        Ok(detail) => (StatusCode::OK, format!("ready\n{detail}")).into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")).into_response(),
+    }
 }
 
 /// 403 for a caller that is not on loopback (the admin port listens on every interface in a pod).

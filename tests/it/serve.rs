@@ -1865,3 +1865,32 @@ async fn an_app_with_many_sessions_is_not_capped_at_one_sources_share() {
     }
     drop(served);
 }
+
+/// `/startupz`, the injected startup probe's path: not ready while the first lists are missing
+/// (its 503 says why, after holding the request for them), ready with `/readyz`'s body once they
+/// are in. (What the hold saves in a pod's start is measured by `SPEAR_E2E_MEASURE=1 hack/e2e.sh`.)
+#[test]
+fn startupz_answers_as_readyz_once_the_first_lists_are_in() {
+    let (dir, gates) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let gate = gates.path().join("release-the-server");
+    let gate_arg = gate.to_string_lossy().into_owned();
+    fixture_registry_of(dir.path(), &mcp_servers::fixture_stdio(&["--wait-for", &gate_arg]));
+    let served = spawn_serve(dir, &["--audit-log", "off"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(served.admin, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "spearlet serve did not answer");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, body) = http_get(served.admin, "/startupz").expect("/startupz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("not ready: listing the profile's servers' tools for the first time"), "{body}");
+
+    std::fs::write(&gate, "").expect("release the server");
+    while http_get(served.admin, "/readyz").is_none_or(|(status, _)| status != 200) {
+        assert!(Instant::now() < deadline, "not ready within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, body) = http_get(served.admin, "/startupz").expect("/startupz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready\n") && body.contains("fx: listed"), "{body}");
+}

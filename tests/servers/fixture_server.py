@@ -5,7 +5,7 @@ implementation that is not ours; it speaks both revisions the SDK does (2025-11-
 2026-07-28 stateless requests with `subscriptions/listen`), and it has the knobs the agent's tests need: a concurrency probe,
 runtime tool registration with `notifications/tools/list_changed`, large outputs, and fault modes.
 
-    python fixture_server.py --transport stdio [--garbage-stdout] [--hang] [--stderr-chatter]
+    python fixture_server.py --transport stdio [--garbage-stdout] [--hang] [--stderr-chatter] [--wait-for FILE]
     python fixture_server.py --transport http --port 8931 [--host 127.0.0.1] [--hang] [--stderr-chatter]
     python fixture_server.py --transport stdio --catalog FILE.jsonl --catalog-tools 500
     python fixture_server.py --transport stdio --state FILE    (adds rewrite_tool; changes persist)
@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 import anyio
 import mcp.types as types
@@ -317,6 +318,7 @@ def main() -> None:
     parser.add_argument("--catalog", help="serve the tools of this JSONL catalog instead")
     parser.add_argument("--catalog-tools", type=int, default=500, help="how many distinct tools of --catalog")
     parser.add_argument("--state", help="keep tools changed at runtime in this file; adds rewrite_tool")
+    parser.add_argument("--wait-for", help="answer nothing until this file exists (a start the test releases)")
     args = parser.parse_args()
     CHATTER = args.stderr_chatter
     RECORD = args.record
@@ -333,6 +335,8 @@ def main() -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="fixture: %(levelname)s %(message)s")
     print(f"fixture: starting (transport={args.transport}, pid={os.getpid()})", file=sys.stderr, flush=True)
 
+    while args.wait_for and not os.path.exists(args.wait_for):
+        time.sleep(0.02)
     if args.garbage_stdout and args.transport == "stdio":
         sys.stdout.write("this is not json\n")
         sys.stdout.flush()

@@ -550,7 +550,7 @@ fn agent_gets_profile_namespace_ports_and_probes() {
     let path = |p: Option<&Probe>| p.and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone());
     assert_eq!(path(agent.readiness_probe.as_ref()).as_deref(), Some("/readyz"));
     assert_eq!(path(agent.liveness_probe.as_ref()).as_deref(), Some("/healthz"));
-    assert_eq!(path(agent.startup_probe.as_ref()).as_deref(), Some("/readyz"));
+    assert_eq!(path(agent.startup_probe.as_ref()).as_deref(), Some("/startupz"));
     assert_eq!(agent.resources.as_ref(), Some(&default_agent_resources()));
 }
 
