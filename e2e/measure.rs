@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use serde_json::{Value, json};
 use spear::api::McpServer;
@@ -46,6 +46,7 @@ fn p50(mut samples: Vec<Duration>) -> Duration {
 
 async fn pod_start(client: &kube::Client, images: &Images, ns: &str, plain_ns: &str, report: &Report) -> Result<()> {
     let mut figures = Vec::new();
+    let mut breakdown = String::new();
     for (label, namespace, annotated) in [("plain", plain_ns, false), ("injected", ns, true)] {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let mut samples = Vec::new();
@@ -65,6 +66,7 @@ async fn pod_start(client: &kube::Client, images: &Images, ns: &str, plain_ns: &
                 },
             }))?;
             let started = Instant::now();
+            let created_at = jiff::Timestamp::now();
             pods.create(&PostParams::default(), &pod).await?;
             tokio::time::timeout(
                 Duration::from_secs(120),
@@ -73,6 +75,9 @@ async fn pod_start(client: &kube::Client, images: &Images, ns: &str, plain_ns: &
             .await
             .with_context(|| format!("{name} not Ready within 120 s"))??;
             samples.push(started.elapsed());
+            if annotated && i + 1 == PODS_PER_SIDE {
+                breakdown = start_breakdown(&pods, &name, created_at, started.elapsed()).await?;
+            }
             pods.delete(&name, &DeleteParams::default()).await?;
         }
         figures.push(p50(samples));
@@ -83,7 +88,40 @@ async fn pod_start(client: &kube::Client, images: &Images, ns: &str, plain_ns: &
         figures[1].as_secs_f64(),
         figures[1].as_secs_f64() / figures[0].as_secs_f64()
     ));
+    report.figure(&format!("the last injected pod's start, from its create (container log timestamps): {breakdown}"));
     Ok(())
+}
+
+/// Where an injected pod's start went: when each container's first log line (and the agent's
+/// line saying it is ready) was written, in seconds after the create, in the order they came.
+async fn start_breakdown(
+    pods: &Api<Pod>,
+    name: &str,
+    created_at: jiff::Timestamp,
+    ready_after: Duration,
+) -> Result<String> {
+    let pod = pods.get(name).await?;
+    let spec = pod.spec.context("a pod has a spec")?;
+    let mut marks: Vec<(f64, String)> = Vec::new();
+    for container in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let params = LogParams { container: Some(container.name.clone()), timestamps: true, ..LogParams::default() };
+        let text = pods.logs(name, &params).await.unwrap_or_default();
+        let at = |line: &str| {
+            let stamp = line.split_once(' ').map_or(line, |(stamp, _)| stamp);
+            stamp.parse::<jiff::Timestamp>().ok().map(|t| t.duration_since(created_at).as_secs_f64())
+        };
+        if let Some(first) = text.lines().next().and_then(at) {
+            marks.push((first, format!("{} first line", container.name)));
+        }
+        if container.name == AGENT_CONTAINER
+            && let Some(ready) = text.lines().find(|l| l.contains("first tool list: ready")).and_then(at)
+        {
+            marks.push((ready, "agent ready".to_string()));
+        }
+    }
+    marks.sort_by(|a, b| a.0.total_cmp(&b.0));
+    marks.push((ready_after.as_secs_f64(), "pod Ready seen".to_string()));
+    Ok(marks.iter().map(|(at, what)| format!("{what} {at:.2} s")).collect::<Vec<_>>().join(", "))
 }
 
 /// The agent container's working set and RSS from the kubelet's summary API.

@@ -1027,6 +1027,9 @@ impl Agent {
             }
         }
         let failed = known.values().any(|t| matches!(t, ServerTools::ListFailed { .. }));
+        if !refresh.first_lists_done {
+            tracing::info!(servers = known.len(), "each server of the profile had its first tool list: ready");
+        }
         refresh.first_lists_done = true;
         (Some(catalog_of(known)), changes, failed)
     }
