@@ -12,10 +12,13 @@
 //! run_local: DirSource::watch ──▶ the profile (the only one when not named) ──▶ run(.., Mode::Local)
 //! ```
 //!
-//! In a pod the ports open only after the first list: until then the agent could only answer
-//! with an empty registry, and "not listening" is what a startup probe should see. The wait has
-//! no timeout of its own; while the API cannot be listed, the log says why (for example a
-//! missing RoleBinding) and the pod's probes decide.
+//! In a pod the ports are bound at start but served only after the first list: until then the
+//! agent could only answer with an empty registry. A probe that comes early waits in the listen
+//! backlog instead of being refused, so the startup probe (`/startupz`, which holds until ready)
+//! passes the moment the agent is ready; a refused probe would fail at once and the app would
+//! wait for the kubelet's next try, a second later. The wait has no timeout of its own; while the
+//! API cannot be listed, the log says why (for example a missing RoleBinding) and the pod's
+//! probes decide.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -113,7 +116,8 @@ pub async fn run_local(config: LocalConfig, cancel: CancellationToken) -> Result
         None => only_profile(&watch.snapshot(), &config.registry_dir)?,
     };
     let origin = crate::approval::webhook::Origin::default();
-    run(config.agent, profile, watch, Mode::Local, None, cancel, (origin, None)).await
+    let listeners = Listeners::bind(&config.agent).await?;
+    run(config.agent, profile, watch, Mode::Local, None, cancel, (origin, None), listeners).await
 }
 
 /// The registry's only profile, or an error saying to pick one.
@@ -161,6 +165,7 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
             keys::ENV_API_KEY
         );
     }
+    let listeners = Listeners::bind(&agent).await?;
     let client_config = client_config(kubeconfig).await.map_err(RunError::Config)?;
     let namespace = match namespace.filter(|n| !n.is_empty()) {
         Some(namespace) => namespace,
@@ -207,7 +212,7 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
     let mode = Mode::Sidecar { socket_dir, sidecars, secret_refs: secret_refs.map(set), peer_uids, destinations };
     let origin =
         crate::approval::webhook::Origin { namespace: Some(namespace), pod: pod_name.filter(|p| !p.is_empty()) };
-    run(agent, profile, registry, mode, Some(critical), cancel, (origin, Some(approvals_client))).await
+    run(agent, profile, registry, mode, Some(critical), cancel, (origin, Some(approvals_client)), listeners).await
 }
 
 /// `SPEAR_GRANTED_DESTINATIONS` entries, `<server>=<hash>` (empty ones skipped).
@@ -261,6 +266,7 @@ async fn run(
     critical: Option<CriticalTask>,
     cancel: CancellationToken,
     (origin, kube): (crate::approval::webhook::Origin, Option<kube::Client>),
+    listeners: Listeners,
 ) -> Result<(), RunError> {
     let audit = match &config.audit {
         AuditTarget::Stderr => AuditSink::stderr(config.audit_arguments),
@@ -271,8 +277,6 @@ async fn run(
             Err(e) => return Err(RunError::Config(format!("--audit-log {}: {e}", path.display()))),
         },
     };
-    let listeners = Listeners::bind(&config).await?;
-
     let mut metrics = Registry::default();
     let pool_metrics = PoolMetrics::register(&mut metrics);
     let registry_metrics = RegistryMetrics::register(&mut metrics);
