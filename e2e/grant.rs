@@ -24,7 +24,7 @@ use spear::api::keys::{ANNOTATION_GRANT_RENEWED_AT, GRANT_SECRET_KEY, GRANT_SECR
 use spear::api::{McpProfile, McpServer};
 use spear::testing::test_ca::TestCa;
 
-use super::support::{Report, eventually, logs, ready_pod};
+use super::support::{Report, eventually, logs, ready_pod, start_oauth_server_pod};
 use super::{Driver, Images, POD_READY_TIMEOUT, RELEASE_NAMESPACE, app_deployment_of};
 
 /// The chart's `trustBundle.configMap` in the e2e install.
@@ -34,7 +34,8 @@ const SERVER: &str = "grant";
 const GRANT_SECRET: &str = "e2e-grant";
 const CA_SECRET: &str = "e2e-grant-ca";
 const LOGIN_ACCOUNT: &str = "e2e-login";
-/// The access tokens' lifetime: short, so the pod renews within the step.
+/// The access tokens' lifetime (the server's `--token-lifetime 5`): short, so the pod renews
+/// within the step.
 const TOKEN_LIFETIME_SECONDS: u64 = 5;
 
 /// The private CA of the step, published before the chart is installed so that the operator
@@ -74,29 +75,10 @@ pub async fn grant_checks(
     secrets.create(&post, &ca_secret).await?;
 
     // The authorization server and the protected MCP server, over HTTPS.
-    let server: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "e2e-grant-server", "labels": {"app": "e2e-grant-server"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "server", "image": images.app, "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "/e2e/oauth_server.py", "--host", "0.0.0.0", "--port", PORT.to_string(),
-                            "--public-url", format!("https://$(POD_IP):{PORT}"), "--client-secret", "unused",
-                            "--authorization-code", "--token-lifetime", TOKEN_LIFETIME_SECONDS.to_string(),
-                            "--tls-ca", "/ca"],
-                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                "ports": [{"containerPort": PORT}],
-                "readinessProbe": {"httpGet": {"path": "/.well-known/oauth-authorization-server", "port": PORT, "scheme": "HTTPS"}, "periodSeconds": 1},
-                "volumeMounts": [{"name": "ca", "mountPath": "/ca", "readOnly": true}],
-                "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false},
-            }],
-            "volumes": [{"name": "ca", "secret": {"secretName": CA_SECRET}}],
-        },
-    }))?;
-    pods.create(&post, &server).await?;
-    let server = ready_pod(&pods, "app=e2e-grant-server", POD_READY_TIMEOUT).await?;
-    let ip = server.status.and_then(|s| s.pod_ip).context("the grant server has an IP")?;
+    let args = ["--client-secret", "unused", "--authorization-code", "--token-lifetime", "5", "--tls-ca", "/ca"];
+    let args: Vec<String> = args.map(String::from).to_vec();
+    let volume = json!({"name": "ca", "secret": {"secretName": CA_SECRET}});
+    let ip = start_oauth_server_pod(&pods, "e2e-grant-server", &images.app, (PORT, true), &args, volume).await?;
 
     let mcp_server: McpServer = serde_json::from_value(json!({
         "apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": SERVER},

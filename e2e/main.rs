@@ -62,7 +62,7 @@ use spear::api::manifest::{self, Object};
 use spear::api::{McpProfile, McpServer, crd};
 use support::{
     Report, eventually, helm, helm_run, image_values, is_ready, logs, proxy_text, ready_pod, repo, restarts,
-    run_ephemeral,
+    run_ephemeral, start_oauth_server_pod,
 };
 
 /// Image of spear-operator (`repository:tag` or `repository@sha256:...`), required.
@@ -727,28 +727,11 @@ async fn identity_checks(client: &kube::Client, images: &Images, ns: &str, repor
         serde_json::from_value(json!({"metadata": {"name": "e2e-jwks"}, "data": {"jwks.json": jwks}}))?;
     Api::<ConfigMap>::namespaced(client.clone(), ns).create(&PostParams::default(), &config_map).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let server: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "e2e-identity", "labels": {"app": "e2e-identity"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "server", "image": images.app, "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "/e2e/oauth_server.py", "--host", "0.0.0.0", "--port", PORT.to_string(),
-                            "--public-url", format!("http://$(POD_IP):{PORT}"), "--client-secret", "unused",
-                            "--jwks", "/jwks/jwks.json", "--sa-issuer", issuer, "--sa-direct-audience", AUDIENCE],
-                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                "ports": [{"containerPort": PORT}],
-                "readinessProbe": {"httpGet": {"path": "/.well-known/oauth-authorization-server", "port": PORT}, "periodSeconds": 1},
-                "volumeMounts": [{"name": "jwks", "mountPath": "/jwks", "readOnly": true}],
-                "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false},
-            }],
-            "volumes": [{"name": "jwks", "configMap": {"name": "e2e-jwks"}}],
-        },
-    }))?;
-    pods.create(&PostParams::default(), &server).await?;
-    let server = ready_pod(&pods, "app=e2e-identity", POD_READY_TIMEOUT).await?;
-    let ip = server.status.and_then(|s| s.pod_ip).context("the identity server has an IP")?;
+    let args = ["--client-secret", "unused", "--jwks", "/jwks/jwks.json", "--sa-issuer", &issuer];
+    let mut args: Vec<String> = args.map(String::from).to_vec();
+    args.extend(["--sa-direct-audience".to_string(), AUDIENCE.to_string()]);
+    let volume = json!({"name": "jwks", "configMap": {"name": "e2e-jwks"}});
+    let ip = start_oauth_server_pod(&pods, "e2e-identity", &images.app, (PORT, false), &args, volume).await?;
 
     let mcp_server: McpServer = serde_json::from_value(json!({
         "apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "identity"},

@@ -285,3 +285,43 @@ pub async fn run_ephemeral(
     .await?;
     logs(pods, pod, name, false).await
 }
+
+/// `tests/servers/oauth_server.py` (in the app image) in a pod of its own, labelled `app=NAME`,
+/// serving on `port` with `args` after the common ones, `volume` (a pod volume, JSON) mounted at
+/// `/{volume's name}`; over HTTPS when `https` (its `args` then name the CA). Returns its IP once Ready.
+pub async fn start_oauth_server_pod(
+    pods: &Api<Pod>,
+    name: &str,
+    image: &str,
+    (port, https): (u16, bool),
+    args: &[String],
+    volume: serde_json::Value,
+) -> Result<String> {
+    let scheme = if https { "HTTPS" } else { "HTTP" };
+    let volume_name = volume["name"].as_str().context("the volume has a name")?.to_string();
+    let mut command: Vec<String> =
+        ["python3", "/e2e/oauth_server.py", "--host", "0.0.0.0", "--port"].map(String::from).to_vec();
+    command.push(port.to_string());
+    command.extend(["--public-url".to_string(), format!("{}://$(POD_IP):{port}", scheme.to_lowercase())]);
+    command.extend(args.iter().cloned());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "server", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": command,
+                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "ports": [{"containerPort": port}],
+                "readinessProbe": {"httpGet": {"path": "/.well-known/oauth-authorization-server", "port": port, "scheme": scheme}, "periodSeconds": 1},
+                "volumeMounts": [{"name": volume_name, "mountPath": format!("/{volume_name}"), "readOnly": true}],
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false},
+            }],
+            "volumes": [volume],
+        },
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let ready = ready_pod(pods, &format!("app={name}"), Duration::from_secs(180)).await?;
+    ready.status.and_then(|s| s.pod_ip).with_context(|| format!("{name} has an IP"))
+}

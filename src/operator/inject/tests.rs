@@ -126,7 +126,12 @@ fn key() -> ApiKey {
 }
 
 fn run(pod: &Pod, profile: Option<&McpProfile>, servers: &[McpServer], native: bool) -> Decision {
-    match mutate(pod, &enabled(), profile, servers, &granted(profile, servers), &config(native), &key()) {
+    run_with(pod, profile, servers, &config(native))
+}
+
+/// [`run`] under `config`.
+fn run_with(pod: &Pod, profile: Option<&McpProfile>, servers: &[McpServer], config: &InjectConfig) -> Decision {
+    match mutate(pod, &enabled(), profile, servers, &granted(profile, servers), config, &key()) {
         Ok(d) => d,
         Err(e) => panic!("mutate failed: {e}"),
     }
@@ -661,16 +666,7 @@ fn long_server_names_give_unique_valid_container_names() {
 fn ports_are_configurable() {
     let (profile, servers) = mixed();
     let config = InjectConfig { ports: Ports { http: 5050, grpc: 5051, admin: 5052 }, ..config(true) };
-    let decision = mutate(
-        &with_profile(),
-        &enabled(),
-        Some(&profile),
-        &servers,
-        &granted(Some(&profile), &servers),
-        &config,
-        &key(),
-    )
-    .expect("decides");
+    let decision = run_with(&with_profile(), Some(&profile), &servers, &config);
     let (_, out, _) = patched(&decision);
     let app = find(out, "app");
     assert_eq!(env_of(app, ENV_MCP_URL).and_then(|e| e.value.as_deref()), Some("http://127.0.0.1:5050/mcp"));
@@ -1024,16 +1020,7 @@ fn the_operators_trust_bundle_goes_inline_to_the_agent_only() {
     let pem = crate::testing::test_ca::TestCa::new("private").cert_pem();
     let mut config = config(true);
     config.extra_ca_pem = Some(std::sync::Arc::from(pem.as_str()));
-    let decision = mutate(
-        &with_profile(),
-        &enabled(),
-        Some(&profile),
-        &servers,
-        &granted(Some(&profile), &servers),
-        &config,
-        &key(),
-    )
-    .expect("mutates");
+    let decision = run_with(&with_profile(), Some(&profile), &servers, &config);
     let (_, out, _) = patched(&decision);
     let spec = out.spec.as_ref().expect("spec");
     for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
