@@ -103,7 +103,7 @@ const INSTALL_TIMEOUT: &str = "5m";
 const CA_BUNDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Status is written by the elected leader, after its first reconcile.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(90);
-/// Images are local; the agent's startup probe allows 120 s for the first tool lists.
+/// Images are local; the agent's postStart hook allows 120 s for the first tool lists.
 const POD_READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// The edit must reach the running pod within this (issue 14).
 const EDIT_VISIBLE_WITHIN: Duration = Duration::from_secs(2);

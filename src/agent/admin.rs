@@ -45,6 +45,14 @@ pub(crate) fn router(agent: Agent, metrics: Arc<Registry>) -> Router {
     )
 }
 
+/// The admin port while the agent waits for its first registry list (`spearlet run`): alive, not
+/// ready, nothing else yet.
+pub(crate) fn starting_router() -> Router {
+    Router::new().route("/healthz", get(|| async { "ok\n" })).fallback(|| async {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: waiting for the first list of McpServers and the McpProfile\n")
+    })
+}
+
 /// Under the kubelet's default probe timeout (1 s), so a held probe is not a failed one, and
 /// near its period (1 s), so the next probe starts as this one ends.
 pub(crate) const STARTUP_HOLD: Duration = Duration::from_millis(900);

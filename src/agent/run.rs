@@ -12,13 +12,13 @@
 //! run_local: DirSource::watch ──▶ the profile (the only one when not named) ──▶ run(.., Mode::Local)
 //! ```
 //!
-//! In a pod the ports are bound at start but served only after the first list: until then the
-//! agent could only answer with an empty registry. A probe that comes early waits in the listen
-//! backlog instead of being refused, so the startup probe (`/startupz`, which holds until ready)
-//! passes the moment the agent is ready; a refused probe would fail at once and the app would
-//! wait for the kubelet's next try, a second later. The wait has no timeout of its own; while the
-//! API cannot be listed, the log says why (for example a missing RoleBinding) and the pod's
-//! probes decide.
+//! In a pod the ports are bound at start but the doors served only after the first list: until
+//! then the agent could only answer with an empty registry. Meanwhile the admin port answers
+//! `/healthz` ok and everything else 503 (`Listeners::answer_while_starting`): the injected agent
+//! has no startup probe (its postStart hook, `spearlet wait-ready`, holds the app back instead),
+//! so the kubelet's liveness probe runs from the start and must find the process alive. The wait
+//! has no timeout of its own; while the API cannot be listed, the log says why (for example a
+//! missing RoleBinding) and the hook's two minutes decide.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -165,7 +165,7 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
             keys::ENV_API_KEY
         );
     }
-    let listeners = Listeners::bind(&agent).await?;
+    let listeners = Listeners::bind(&agent).await?.answer_while_starting(&agent)?;
     let client_config = client_config(kubeconfig).await.map_err(RunError::Config)?;
     let namespace = match namespace.filter(|n| !n.is_empty()) {
         Some(namespace) => namespace,

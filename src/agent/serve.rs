@@ -127,6 +127,15 @@ pub(crate) struct Listeners {
     pub(crate) http: TcpListener,
     pub(crate) grpc: TcpListener,
     pub(crate) admin: TcpListener,
+    /// The admin port's answers while the agent starts ([`Listeners::answer_while_starting`]).
+    starting: Option<StartingAdmin>,
+}
+
+/// A server on a second handle of the admin socket, answering until the real one takes over.
+#[derive(Debug)]
+struct StartingAdmin {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// Why serving failed.
@@ -157,7 +166,38 @@ impl Listeners {
             http: one("--http-addr", config.http_addr).await?,
             grpc: one("--grpc-addr", config.grpc_addr).await?,
             admin: one("--admin-addr", config.admin_addr).await?,
+            starting: None,
         })
+    }
+
+    /// Answers the admin port from now until [`serve`] takes it over: `/healthz` ok, anything
+    /// else 503 "starting". In a pod the agent waits for its first registry list before it
+    /// serves, and the kubelet's liveness probe runs from the container's start (the postStart
+    /// hook, not a startup probe, holds the app back), so the process must look alive meanwhile.
+    /// The server runs on a duplicate of the socket's descriptor; both accept from one queue, so
+    /// the handover refuses nothing.
+    pub(crate) fn answer_while_starting(mut self, config: &AgentConfig) -> Result<Self, ServeError> {
+        let bind_error = |source| ServeError::Bind { flag: "--admin-addr", addr: config.admin_addr, source };
+        let socket = self.admin.into_std().map_err(bind_error)?;
+        let duplicate = socket.try_clone().map_err(bind_error)?;
+        self.admin = TcpListener::from_std(socket).map_err(bind_error)?;
+        let duplicate = TcpListener::from_std(duplicate).map_err(bind_error)?;
+        let router = admin::starting_router().layer(middleware::from_fn_with_state(
+            Allowed::admin(config.allowed_hosts.clone(), config.allowed_origins.clone()),
+            http_guard::guard,
+        ));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(http_server::serve(duplicate, router, config.connection_limits, stop.clone()));
+        self.starting = Some(StartingAdmin { stop, task });
+        Ok(self)
+    }
+
+    /// Stops the server of [`Listeners::answer_while_starting`], if any, and waits for it.
+    async fn stop_answering_while_starting(&mut self) {
+        if let Some(StartingAdmin { stop, task }) = self.starting.take() {
+            stop.cancel();
+            let _ = task.await;
+        }
     }
 }
 
@@ -186,6 +226,8 @@ pub(crate) async fn serve(
     metrics: Arc<Registry>,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
+    let mut listeners = listeners;
+    listeners.stop_answering_while_starting().await;
     let chat = ChatService::new(agent.clone(), config.upstream.clone(), UpstreamTimeouts::default())?;
     let agent_stop = CancellationToken::new();
     let agent_task = tokio::spawn(agent.clone().run(agent_stop.clone()));

@@ -26,9 +26,10 @@ use std::fmt;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Pod, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
+    Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, Probe, ProjectedVolumeSource, ResourceRequirements,
+    SeccompProfile, SecretKeySelector, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -63,10 +64,12 @@ const SIDECAR_UID_BASE: i64 = 65600;
 const MAX_NAME_LEN: usize = 63;
 /// Hex characters of the hash that keeps a shortened sidecar name unique.
 const NAME_HASH_LEN: usize = 8;
-/// Startup probe: checked every second for up to two minutes. Long enough for a cold API server
+/// How long the agent may take to be ready: two minutes, long enough for a cold API server
 /// watch; after that the kubelet restarts the agent, which is visible, rather than holding the
-/// pod forever. Its path, `/startupz`, holds each probe until the agent is ready (up to 0.9 s),
-/// so the app starts when the first lists are in, not at the next probe.
+/// pod forever. As a native sidecar the agent has a postStart hook (`spearlet wait-ready`) that
+/// waits that long, so the app starts the moment the first lists are in; as a plain container
+/// (no native sidecars, where nothing waits for it) a startup probe on `/startupz` with these
+/// figures.
 const STARTUP_PERIOD_SECONDS: i32 = 1;
 const STARTUP_FAILURE_THRESHOLD: i32 = 120;
 /// Readiness every 5 s, liveness every 10 s: the kubelet's usual cadence, cheap for `/healthz`.
@@ -871,6 +874,25 @@ fn http_probe(path: &str, port: u16, period: i32, failure_threshold: Option<i32>
     }
 }
 
+/// `spearlet wait-ready` as the agent's postStart hook, bounded as the startup probe is.
+fn wait_ready_hook(admin_port: u16) -> Lifecycle {
+    let command = [
+        SPEARLET.to_string(),
+        "wait-ready".to_string(),
+        "--admin-addr".to_string(),
+        format!("127.0.0.1:{admin_port}"),
+        "--timeout".to_string(),
+        (STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD).to_string(),
+    ];
+    Lifecycle {
+        post_start: Some(LifecycleHandler {
+            exec: Some(ExecAction { command: Some(command.to_vec()) }),
+            ..LifecycleHandler::default()
+        }),
+        ..Lifecycle::default()
+    }
+}
+
 fn init_container(config: &InjectConfig) -> Container {
     Container {
         name: INIT_CONTAINER.to_string(),
@@ -934,12 +956,11 @@ fn agent_container(
             protocol: Some("TCP".to_string()),
             ..ContainerPort::default()
         }]),
-        startup_probe: Some(http_probe(
-            "/startupz",
-            ports.admin,
-            STARTUP_PERIOD_SECONDS,
-            Some(STARTUP_FAILURE_THRESHOLD),
-        )),
+        // A native sidecar holds the app back until it has started: with the hook, that is the
+        // moment the agent is ready; with a startup probe, the probe's next tick after it.
+        lifecycle: config.native_sidecars.then(|| wait_ready_hook(ports.admin)),
+        startup_probe: (!config.native_sidecars)
+            .then(|| http_probe("/startupz", ports.admin, STARTUP_PERIOD_SECONDS, Some(STARTUP_FAILURE_THRESHOLD))),
         readiness_probe: Some(http_probe("/readyz", ports.admin, READINESS_PERIOD_SECONDS, None)),
         liveness_probe: Some(http_probe("/healthz", ports.admin, LIVENESS_PERIOD_SECONDS, None)),
         resources: Some(config.agent_resources.clone()),

@@ -16,6 +16,7 @@ mod serve;
 mod tests;
 mod tools;
 mod validate;
+mod wait_ready;
 
 use std::process::ExitCode;
 
@@ -63,6 +64,7 @@ enum Command {
     Install(install::InstallArgs),
     Reconnect(reconnect::ReconnectArgs),
     Auth(auth::AuthArgs),
+    WaitReady(wait_ready::WaitReadyArgs),
 }
 
 impl Args {
@@ -86,6 +88,7 @@ impl Args {
                 Command::Install(args) => args.run(),
                 Command::Reconnect(args) => args.run(),
                 Command::Auth(args) => args.run(),
+                Command::WaitReady(args) => args.run(),
             }
         }));
         // Spans still batched leave before the process does.

@@ -555,8 +555,19 @@ fn agent_gets_profile_namespace_ports_and_probes() {
     let path = |p: Option<&Probe>| p.and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone());
     assert_eq!(path(agent.readiness_probe.as_ref()).as_deref(), Some("/readyz"));
     assert_eq!(path(agent.liveness_probe.as_ref()).as_deref(), Some("/healthz"));
-    assert_eq!(path(agent.startup_probe.as_ref()).as_deref(), Some("/startupz"));
+    // A native sidecar: the app starts when the hook returns, the moment the agent is ready.
+    assert!(agent.startup_probe.is_none(), "the hook, not a probe ticking each second, holds the app back");
+    let hook = agent.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()).and_then(|h| h.exec.as_ref());
+    let hook = hook.and_then(|e| e.command.clone()).unwrap_or_default();
+    assert_eq!(hook, [SPEARLET, "wait-ready", "--admin-addr", "127.0.0.1:4042", "--timeout", "120"]);
     assert_eq!(agent.resources.as_ref(), Some(&default_agent_resources()));
+
+    // A plain container: nothing waits for it, so a startup probe keeps liveness off while it starts.
+    let decision = run(&with_profile(), Some(&profile), &servers, false);
+    let (_, out, _) = patched(&decision);
+    let agent = find(out, AGENT_CONTAINER);
+    assert!(agent.lifecycle.is_none());
+    assert_eq!(path(agent.startup_probe.as_ref()).as_deref(), Some("/startupz"));
 }
 
 #[test]

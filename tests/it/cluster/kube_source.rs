@@ -708,3 +708,75 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
     let outcome = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
     assert!(outcome.is_ok(), "{outcome:?}");
 }
+
+/// While `spearlet run` waits for its first registry list (here: no RoleBinding yet) the admin
+/// port already answers: `/healthz` ok, since the kubelet's liveness probe runs from the
+/// container's start, and `/readyz` 503 with the reason. `spearlet wait-ready`, the injected
+/// agent's postStart hook, fails at its timeout with that reason, and returns once the agent is
+/// ready (after the binding is made), which is when the kubelet starts the pod's app.
+#[tokio::test]
+async fn spearlet_run_is_alive_while_it_waits_for_the_registry_and_wait_ready_returns_once_it_is_ready() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("kube-wait").await;
+    ns.api::<McpServer>()
+        .create(&PostParams::default(), &McpServer::test("fs").http_at(NOBODY).allowing(["*"]))
+        .await
+        .expect("fs");
+    ns.api::<McpProfile>().create(&PostParams::default(), &McpProfile::test("p").servers(["fs"])).await.expect("p");
+    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig file");
+    let yaml = service_account_kubeconfig_yaml(&ns.client, &ns.name, "workload").await;
+    fs::write(kubeconfig.path(), yaml).expect("write the kubeconfig");
+    let socket_dir = tempfile::tempdir().expect("socket dir");
+    let admin_addr = free_addr();
+    let mut config = run_config(control_plane, &ns.name, socket_dir.path(), admin_addr, None);
+    config.kubeconfig = Some(kubeconfig.path().as_os_str().to_owned());
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(run_in_pod(config, cancel.clone()));
+
+    let deadline = Instant::now() + PATIENCE;
+    // Bounded: before the fix a connection sat in the listen backlog unanswered.
+    let healthz = || tokio::time::timeout(Duration::from_secs(2), admin_get(admin_addr, "/healthz"));
+    while healthz().await.ok().flatten().map(|(status, _)| status) != Some(200) {
+        assert!(Instant::now() < deadline && !run.is_finished(), "no /healthz while waiting for the registry");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = admin_get(admin_addr, "/readyz").await.expect("/readyz");
+    assert_eq!(
+        (status, body.as_str()),
+        (503, "not ready: waiting for the first list of McpServers and the McpProfile\n")
+    );
+    let wait_ready = move |timeout: &str| {
+        Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["wait-ready", "--admin-addr", &admin_addr.to_string(), "--timeout", timeout])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spearlet wait-ready")
+    };
+    let refused = tokio::task::spawn_blocking(move || wait_ready("1").wait_with_output()).await.expect("join");
+    let refused = refused.expect("wait-ready's output");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("was not ready within 1 s") && said.contains("waiting for the first list"), "{said}");
+
+    let waiting = wait_ready("60");
+    Api::<ClusterRole>::all(ns.client.clone())
+        .patch(
+            &agent_cluster_role().name_any(),
+            &PatchParams::apply("spear-test").force(),
+            &Patch::Apply(agent_cluster_role()),
+        )
+        .await
+        .expect("apply the agent ClusterRole");
+    ns.api::<RoleBinding>().create(&PostParams::default(), &agent_role_binding(&ns.name)).await.expect("bind");
+    let ready = tokio::task::spawn_blocking(move || waiting.wait_with_output()).await.expect("join");
+    let ready = ready.expect("wait-ready's output");
+    assert!(ready.status.success(), "{}", String::from_utf8_lossy(&ready.stderr));
+    let (status, body) = admin_get(admin_addr, "/readyz").await.expect("/readyz");
+    assert_eq!(status, 200, "ready when the hook returned: {body}");
+    let (status, _) = admin_get(admin_addr, "/metrics").await.expect("/metrics");
+    assert_eq!(status, 200, "the agent's own admin server took the port over");
+
+    cancel.cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run).await.expect("stops in time").expect("no panic");
+    assert!(outcome.is_ok(), "{outcome:?}");
+}
