@@ -2,7 +2,7 @@
 //! profile allows (`profile_servers_in`): shared by the controllers, the webhook's cache and
 //! the admin view.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::Api;
@@ -69,6 +69,22 @@ pub(crate) fn profile_servers_in(
         }
     }
     found
+}
+
+/// The servers `profile` allows that exist in `store`: those it names, and of `selected` (the
+/// names its selector matched, from the controller's profile index). Sorted by name.
+pub(crate) fn profile_servers_among(
+    store: &Store<McpServer>,
+    namespace: &str,
+    profile: &McpProfile,
+    selected: &BTreeSet<String>,
+) -> Vec<McpServer> {
+    let names: BTreeSet<&String> = profile.spec.servers.iter().chain(selected).collect();
+    names
+        .into_iter()
+        .filter_map(|name| store.get(&ObjectRef::new(name).within(namespace)))
+        .map(|server| McpServer::clone(&server))
+        .collect()
 }
 
 #[cfg(test)]

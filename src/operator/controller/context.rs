@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{ControllerMetrics, KIND_NAMESPACE};
+use super::profile_index::ProfileIndex;
 use crate::api::conditions::{reasons, types};
 use crate::api::identity::ForbiddenAudiences;
 use crate::api::keys::{API_VERSION, FIELD_MANAGER, KIND_PROFILE, KIND_SERVER};
@@ -121,6 +122,8 @@ pub(super) struct Context {
     pub(super) operator_subject: Option<Subject>,
     /// Set once the agent ClusterRole was checked in this term.
     pub(super) agent_role_checked: AtomicBool,
+    /// What each profile selects, kept from the server cache's events.
+    pub(super) profile_index: parking_lot::Mutex<ProfileIndex>,
 }
 
 /// Kinds the controllers reconcile, for logs, metrics and the shared error policy.
@@ -314,10 +317,13 @@ pub(super) async fn cache<K, R, F>(
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
+                // The trigger first: it may keep state (the profile index) that readers waiting
+                // for `ready` must find up to date with the list.
+                let refs = trigger(&event);
                 if matches!(event, watcher::Event::InitDone) {
                     ready.send_replace(true);
                 }
-                for obj_ref in trigger(&event) {
+                for obj_ref in refs {
                     if tx.send(obj_ref).await.is_err() {
                         // The controller is gone: the term is ending.
                         return;

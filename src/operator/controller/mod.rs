@@ -48,6 +48,7 @@ mod context;
 mod metrics;
 mod namespace;
 mod profile;
+mod profile_index;
 mod server;
 
 pub use context::Error;
@@ -219,6 +220,7 @@ impl Context {
             forbidden_audiences: config.forbidden_audiences.clone(),
             operator_subject,
             agent_role_checked: AtomicBool::new(false),
+            profile_index: parking_lot::Mutex::default(),
         });
         let feeds = Feeds {
             servers: (server_writer, server_cache_ready),

@@ -1,7 +1,6 @@
 //! McpProfile status, from the servers it allows in the server cache; that cache's events say
 //! which profiles to reconcile again (coalesced).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,9 +8,8 @@ use futures::StreamExt;
 use kube::Client;
 use kube::Resource;
 use kube::api::Api;
-use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::controller::{Action, Config as RunConfig, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,11 +21,12 @@ use super::context::{
     now, stopped,
 };
 use super::metrics::ControllerMetrics;
+use super::profile_index::ProfileIndex;
 use crate::api::identity::server_identity_uses;
 use crate::api::keys::{KIND_PROFILE, KIND_SERVER};
 use crate::api::secret_grant::profile_secret_refs;
 use crate::api::{McpProfile, McpServer};
-use crate::operator::scope::{Scope, profile_servers_in};
+use crate::operator::scope::{Scope, profile_servers_among};
 use crate::operator::status::{fold_secret_refusals, known_tools, profile_status};
 
 /// McpProfile status, re-reconciled (coalesced) from the server cache it reads. Returns the
@@ -44,14 +43,14 @@ pub(super) fn profile_controller(
         Controller::new(scope.api::<McpProfile>(client.clone()), watcher::Config::default()).with_config(run_config);
     let profiles = profile_controller.store();
     let (profile_tx, profile_rx) = mpsc::channel(TRIGGER_BUFFER);
-    let mut triggers = ProfileTriggers::default();
+    let index_ctx = ctx.clone();
     let server_cache = cache(
         server_writer,
         scope.api::<McpServer>(client.clone()),
         watcher::Config::default(),
         server_cache_ready,
         stopped(token),
-        move |event| triggers.on_event(event, &profiles.state()),
+        move |event| profiles_to_trigger(&mut index_ctx.profile_index.lock(), event, &profiles),
         profile_tx,
     )
     .instrument(tracing::info_span!("reflector", kind = KIND_SERVER));
@@ -111,71 +110,23 @@ where
     }
 }
 
-/// Which profiles a server cache event affects: not every selecting profile, which at 10,000
-/// servers would be reconciled thousands of times. It remembers each server's labels as of its
-/// previous event, in event order, so a label change that drops a server from a selector is seen
-/// without the profile's status.
-#[derive(Default)]
-struct ProfileTriggers {
-    labels: std::collections::HashMap<ObjectRef<McpServer>, BTreeMap<String, String>>,
-}
-
-impl ProfileTriggers {
-    /// The profiles to re-reconcile after `event`: those a changed or deleted server is named
-    /// by, or selected by before or after, and all of them after a re-list (a deletion may
-    /// have been missed).
-    fn on_event(
-        &mut self,
-        event: &watcher::Event<McpServer>,
-        profiles: &[Arc<McpProfile>],
-    ) -> Vec<ObjectRef<McpProfile>> {
-        match event {
-            watcher::Event::Apply(server) => {
-                let labels = server.metadata.labels.clone().unwrap_or_default();
-                let before = self.labels.insert(ObjectRef::from_obj(server), labels);
-                affected_profiles(server, before.as_ref(), profiles)
-            }
-            watcher::Event::Delete(server) => {
-                let before = self.labels.remove(&ObjectRef::from_obj(server));
-                affected_profiles(server, before.as_ref(), profiles)
-            }
-            watcher::Event::Init => {
-                self.labels.clear();
-                Vec::new()
-            }
-            watcher::Event::InitApply(server) => {
-                self.labels.insert(ObjectRef::from_obj(server), server.metadata.labels.clone().unwrap_or_default());
-                Vec::new()
-            }
-            watcher::Event::InitDone => profiles.iter().map(|p| ObjectRef::from_obj(&**p)).collect(),
-        }
-    }
-}
-
-/// The profiles whose status may depend on `server`: in its namespace, and naming it in
-/// `spec.servers` or selecting it with its labels now or with `labels_before`.
-fn affected_profiles(
-    server: &McpServer,
-    labels_before: Option<&BTreeMap<String, String>>,
-    profiles: &[Arc<McpProfile>],
+/// The profiles to reconcile again after a server cache event (the index's), and after a
+/// complete re-list every profile; profiles gone from the store leave the index.
+fn profiles_to_trigger(
+    index: &mut ProfileIndex,
+    event: &watcher::Event<McpServer>,
+    profiles: &Store<McpProfile>,
 ) -> Vec<ObjectRef<McpProfile>> {
-    let (namespace, name) = (server.metadata.namespace.as_deref(), server.metadata.name.as_deref());
-    let empty = BTreeMap::new();
-    let now = server.metadata.labels.as_ref().unwrap_or(&empty);
-    profiles
-        .iter()
-        .filter(|p| p.metadata.namespace.as_deref() == namespace)
-        .filter(|p| {
-            name.is_some_and(|n| p.spec.servers.iter().any(|s| s == n))
-                || p.spec.server_selector.as_ref().is_some_and(|selector| {
-                    // A selector that does not parse selects nothing (Accepted says why).
-                    Selector::try_from(selector.clone()).is_ok_and(|selector| {
-                        selector.matches(now) || labels_before.is_some_and(|before| selector.matches(before))
-                    })
-                })
-        })
-        .map(|p| ObjectRef::from_obj(&**p))
-        .collect()
+    let mut affected = index.on_server_event(event);
+    let relisted = matches!(event, watcher::Event::InitDone);
+    if relisted {
+        affected = profiles.state().iter().map(|p| ObjectRef::from_obj(&**p)).collect();
+    }
+    if relisted || affected.iter().any(|p| profiles.get(p).is_none()) {
+        index.retain_profiles(|p| profiles.get(p).is_some());
+        affected.retain(|p| profiles.get(p).is_some());
+    }
+    affected
 }
 
 #[tracing::instrument(target = "spear_trace", name = "operator.reconcile", skip_all, fields(kind = KIND_PROFILE, profile = profile.metadata.name.as_deref().unwrap_or_default()))]
@@ -184,7 +135,9 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
     let (namespace, name) = identity(&*profile)?;
     // Before the first list, "missing" would be a lie written to the status.
     ctx.servers_ready.wait(KIND_SERVER).await?;
-    let servers: Vec<McpServer> = profile_servers_in(&ctx.servers, &namespace, &profile).into_values().collect();
+    // Indexed before the servers are read: a server event from now on triggers this profile again.
+    let selected = ctx.profile_index.lock().set_profile(&profile);
+    let servers = profile_servers_among(&ctx.servers, &namespace, &profile, &selected);
     let now = now();
     let mut status = profile_status(&profile, &servers, &known_tools(&servers), now.clone());
     let references = profile_secret_refs(&profile);
@@ -210,62 +163,7 @@ async fn reconcile_profile(profile: Arc<McpProfile>, ctx: Arc<Context>) -> Resul
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-
     use super::*;
-
-    fn server(namespace: &str, name: &str) -> McpServer {
-        McpServer::test(name).in_namespace(namespace)
-    }
-
-    /// A profile naming `servers`, and with `selector` one whose (empty) selector may match any server.
-    fn profile(namespace: &str, name: &str, servers: &[&str], selector: bool) -> Arc<McpProfile> {
-        let p = McpProfile::test(name).in_namespace(namespace).servers(servers);
-        Arc::new(if selector { p.server_selector(LabelSelector::default()) } else { p })
-    }
-
-    #[test]
-    fn a_server_change_triggers_the_profiles_that_name_or_may_select_it_in_its_namespace() {
-        let profiles = [
-            profile("a", "names-it", &["fs"], false),
-            profile("a", "names-another", &["git"], false),
-            profile("a", "selects", &[], true),
-            profile("b", "other-namespace", &["fs"], true),
-        ];
-        let names: Vec<String> =
-            affected_profiles(&server("a", "fs"), None, &profiles).into_iter().map(|r| r.name).collect();
-        assert_eq!(names, ["names-it", "selects"]);
-    }
-
-    fn labelled(namespace: &str, name: &str, team: &str) -> McpServer {
-        let mut server = server(namespace, name);
-        server.metadata.labels = Some(BTreeMap::from([("team".to_string(), team.to_string())]));
-        server
-    }
-
-    fn selecting(namespace: &str, name: &str, team: &str) -> Arc<McpProfile> {
-        Arc::new(McpProfile::test(name).in_namespace(namespace).selecting("team", team))
-    }
-
-    #[test]
-    fn a_label_change_triggers_the_profiles_that_selected_it_before_and_after_only() {
-        let profiles = [selecting("a", "team-x", "x"), selecting("a", "team-y", "y"), selecting("a", "team-z", "z")];
-        let mut triggers = ProfileTriggers::default();
-        let names = |refs: Vec<ObjectRef<McpProfile>>| refs.into_iter().map(|r| r.name).collect::<Vec<_>>();
-        assert!(triggers.on_event(&watcher::Event::InitApply(labelled("a", "fs", "x")), &profiles).is_empty());
-        assert_eq!(triggers.on_event(&watcher::Event::InitDone, &profiles).len(), 3, "a re-list triggers all");
-        // x → y: team-x must drop it, team-y gains it, team-z is untouched.
-        let moved = triggers.on_event(&watcher::Event::Apply(labelled("a", "fs", "y")), &profiles);
-        assert_eq!(names(moved), ["team-x", "team-y"]);
-        // A status-only change (labels unchanged) triggers the selecting profile only.
-        assert_eq!(names(triggers.on_event(&watcher::Event::Apply(labelled("a", "fs", "y")), &profiles)), ["team-y"]);
-        // Deleted: the profile that selected it as last seen.
-        let mut gone = labelled("a", "fs", "y");
-        gone.metadata.labels = None;
-        assert_eq!(names(triggers.on_event(&watcher::Event::Delete(gone), &profiles)), ["team-y"]);
-        // A server never seen before selects by its labels now.
-        assert_eq!(names(triggers.on_event(&watcher::Event::Apply(labelled("a", "new", "z")), &profiles)), ["team-z"]);
-    }
 
     #[tokio::test]
     async fn triggers_in_a_window_pass_once_each_after_the_first_passed_at_once() {
@@ -283,14 +181,5 @@ mod tests {
         drop(tx);
         assert!(out.recv().await.is_none(), "nothing more, and the coalescer ends with its input");
         coalescer.await.expect("the coalescer does not panic");
-    }
-
-    #[test]
-    fn a_relist_triggers_every_profile_and_a_deletion_its_own() {
-        let profiles = [profile("a", "p", &["fs"], false), profile("a", "q", &[], true)];
-        let mut triggers = ProfileTriggers::default();
-        assert_eq!(triggers.on_event(&watcher::Event::InitDone, &profiles).len(), 2);
-        assert_eq!(triggers.on_event(&watcher::Event::Delete(server("a", "fs")), &profiles).len(), 2);
-        assert!(triggers.on_event(&watcher::Event::InitApply(server("a", "fs")), &profiles).is_empty());
     }
 }
