@@ -287,6 +287,9 @@ pub(super) type Feed<K> = (reflector::store::Writer<K>, tokio::sync::watch::Send
 /// The writing ends of the caches a term's [`Context`] reads.
 pub(super) struct Feeds {
     pub(super) servers: Feed<McpServer>,
+    /// The server cache's objects as it applies them, for the server controller: one watch of
+    /// McpServers and one store serve both controllers.
+    pub(super) server_events: reflector::ReflectHandle<McpServer>,
     pub(super) bindings: Feed<RoleBinding>,
     pub(super) namespaces: Feed<Namespace>,
 }

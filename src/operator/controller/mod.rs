@@ -54,6 +54,9 @@ mod server;
 pub use context::Error;
 pub use metrics::ControllerMetrics;
 
+/// Objects the server cache may run ahead of the server controller before it waits for it.
+const SHARED_SERVER_BUFFER: usize = 1024;
+
 /// Reconciles of one kind running at once (and so probes in flight): enough to probe many
 /// slow servers in parallel, few enough not to flood the API server after a re-list.
 pub(crate) const DEFAULT_CONCURRENCY: u16 = 16;
@@ -176,7 +179,7 @@ async fn run_term(client: Client, config: &ControllerConfig, token: Cancellation
     let (ctx, feeds) = Context::new(&client, config, subject);
     let scope = &config.scope;
     let (namespace_cache, server_controller) =
-        server_controller(&client, scope, run_config.clone(), &ctx, feeds.namespaces, &token);
+        server_controller(&client, scope, run_config.clone(), &ctx, feeds.server_events, feeds.namespaces, &token);
     let (server_cache, profile_coalescer, profile_controller) =
         profile_controller(&client, scope, run_config.clone(), &ctx, feeds.servers, &token);
     let (binding_cache, namespace_controller) =
@@ -200,7 +203,9 @@ impl Context {
     /// The context of one term, and the writing ends of the caches it reads.
     fn new(client: &Client, config: &ControllerConfig, operator_subject: Option<Subject>) -> (Arc<Context>, Feeds) {
         let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: Some(config.instance.clone()) };
-        let (servers, server_writer) = reflector::store::<McpServer>();
+        let (servers, server_writer) = reflector::store_shared::<McpServer>(SHARED_SERVER_BUFFER);
+        #[allow(clippy::expect_used, reason = "a shared store's writer always subscribes")]
+        let server_events = server_writer.subscribe().expect("a shared store's writer subscribes");
         let (bindings, binding_writer) = reflector::store::<RoleBinding>();
         let (namespaces, namespace_writer) = reflector::store::<Namespace>();
         let (servers_ready, server_cache_ready) = CacheReady::new();
@@ -224,6 +229,7 @@ impl Context {
         });
         let feeds = Feeds {
             servers: (server_writer, server_cache_ready),
+            server_events,
             bindings: (binding_writer, binding_cache_ready),
             namespaces: (namespace_writer, namespace_cache_ready),
         };

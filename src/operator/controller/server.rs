@@ -8,6 +8,7 @@ use kube::Client;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as RunConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::ReflectHandle;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -36,13 +37,14 @@ pub(super) fn server_controller(
     scope: &Scope,
     run_config: RunConfig,
     ctx: &Arc<Context>,
+    server_events: ReflectHandle<McpServer>,
     (namespace_writer, namespace_cache_ready): Feed<Namespace>,
     token: &CancellationToken,
 ) -> (impl Future<Output = ()> + use<>, impl Future<Output = ()> + use<>) {
-    let server_api: Api<McpServer> = scope.api(client.clone());
-    let server_controller = Controller::new(server_api, watcher::Config::default());
+    // Fed by the server cache the profile controller reads (`profile.rs`), not a watch of its own.
+    let server_controller = Controller::for_shared_stream(server_events, ctx.servers.clone());
     let (server_tx, server_rx) = mpsc::channel(TRIGGER_BUFFER);
-    let servers = server_controller.store();
+    let servers = ctx.servers.clone();
     let namespace_cache = cache(
         namespace_writer,
         Api::<Namespace>::all(client.clone()),
