@@ -35,7 +35,7 @@ use spear::operator::rbac::{agent_cluster_role, agent_role_binding};
 use spear::registry::snapshot::Snapshot;
 use spear::registry::{KubeSource, KubeWatch, RegistryView};
 use spear::telemetry::RegistryMetrics;
-use spear::testing::control_plane::ControlPlane;
+use spear::testing::control_plane::{ControlPlane, TestNamespace};
 use spear::testing::mcp_servers;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -598,15 +598,21 @@ async fn admin_get(admin_addr: SocketAddr, path: &str) -> Option<(u16, String)> 
     Some((response.status().as_u16(), response.text().await.unwrap_or_default()))
 }
 
-#[tokio::test]
-async fn spearlet_run_serves_the_namespace_registry() {
-    let control_plane = ControlPlane::shared();
-    let ns = control_plane.namespace("kube-run").await;
+/// McpServer `fs` (HTTP, nothing listening: its first list fails at once) and McpProfile `p`
+/// naming it.
+async fn create_unreachable_fs_and_profile(ns: &TestNamespace) {
     ns.api::<McpServer>()
         .create(&PostParams::default(), &McpServer::test("fs").http_at(NOBODY).allowing(["*"]))
         .await
         .expect("fs");
     ns.api::<McpProfile>().create(&PostParams::default(), &McpProfile::test("p").servers(["fs"])).await.expect("p");
+}
+
+#[tokio::test]
+async fn spearlet_run_serves_the_namespace_registry() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("kube-run").await;
+    create_unreachable_fs_and_profile(&ns).await;
     let socket_dir = tempfile::tempdir().expect("socket dir");
     let admin_addr = free_addr();
     let config = run_config(control_plane, &ns.name, socket_dir.path(), admin_addr, None);
@@ -718,11 +724,7 @@ async fn spearlet_run_reports_a_stdio_server_that_joined_the_profile_after_the_p
 async fn spearlet_run_is_alive_while_it_waits_for_the_registry_and_wait_ready_returns_once_it_is_ready() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("kube-wait").await;
-    ns.api::<McpServer>()
-        .create(&PostParams::default(), &McpServer::test("fs").http_at(NOBODY).allowing(["*"]))
-        .await
-        .expect("fs");
-    ns.api::<McpProfile>().create(&PostParams::default(), &McpProfile::test("p").servers(["fs"])).await.expect("p");
+    create_unreachable_fs_and_profile(&ns).await;
     let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig file");
     let yaml = service_account_kubeconfig_yaml(&ns.client, &ns.name, "workload").await;
     fs::write(kubeconfig.path(), yaml).expect("write the kubeconfig");
