@@ -494,13 +494,10 @@ async fn service_account_client(admin: &Client, namespace: &str, name: &str) -> 
     Client::try_from(config).expect("client")
 }
 
-#[tokio::test]
-async fn an_agent_with_the_agent_role_reads_its_namespace_and_is_refused_elsewhere() {
-    let control_plane = ControlPlane::shared();
-    let ns = control_plane.namespace("kube-rbac").await;
-    let other = control_plane.namespace("kube-rbac-other").await;
-    let admin = ns.client.clone();
-    Api::<ClusterRole>::all(admin.clone())
+/// The agent ClusterRole (as the chart installs it), bound to `ns`'s service accounts as the
+/// operator binds it in an injection-enabled namespace.
+async fn grant_the_agent_role(ns: &TestNamespace) {
+    Api::<ClusterRole>::all(ns.client.clone())
         .patch(
             &agent_cluster_role().name_any(),
             &PatchParams::apply("spear-test").force(),
@@ -509,6 +506,15 @@ async fn an_agent_with_the_agent_role_reads_its_namespace_and_is_refused_elsewhe
         .await
         .expect("apply the agent ClusterRole");
     ns.api::<RoleBinding>().create(&PostParams::default(), &agent_role_binding(&ns.name)).await.expect("bind");
+}
+
+#[tokio::test]
+async fn an_agent_with_the_agent_role_reads_its_namespace_and_is_refused_elsewhere() {
+    let control_plane = ControlPlane::shared();
+    let ns = control_plane.namespace("kube-rbac").await;
+    let other = control_plane.namespace("kube-rbac-other").await;
+    let admin = ns.client.clone();
+    grant_the_agent_role(&ns).await;
     for namespace in [&ns, &other] {
         namespace
             .api::<McpServer>()
@@ -761,15 +767,7 @@ async fn spearlet_run_is_alive_while_it_waits_for_the_registry_and_wait_ready_re
     assert!(said.contains("was not ready within 1 s") && said.contains("waiting for the first list"), "{said}");
 
     let waiting = wait_ready("60");
-    Api::<ClusterRole>::all(ns.client.clone())
-        .patch(
-            &agent_cluster_role().name_any(),
-            &PatchParams::apply("spear-test").force(),
-            &Patch::Apply(agent_cluster_role()),
-        )
-        .await
-        .expect("apply the agent ClusterRole");
-    ns.api::<RoleBinding>().create(&PostParams::default(), &agent_role_binding(&ns.name)).await.expect("bind");
+    grant_the_agent_role(&ns).await;
     let ready = tokio::task::spawn_blocking(move || waiting.wait_with_output()).await.expect("join");
     let ready = ready.expect("wait-ready's output");
     assert!(ready.status.success(), "{}", String::from_utf8_lossy(&ready.stderr));
