@@ -6,8 +6,9 @@
 //! It asks `/startupz`, which holds each request up to 0.9 s until the agent is ready, so a ready
 //! agent is seen within a few milliseconds. Connection errors (the agent not yet listening) are
 //! retried every [`RETRY`], as are the quick "not ready" answers of an agent still waiting for its
-//! registry. At `--timeout` it fails with the agent's last reason: the kubelet then
-//! restarts the container, as a startup probe that ran out would have.
+//! registry. At `--timeout` it fails with the agent's last reason: the kubelet then records a
+//! `FailedPostStartHook` event with it and restarts the container, as a startup probe that ran
+//! out would have.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
