@@ -1866,9 +1866,10 @@ async fn an_app_with_many_sessions_is_not_capped_at_one_sources_share() {
     drop(served);
 }
 
-/// `/startupz`, the injected startup probe's path: not ready while the first lists are missing
-/// (its 503 says why, after holding the request for them), ready with `/readyz`'s body once they
-/// are in. (What the hold saves in a pod's start is measured by `SPEAR_E2E_MEASURE=1 hack/e2e.sh`.)
+/// `/startupz`, which the injected agent's postStart hook (`spearlet wait-ready`) asks: not ready
+/// while the first lists are missing (its 503 says why, after holding the request for them),
+/// ready with `/readyz`'s body once they are in. (A pod's start is measured by
+/// `SPEAR_E2E_MEASURE=1 hack/e2e.sh`.)
 #[test]
 fn startupz_answers_as_readyz_once_the_first_lists_are_in() {
     let (dir, gates) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
