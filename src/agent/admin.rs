@@ -5,9 +5,9 @@
 //! Ready means: the profile named by `--profile` exists and compiles, and each of its servers has
 //! had a first listing attempt: listed, failed, or still starting after the pool's
 //! `startup_wait` (10 s). Waiting for the attempt lets the pod's app (held until then by the
-//! agent's postStart hook) find the tools on its first request; not waiting for success or for a slow start keeps one
-//! server from holding every other tool back (its calls wait within their budget, then answer
-//! retryably). A missing or invalid profile is not ready, with the reason in the 503 body. The
+//! agent's postStart hook) find the tools on its first request; not waiting for success or for a
+//! slow start keeps one server from holding every other tool back (its calls wait within their
+//! budget, then answer retryably). A missing or invalid profile is not ready, with the reason in the 503 body. The
 //! body lists each server's state either way (`fs: starting (npx), 14 s of 120 s`).
 //!
 //! `/startupz` (what `spearlet wait-ready`, the injected postStart hook, asks, and the startup

@@ -222,11 +222,10 @@ pub(crate) fn http_router(
 pub(crate) async fn serve(
     config: &AgentConfig,
     agent: Agent,
-    listeners: Listeners,
+    mut listeners: Listeners,
     metrics: Arc<Registry>,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
-    let mut listeners = listeners;
     listeners.stop_answering_while_starting().await;
     let chat = ChatService::new(agent.clone(), config.upstream.clone(), UpstreamTimeouts::default())?;
     let agent_stop = CancellationToken::new();

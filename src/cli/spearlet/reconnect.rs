@@ -20,11 +20,16 @@ pub(crate) struct ReconnectArgs {
     admin_addr: SocketAddr,
 }
 
+/// `addr` as a client on this machine reaches it: a wildcard listen address (`run` binds
+/// 0.0.0.0) is reached on loopback.
+pub(super) fn local_admin_address(addr: SocketAddr) -> SocketAddr {
+    let ip = if addr.ip().is_unspecified() { Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
+    SocketAddr::new(ip, addr.port())
+}
+
 impl ReconnectArgs {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
-        // A wildcard listen address (`run` binds 0.0.0.0) is reached on loopback.
-        let ip = if self.admin_addr.ip().is_unspecified() { Ipv4Addr::LOCALHOST.into() } else { self.admin_addr.ip() };
-        let address = SocketAddr::new(ip, self.admin_addr.port());
+        let address = local_admin_address(self.admin_addr);
         let mut url = reqwest::Url::parse(&format!("http://{address}/admin/reconnect"))?;
         url.query_pairs_mut().append_pair("server", &self.server);
         crate::install_crypto_provider();

@@ -39,9 +39,7 @@ pub(crate) struct WaitReadyArgs {
 
 impl WaitReadyArgs {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
-        // A wildcard listen address (`run` binds 0.0.0.0) is reached on loopback.
-        let ip = if self.admin_addr.ip().is_unspecified() { Ipv4Addr::LOCALHOST.into() } else { self.admin_addr.ip() };
-        let address = SocketAddr::new(ip, self.admin_addr.port());
+        let address = super::reconnect::local_admin_address(self.admin_addr);
         let url = reqwest::Url::parse(&format!("http://{address}/startupz"))?;
         let timeout = Duration::from_secs(self.timeout);
         crate::install_crypto_provider();

@@ -61,6 +61,16 @@ impl Selecting {
     fn matches(&self, labels: &Labels) -> bool {
         self.parsed.as_ref().is_some_and(|selector| selector.matches(labels))
     }
+
+    /// Recomputes `selected` from every known server's labels (a scan: only when the selector
+    /// is new or changed, or after a re-list).
+    fn reselect_all(&mut self, namespace: &str, labels: &HashMap<ServerKey, Labels>) {
+        self.selected = labels
+            .iter()
+            .filter(|((ns, _), labels)| ns == namespace && self.matches(labels))
+            .map(|((_, name), _)| name.clone())
+            .collect();
+    }
 }
 
 impl ProfileIndex {
@@ -84,12 +94,7 @@ impl ProfileIndex {
                     parsed: Selector::try_from(source.clone()).ok(),
                     selected: BTreeSet::new(),
                 };
-                selecting.selected = self
-                    .labels
-                    .iter()
-                    .filter(|((ns, _), labels)| *ns == namespace && selecting.matches(labels))
-                    .map(|((_, name), _)| name.clone())
-                    .collect();
+                selecting.reselect_all(&namespace, &self.labels);
                 self.selecting.entry(namespace.clone()).or_default().insert(key.clone());
                 selecting
             });
@@ -159,11 +164,7 @@ impl ProfileIndex {
                 let labels = &self.labels;
                 for indexed in self.profiles.values_mut() {
                     if let Some(selecting) = indexed.selector.as_mut() {
-                        selecting.selected = labels
-                            .iter()
-                            .filter(|((ns, _), labels)| *ns == indexed.namespace && selecting.matches(labels))
-                            .map(|((_, name), _)| name.clone())
-                            .collect();
+                        selecting.reselect_all(&indexed.namespace, labels);
                     }
                 }
                 self.profiles.keys().cloned().collect()
