@@ -291,4 +291,62 @@ mod tests {
         assert!(apply(&mut index, server("a", "fs", None)).is_empty());
         assert_eq!(apply(&mut index, server("a", "git", None)), ["p"]);
     }
+
+    proptest::proptest! {
+        /// Any sequence of server events leaves each profile's selected set equal to a scan of
+        /// the servers as they are, and triggers exactly the profiles naming the server or
+        /// selecting it before or after the event.
+        #[test]
+        fn the_index_agrees_with_a_scan(events in proptest::collection::vec(
+            (0..2usize, 0..4usize, proptest::option::of(0..3usize), proptest::bool::ANY), 0..40)
+        ) {
+            let teams = ["x", "y", "z"];
+            let profiles = [
+                McpProfile::test("sx").in_namespace("a").selecting("team", "x"),
+                McpProfile::test("sy").in_namespace("a").servers(["s1"]).selecting("team", "y"),
+                McpProfile::test("nb").in_namespace("b").servers(["s0", "s2"]),
+            ];
+            let mut index = ProfileIndex::default();
+            for p in &profiles {
+                index.set_profile(p);
+            }
+            let mut known: BTreeMap<(String, String), Option<String>> = BTreeMap::new();
+            for (ns, name, team, delete) in events {
+                let (ns, name) = (["a", "b"][ns].to_string(), format!("s{name}"));
+                let team = team.map(|t| teams[t].to_string());
+                let server = server(&ns, &name, team.as_deref());
+                let before = known.get(&(ns.clone(), name.clone())).cloned();
+                let (event, now) = if delete {
+                    known.remove(&(ns.clone(), name.clone()));
+                    (watcher::Event::Delete(server), None)
+                } else {
+                    known.insert((ns.clone(), name.clone()), team.clone());
+                    (watcher::Event::Apply(server), Some(team))
+                };
+                let got = names(index.on_server_event(&event));
+                let selects = |p: &McpProfile, team: &Option<String>| {
+                    let wanted = p.spec.server_selector.as_ref()
+                        .and_then(|s| s.match_labels.as_ref())
+                        .and_then(|l| l.get("team"));
+                    wanted.is_some() && wanted == team.as_ref()
+                };
+                let mut expected: Vec<String> = profiles.iter()
+                    .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+                    .filter(|p| p.spec.servers.contains(&name)
+                        || before.as_ref().is_some_and(|t| selects(p, t))
+                        || now.as_ref().is_some_and(|t| selects(p, t)))
+                    .map(|p| p.metadata.name.clone().unwrap_or_default())
+                    .collect();
+                expected.sort();
+                proptest::prop_assert_eq!(got, expected);
+                for p in &profiles {
+                    let scanned: BTreeSet<String> = known.iter()
+                        .filter(|((ns, _), team)| p.metadata.namespace.as_deref() == Some(ns.as_str()) && selects(p, team))
+                        .map(|((_, name), _)| name.clone())
+                        .collect();
+                    proptest::prop_assert_eq!(index.set_profile(p), scanned);
+                }
+            }
+        }
+    }
 }
