@@ -32,6 +32,7 @@ pub mod convert;
 pub mod egress;
 pub mod http_server;
 mod install;
+pub mod kube_client;
 pub mod mcp;
 pub mod operator;
 pub mod policy;

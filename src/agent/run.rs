@@ -174,7 +174,7 @@ pub async fn run_in_pod(config: PodConfig, cancel: CancellationToken) -> Result<
             client_config.default_namespace.clone()
         }
     };
-    let client = kube::Client::try_from(client_config)
+    let client = crate::kube_client::client(client_config)
         .map_err(|e| RunError::Config(format!("cannot build a Kubernetes client from the configuration: {e}")))?;
     // The same client (a clone shares its connections) asks the kubernetes approver's McpApprovals.
     let approvals_client = client.clone();

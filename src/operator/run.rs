@@ -143,8 +143,10 @@ impl OperatorConfig {
 /// Runs the operator until `shutdown`; an error when a part stops on its own.
 pub(crate) async fn run(mut config: OperatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     crate::install_crypto_provider();
-    let client = kube::Client::try_default()
+    let client = kube::Config::infer()
         .await
+        .map_err(kube::Error::InferConfig)
+        .and_then(crate::kube_client::client)
         .context("connecting to the Kubernetes API (in-cluster service account, or KUBECONFIG)")?;
     let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
     // The issuer is the API server's default audience (`--api-audiences`): a token for it is an

@@ -119,7 +119,7 @@ impl ControlPlane {
 
     /// A fresh admin client bound to the calling runtime.
     pub async fn client(&self) -> Client {
-        Client::try_from(self.config())
+        crate::kube_client::client(self.config())
             .expect("the test control plane's admin config must build a client (its cert files exist)")
     }
 
