@@ -9,7 +9,8 @@
 //!
 //! - The rest of the stack is kube's: the same TLS configuration (CA, client certificate, server
 //!   name, the reloading CA verifier), auth (tokens re-read as they rotate), base URI, extra
-//!   headers, retries of 429/503/504, connect/read/write timeouts.
+//!   headers, retries of 429/503/504, connect/read/write timeouts. Left out: kube's per-request
+//!   debug spans (`tower-http` tracing), which nothing here reads.
 //! - HTTP/2 pings every 30 s (15 s to answer), idle or not, notice a dead connection under a
 //!   quiet watch, as client-go's `ReadIdleTimeout`/`PingTimeout` do; HTTP/1.1 watches rely on
 //!   the server's watch timeout instead.
