@@ -34,9 +34,7 @@
 //! - Sessions are independent of connections (the agent caps connections at 512 per listener;
 //!   64 keep-alive connections carry all 10,000 sessions), so an fd per session would be a leak.
 //! - Latency calls alternate one by one between a random held session, the one baseline session
-//!   and a stateless client, so drift hits all alike. A random session's first call also starts
-//!   its keeper (src/agent/doors/mcp/keep_alive.rs): that cost is in the figure, as it is for a real
-//!   client.
+//!   and a stateless client, so drift hits all alike.
 //! - RSS at 0 sessions is taken after warm-up traffic on 64 connections (N stateless clients,
 //!   each `server/discover` then one call), so connection buffers and allocator arenas
 //!   the sessions do not cause are in the baseline, and that figure is also the stateless
@@ -58,10 +56,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
-use rmcp::transport::common::server_side_http::ServerSseMessage;
-use rmcp::transport::streamable_http_server::session::local::{LocalSessionHandle, LocalSessionWorker, SessionEvent};
-use rmcp::transport::worker::{Worker, WorkerContext, WorkerSendRequest, WorkerTransport};
 use serde_json::{Value, json};
 use spear::testing::bench::{percentile, us};
 use spear::testing::proc_stats::{rss_kib, status_kib};
@@ -444,64 +438,15 @@ impl Report {
     }
 }
 
-/// Bytes one tokio bounded channel of `T` allocates when created, whatever its capacity: the
-/// shared state (an `Arc`; two cache-padded halves, the semaphore and a `Notify`: about 512
-/// bytes) and the first block of 32 slots with its header.
-fn channel_bytes<T>() -> usize {
-    512 + 32 + 32 * size_of::<T>()
-}
-
-/// The size of the future `f` returns, without calling it.
-fn future_size<A, F: Future>(_f: impl Fn(A) -> F) -> usize {
-    size_of::<F>()
-}
-
-/// A tokio task's allocation besides its future: header, scheduler handle, trailer.
-const TASK_BYTES: usize = 128;
-
-/// What one held session allocates in the agent, read from rmcp's types (3.9: the session
-/// manager and worker in `session/local.rs`, `WorkerTransport` in `worker.rs`, the service loop
-/// in `service.rs`, the per-session task in `tower.rs`), printed beside the measured figure.
+/// What one held session costs, beside the measured figures: it is a record in the agent's
+/// table (`src/agent/doors/mcp/sessions.rs`); no task, channel or rmcp service lives per session.
 fn where_the_bytes_go(measured: f64, per_called: f64) {
-    let peer_message = size_of::<ServerJsonRpcMessage>() + 16;
-    let worker = future_size(|(w, c): (LocalSessionWorker, WorkerContext<LocalSessionWorker>)| w.run(c));
-    let serve = future_size(|t: WorkerTransport<LocalSessionWorker>| rmcp::serve_server(echo::Echo, t));
-    let rows = [
-        ("channel: session events (handle -> worker; SessionEvent)", channel_bytes::<SessionEvent>()),
-        (
-            "channel: standalone SSE stream + its 16-message replay cache (ServerSseMessage)",
-            channel_bytes::<ServerSseMessage>() + 16 * size_of::<ServerSseMessage>(),
-        ),
-        ("channel: worker -> service (ClientJsonRpcMessage)", channel_bytes::<ClientJsonRpcMessage>()),
-        (
-            "channels: service -> worker, data and control (WorkerSendRequest)",
-            2 * channel_bytes::<WorkerSendRequest<LocalSessionWorker>>(),
-        ),
-        ("channel: service loop's sink (ServerJsonRpcMessage)", channel_bytes::<ServerJsonRpcMessage>()),
-        // PeerSinkMessage is crate-private: a server message and its responder.
-        ("channel: the peer's outbox (PeerSinkMessage)", 512 + 32 + 32 * peer_message),
-        ("task: the session worker (LocalSessionWorker::run)", TASK_BYTES + worker),
-        ("task: serving the session (serve_server, with a trivial handler)", TASK_BYTES + serve),
-        (
-            "session map entry and handle (LocalSessionHandle)",
-            size_of::<LocalSessionHandle>() + 2 * size_of::<usize>() + 48,
-        ),
-    ];
-    let allocated: usize = rows.iter().map(|r| r.1).sum();
     println!();
-    println!("where a held session's bytes go: allocated per session, read from rmcp 3.9's types");
-    for (what, bytes) in rows {
-        println!("  {bytes:>7} B  {:>3.0}%  {what}", 100.0 * bytes as f64 / allocated as f64);
-    }
-    println!("  {allocated:>7} B        sum (not counted: the service loop's task, peer info, cancellation tokens)");
     println!(
-        "  {measured:>7.0} B        resident, measured (RSS): each channel's 32-slot block is allocated whole, but \
-         only the slots a message passed through are written, so not all its pages become resident"
+        "a held session: {measured:.0} B resident (RSS), measured: its record in the agent's table \
+         (src/agent/doors/mcp/sessions.rs: id, revision, idle clock, log level) and the table's slot"
     );
-    println!(
-        "  {per_called:>7.0} B        more, measured, once a session has called a tool: its keeper \
-         (src/agent/doors/mcp/keep_alive.rs: a map entry and a task)"
-    );
+    println!("  {per_called:+.0} B per session once it has called a tool, measured");
 }
 
 async fn run(size: Size) {

@@ -374,6 +374,88 @@ fn mcp_calls_alone_keep_a_session_alive_and_hearing_list_changed() {
     assert!(client.wait().expect("client exit").success());
 }
 
+/// `DELETE` ends a session at once (the agent keeps sessions itself, and must not take the
+/// client's `DELETE` for the close rmcp sends when the handshake's worker ends), and ends no other.
+#[tokio::test]
+async fn a_deleted_mcp_session_is_gone_at_once_and_no_other_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let (deleted, kept) = (open_session(&http, served.http, "a").await, open_session(&http, served.http, "b").await);
+    let list = |id: u64| serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {}});
+    let delete = http
+        .delete(format!("http://127.0.0.1:{}/mcp", served.http))
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("mcp-session-id", &deleted)
+        .send()
+        .await
+        .expect("a reply");
+    assert!(delete.status().is_success(), "DELETE: {}", delete.status());
+    let (status, _, _, body) = mcp_post(&http, served.http, Some(&deleted), None, list(2)).await;
+    assert_eq!(status, 404, "the deleted session: {body}");
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "mcp__fx__echo", "arguments": {"text": "x"}}});
+    assert_eq!(mcp_post(&http, served.http, Some(&deleted), None, call).await.0, 404, "nor on the fast path");
+    let (status, content_type, _, body) = mcp_post(&http, served.http, Some(&kept), None, list(4)).await;
+    assert_eq!(status, 200, "the other session: {body}");
+    assert!(jsonrpc_message(&content_type, &body)["result"]["tools"].is_array(), "{body}");
+}
+
+/// A client that loses a request's stream while the request runs gets the rest of it on a `GET`
+/// with the `Last-Event-ID` it saw (SEP-1699): the stream's first event primes that id.
+#[tokio::test]
+async fn a_lost_request_stream_resumes_from_its_last_event_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture_registry(dir.path());
+    let served = serve(dir, &["--audit-log", "off"]);
+    spear::install_crypto_provider();
+    let http = reqwest::Client::new();
+    // A client that can be asked for sampling: its calls go through rmcp, on a stream.
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "r", "version": "1"}}});
+    let (status, _, session, body) = mcp_post(&http, served.http, None, None, initialize).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    let slow = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "mcp__fx__sleep", "arguments": {"ms": 1500}}});
+    let mut response = http
+        .post(format!("http://127.0.0.1:{}/mcp", served.http))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("mcp-session-id", &session)
+        .body(slow.to_string())
+        .send()
+        .await
+        .expect("a reply");
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let first = response.chunk().await.expect("the stream").expect("a first event");
+    let first = String::from_utf8_lossy(&first);
+    let last_event_id = first
+        .lines()
+        .find_map(|line| line.strip_prefix("id:"))
+        .map(|id| id.trim().to_string())
+        .unwrap_or_else(|| panic!("the first event primes an id: {first:?}"));
+    drop(response);
+    let resumed = http
+        .get(format!("http://127.0.0.1:{}/mcp", served.http))
+        .header("accept", "text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("mcp-session-id", &session)
+        .header("last-event-id", &last_event_id)
+        .send()
+        .await
+        .expect("a reply");
+    assert_eq!(resumed.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(10), resumed.text()).await.expect("the rest in time");
+    let body = body.expect("the resumed stream");
+    let reply = jsonrpc_message("text/event-stream", &body);
+    assert_eq!(reply["id"], 7, "the call's result, after the lost stream: {body}");
+    assert!(body.contains("slept"), "{body}");
+}
+
 /// Issue 15: idle expiry still works with fast calls keeping sessions alive. A call in flight
 /// for longer than the idle time (3 s) keeps its session; a session whose last call ended more
 /// than the idle time ago is gone: the fast path's request (a `tools/call`) and rmcp's (a

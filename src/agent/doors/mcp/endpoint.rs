@@ -15,35 +15,29 @@
 //!     subscriptions only when a server of the set may expose them (policy) and has them (or is
 //!     not connected yet); the rest answer -32601
 //! AgentState watch ──fingerprint changed──▶ notifications/tools/list_changed
-//!     (legacy sessions: one task for all, to each session's peer; 2026-07-28: to each
+//!     (legacy sessions: one task for all, to each session's GET stream; 2026-07-28: to each
 //!      subscriptions/listen sink)
 //! ```
 //!
-//! Legacy sessions are rmcp's (`LocalSessionManager`): it closes one after
-//! `--mcp-session-idle-seconds` unused, and answers 404 to its id afterwards. Each held session
-//! costs the agent about 58 KiB resident, nearly all rmcp's: seven channels (tokio allocates 32
-//! slots for each up front, mostly of 360-400 byte messages) and three tasks (benches/sessions.rs).
+//! Legacy sessions are the agent's own ([`super::sessions`]): a small record each, ended after
+//! `--mcp-session-idle-seconds` unused, and a 404 for its id afterwards.
 
 #![allow(deprecated)] // logging, sampling and resources/subscribe: deprecated by SEP-2577, live in 2025-11-25.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CompleteRequestMethod, CompleteRequestParams, CompleteResult,
     GetPromptRequestMethod, GetPromptRequestParams, GetPromptResponse, Implementation, InitializeResult,
     ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesRequestMethod, ListResourceTemplatesResult,
-    ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
-    PromptsCapability, ProtocolVersion, ReadResourceRequestMethod, ReadResourceRequestParams, ReadResourceResponse,
-    ResourcesCapability, ResultType, ServerCapabilities, SetLevelRequestMethod, SetLevelRequestParams,
-    SubscribeRequestMethod, SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestMethod,
-    UnsubscribeRequestParams,
+    ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
+    ProtocolVersion, ReadResourceRequestMethod, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability,
+    ResultType, ServerCapabilities, SetLevelRequestMethod, SetLevelRequestParams, SubscribeRequestMethod,
+    SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestMethod, UnsubscribeRequestParams,
 };
-use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
+use rmcp::service::{Peer, RequestContext, SubscriptionContext};
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio::sync::mpsc;
@@ -51,11 +45,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::fast_path::{self, McpRoute};
-use super::keep_alive::SessionKeeper;
+use super::sessions::{AgentSessions, Session, SessionTable};
 use crate::agent::audit::Door;
 use crate::agent::core::{Agent, AgentState, CallContext, LIST_CHANGED_MIN_INTERVAL};
 use crate::agent::resources::ItemCapabilities;
-use crate::mcp::relay;
 use crate::mcp::{Continuation, Relay, Relayed, ToolOutput};
 use crate::telemetry::otel;
 
@@ -71,156 +64,50 @@ fn list_hints() -> (Option<u64>, Option<CacheScope>) {
     (Some(LIST_TTL.as_millis() as u64), Some(CacheScope::Private))
 }
 
-/// How often the legacy sessions' notifier lets go of the peers of sessions that ended: until
-/// then each holds its session's outgoing channel (about 13 KB).
-const PEER_PRUNE_INTERVAL: Duration = Duration::from_secs(1);
-
 /// How long one session may take to accept a list_changed notification (its client not reading
 /// its stream fills the session's channel): past that, it misses this one and the rest go on.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The MCP server handler behind `/mcp`; one per session, all sharing the agent.
+/// The MCP server handler behind `/mcp`; rmcp runs one per request, all sharing the agent.
 #[derive(Clone, Debug)]
 pub(crate) struct McpEndpoint {
     agent: Agent,
     shutdown: CancellationToken,
-    /// The legacy sessions that hear list_changed, shared by every session's handler.
-    listeners: Arc<SessionPeers>,
-}
-
-/// The peers of the legacy sessions, which one task ([`notify_sessions`]) tells of changes.
-///
-/// A session costs one `Peer` in a list, and an ended one is let go within
-/// [`PEER_PRUNE_INTERVAL`]; why one task for all rather than one per session:
-/// `src/agent/README.md`.
-#[derive(Debug, Default)]
-struct SessionPeers {
-    peers: parking_lot::Mutex<Vec<Peer<RoleServer>>>,
-    /// The notifier task was started (with the first session).
-    started: AtomicBool,
-    /// What each legacy session asked for, by session id (dropped with the session's peer).
-    asked: parking_lot::Mutex<HashMap<Arc<str>, SessionAsks>>,
-}
-
-/// What one legacy session asked of the agent beyond calls.
-#[derive(Clone, Debug, Default)]
-struct SessionAsks {
-    /// Its `logging/setLevel`; without one it gets no server log messages.
-    log_level: Option<LoggingLevel>,
-    /// Its client declared sampling or elicitation: its calls go through rmcp, which can send it
-    /// the servers' requests on the call's stream and route its answers back.
-    answers_requests: bool,
-    /// The resources it subscribed to (`spear://<server>/<uri>`).
-    subscribed: HashSet<String>,
-    /// Its peer, for resource updates.
-    peer: Option<Peer<RoleServer>>,
-}
-
-impl SessionPeers {
-    /// Adds a session's peer; true for the first one ever, whose caller starts the notifier.
-    fn add(&self, peer: Peer<RoleServer>, session: Option<Arc<str>>, answers_requests: bool) -> bool {
-        if let Some(session) = session {
-            let mut asked = self.asked.lock();
-            let entry = asked.entry(session).or_default();
-            entry.answers_requests = answers_requests;
-            entry.peer = Some(peer.clone());
-        }
-        self.peers.lock().push(peer);
-        !self.started.swap(true, Ordering::AcqRel)
-    }
-
-    /// Lets go of the peers whose session ended.
-    fn prune(&self) {
-        self.peers.lock().retain(|peer| !peer.is_transport_closed());
-        self.asked.lock().retain(|_, asks| asks.peer.as_ref().is_some_and(|peer| !peer.is_transport_closed()));
-    }
-
-    /// The peers of the sessions still open, to notify.
-    fn live(&self) -> Vec<Peer<RoleServer>> {
-        let mut peers = self.peers.lock();
-        peers.retain(|peer| !peer.is_transport_closed());
-        peers.clone()
-    }
-
-    /// Records `session`'s log level; the most verbose level any open session asked for.
-    fn set_log_level(&self, session: &str, level: LoggingLevel) -> LoggingLevel {
-        let mut asked = self.asked.lock();
-        asked.entry(session.into()).or_default().log_level = Some(level);
-        asked.values().filter_map(|a| a.log_level).min_by_key(|l| relay::severity(*l)).unwrap_or(level)
-    }
-
-    fn log_level(&self, session: &str) -> Option<LoggingLevel> {
-        self.asked.lock().get(session).and_then(|a| a.log_level)
-    }
-
-    fn answers_requests(&self, session: &str) -> bool {
-        self.asked.lock().get(session).is_some_and(|a| a.answers_requests)
-    }
-
-    /// Records (or, with `subscribe` false, removes) `session`'s subscription to `resource`.
-    fn subscribe(&self, session: &str, resource: &str, subscribe: bool) {
-        let mut asked = self.asked.lock();
-        let subscribed = &mut asked.entry(session.into()).or_default().subscribed;
-        if subscribe {
-            subscribed.insert(resource.to_string());
-        } else {
-            subscribed.remove(resource);
-        }
-    }
-
-    /// Whether any other open session still subscribes to `resource`.
-    fn subscribed_elsewhere(&self, session: &str, resource: &str) -> bool {
-        self.asked.lock().iter().any(|(id, asks)| &**id != session && asks.subscribed.contains(resource))
-    }
-
-    /// The peers of the sessions subscribed to `resource`.
-    fn subscribers(&self, resource: &str) -> Vec<Peer<RoleServer>> {
-        let asked = self.asked.lock();
-        asked.values().filter(|a| a.subscribed.contains(resource)).filter_map(|a| a.peer.clone()).collect()
-    }
+    /// The 2025-era sessions: what each asked for, and where their notifications go.
+    sessions: Arc<SessionTable>,
 }
 
 impl McpEndpoint {
-    /// A handler over `agent`; the sessions' notifier ends when `shutdown` is cancelled.
-    pub(crate) fn new(agent: Agent, shutdown: CancellationToken) -> Self {
-        McpEndpoint { agent, shutdown, listeners: Arc::default() }
+    /// A handler over `agent` and `sessions`.
+    pub(crate) fn new(agent: Agent, shutdown: CancellationToken, sessions: Arc<SessionTable>) -> Self {
+        McpEndpoint { agent, shutdown, sessions }
     }
 
-    /// The router to mount at `/mcp`: rmcp's Streamable HTTP service behind the `tools/call`
-    /// fast path ([`fast_path`]). `allowed_hosts` are the `Host` values accepted
-    /// (DNS-rebinding protection; loopback by default); a session is closed after
-    /// `session_idle` unused (`--mcp-session-idle-seconds`; fast calls count, see
-    /// [`super::keep_alive`]).
+    /// The router to mount at `/mcp`: rmcp's Streamable HTTP service over the agent's own
+    /// sessions ([`super::sessions`]), behind the `tools/call` fast path ([`fast_path`]).
+    /// `allowed_hosts` are the `Host` values accepted (DNS-rebinding protection; loopback by
+    /// default); a session is closed after `session_idle` unused (`--mcp-session-idle-seconds`).
     pub(crate) fn router(
         agent: Agent,
         shutdown: CancellationToken,
         allowed_hosts: Vec<String>,
         session_idle: Duration,
     ) -> axum::Router {
-        let handler = McpEndpoint::new(agent, shutdown.clone());
-        let mut sessions = LocalSessionManager::default();
-        sessions.session_config.keep_alive = Some(session_idle);
-        let sessions = Arc::new(sessions);
-        let keeper = SessionKeeper::new(sessions.clone(), session_idle, shutdown.clone());
-        let service = Self::service_with(handler.clone(), shutdown, allowed_hosts.clone(), sessions.clone());
-        let route = McpRoute::new(handler, sessions, keeper, service, allowed_hosts);
-        axum::Router::new().fallback(fast_path::handle).with_state(route)
-    }
-
-    /// The Streamable HTTP service alone (no fast path), for `handler` with `sessions`.
-    fn service_with(
-        handler: McpEndpoint,
-        shutdown: CancellationToken,
-        allowed_hosts: Vec<String>,
-        sessions: Arc<LocalSessionManager>,
-    ) -> StreamableHttpService<McpEndpoint, LocalSessionManager> {
-        // A plain JSON reply for a call that emits nothing before its result: no SSE stream to
-        // set up per request (rmcp falls back to SSE when the handler sends a notification first).
+        let sessions = Arc::new(SessionTable::new(session_idle));
+        let handler = McpEndpoint::new(agent.clone(), shutdown.clone(), sessions.clone());
+        let manager = AgentSessions::new(sessions.clone(), handler.clone(), shutdown.clone());
+        tokio::spawn(notify_sessions(agent, sessions.clone(), shutdown.clone()));
+        // A plain JSON reply for a 2026-07-28 request that emits nothing before its result: no
+        // SSE stream to set up per request (rmcp falls back to SSE when the handler sends a
+        // notification first).
         let config = StreamableHttpServerConfig::default()
             .with_json_response(true)
             .with_cancellation_token(shutdown.child_token())
-            .with_allowed_hosts(allowed_hosts);
-        StreamableHttpService::new(move || Ok(handler.clone()), sessions, config)
+            .with_allowed_hosts(allowed_hosts.clone());
+        let endpoint = handler.clone();
+        let service = StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(manager), config);
+        let route = McpRoute::new(endpoint, sessions, service, allowed_hosts);
+        axum::Router::new().fallback(fast_path::handle).with_state(route)
     }
 
     /// One `tools/call` through the core, as the MCP result the client gets: tool failures and
@@ -273,21 +160,10 @@ impl McpEndpoint {
         let legacy = !is_modern(context);
         let info = context.peer.peer_info();
         let declared = info.as_ref().map(|info| &info.capabilities);
-        let level = session.and_then(|s| self.listeners.log_level(s)).filter(|_| legacy);
+        let level = session.and_then(|s| self.sessions.get(s)).and_then(|s| s.log_level()).filter(|_| legacy);
         let sampling = legacy && declared.is_some_and(|c| c.sampling.is_some());
         let elicitation = legacy && declared.is_some_and(|c| c.elicitation.is_some());
         Relay::channel(token, level, sampling, elicitation)
-    }
-
-    /// The log level `session` set with `logging/setLevel`, if any.
-    pub(crate) fn log_level(&self, session: &str) -> Option<LoggingLevel> {
-        self.listeners.log_level(session)
-    }
-
-    /// Whether `session`'s client can be sent the servers' requests (sampling, elicitation),
-    /// which only rmcp's path can do.
-    pub(crate) fn answers_requests(&self, session: &str) -> bool {
-        self.listeners.answers_requests(session)
     }
 
     /// The endpoint's instructions: each upstream server's own instructions in a delimited group,
@@ -539,8 +415,13 @@ pub(crate) fn call_span(
 }
 
 /// The session of a request that only a session can make (it sets something for the session).
-fn session_for(context: &RequestContext<RoleServer>, method: &str) -> Result<String, ErrorData> {
+fn session_for(
+    sessions: &SessionTable,
+    context: &RequestContext<RoleServer>,
+    method: &str,
+) -> Result<Arc<Session>, ErrorData> {
     session_id(&context.extensions)
+        .and_then(|id| sessions.get(&id))
         .ok_or_else(|| ErrorData::invalid_request(format!("{method} needs a session (Mcp-Session-Id)"), None))
 }
 
@@ -749,10 +630,10 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<(), ErrorData> {
         let set = self.set()?;
         offered(self.agent.item_capabilities(&set).logging, ErrorData::method_not_found::<SetLevelRequestMethod>)?;
-        let session = session_for(&context, "logging/setLevel")?;
+        let session = session_for(&self.sessions, &context, "logging/setLevel")?;
         // The servers log at the most verbose level any session asked for; each session gets
         // only what is at or above its own (`Relay::log`).
-        let level = self.listeners.set_log_level(&session, request.level);
+        let level = self.sessions.set_log_level(&session, request.level);
         Box::pin(self.agent.set_log_level(&set, level)).await;
         Ok(())
     }
@@ -764,10 +645,10 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<(), ErrorData> {
         let set = self.set()?;
         offered(self.agent.item_capabilities(&set).subscribe, ErrorData::method_not_found::<SubscribeRequestMethod>)?;
-        let session = session_for(&context, "resources/subscribe")?;
+        let session = session_for(&self.sessions, &context, "resources/subscribe")?;
         let subscribe = Box::pin(self.agent.subscribe_resource(&set, &request.uri, true));
         subscribe.await.map_err(|e| resource_error_data(e, &request.uri))?;
-        self.listeners.subscribe(&session, &request.uri, true);
+        self.sessions.subscribe(&session, &request.uri, true);
         Ok(())
     }
 
@@ -778,26 +659,14 @@ impl ServerHandler for McpEndpoint {
     ) -> Result<(), ErrorData> {
         let set = self.set()?;
         offered(self.agent.item_capabilities(&set).subscribe, ErrorData::method_not_found::<UnsubscribeRequestMethod>)?;
-        let session = session_for(&context, "resources/unsubscribe")?;
-        self.listeners.subscribe(&session, &request.uri, false);
+        let session = session_for(&self.sessions, &context, "resources/unsubscribe")?;
+        self.sessions.subscribe(&session, &request.uri, false);
         // The server's subscription is shared by the sessions: it ends with the last of them.
-        if !self.listeners.subscribed_elsewhere(&session, &request.uri) {
+        if !self.sessions.subscribed_elsewhere(&session, &request.uri) {
             let unsubscribe = Box::pin(self.agent.subscribe_resource(&set, &request.uri, false));
             unsubscribe.await.map_err(|e| resource_error_data(e, &request.uri))?;
         }
         Ok(())
-    }
-
-    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        // Legacy (session) protocol: notifications go to the session's peer.
-        let session = session_id(&context.extensions).map(Arc::from);
-        let answers = context
-            .peer
-            .peer_info()
-            .is_some_and(|info| info.capabilities.sampling.is_some() || info.capabilities.elicitation.is_some());
-        if self.listeners.add(context.peer.clone(), session, answers) {
-            tokio::spawn(notify_sessions(self.agent.clone(), self.listeners.clone(), self.shutdown.clone()));
-        }
     }
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
@@ -814,55 +683,63 @@ impl ServerHandler for McpEndpoint {
     }
 }
 
-/// Tells every legacy session in `sessions` of the agent's changes until `shutdown`; lets go of
-/// ended sessions every [`PEER_PRUNE_INTERVAL`].
-async fn notify_sessions(agent: Agent, sessions: Arc<SessionPeers>, shutdown: CancellationToken) {
+/// Tells every 2025-era session with an open stream of the agent's changes until `shutdown`,
+/// and the sessions subscribed to a resource of its updates.
+async fn notify_sessions(agent: Agent, sessions: Arc<SessionTable>, shutdown: CancellationToken) {
+    use rmcp::model::{
+        PromptListChangedNotification, ResourceListChangedNotification, ResourceUpdatedNotification,
+        ResourceUpdatedNotificationParam, ServerJsonRpcMessage, ServerNotification, ToolListChangedNotification,
+    };
     let mut changes = ChangeWatch::new(&agent);
     let mut updates = agent.pool().resource_updates();
     let mut updates_open = true;
-    let mut prune = tokio::time::interval(PEER_PRUNE_INTERVAL);
-    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // All at once, each bounded: a session whose client does not read holds up no other.
+    let send_all = async |to: Vec<Arc<Session>>, messages: Vec<ServerNotification>| {
+        let notify = |session: Arc<Session>| {
+            let messages = messages.clone();
+            async move {
+                let _ = tokio::time::timeout(NOTIFY_TIMEOUT, async {
+                    for message in messages {
+                        if !session.notify(ServerJsonRpcMessage::notification(message)).await {
+                            return;
+                        }
+                    }
+                })
+                .await;
+            }
+        };
+        futures::future::join_all(to.into_iter().map(notify)).await;
+    };
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             changed = changes.next() => {
                 let Some(changed) = changed else { break };
-                // All at once, each bounded: a session whose client does not read holds up no other.
-                let notify = |peer: Peer<RoleServer>| async move {
-                    let _ = tokio::time::timeout(NOTIFY_TIMEOUT, async {
-                        if changed.tools {
-                            peer.notify_tool_list_changed().await?;
-                        }
-                        if changed.items {
-                            peer.notify_resource_list_changed().await?;
-                            peer.notify_prompt_list_changed().await?;
-                        }
-                        Ok::<_, rmcp::service::ServiceError>(())
-                    })
-                    .await;
-                };
-                futures::future::join_all(sessions.live().into_iter().map(notify)).await;
+                let mut messages = Vec::new();
+                if changed.tools {
+                    messages.push(ServerNotification::ToolListChangedNotification(ToolListChangedNotification::default()));
+                }
+                if changed.items {
+                    messages.push(ServerNotification::ResourceListChangedNotification(ResourceListChangedNotification::default()));
+                    messages.push(ServerNotification::PromptListChangedNotification(PromptListChangedNotification::default()));
+                }
+                let listening = sessions.all().into_iter().filter(|s| s.listening()).collect();
+                send_all(listening, messages).await;
             }
             update = updates.recv(), if updates_open => match update {
                 Ok((server, uri)) => {
                     let resource = crate::policy::items::resource_id(&server, &uri);
-                    let notify = |peer: Peer<RoleServer>| {
-                        let params = rmcp::model::ResourceUpdatedNotificationParam::new(resource.clone());
-                        async move {
-                            let _ = tokio::time::timeout(NOTIFY_TIMEOUT, peer.notify_resource_updated(params)).await;
-                        }
-                    };
-                    futures::future::join_all(sessions.subscribers(&resource).into_iter().map(notify)).await;
+                    let params = ResourceUpdatedNotificationParam::new(resource.clone());
+                    let message = ServerNotification::ResourceUpdatedNotification(ResourceUpdatedNotification::new(params));
+                    send_all(sessions.subscribers(&resource), vec![message]).await;
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(missed, "resource updates came faster than sessions took them; some were dropped");
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => updates_open = false,
             },
-            _ = prune.tick() => sessions.prune(),
         }
     }
-    sessions.peers.lock().clear();
 }
 
 /// What changed for an `/mcp` client since the last look.
@@ -933,8 +810,6 @@ mod tests {
     use std::future::Future;
 
     use rmcp::model::{ClientRequest, InitializeRequestParams};
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionWorker;
-    use rmcp::transport::worker::WorkerTransport;
 
     use super::*;
     use crate::agent::core::AgentOptions;
@@ -945,17 +820,17 @@ mod tests {
         size_of::<F>()
     }
 
-    /// Every `/mcp` session keeps a task whose future holds rmcp's `handle_request` for the
-    /// `initialize` it served, and `handle_request` is as large as the largest handler method's
-    /// future. The calls into the core are several KB (5.5 KB for a tool call in a debug build),
-    /// so the handler methods box them: a session's serve task went from 11.4 to 6.5 KB (debug
-    /// build), about 4 KB less resident memory per session (benches/sessions.rs).
+    /// Every request rmcp serves is a task whose future holds rmcp's `handle_request`, which is
+    /// as large as the largest handler method's future. The calls into the core are several KB
+    /// (5.5 KB for a tool call in a debug build), so the handler methods box them, and a list or
+    /// a `logging/setLevel` does not carry a tool call's frame.
     #[tokio::test]
     async fn handler_futures_stay_small() {
         const MAX: usize = 1024;
         let pool = crate::mcp::Pool::new(crate::mcp::PoolOptions::default());
         let agent = Agent::new(AgentOptions::new("p"), Arc::new(StaticRegistry::default()), pool);
-        let endpoint = McpEndpoint::new(agent, CancellationToken::new());
+        let sessions = Arc::new(SessionTable::new(Duration::from_secs(60)));
+        let endpoint = McpEndpoint::new(agent, CancellationToken::new(), sessions);
         type Context = RequestContext<RoleServer>;
         let sizes = [
             ("initialize", future_size(|r: InitializeRequestParams, c: Context| endpoint.initialize(r, c))),
@@ -971,18 +846,15 @@ mod tests {
             ("get_prompt", future_size(|r: GetPromptRequestParams, c| endpoint.get_prompt(r, c))),
             ("complete", future_size(|r: CompleteRequestParams, c| endpoint.complete(r, c))),
             ("listen", future_size(|c: SubscriptionContext, (): ()| endpoint.listen(c))),
-            ("on_initialized", future_size(|c: NotificationContext<RoleServer>, (): ()| endpoint.on_initialized(c))),
         ];
         for (method, size) in sizes {
             assert!(size <= MAX, "{method}'s future is {size} bytes, over {MAX}: box the call into the core");
         }
-        // What the session's task holds, for the record (`--nocapture`).
+        // What a request's task holds, for the record (`--nocapture`).
         let handle = future_size(|r: ClientRequest, c: Context| rmcp::Service::handle_request(&endpoint, r, c));
-        let serve =
-            future_size(|t: WorkerTransport<LocalSessionWorker>, (): ()| rmcp::serve_server(endpoint.clone(), t));
         #[allow(clippy::disallowed_macros, reason = "a figure for the record, shown with --nocapture")]
         {
-            println!("handle_request: {handle} B, serve_server: {serve} B");
+            println!("handle_request: {handle} B");
         }
     }
 

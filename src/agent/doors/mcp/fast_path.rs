@@ -1,10 +1,10 @@
 //! The hot request of `/mcp`, a plain `tools/call` rmcp would accept, answered directly;
-//! everything else goes to rmcp's Streamable HTTP service unchanged. Why (through rmcp, the
-//! session worker, a per-request channel and the service task are most of the agent's CPU per
-//! call) and which of rmcp's checks it mirrors: `src/agent/README.md`.
+//! everything else goes to rmcp's Streamable HTTP service unchanged. Why (through rmcp, a
+//! service, its channels and task per request are most of the agent's CPU per call) and which of
+//! rmcp's checks it mirrors: `src/agent/README.md`.
 //!
 //! ```text
-//! POST /mcp ─┬─ a session rmcp knows, or a 2026-07-28 stateless call; Host allowed; JSON both ways;
+//! POST /mcp ─┬─ a session the agent knows, or a 2026-07-28 stateless call; Host allowed; JSON both ways;
 //! │          │  one plain tools/call ──▶ McpEndpoint::call (the core call rmcp's handler makes)
 //! │          └─ anything else (initialize, tools/list, notifications, batches, GET, DELETE)
 //! │               ──▶ rmcp StreamableHttpService
@@ -14,11 +14,11 @@
 //!   log messages before its result (`crate::mcp::relay`), it becomes an SSE stream at that
 //!   moment: those messages, in order, then the result.
 //! - A session whose client declared sampling or elicitation never takes the fast path: a
-//!   server's request to it must go out with an id rmcp knows, so that the client's answer (a
-//!   POST of its own) reaches the call.
-//! - rmcp still owns the session: a fast call counts as activity through [`super::keep_alive`].
-//!   A session rmcp no longer knows (expired, deleted) never takes the fast path, so rmcp
-//!   answers its requests, with 404.
+//!   server's request to it goes out on the call's stream with an id the session routes back
+//!   ([`super::sessions`]), so that the client's answer (a POST of its own) reaches the call.
+//! - A fast call marks its session in use ([`super::sessions::SessionTable::in_use`]). A session
+//!   the table no longer knows (expired, deleted) never takes the fast path, so rmcp answers its
+//!   requests, with 404.
 //! - A client's `notifications/cancelled` for a fast call (rmcp never saw the call) cancels it
 //!   here ([`FastCalls`]); the notification still goes on to rmcp.
 
@@ -37,14 +37,12 @@ use rmcp::model::{
 use rmcp::transport::common::http_header::{
     HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID,
 };
-use rmcp::transport::streamable_http_server::session::SessionManager;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
 use tower::ServiceExt;
 use tracing::Instrument as _;
 
 use super::endpoint::{self, McpEndpoint};
-use super::keep_alive::SessionKeeper;
+use super::sessions::{AgentSessions, SessionTable};
 use crate::agent::http_guard::host_allowed;
 use crate::agent::{CallContext, Door};
 use crate::mcp::{Continuation, Relay, Relayed};
@@ -55,13 +53,12 @@ use tokio_util::sync::CancellationToken;
 /// Largest request body read (rmcp's own default limit).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// State of the `/mcp` route: the handler, rmcp's service and its sessions.
+/// State of the `/mcp` route: rmcp's service and the sessions it serves.
 #[derive(Clone)]
 pub(crate) struct McpRoute {
     endpoint: McpEndpoint,
-    sessions: Arc<LocalSessionManager>,
-    keeper: Arc<SessionKeeper>,
-    service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
+    sessions: Arc<SessionTable>,
+    service: StreamableHttpService<McpEndpoint, AgentSessions<McpEndpoint>>,
     allowed_hosts: Arc<[String]>,
     fast_calls: Arc<FastCalls>,
 }
@@ -115,17 +112,15 @@ fn cancelled_request(body: &[u8]) -> Option<String> {
 }
 
 impl McpRoute {
-    /// `/mcp` over `service`, whose sessions live in `sessions` and are kept alive by `keeper`
-    /// while fast calls use them; `allowed_hosts` as given to it.
+    /// `/mcp` over `service`, whose sessions live in `sessions`; `allowed_hosts` as given to it.
     pub(crate) fn new(
         endpoint: McpEndpoint,
-        sessions: Arc<LocalSessionManager>,
-        keeper: Arc<SessionKeeper>,
-        service: StreamableHttpService<McpEndpoint, LocalSessionManager>,
+        sessions: Arc<SessionTable>,
+        service: StreamableHttpService<McpEndpoint, AgentSessions<McpEndpoint>>,
         allowed_hosts: Vec<String>,
     ) -> Self {
         let fast_calls = Arc::default();
-        McpRoute { endpoint, sessions, keeper, service, allowed_hosts: allowed_hosts.into(), fast_calls }
+        McpRoute { endpoint, sessions, service, allowed_hosts: allowed_hosts.into(), fast_calls }
     }
 }
 
@@ -147,14 +142,14 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
         Err(too_large) => return too_large,
     };
     if let Some(call) = ToolCallRequest::parse(&bytes)
-        && !route.endpoint.answers_requests(&session)
-        && route.sessions.has_session(&session.as_str().into()).await.unwrap_or(false)
+        && let Some(record) = route.sessions.get(&session)
+        && !record.answers_requests()
     {
-        let in_flight = route.keeper.call_started(&session);
+        let in_flight = route.sessions.in_use(&record);
         let params = call.params;
         let span = endpoint::call_span(params.meta.as_ref(), Some(&parts.headers));
         let token = params.meta.as_ref().and_then(|meta| meta.get_progress_token());
-        let (relay, relayed) = Relay::channel(token, route.endpoint.log_level(&session), false, false);
+        let (relay, relayed) = Relay::channel(token, record.log_level(), false, false);
         let (endpoint, id) = (route.endpoint.clone(), call.id.to_string());
         let (cancel, registered) = route.fast_calls.start(&session, &id);
         let response = async move {
