@@ -413,11 +413,7 @@ async fn a_lost_request_stream_resumes_from_its_last_event_id() {
     spear::install_crypto_provider();
     let http = reqwest::Client::new();
     // A client that can be asked for sampling: its calls go through rmcp, on a stream.
-    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "r", "version": "1"}}});
-    let (status, _, session, body) = mcp_post(&http, served.http, None, None, initialize).await;
-    assert_eq!(status, 200, "{body}");
-    let session = session.expect("a session id");
+    let session = initialize_session(&http, served.http, "r", serde_json::json!({"sampling": {}})).await;
     let slow = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {"name": "mcp__fx__sleep", "arguments": {"ms": 1500}}});
     let mut response = http
@@ -821,19 +817,25 @@ pub async fn mcp_post(
     (status, content_type, session, response.text().await.unwrap_or_default())
 }
 
-/// The JSON-RPC message of a reply, whether sent as JSON or as the data of an SSE event.
-/// A 2025-06-18 session on `/mcp` at `port`, initialized: its id.
-pub async fn open_session(http: &reqwest::Client, port: u16, client: &str) -> String {
+/// A 2025-06-18 session on `/mcp` at `port` whose client declared `capabilities`, before its
+/// `notifications/initialized`: its id.
+async fn initialize_session(http: &reqwest::Client, port: u16, client: &str, capabilities: Value) -> String {
     let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": client, "version": "1"}}});
+        "protocolVersion": "2025-06-18", "capabilities": capabilities, "clientInfo": {"name": client, "version": "1"}}});
     let (status, _, session, body) = mcp_post(http, port, None, None, initialize).await;
     assert_eq!(status, 200, "{body}");
-    let session = session.expect("a session id");
+    session.expect("a session id")
+}
+
+/// A 2025-06-18 session on `/mcp` at `port`, initialized: its id.
+pub async fn open_session(http: &reqwest::Client, port: u16, client: &str) -> String {
+    let session = initialize_session(http, port, client, serde_json::json!({})).await;
     let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     assert_eq!(mcp_post(http, port, Some(&session), None, initialized).await.0, 202);
     session
 }
 
+/// The JSON-RPC message of a reply, whether sent as JSON or as the data of an SSE event.
 pub fn jsonrpc_message(content_type: &str, body: &str) -> Value {
     let text = if content_type.starts_with("text/event-stream") {
         body.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| d.starts_with('{')).unwrap_or("")

@@ -52,6 +52,9 @@ const STREAM_BUFFER: usize = 16;
 /// Notifications the standalone stream holds before a sender waits (then times out, see
 /// `endpoint::NOTIFY_TIMEOUT`).
 const NOTIFY_BUFFER: usize = 32;
+/// The reconnect delay a request stream's priming event asks for: rmcp's default `sse_retry`,
+/// which its `GET` streams prime with too.
+const PRIMING_RETRY: Duration = Duration::from_secs(3);
 /// Events of a request stream kept for a client that resumes it: a call relays at most a few
 /// progress and log messages between a drop and the reconnect (rmcp's default retry, 3 s).
 const RESUME_TAIL: usize = 64;
@@ -459,7 +462,7 @@ impl<H: ServerHandler + Clone> SessionManager for AgentSessions<H> {
             let _ = service.waiting().await;
         });
         // The first event primes the client's `Last-Event-ID` (SEP-1699).
-        let priming = ServerSseMessage::priming(format!("{}.0", stream.number), Duration::from_secs(3));
+        let priming = ServerSseMessage::priming(format!("{}.0", stream.number), PRIMING_RETRY);
         Ok(futures::StreamExt::chain(
             futures::stream::once(async move { priming }),
             tokio_stream::wrappers::ReceiverStream::new(rx),
