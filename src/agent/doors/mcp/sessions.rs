@@ -23,7 +23,7 @@
 //! - rmcp's worker ends after the handshake and then closes its session through this manager;
 //!   that one close is recognised ([`Session::worker_done`]) and kept from ending the session.
 //! - A session is in use while a request of it runs or its stream is open: idle time counts
-//!   from the last request's end (a call that runs for an hour keeps its session).
+//!   from the end of the last (a call that runs for an hour keeps its session).
 //! - Streams resume only within a request still running or its stream's cached tail: the events
 //!   of a request stream carry ids; a client that lost the stream gets the rest after its
 //!   `Last-Event-ID`. Once the request ended, its stream is gone (rmcp's own sessions kept it).
@@ -509,7 +509,12 @@ impl<H: ServerHandler + Clone> SessionManager for AgentSessions<H> {
         let (tx, rx) = mpsc::channel(NOTIFY_BUFFER);
         // A second GET replaces the first: the client that opens one has lost the old one.
         session.state.lock().stream = Some(tx);
-        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+        // In use while the stream is open; its end restarts the idle time.
+        let in_use = self.table.busy(&session);
+        Ok(futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), move |event| {
+            let _ = &in_use;
+            event
+        }))
     }
 
     async fn resume(
@@ -693,6 +698,28 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(table.expire(), 1);
         assert_eq!(table.len(), 0);
+    }
+
+    /// An open `GET` stream keeps its session however long it stays open, and its end restarts
+    /// the idle time: a session does not end the moment its stream closes.
+    #[tokio::test]
+    async fn a_get_stream_keeps_its_session_and_its_end_restarts_the_idle_time() {
+        use crate::agent::core::{Agent, AgentOptions};
+        let table = Arc::new(SessionTable::new(Duration::from_millis(200)));
+        let pool = crate::mcp::Pool::new(crate::mcp::PoolOptions::default());
+        let registry = Arc::new(crate::registry::view::StaticRegistry::default());
+        let agent = Agent::new(AgentOptions::new("p"), registry, pool);
+        let shutdown = CancellationToken::new();
+        let endpoint = super::super::endpoint::McpEndpoint::new(agent, shutdown.clone(), table.clone());
+        let sessions = AgentSessions::new(table.clone(), endpoint, shutdown.clone());
+        let session = answered(&table);
+        let stream = sessions.create_standalone_stream(&session.id).await.expect("a stream");
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(table.get(&session.id).is_some(), "its stream is open");
+        std::thread::sleep(Duration::from_millis(250));
+        drop(stream);
+        assert!(table.get(&session.id).is_some(), "the stream's end is its last use");
+        shutdown.cancel();
     }
 
     #[test]
