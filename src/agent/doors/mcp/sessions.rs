@@ -143,7 +143,7 @@ impl Session {
 }
 
 /// Marks its session busy while held; the end of its use restarts the idle time.
-struct Busy {
+pub(crate) struct Busy {
     session: Arc<Session>,
     table: Arc<SessionTable>,
 }
@@ -211,23 +211,20 @@ impl SessionTable {
         Some(session)
     }
 
-    /// Unused for the idle time: no request running, no stream open, none started or ended since.
+    /// Unused for the idle time: no request running, no stream open (both hold a [`Busy`]), none
+    /// started or ended since.
     fn idle_past(&self, session: &Session, now: u64) -> bool {
         let idle = u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX);
         session.busy.load(Ordering::Acquire) == 0
-            && !session.listening()
             && now.saturating_sub(session.last_used.load(Ordering::Acquire)) >= idle
     }
 
-    fn busy(self: &Arc<Self>, session: &Arc<Session>) -> Busy {
+    /// Marks `session` in use until the guard drops: a request rmcp runs, a fast call (which
+    /// rmcp never sees), an open stream.
+    pub(crate) fn in_use(self: &Arc<Self>, session: &Arc<Session>) -> Busy {
         session.busy.fetch_add(1, Ordering::AcqRel);
         self.touch(session);
         Busy { session: session.clone(), table: self.clone() }
-    }
-
-    /// Marks `session` in use until the guard drops (a fast call, which rmcp never sees).
-    pub(crate) fn in_use(self: &Arc<Self>, session: &Arc<Session>) -> impl Drop + Send + use<> {
-        self.busy(session)
     }
 
     fn remove(&self, id: &str) -> Option<Arc<Session>> {
@@ -450,7 +447,7 @@ impl<H: ServerHandler + Clone> SessionManager for AgentSessions<H> {
             answered: Arc::new(tokio::sync::Notify::new()),
             done: false,
         };
-        let busy = self.table.busy(&session);
+        let busy = self.table.in_use(&session);
         let service = rmcp::service::serve_directly_with_ct(
             self.handler.clone(),
             transport,
@@ -510,7 +507,7 @@ impl<H: ServerHandler + Clone> SessionManager for AgentSessions<H> {
         // A second GET replaces the first: the client that opens one has lost the old one.
         session.state.lock().stream = Some(tx);
         // In use while the stream is open; its end restarts the idle time.
-        let in_use = self.table.busy(&session);
+        let in_use = self.table.in_use(&session);
         Ok(futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), move |event| {
             let _ = &in_use;
             event
