@@ -8,6 +8,7 @@
 //! - [`mcp`]: the client pool (rmcp sessions, budgets, health)
 //! - [`chat`]: the chat completions library (OpenAI types, tool-loop decisions, upstream)
 //! - [`agent`]: the per-pod agent: its core, its three doors and admin port, and how it runs
+//! - [`gateway`]: the shared agent for callers without an injected one (`spearlet gateway`)
 //! - [`bridge`]: the stdio sidecar (a child process served on a Unix socket)
 //! - `child`: process groups and bounded stderr for MCP server children (bridge and pool)
 //! - `install`: the running executable copied into a pod's volume (the init container's job)
@@ -30,6 +31,7 @@ mod child;
 pub mod cli;
 pub mod convert;
 pub mod egress;
+pub mod gateway;
 pub mod http_server;
 mod install;
 pub mod kube_client;

@@ -38,6 +38,9 @@ pub(crate) struct AuditLine<'a> {
     /// The `/mcp` or gRPC session, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) session_id: Option<&'a str>,
+    /// The authenticated caller (the gateway's); absent in a pod, whose caller is the pod.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) caller: Option<&'a str>,
     pub(crate) door: Door,
     /// The McpProfile in force.
     pub(crate) profile: &'a str,
@@ -198,6 +201,19 @@ impl AuditSink {
     }
 
     /// Registers the dropped-lines counter as `mcp_audit_dropped_lines`.
+    /// A second handle on this sink's writer (the gateway's agents, one per profile, write one
+    /// log). The writer thread stays with the original, which flushes and joins it when dropped.
+    pub(crate) fn handle(&self) -> Self {
+        AuditSink {
+            queue: self.queue.clone(),
+            queued: self.queued.clone(),
+            writer: Mutex::new(None),
+            include_arguments: self.include_arguments,
+            dropped: self.dropped.clone(),
+            secrets: None,
+        }
+    }
+
     pub(crate) fn register(&self, registry: &mut prometheus_client::registry::Registry) {
         registry.register(
             "mcp_audit_dropped_lines",
@@ -303,7 +319,10 @@ impl Drop for AuditSink {
         let drained = self.queued.load(Ordering::Relaxed) == 0;
         self.queue.take();
         let handle = self.writer.lock().take();
-        if let Some(handle) = handle.filter(|_| drained) {
+        // The thread ends when the last handle's queue closes: with other handles alive (one
+        // holds `queued` besides this sink and the thread), joining would wait for them.
+        let last = Arc::strong_count(&self.queued) <= 2;
+        if let Some(handle) = handle.filter(|_| drained && last) {
             let _ = handle.join();
         }
     }
@@ -332,6 +351,7 @@ mod tests {
             ts: now(),
             request_id: "req-1",
             session_id: None,
+            caller: None,
             door: Door::Chat,
             profile: "default",
             registry_revision: "abc",

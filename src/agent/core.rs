@@ -193,14 +193,21 @@ pub struct CallContext<'a> {
     /// ends with `mcp_cancelled`, is audited, and the server is told to stop (the pool's call,
     /// dropped, sends it `notifications/cancelled`).
     pub cancelled: Option<&'a tokio_util::sync::CancellationToken>,
+    /// Who is calling, when the door knows (the gateway's authenticated caller); audited.
+    pub caller: Option<&'a str>,
 }
 
 impl<'a> CallContext<'a> {
     /// A call from a door that relays nothing (gRPC, the chat loop).
     pub fn new(door: Door, request_id: &'a str, session_id: Option<&'a str>) -> Self {
-        CallContext { door, request_id, session_id, input: None, relay: None, cancelled: None }
+        CallContext { door, request_id, session_id, input: None, relay: None, cancelled: None, caller: None }
     }
 }
+
+/// The authenticated caller of a request, put in its extensions by the gateway; the `/mcp` door
+/// audits it with each call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallerName(pub std::sync::Arc<str>);
 
 /// How far a routed call got, for its metrics and audit line.
 #[derive(Debug, Default)]
@@ -577,6 +584,7 @@ impl Agent {
             ts: audit::now(),
             request_id: context.request_id,
             session_id: context.session_id,
+            caller: context.caller,
             door: context.door,
             profile,
             registry_revision: revision,

@@ -15,7 +15,7 @@
 //! - [`run`]: the two entry points (registry from a directory or from the Kubernetes API).
 
 mod admin;
-mod approvers;
+pub(crate) mod approvers;
 pub mod audit;
 pub mod core;
 pub(crate) mod doors;
@@ -30,7 +30,7 @@ pub mod serve;
 mod server_state;
 
 pub use self::audit::{AuditSink, Door};
-pub use self::core::{Agent, AgentOptions, AgentState, CallContext, ToolCall};
+pub use self::core::{Agent, AgentOptions, AgentState, CallContext, CallerName, ToolCall};
 pub use self::doors::{chat, grpc};
 pub use self::run::{LocalConfig, PodConfig, RunError, run_in_pod, run_local};
 pub use self::serve::{AgentConfig, AuditTarget, PoolLimits};

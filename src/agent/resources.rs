@@ -431,6 +431,7 @@ impl Agent {
             ts: audit::now(),
             request_id: context.request_id,
             session_id: context.session_id,
+            caller: context.caller,
             door: context.door,
             profile: &set.profile,
             registry_revision: set.revision.as_str(),

@@ -268,15 +268,7 @@ async fn run(
     (origin, kube): (crate::approval::webhook::Origin, Option<kube::Client>),
     listeners: Listeners,
 ) -> Result<(), RunError> {
-    let audit = match &config.audit {
-        AuditTarget::Stderr => AuditSink::stderr(config.audit_arguments),
-        AuditTarget::Off => AuditSink::disabled(),
-        // 0600: audit lines name the workload's calls (and, with --audit-arguments, their arguments).
-        AuditTarget::File(path) => match std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path) {
-            Ok(file) => AuditSink::new(Box::new(file), config.audit_arguments),
-            Err(e) => return Err(RunError::Config(format!("--audit-log {}: {e}", path.display()))),
-        },
-    };
+    let audit = open_audit(&config)?;
     let mut metrics = Registry::default();
     let pool_metrics = PoolMetrics::register(&mut metrics);
     let registry_metrics = RegistryMetrics::register(&mut metrics);
@@ -352,9 +344,22 @@ async fn run(
     }
 }
 
+/// The audit sink `--audit-log` names.
+pub(crate) fn open_audit(config: &AgentConfig) -> Result<AuditSink, RunError> {
+    Ok(match &config.audit {
+        AuditTarget::Stderr => AuditSink::stderr(config.audit_arguments),
+        AuditTarget::Off => AuditSink::disabled(),
+        // 0600: audit lines name the workload's calls (and, with --audit-arguments, their arguments).
+        AuditTarget::File(path) => match std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path) {
+            Ok(file) => AuditSink::new(Box::new(file), config.audit_arguments),
+            Err(e) => return Err(RunError::Config(format!("--audit-log {}: {e}", path.display()))),
+        },
+    })
+}
+
 /// The client configuration: the kubeconfig file(s) if given, else the pod's service account,
 /// else the local kubeconfig (`kube::Config::infer`). Errors name the flag or say what to set.
-async fn client_config(kubeconfig: Option<OsString>) -> Result<kube::Config, String> {
+pub(crate) async fn client_config(kubeconfig: Option<OsString>) -> Result<kube::Config, String> {
     let flag = format!("--kubeconfig (env {})", keys::ENV_KUBECONFIG);
     let Some(paths) = kubeconfig.filter(|p| !p.is_empty()) else {
         return match kube::Config::incluster() {

@@ -209,12 +209,23 @@ pub(crate) fn http_router(
     shutdown: CancellationToken,
     config: &AgentConfig,
 ) -> Router {
-    let mcp = McpEndpoint::router(agent.clone(), shutdown, config.allowed_hosts.clone(), config.mcp_session_idle);
     let allowed = Allowed::new(config.allowed_hosts.clone(), config.allowed_origins.clone());
-    let doors = super::doors::chat::router(chat)
-        .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn_with_state(agent, revision_layer));
+    let doors = doors_router(agent, chat, shutdown, config);
     key_guard::guarded(doors, config.api_key.clone()).layer(middleware::from_fn_with_state(allowed, http_guard::guard))
+}
+
+/// Chat completions and `/mcp` over `agent`, every answer stamped with the registry revision; no
+/// guard (the gateway puts its own in front of one of these per profile).
+pub(crate) fn doors_router(
+    agent: Agent,
+    chat: ChatService,
+    shutdown: CancellationToken,
+    config: &AgentConfig,
+) -> Router {
+    let mcp = McpEndpoint::router(agent.clone(), shutdown, config.allowed_hosts.clone(), config.mcp_session_idle);
+    super::doors::chat::router(chat)
+        .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(agent, revision_layer))
 }
 
 /// Serves every door until `cancel`, then shuts down in order (see the module doc). The agent's

@@ -97,7 +97,7 @@ impl ApiKey {
 }
 
 /// The token of `Bearer <token>`: scheme in any case, one or more spaces, no trailing text.
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+pub(crate) fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     const SCHEME: &[u8] = b"bearer";
     let (scheme, rest) = value.split_at_checked(SCHEME.len())?;
     if !scheme.eq_ignore_ascii_case(SCHEME) || rest.first() != Some(&b' ') {

@@ -4,11 +4,11 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use super::{McpApproval, McpProfile, McpServer};
+use super::{McpApproval, McpProfile, McpProfileBinding, McpServer};
 
-/// The CRDs: servers, profiles, approvals.
+/// The CRDs: servers, profiles, approvals, profile bindings.
 pub fn definitions() -> Vec<CustomResourceDefinition> {
-    vec![McpServer::crd(), McpProfile::crd(), McpApproval::crd()]
+    vec![McpServer::crd(), McpProfile::crd(), McpApproval::crd(), McpProfileBinding::crd()]
 }
 
 /// Each CRD as `(file name, YAML)`, the file name being `<group>_<plural>.yaml`.

@@ -12,6 +12,7 @@
 //! - [`manifest`]: YAML documents with line numbers, unknown fields refused.
 //! - [`env_ref`]: `${ENV:NAME}` / `${ENV:NAME:-default}` templates, and the names they may not read.
 //! - [`secret_grant`]: which McpServers and McpProfiles a Secret allows to reference it.
+//! - [`mcp_profile_binding`]: which gateway callers get which McpProfile.
 //! - [`identity`]: which McpServers an McpProfile allows to act as the pod's ServiceAccount.
 //! - [`conditions`]: condition types and reasons of both statuses.
 //! - [`crd`]: rendering `crds/*.yaml`.
@@ -34,6 +35,7 @@ pub mod keys;
 pub mod manifest;
 mod mcp_approval;
 mod mcp_profile;
+pub mod mcp_profile_binding;
 mod mcp_server;
 pub(crate) mod names;
 pub mod pinning;
@@ -45,6 +47,7 @@ pub mod validate;
 pub use approval::{Approver, ApproverKind, ProfileApproval, WebhookApprover};
 pub use mcp_approval::*;
 pub use mcp_profile::*;
+pub use mcp_profile_binding::{BindingSubject, McpProfileBinding, McpProfileBindingSpec, ProfileRef, SubjectKind};
 pub use mcp_server::*;
 pub use pinning::{PinMode, Pinning};
 pub use rate_limit::RateLimit;

@@ -849,6 +849,68 @@ fn validate_selector(p: &mut Problems, field: &str, selector: &LabelSelector) {
     }
 }
 
+// === impl Validate for McpProfileBinding ===
+
+impl Validate for super::McpProfileBinding {
+    fn validate(&self) -> Vec<ValidationError> {
+        use super::SubjectKind;
+        let mut p = Problems::default();
+        check_meta_name(&mut p, &self.metadata, false);
+        let spec = &self.spec;
+        if !is_dns1123_subdomain(&spec.profile_ref.name) {
+            p.push(
+                "spec.profileRef.name",
+                format!("'{}' is not an McpProfile name", spec.profile_ref.name),
+                "name an McpProfile of this namespace (a DNS-1123 subdomain)",
+            );
+        }
+        if spec.subjects.is_empty() {
+            p.push(
+                "spec.subjects",
+                "the binding has no subject",
+                "list the ServiceAccounts, users or groups that get the profile",
+            );
+        }
+        if spec.subjects.len() > super::mcp_profile_binding::MAX_SUBJECTS {
+            p.push(
+                "spec.subjects",
+                format!("{} subjects", spec.subjects.len()),
+                format!("split the binding: at most {} subjects each", super::mcp_profile_binding::MAX_SUBJECTS),
+            );
+        }
+        for (i, subject) in spec.subjects.iter().enumerate() {
+            let field = format!("spec.subjects[{i}]");
+            let name_ok = match subject.kind {
+                SubjectKind::ServiceAccount => is_dns1123_subdomain(&subject.name),
+                SubjectKind::User | SubjectKind::Group => {
+                    !subject.name.is_empty() && subject.name.len() <= 253 && !subject.name.chars().any(char::is_control)
+                }
+            };
+            if !name_ok {
+                p.push(
+                    format!("{field}.name"),
+                    format!("{:?} is not a {:?} name", subject.name, subject.kind),
+                    "write the name exactly as the API server reports it (a ServiceAccount's is a DNS-1123 subdomain)",
+                );
+            }
+            match (&subject.kind, &subject.namespace) {
+                (SubjectKind::ServiceAccount, Some(ns)) if !is_dns1123_label(ns) => p.push(
+                    format!("{field}.namespace"),
+                    format!("'{ns}' is not a namespace name"),
+                    "write the ServiceAccount's namespace, or leave it out for the binding's own",
+                ),
+                (SubjectKind::User | SubjectKind::Group, Some(_)) => p.push(
+                    format!("{field}.namespace"),
+                    "namespace is for ServiceAccount subjects only",
+                    "remove it, or set kind: ServiceAccount",
+                ),
+                _ => {}
+            }
+        }
+        p.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,9 +19,11 @@
 //! - [`rank`]: BM25F relevance of tools to a conversation, for `chat.toolSelection: relevance`,
 //!   and the catalog's index of it.
 //! - [`select`]: which tools a chat round offers under `relevance`, and the `find_tools` built-in.
+//! - [`binding`]: which McpProfile a gateway caller gets (McpProfileBindings, exact matches).
 //! - `rate_limit`: which token buckets a call draws from, and the buckets.
 
 pub(crate) mod approval;
+pub mod binding;
 pub mod budget;
 mod decision;
 pub mod effective;

@@ -2,7 +2,7 @@
 //! McpServers of its namespace, turned into snapshots.
 //!
 //! ```text
-//! McpProfile (fieldSelector metadata.name=<profile>) ─watcher─▶ Reflector ─Writer─▶ Store ─┐
+//! McpProfile (metadata.name=<profile>, all: gateway) ─watcher─▶ Reflector ─Writer─▶ Store ─┐
 //! McpServer  (every one in the namespace)            ─watcher─▶ Reflector ─Writer─▶ Store ─┤
 //!   error ─▶ problem on that kind (not for 410 Gone) ─▶ backoff ─▶ fresh watcher (relist)    │
 //!   every 30-120 s (jittered) after a list ─▶ fresh watcher (relist)                          │
@@ -312,13 +312,44 @@ impl KubeSource {
         if !is_dns1123_subdomain(profile) {
             return Err(Error::InvalidProfile { profile: profile.to_string() });
         }
+        KubeSource::watch_selected(client, namespace, Some(profile), shutdown, options)
+    }
+
+    /// Watches every McpProfile and McpServer of `namespace` (the gateway's registry: one set of
+    /// watches for all the profiles it serves). As [`KubeSource::watch`] otherwise.
+    pub fn watch_namespace(
+        client: Client,
+        namespace: &str,
+        shutdown: &CancellationToken,
+        options: WatchOptions,
+    ) -> Result<KubeWatch, Error> {
+        if !is_dns1123_label(namespace) {
+            return Err(Error::InvalidNamespace { namespace: namespace.to_string() });
+        }
+        KubeSource::watch_selected(client, namespace, None, shutdown, options)
+    }
+
+    /// The watch of `profile` (all profiles when `None`) and the McpServers of `namespace`; both
+    /// names already checked.
+    fn watch_selected(
+        client: Client,
+        namespace: &str,
+        profile: Option<&str>,
+        shutdown: &CancellationToken,
+        options: WatchOptions,
+    ) -> Result<KubeWatch, Error> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let connect = |kind: Kind, config: watcher::Config| -> Connect {
             let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &kind.resource());
             Box::new(move || watcher::watcher(api.clone(), config.clone()).map_ok(drop_managed_fields).boxed())
         };
         let servers = connect(Kind::Server, watcher::Config::default());
-        let profiles = connect(Kind::Profile, watcher::Config::default().fields(&format!("metadata.name={profile}")));
+        let profiles = match profile {
+            Some(profile) => watcher::Config::default().fields(&format!("metadata.name={profile}")),
+            None => watcher::Config::default(),
+        };
+        let profiles = connect(Kind::Profile, profiles);
+        let profile = profile.unwrap_or("*");
         Ok(KubeSource::spawn(&runtime, namespace, profile, [servers, profiles], &default_backoff, options, shutdown))
     }
 

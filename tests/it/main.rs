@@ -40,6 +40,7 @@ mod cluster {
     mod control_plane;
     mod controller;
     mod explain;
+    mod gateway;
     mod http2;
     mod kube_source;
     mod metrics;

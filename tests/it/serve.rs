@@ -74,7 +74,7 @@ fn serve_under_data_limit(dir: &Path) -> (Reaped, u16, u16, u16) {
     (Reaped(child), http, grpc, admin)
 }
 
-fn terminate(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
+pub(crate) fn terminate(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {

@@ -6,6 +6,7 @@ mod auth;
 mod bridge;
 mod convert;
 mod explain;
+mod gateway;
 mod install;
 mod pin;
 mod reconnect;
@@ -48,6 +49,7 @@ pub struct Args {
 enum Command {
     Serve(ServeArgs),
     Run(RunArgs),
+    Gateway(gateway::GatewayArgs),
     /// List and call the tools this pod may use, through the agent's gRPC door.
     Tools {
         #[command(subcommand)]
@@ -76,6 +78,7 @@ impl Args {
             match command {
                 Command::Serve(args) => args.run(),
                 Command::Run(args) => args.run(),
+                Command::Gateway(args) => args.run(),
                 Command::Tools { command } => command.run(),
                 Command::Registry(args) => args.run(),
                 Command::Explain(args) => args.run(),

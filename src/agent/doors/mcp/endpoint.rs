@@ -425,6 +425,11 @@ fn session_for(
         .ok_or_else(|| ErrorData::invalid_request(format!("{method} needs a session (Mcp-Session-Id)"), None))
 }
 
+/// The caller the gateway authenticated for the HTTP request (none in a pod).
+fn caller(extensions: &rmcp::model::Extensions) -> Option<crate::agent::CallerName> {
+    extensions.get::<axum::http::request::Parts>()?.extensions.get::<crate::agent::CallerName>().cloned()
+}
+
 /// The `Mcp-Session-Id` of the HTTP request, when the transport has one.
 fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
     let parts = extensions.get::<axum::http::request::Parts>()?;
@@ -498,6 +503,7 @@ impl ServerHandler for McpEndpoint {
         let (relay, relayed) = self.relay_for(&context, request.meta.as_ref(), session.as_deref());
         // rmcp cancels `context.ct` on the client's `notifications/cancelled` but does not stop the
         // handler: the core watches it.
+        let caller = caller(&context.extensions);
         let call_context = CallContext {
             door: Door::Mcp,
             request_id: &request_id,
@@ -505,6 +511,7 @@ impl ServerHandler for McpEndpoint {
             input,
             relay: Some(&relay),
             cancelled: Some(&context.ct),
+            caller: caller.as_ref().map(|c| &*c.0),
         };
         let call = self.call(&request.name, request.arguments, call_context);
         let response = Box::pin(relaying(call.instrument(span), relayed, &context.peer)).await?;
@@ -559,7 +566,11 @@ impl ServerHandler for McpEndpoint {
             ErrorData::method_not_found::<ReadResourceRequestMethod>,
         )?;
         let (request_id, session) = (context.id.to_string(), session_id(&context.extensions));
-        let call_context = CallContext::new(Door::Mcp, &request_id, session.as_deref());
+        let caller = caller(&context.extensions);
+        let call_context = CallContext {
+            caller: caller.as_ref().map(|c| &*c.0),
+            ..CallContext::new(Door::Mcp, &request_id, session.as_deref())
+        };
         let read = Box::pin(self.agent.read_resource(&set, &request.uri, call_context));
         let mut result = read.await.map_err(|e| resource_error_data(e, &request.uri))?.result;
         forget_upstream_identity(&mut result.meta);
@@ -591,6 +602,7 @@ impl ServerHandler for McpEndpoint {
         let continuation =
             Continuation::new(request.input_responses, request.request_state, context.client_capabilities());
         let input = is_modern(&context).then_some(&continuation);
+        let caller = caller(&context.extensions);
         let call_context = CallContext {
             door: Door::Mcp,
             request_id: &request_id,
@@ -598,6 +610,7 @@ impl ServerHandler for McpEndpoint {
             input,
             relay: None,
             cancelled: None,
+            caller: caller.as_ref().map(|c| &*c.0),
         };
         let get = Box::pin(self.agent.get_prompt(&set, &request.name, request.arguments, call_context));
         let read = get.await.map_err(error_data)?;

@@ -44,7 +44,7 @@ use tracing::Instrument as _;
 use super::endpoint::{self, McpEndpoint};
 use super::sessions::{AgentSessions, SessionTable};
 use crate::agent::http_guard::host_allowed;
-use crate::agent::{CallContext, Door};
+use crate::agent::{CallContext, CallerName, Door};
 use crate::mcp::{Continuation, Relay, Relayed};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
@@ -152,11 +152,13 @@ pub(crate) async fn handle(State(route): State<McpRoute>, request: Request<Body>
         let (relay, relayed) = Relay::channel(token, record.log_level(), false, false);
         let (endpoint, id) = (route.endpoint.clone(), call.id.to_string());
         let (cancel, registered) = route.fast_calls.start(&session, &id);
+        let caller = parts.extensions.get::<CallerName>().cloned();
         let response = async move {
             let (_in_flight, _registered) = (in_flight, registered);
             let context = CallContext {
                 relay: Some(&relay),
                 cancelled: Some(&cancel),
+                caller: caller.as_ref().map(|c| &*c.0),
                 ..CallContext::new(Door::Mcp, &id, Some(&session))
             };
             let response = endpoint.call(&params.name, params.arguments, context);
@@ -302,6 +304,7 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
         let token = params.meta.as_ref().and_then(|meta| meta.get_progress_token());
         let (relay, relayed) = Relay::channel(token, None, false, false);
         let endpoint = route.endpoint.clone();
+        let caller = parts.extensions.get::<CallerName>().cloned();
         let response = async move {
             let response = endpoint.call(
                 &params.name,
@@ -309,6 +312,7 @@ async fn stateless(route: &McpRoute, request: Request<Body>, version: &str) -> R
                 CallContext {
                     input: Some(&continuation),
                     relay: Some(&relay),
+                    caller: caller.as_ref().map(|c| &*c.0),
                     ..CallContext::new(Door::Mcp, &request_id, None)
                 },
             );
