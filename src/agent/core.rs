@@ -771,7 +771,7 @@ impl Agent {
         let rates = set.rate_rules();
         if !rates.is_empty() {
             let model_name = tool.map_or(name, |t| &*t.name);
-            let buckets = rates.buckets(&route.server, &route.tool, model_name);
+            let buckets = rates.buckets(&route.server, &route.tool, model_name, context.caller);
             if let Err(limited) = self.inner.limiter.take(&buckets, Instant::now()) {
                 let message = format!(
                     "'{name}' is over its rate limit, {}: retry in {} ms",

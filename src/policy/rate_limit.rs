@@ -50,6 +50,8 @@ pub(crate) struct BucketKey {
     pub(crate) tool: Option<Arc<str>>,
     pub(crate) per_minute: u32,
     pub(crate) burst: u32,
+    /// Whose bucket: the gateway's caller; `None` in a pod, whose buckets are all its own.
+    pub(crate) caller: Option<Arc<str>>,
 }
 
 impl BucketKey {
@@ -120,15 +122,24 @@ impl RateRules {
         self.servers.is_empty() && self.profile.is_empty()
     }
 
-    /// The buckets a call of `tool` on `server`, exposed as `model_name`, draws from.
-    pub(crate) fn buckets(&self, server: &Arc<str>, tool: &Arc<str>, model_name: &str) -> Vec<BucketKey> {
+    /// The buckets a call of `tool` on `server`, exposed as `model_name`, draws from: `caller`'s
+    /// own in the gateway (each caller is limited as a pod is), the agent's in a pod (`None`).
+    pub(crate) fn buckets(
+        &self,
+        server: &Arc<str>,
+        tool: &Arc<str>,
+        model_name: &str,
+        caller: Option<&str>,
+    ) -> Vec<BucketKey> {
         let mut out = Vec::new();
+        let caller: Option<Arc<str>> = caller.map(Into::into);
         let key = |scope, tool: Option<&Arc<str>>, limit: &RateLimit| BucketKey {
             scope,
             server: server.clone(),
             tool: tool.cloned(),
             per_minute: limit.per_minute,
             burst: limit.burst(),
+            caller: caller.clone(),
         };
         if let Some(rules) = self.servers.get(server) {
             if let Some(limit) = &rules.whole {
@@ -243,7 +254,19 @@ mod tests {
 
     fn keys(rules: &RateRules, server: &str, tool: &str) -> Vec<BucketKey> {
         let model = format!("mcp__{server}__{tool}");
-        rules.buckets(&server.into(), &tool.into(), &model)
+        rules.buckets(&server.into(), &tool.into(), &model, None)
+    }
+
+    #[test]
+    fn each_gateway_caller_has_its_own_buckets() {
+        let r = rules(Some(limit(60, 1)), &[], &[("write", limit(60, 1))]);
+        let limiter = Limiter::default();
+        let t0 = Instant::now();
+        let of = |caller| r.buckets(&"fs".into(), &"write".into(), "mcp__fs__write", caller);
+        limiter.take(&of(Some("system:serviceaccount:a:app")), t0).expect("a's first call");
+        limiter.take(&of(Some("system:serviceaccount:a:app")), t0).expect_err("a's buckets are empty");
+        limiter.take(&of(Some("system:serviceaccount:b:app")), t0).expect("b is not slowed by a");
+        limiter.take(&of(None), t0).expect("a pod's buckets are apart from every caller's");
     }
 
     #[test]

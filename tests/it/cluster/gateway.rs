@@ -96,8 +96,10 @@ where
 async fn registry(ns: &TestNamespace, alpha: u16, beta: u16) -> Api<ServiceAccount> {
     let servers: Api<McpServer> = ns.api();
     for (name, port) in [("alpha", alpha), ("beta", beta)] {
+        // beta: one call a minute, per caller in the gateway as per pod.
         let server = json!({"apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": name},
-            "spec": {"transport": "streamableHttp", "http": {"url": format!("http://127.0.0.1:{port}/mcp")}, "allowedTools": ["*"]}});
+            "spec": {"transport": "streamableHttp", "http": {"url": format!("http://127.0.0.1:{port}/mcp")}, "allowedTools": ["*"],
+                "budgets": if name == "beta" { json!({"rateLimit": {"perMinute": 1, "burst": 1}}) } else { json!({}) }}});
         create(&servers, server).await;
     }
     let profiles: Api<McpProfile> = ns.api();
@@ -203,6 +205,9 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
     assert_eq!(refused.is_error, Some(true), "{refused:?}");
     let ran = client.call_tool(call("mcp__beta__echo")).await.expect("an answer");
     assert_ne!(ran.is_error, Some(true), "{ran:?}");
+    let limited = client.call_tool(call("mcp__beta__echo")).await.expect("an answer");
+    assert_eq!(limited.is_error, Some(true), "beta allows one call a minute: {limited:?}");
+    assert!(format!("{limited:?}").contains("rate limit"), "{limited:?}");
     let _ = client.cancel().await;
 
     // No binding: 403 with the reason; no token, a bad one or one for another audience: 401
@@ -241,6 +246,15 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
     let (status, headers, body) = post(&url, Some(&both), Some("reader"), None, INITIALIZE).await;
     assert_eq!(status, 200, "{body}");
     let boths_session = headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).expect("a session id").to_string();
+    // Another caller of the same profile has its own rate-limit buckets: `other` used beta's
+    // one call a minute, `both` still has its own.
+    let config = StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(both.clone()).custom_headers(
+        [(http::HeaderName::from_static("spear-profile"), http::HeaderValue::from_static("writer"))].into(),
+    );
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.expect("a session as writer");
+    let ran = client.call_tool(call("mcp__beta__echo")).await.expect("an answer");
+    assert_ne!(ran.is_error, Some(true), "both's own bucket: {ran:?}");
+    let _ = client.cancel().await;
 
     // A session id works for its own caller only: another caller bound to the same profile, or
     // the same caller under another profile, gets 404.
