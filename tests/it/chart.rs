@@ -148,6 +148,7 @@ fn name_of(meta: &ObjectMeta) -> &str {
 fn chart_lint_is_clean_in_strict_mode() {
     run_helm(&["lint", "--strict", CHART]);
     run_helm(&["lint", "--strict", CHART, "--set", "webhook.certs.mode=cert-manager"]);
+    run_helm(&["lint", "--strict", CHART, "--set", "gateway.enabled=true"]);
 }
 
 #[test]
@@ -631,4 +632,39 @@ fn the_admin_view_is_off_by_default_and_on_brings_its_pods_role_and_chosen_addre
             assert!(hosts.contains(&format!("spear-operator-admin-view.{NAMESPACE}.svc")), "{hosts}");
         }
     }
+}
+
+#[test]
+fn the_gateway_is_off_by_default_and_on_brings_its_identity_rights_and_a_parsable_command() {
+    let default = render(&[]);
+    assert!(!default.contains("spear-mcp-gateway"), "the default rendering has no gateway");
+    let extra = ["--set", "gateway.enabled=true", "--set", "gateway.authorizationServers={https://issuer.example}"];
+    let objects = objects(&render(&extra));
+    let name = "spear-mcp-gateway";
+    // TokenReviews through system:auth-delegator, and nothing else cluster-wide.
+    let delegator: ClusterRoleBinding = object(&objects, "ClusterRoleBinding", "spear-mcp-gateway-auth-delegator");
+    assert_eq!(delegator.role_ref.name, "system:auth-delegator");
+    assert_eq!(delegator.subjects.unwrap_or_default()[0].name, name);
+    let role: Role = object(&objects, "Role", name);
+    let rules = role.rules.unwrap_or_default();
+    assert!(rules.iter().all(|r| r.api_groups.as_deref() == Some(&["mcp.spear.dev".to_string()][..])), "{rules:?}");
+    let read = rules.iter().find(|r| r.verbs == ["get", "list", "watch"]).expect("a read rule");
+    assert!(read.resources.as_deref().unwrap_or_default().contains(&"mcpprofilebindings".to_string()));
+    assert!(!rules.iter().any(|r| r.resources.as_deref().unwrap_or_default().iter().any(|x| x.contains("secret"))));
+    let service: Service = object(&objects, "Service", name);
+    assert_eq!(service.spec.and_then(|s| s.session_affinity).as_deref(), Some("ClientIP"));
+    let deployment: Deployment = object(&objects, "Deployment", name);
+    let pod = deployment.spec.and_then(|s| s.template.spec).expect("a pod template");
+    assert_eq!(pod.service_account_name.as_deref(), Some(name));
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap_or_default();
+    assert!(args.contains(&"--authorization-server=https://issuer.example".to_string()), "{args:?}");
+    assert!(args.contains(&format!("--namespace={NAMESPACE}")), "{args:?}");
+    let argv = std::iter::once("spearlet".to_string()).chain(args.iter().cloned());
+    if let Err(e) = spear::cli::spearlet::Args::try_parse_from(argv) {
+        panic!("spearlet refuses the chart's gateway args {args:?}:\n{e}");
+    }
+    let hardened = container.security_context.clone().expect("a security context");
+    assert_eq!(hardened.read_only_root_filesystem, Some(true));
+    assert_eq!(hardened.allow_privilege_escalation, Some(false));
 }
