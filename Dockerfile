@@ -87,13 +87,14 @@ CMD ["/usr/local/bin/mcp-server-everything", "stdio"]
 # --- e2e-app (e2e): the test workload and the scripted chat upstream ---------------------------
 # Debian's python3.11 (minimal + stdlib), PyPI mcp and openai (with httpx, pydantic, ...) in
 # /usr/local/lib/python3.11/dist-packages, busybox's /bin/sh for debugging, and e2e/app/ at /e2e/
-# with tests/servers/oauth_server.py (and PyPI authlib). Pods run `python3 /e2e/driver.py` (the
-# default), `python3 /e2e/upstream.py` or `python3 /e2e/oauth_server.py`.
+# with tests/servers/oauth_server.py (and PyPI authlib) and fixture_server.py. Pods run `python3 /e2e/driver.py` (the
+# default), `python3 /e2e/upstream.py`, `python3 /e2e/oauth_server.py` or `python3 /e2e/fixture_server.py`.
 FROM scratch AS e2e-app
 COPY --from=base / /
 COPY --from=app-rootfs / /
 COPY --from=app-src / /e2e/
 COPY --from=servers-src /oauth_server.py /e2e/oauth_server.py
+COPY --from=servers-src /fixture_server.py /e2e/fixture_server.py
 WORKDIR /e2e
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 65532:65532

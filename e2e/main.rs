@@ -33,6 +33,7 @@
 #![allow(clippy::too_many_lines, reason = "a test or a bench is one scenario, read top to bottom")]
 #![allow(clippy::disallowed_macros, reason = "the e2e run reports its steps and figures on stdout")]
 
+mod gateway;
 mod grant;
 mod measure;
 mod skew;
@@ -201,7 +202,14 @@ async fn run() -> Result<usize> {
         println!("e2e: working in namespace {ns}");
         let other = create_namespace(&client, "spear-e2e-plain-", false).await?;
         namespaces_made.push(other.clone());
-        namespace_checks(&client, &images, &ns, &other, &private_ca, &mut report).await
+        namespace_checks(&client, &images, &ns, &other, &private_ca, &mut report).await?;
+        let gateway_ns = create_namespace(&client, "spear-e2e-gateway-", false).await?;
+        namespaces_made.push(gateway_ns.clone());
+        let install_gateway = || {
+            let namespace = format!("gateway.namespace={gateway_ns}");
+            install_with(&helm, &images, &["gateway.enabled=true", "gateway.replicas=1", &namespace])
+        };
+        gateway::gateway_checks(&client, &images, &gateway_ns, install_gateway, &mut report).await
     }
     .await;
     if result.is_err() {
@@ -237,8 +245,15 @@ async fn run() -> Result<usize> {
 
 /// This tree's chart, with the grant step's private CA as its `trustBundle`.
 fn install(helm: &std::path::Path, images: &Images) -> Result<()> {
+    install_with(helm, images, &[])
+}
+
+/// [`install`] with `extra` values (`--set`).
+fn install_with(helm: &std::path::Path, images: &Images, extra: &[&str]) -> Result<()> {
     let trust = format!("trustBundle.configMap={}", grant::TRUST_CONFIGMAP);
-    install_chart(helm, "charts/spear-mcp", &images.operator, &images.spearlet, &[&trust])
+    let mut values = vec![trust.as_str()];
+    values.extend_from_slice(extra);
+    install_chart(helm, "charts/spear-mcp", &images.operator, &images.spearlet, &values)
 }
 
 /// `helm upgrade --install` of `chart` with these images, `values` (`--set`) and otherwise

@@ -22,6 +22,12 @@ route of its own into the pod. Every MCP operation is made by the real PyPI `mcp
     GET /probe                          what this container can see of the agent's private parts
     GET /nokey                          {"mcp": status, "chat": status}: the doors asked without
                                         the pod's key, as a sidecar would ask them (401 expected)
+    GET /discover                       what the SDK's OAuth discovery finds at $SPEAR_MCP_URL
+                                        without a token: {"status", "challenge", "metadata_url",
+                                        "resource", "authorization_servers", "resource_allowed"}
+
+With E2E_TOKEN_FILE set (a pod calling spearlet gateway, not its own agent), the MCP calls send
+that file's token (a projected ServiceAccount token, read again for each session) as the bearer.
 
 Errors answer 500 with {"error": "..."}; the test prints them. On SIGTERM the driver stops taking
 requests, lets the ones in flight finish (the test deletes the pod during a long tool call and
@@ -50,6 +56,8 @@ CHAT_URL = os.environ.get("SPEAR_CHAT_URL", "")
 # The pod's key for the agent's doors (set by the webhook in the app containers only).
 API_KEY = os.environ.get("SPEAR_API_KEY", "")
 AUTH = {"Authorization": f"Bearer {API_KEY}"} if API_KEY else {}
+# A projected token for spearlet gateway, instead of the pod's key.
+TOKEN_FILE = os.environ.get("E2E_TOKEN_FILE", "")
 PORT = int(os.environ.get("E2E_DRIVER_PORT", "8080"))
 
 
@@ -57,9 +65,16 @@ def text_of(result):
     return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
 
 
+def auth_headers():
+    if TOKEN_FILE:
+        with open(TOKEN_FILE) as f:
+            return {"Authorization": f"Bearer {f.read().strip()}"}
+    return AUTH
+
+
 async def with_session(work):
-    # The MCP SDK's own timeouts (30 s, 300 s for a held stream), plus the pod's key.
-    async with httpx2.AsyncClient(headers=AUTH, timeout=httpx2.Timeout(30, read=300)) as http:
+    # The MCP SDK's own timeouts (30 s, 300 s for a held stream), plus the pod's key or token.
+    async with httpx2.AsyncClient(headers=auth_headers(), timeout=httpx2.Timeout(30, read=300)) as http:
         async with streamable_http_client(MCP_URL, http_client=http) as streams:
             async with ClientSession(streams[0], streams[1]) as session:
                 await session.initialize()
@@ -183,6 +198,37 @@ def nokey(_q):
     return statuses
 
 
+async def discover(_q):
+    """The SDK's OAuth discovery, as its provider runs it on a 401 (no token sent)."""
+    from mcp.client.auth.utils import (
+        build_protected_resource_metadata_discovery_urls,
+        extract_resource_metadata_from_www_auth,
+        handle_protected_resource_response,
+    )
+    from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "0"}}}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        answer = await http.post(MCP_URL, json=init, headers={"Accept": "application/json, text/event-stream"})
+        www = extract_resource_metadata_from_www_auth(answer)
+        metadata = None
+        for candidate in build_protected_resource_metadata_discovery_urls(www, MCP_URL):
+            metadata = await handle_protected_resource_response(await http.get(candidate))
+            if metadata is not None:
+                break
+    if metadata is None:
+        raise RuntimeError("no protected-resource metadata found")
+    return {
+        "status": answer.status_code,
+        "challenge": answer.headers.get("www-authenticate", ""),
+        "metadata_url": www,
+        "resource": str(metadata.resource),
+        "authorization_servers": [str(a) for a in metadata.authorization_servers],
+        "resource_allowed": check_resource_allowed(resource_url_from_server_url(MCP_URL), str(metadata.resource)),
+    }
+
+
 def probe(_q):
     """What the app container can reach of the agent's and the servers' private parts."""
     found = []
@@ -203,7 +249,7 @@ def probe(_q):
     return {"uid": os.getuid(), "spear_paths": found, "sockets": sockets}
 
 
-ROUTES = {"/tools": tools, "/call": call, "/bench": bench, "/watch": watch, "/chat": chat}
+ROUTES = {"/tools": tools, "/call": call, "/bench": bench, "/watch": watch, "/chat": chat, "/discover": discover}
 
 
 IN_FLIGHT = 0
