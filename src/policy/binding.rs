@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::api::{McpProfileBinding, SubjectKind};
+use crate::api::{BindingSubject, McpProfileBinding, SubjectKind};
 
 /// The prefix of a ServiceAccount's user name.
 const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
@@ -80,6 +80,16 @@ pub enum Refusal {
     NotBoundTo { caller: String, requested: String, bound: Vec<String> },
 }
 
+/// The first subject of `binding` (in `namespace`) that names `caller`, if any: one line of the
+/// decision log `explain --subject` prints.
+pub fn subject_naming<'a>(
+    binding: &'a McpProfileBinding,
+    caller: &Caller,
+    namespace: &str,
+) -> Option<&'a BindingSubject> {
+    binding.spec.subjects.iter().find(|s| caller.matches(namespace, s.kind, &s.name, s.namespace.as_deref()))
+}
+
 /// The profiles `caller` is bound to in `namespace` by `bindings` (validated ones), each with the
 /// bindings that give it.
 pub fn profiles_of<'a>(
@@ -89,11 +99,9 @@ pub fn profiles_of<'a>(
 ) -> BTreeMap<String, Vec<String>> {
     let mut profiles: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for binding in bindings {
-        let spec = &binding.spec;
-        let named = spec.subjects.iter().any(|s| caller.matches(namespace, s.kind, &s.name, s.namespace.as_deref()));
-        if named {
+        if subject_naming(binding, caller, namespace).is_some() {
             let name = binding.metadata.name.clone().unwrap_or_default();
-            profiles.entry(spec.profile_ref.name.clone()).or_default().push(name);
+            profiles.entry(binding.spec.profile_ref.name.clone()).or_default().push(name);
         }
     }
     for names in profiles.values_mut() {

@@ -59,6 +59,16 @@ pub(crate) struct ExplainArgs {
     /// whether it was injected; with --connect, ask its agent.
     #[arg(long, value_name = "NAME")]
     pod: Option<String>,
+    /// (cluster) A caller of `spearlet gateway`, by user name as TokenReview reports it
+    /// (`system:serviceaccount:NS:NAME` for a ServiceAccount): print the namespace's
+    /// McpProfileBindings' decision for it, then explain the profile it gets (with --profile: the
+    /// one it asks for with the Spear-Profile header).
+    #[arg(long, value_name = "USER")]
+    subject: Option<String>,
+    /// (cluster, with --subject) A group of the caller; repeatable. A ServiceAccount's groups are
+    /// `system:serviceaccounts` and `system:serviceaccounts:NS`, added here for one.
+    #[arg(long = "group", value_name = "GROUP")]
+    groups: Vec<String>,
     #[command(flatten)]
     kube: cluster::KubeArgs,
     /// A request as JSON: a scope {"server_ids": [...], "tool_allowlist": [...],
@@ -116,8 +126,12 @@ impl ExplainArgs {
                 add_cluster_grants(&mut explained, &found.snapshot);
                 let mut heading = vec![found.source_line()];
                 heading.extend(found.pod.as_ref().map(cluster::PodInfo::line));
+                heading.extend(found.caller.iter().flat_map(cluster::CallerDecision::lines));
                 let mut extra = serde_json::Map::new();
                 extra.insert("source".into(), found.source_json());
+                if let Some(caller) = &found.caller {
+                    extra.insert("caller".into(), caller.json());
+                }
                 if let Some(pod) = &found.pod {
                     extra.insert("pod".into(), pod.json());
                 }
@@ -138,7 +152,8 @@ impl ExplainArgs {
     /// Local or cluster mode from the flags; mixing them, or a missing profile, is a usage error.
     fn source(&self) -> anyhow::Result<Source> {
         let pod = self.pod.is_some().then_some("--pod");
-        let given: Vec<&str> = pod.into_iter().chain(self.kube.given()).collect();
+        let subject = self.subject.is_some().then_some("--subject");
+        let given: Vec<&str> = pod.into_iter().chain(subject).chain(self.kube.given()).collect();
         if let Some(dir) = &self.registry_dir {
             if !given.is_empty() {
                 return Err(usage(format!(
@@ -151,6 +166,30 @@ impl ExplainArgs {
             }
             let profile = self.profile.clone().ok_or_else(|| usage("--profile is required with --registry-dir"))?;
             return Ok(Source::Local { dir: dir.clone(), profile });
+        }
+        if !self.groups.is_empty() && self.subject.is_none() {
+            return Err(usage("--group is for a gateway caller: pass --subject USER with it"));
+        }
+        if let Some(user) = &self.subject {
+            if self.pod.is_some() || self.connect {
+                return Err(usage(
+                    "--subject explains a gateway caller: drop --pod and --connect (a caller has no pod agent to ask)",
+                ));
+            }
+            let mut groups = self.groups.clone();
+            if let Some(ns) = user.strip_prefix("system:serviceaccount:").and_then(|rest| rest.split(':').next()) {
+                for group in ["system:serviceaccounts".to_string(), format!("system:serviceaccounts:{ns}")] {
+                    if !groups.contains(&group) {
+                        groups.push(group);
+                    }
+                }
+            }
+            return Ok(Source::Cluster(cluster::Target {
+                subject: cluster::Subject::Caller { user: user.clone(), groups, requested: self.profile.clone() },
+                namespace: self.kube.namespace.clone(),
+                kubeconfig: self.kube.kubeconfig.clone(),
+                context: self.kube.context.clone(),
+            }));
         }
         let subject = match (&self.profile, &self.pod) {
             (Some(_), Some(_)) => {

@@ -285,6 +285,32 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
     assert_eq!(found["resource_allowed"], true);
     assert_eq!(found["tools"], json!(["mcp__alpha__echo"]));
 
+    // `spearlet explain --subject` prints the same decision, with its log.
+    let explain = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_spearlet"))
+            .args(["explain", "-n", &ns.name, "--kubeconfig"])
+            .arg(ControlPlane::shared().kubeconfig_path())
+            .args(args)
+            .output()
+            .expect("spearlet explain runs")
+    };
+    let both_name = format!("system:serviceaccount:{}:both", ns.name);
+    let refused = explain(&["--subject", &both_name]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("Spear-Profile") && said.contains("binding readers -> McpProfile reader: names the caller"),
+        "{said}"
+    );
+    let chosen = explain(&["--subject", &both_name, "--profile", "writer"]);
+    let said = String::from_utf8_lossy(&chosen.stdout);
+    assert!(chosen.status.success(), "{}", String::from_utf8_lossy(&chosen.stderr));
+    assert!(said.contains("gets McpProfile writer") && said.contains("beta"), "{said}");
+    let stranger_name = format!("system:serviceaccount:{}:stranger", ns.name);
+    let refused = explain(&["--subject", &stranger_name]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("bound to no McpProfile") && said.contains("does not name the caller"), "{said}");
+
     // The audit names the caller of each call.
     drop(gateway);
     let lines = std::fs::read_to_string(&audit).expect("audit log");

@@ -34,7 +34,8 @@ use serde_json::{Value, json};
 
 use crate::api::keys;
 use crate::api::validate::{is_dns1123_label, is_dns1123_subdomain};
-use crate::api::{McpProfile, McpServer};
+use crate::api::{McpProfile, McpProfileBinding, McpServer, Validate};
+use crate::policy::binding::{self, Caller};
 use crate::registry::snapshot::Snapshot;
 use crate::registry::snapshot_of_listed;
 
@@ -74,6 +75,13 @@ impl KubeArgs {
 pub(super) enum Subject {
     Profile(String),
     Pod(String),
+    /// A gateway caller: its user name and groups (as TokenReview reports them), and the
+    /// profile it asks for (`Spear-Profile`), if any.
+    Caller {
+        user: String,
+        groups: Vec<String>,
+        requested: Option<String>,
+    },
 }
 
 /// The cluster-mode flags.
@@ -132,6 +140,8 @@ pub(in crate::cli::spearlet) enum ClusterError {
          the name{hint}"
     )]
     ProfileNotFound { profile: String, namespace: String, known: String, hint: String },
+    #[error("the gateway refuses {caller}: {reason}\n{log}")]
+    CallerRefused { caller: String, reason: String, log: String },
     #[error("pod {namespace}/{name} has no {container} agent (it was not injected), so it sees no tools: {fix}")]
     NotInjected { name: String, namespace: String, container: &'static str, fix: String },
     #[error(
@@ -168,6 +178,8 @@ pub(super) struct Found {
     pub(super) profile: String,
     pub(super) snapshot: Snapshot,
     pub(super) pod: Option<PodInfo>,
+    /// The gateway caller's binding decision (with `--subject`).
+    pub(super) caller: Option<CallerDecision>,
     /// The pod agent's `/debug/effective` answer (with `--connect`).
     pub(super) live: Option<Value>,
 }
@@ -281,7 +293,16 @@ pub(super) async fn read(target: &Target, connect: bool, request: Option<&str>) 
             let info = PodInfo::of(&pod, &namespace)?;
             (info.profile.clone(), Some(info))
         }
+        Subject::Caller { .. } => (String::new(), None),
     };
+    let caller = match &target.subject {
+        Subject::Caller { user, groups, requested } => {
+            let caller = Caller { username: user.clone(), uid: None, groups: groups.clone() };
+            Some(caller_decision(&client, &namespace, caller, requested.as_deref()).await?)
+        }
+        _ => None,
+    };
+    let profile = caller.as_ref().map_or(profile, |c| c.profile.clone());
     // Checked before it goes into a field selector, where a ',' would add a clause.
     check_name(&profile, "McpProfile name", "a DNS-1123 subdomain", is_dns1123_subdomain)?;
     let (profiles_api, servers_api) =
@@ -310,7 +331,73 @@ pub(super) async fn read(target: &Target, connect: bool, request: Option<&str>) 
         (Some(pod), true) => Some(debug_effective(&pods, pod, request).await?),
         _ => None,
     };
-    Ok(Found { namespace, context, profile, snapshot, pod, live })
+    Ok(Found { namespace, context, profile, snapshot, pod, caller, live })
+}
+
+/// A gateway caller's binding decision: the profile, and the log of every binding of the namespace.
+#[derive(Debug)]
+pub(super) struct CallerDecision {
+    caller: Caller,
+    profile: String,
+    /// One line per binding: its profile and whether (and by which subject) it names the caller.
+    log: Vec<String>,
+}
+
+impl CallerDecision {
+    pub(super) fn lines(&self) -> Vec<String> {
+        let groups = if self.caller.groups.is_empty() { "none".to_string() } else { self.caller.groups.join(", ") };
+        let mut lines = vec![format!(
+            "gateway caller: {} (groups: {groups}) gets McpProfile {}",
+            self.caller.username, self.profile
+        )];
+        lines.extend(self.log.iter().map(|l| format!("  {l}")));
+        lines
+    }
+
+    pub(super) fn json(&self) -> Value {
+        json!({"user": self.caller.username, "groups": self.caller.groups, "profile": self.profile, "bindings": self.log})
+    }
+}
+
+/// Reads the namespace's McpProfileBindings and decides as the gateway does (`policy::binding`).
+async fn caller_decision(
+    client: &Client,
+    namespace: &str,
+    caller: Caller,
+    requested: Option<&str>,
+) -> Result<CallerDecision, ClusterError> {
+    let api: Api<McpProfileBinding> = Api::namespaced(client.clone(), namespace);
+    let listed = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| api_error(e, "list", &plural::<McpProfileBinding>(), namespace))?;
+    let mut valid = Vec::new();
+    let mut log = Vec::new();
+    for binding in listed.items {
+        let name = binding.metadata.name.clone().unwrap_or_default();
+        let problems = binding.validate();
+        if let Some(problem) = problems.first() {
+            log.push(format!("binding {name}: ignored, invalid ({problem})"));
+            continue;
+        }
+        let verdict = match binding::subject_naming(&binding, &caller, namespace) {
+            Some(s) => format!("names the caller ({:?} {})", s.kind, s.name),
+            None => "does not name the caller".to_string(),
+        };
+        log.push(format!("binding {name} -> McpProfile {}: {verdict}", binding.spec.profile_ref.name));
+        valid.push(binding);
+    }
+    if log.is_empty() {
+        log.push(format!("no McpProfileBinding in namespace {namespace}"));
+    }
+    match binding::decide(&caller, namespace, &valid, requested) {
+        Ok(bound) => Ok(CallerDecision { caller, profile: bound.profile, log }),
+        Err(refused) => Err(ClusterError::CallerRefused {
+            caller: caller.username,
+            reason: refused.to_string(),
+            log: log.join("\n"),
+        }),
+    }
 }
 
 /// The client configuration and the context used: `--kubeconfig FILE` (with `--context`), else
