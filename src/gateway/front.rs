@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
@@ -109,8 +109,11 @@ impl Front {
         self.inner.outcomes.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
-    fn base_url(&self, headers: &HeaderMap) -> String {
-        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    /// The URL the caller reached: `Host` (HTTP/1.1), else the request's authority (HTTP/2's
+    /// `:authority`, which carries no `Host` header).
+    fn base_url(&self, request: &Request) -> String {
+        let host = request.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+        let host = host.or_else(|| request.uri().authority().map(|a| a.as_str()));
         metadata::base_url(self.inner.public_url.as_deref(), host)
     }
 }
@@ -122,7 +125,7 @@ async fn resource_metadata(State(front): State<Front>, request: Request) -> Resp
         return (StatusCode::NOT_FOUND, "no protected resource at this path\n").into_response();
     }
     let document = ResourceMetadata {
-        resource: format!("{}{suffix}", front.base_url(request.headers())),
+        resource: format!("{}{suffix}", front.base_url(&request)),
         authorization_servers: front.inner.authorization_servers.clone(),
         bearer_methods_supported: vec!["header"],
         resource_name: "spear-mcp gateway",
@@ -136,10 +139,10 @@ async fn mcp(State(front): State<Front>, mut request: Request) -> Response {
     let inner = &front.inner;
     let authorization = request.headers().get(header::AUTHORIZATION).map(HeaderValue::as_bytes);
     let caller = match auth::bearer(authorization) {
-        Err(why) => return unauthenticated(&front, request.headers(), request.uri().path(), &why),
+        Err(why) => return unauthenticated(&front, &request, &why),
         Ok(token) => match inner.reviewer.caller(token).await {
             Ok(Ok(caller)) => caller,
-            Ok(Err(why)) => return unauthenticated(&front, request.headers(), request.uri().path(), &why),
+            Ok(Err(why)) => return unauthenticated(&front, &request, &why),
             Err(e) => {
                 tracing::warn!(error = %e, "gateway: cannot check a token now");
                 front.count("unavailable");
@@ -211,9 +214,9 @@ async fn mcp(State(front): State<Front>, mut request: Request) -> Response {
 }
 
 /// 401 with the RFC 9728 challenge naming the metadata of the resource `path` belongs to.
-fn unauthenticated(front: &Front, headers: &HeaderMap, path: &str, why: &Unauthenticated) -> Response {
+fn unauthenticated(front: &Front, request: &Request, why: &Unauthenticated) -> Response {
     front.count("unauthenticated");
-    let url = metadata::metadata_url(&front.base_url(headers), metadata::resource_path(path));
+    let url = metadata::metadata_url(&front.base_url(request), metadata::resource_path(request.uri().path()));
     let description = matches!(why, Unauthenticated::Refused(_)).then(|| why.to_string());
     let challenge = metadata::challenge(&url, why.error_code(), description.as_deref());
     let mut response = refusal(StatusCode::UNAUTHORIZED, "unauthenticated", &why.to_string());

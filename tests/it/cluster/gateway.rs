@@ -131,6 +131,41 @@ async fn registry(ns: &TestNamespace, alpha: u16, beta: u16) -> Api<ServiceAccou
     accounts
 }
 
+/// POSTs `body` over HTTP/2 with prior knowledge (h2c); status and headers.
+async fn h2_post(
+    port: u16,
+    token: Option<&str>,
+    profile: Option<&str>,
+    session: Option<&str>,
+    body: &str,
+) -> (u16, axum::http::HeaderMap) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake::<_, _, axum::body::Body>(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("an HTTP/2 connection");
+    let driver = tokio::spawn(connection);
+    let mut request = axum::http::Request::post(format!("http://127.0.0.1:{port}/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    if let Some(profile) = profile {
+        request = request.header("spear-profile", profile);
+    }
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    let request = request.body(axum::body::Body::from(body.to_string())).expect("a request");
+    let response = sender.send_request(request).await.expect("an HTTP/2 answer");
+    let (parts, _) = response.into_parts();
+    driver.abort();
+    (parts.status.as_u16(), parts.headers)
+}
+
 async fn echo_server() -> (u16, tokio::task::JoinHandle<std::io::Result<()>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("address").port();
@@ -268,6 +303,51 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
     let unsealed = boths_session.rsplit_once('.').map(|(id, _)| id).expect("a sealed id");
     let (status, _, _) = post(&url, Some(&both), Some("reader"), Some(unsealed), list).await;
     assert_eq!(status, 404, "the door's own id without its seal");
+
+    // The same answers over HTTP/2 (h2c, prior knowledge): 401 with the challenge, a sealed id
+    // that is another caller's is 404, the caller's own initialize is admitted and sealed.
+    let (status, headers) = h2_post(gateway.http, None, None, None, INITIALIZE).await;
+    assert_eq!(status, 401);
+    assert!(headers.get("www-authenticate").and_then(|v| v.to_str().ok()).is_some_and(|c| c.contains(&metadata_url)));
+    let (status, _) = h2_post(gateway.http, Some(&app), None, Some(&boths_session), list).await;
+    assert_eq!(status, 404, "another caller's session id over HTTP/2");
+    let (status, headers) = h2_post(gateway.http, Some(&both), Some("reader"), None, INITIALIZE).await;
+    assert_eq!(status, 200);
+    let sealed = headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).expect("a session id over HTTP/2");
+    assert!(sealed.rsplit_once('.').is_some_and(|(_, mac)| mac.len() == 32), "{sealed}");
+
+    // A per-pod agent with the same profile serves the same tools, byte for byte: the gateway runs
+    // the agent's own core and door.
+    let (agent_http, agent_admin, agent_grpc) =
+        (mcp_servers::free_port(), mcp_servers::free_port(), mcp_servers::free_port());
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_spearlet"))
+        .args(["run", "--profile", "reader", "--namespace", &ns.name, "--egress-deny-cidrs", "", "--audit-log", "off"])
+        .args(["--http-addr", &format!("127.0.0.1:{agent_http}"), "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{agent_grpc}"), "--api-key", "the-pods-key-0123456789"])
+        .arg("--kubeconfig")
+        .arg(ControlPlane::shared().kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spearlet run starts");
+    let agent_ready = format!("http://127.0.0.1:{agent_admin}/readyz");
+    for _ in 0..300 {
+        if reqwest::get(&agent_ready).await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let listing = |url: String, key: String| async move {
+        let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(key);
+        let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.expect("a session");
+        let tools = client.list_all_tools().await.expect("tools");
+        let _ = client.cancel().await;
+        serde_json::to_value(tools).expect("JSON")
+    };
+    let through_agent = listing(format!("http://127.0.0.1:{agent_http}/mcp"), "the-pods-key-0123456789".into()).await;
+    let through_gateway = listing(url.clone(), app.clone()).await;
+    crate::serve::terminate(&mut agent, Duration::from_secs(10));
+    assert_eq!(through_agent, through_gateway, "the pod and the gateway caller with one profile see one set");
 
     // The PyPI `mcp` SDK discovers the metadata from the 401 and works with the token.
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/gateway_client.py");
