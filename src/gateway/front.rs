@@ -31,7 +31,7 @@ use super::bindings::Bindings;
 use super::profiles::ProfileDoors;
 use super::resource_metadata::{self as metadata, ResourceMetadata, WELL_KNOWN};
 use super::session_seal::SessionSeal;
-use super::token_review::TokenReviewer;
+use super::token_review::{ReviewError, TokenReviewer};
 use crate::agent::CallerName;
 use crate::agent::http_guard::{self, Allowed};
 use crate::policy::binding::{self, Refusal};
@@ -144,9 +144,15 @@ async fn mcp(State(front): State<Front>, mut request: Request) -> Response {
             Ok(Ok(caller)) => caller,
             Ok(Err(why)) => return unauthenticated(&front, &request, &why),
             Err(e) => {
+                // The API server's words stay in the log: they describe the gateway's own rights
+                // and state, nothing an unauthenticated caller needs.
                 tracing::warn!(error = %e, "gateway: cannot check a token now");
                 front.count("unavailable");
-                let mut response = refusal(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string());
+                let message = match e {
+                    ReviewError::Busy => "too many token checks at once; retry",
+                    ReviewError::Api(_) => "the gateway cannot check tokens now; retry",
+                };
+                let mut response = refusal(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", message);
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 return response;
             }
