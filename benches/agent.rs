@@ -718,14 +718,7 @@ fn main() {
         echo::serve_stdio(if blocking { echo::StdioMode::TokioBlocking } else { echo::StdioMode::Reactor });
         return;
     }
-    if let Some(port) = args.iter().position(|a| a == "--serve-echo-http").and_then(|i| args.get(i + 1)) {
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
-        runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("a port")))
-                .await
-                .expect("the echo port is free");
-            echo::serve_http(listener).await.expect("serving echo over HTTP");
-        });
+    if spear::testing::bench::serve_echo_http_if_asked() {
         return;
     }
     if let Some(port) = args.iter().position(|a| a == "--serve-grpc-echo").and_then(|i| args.get(i + 1)) {

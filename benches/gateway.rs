@@ -30,15 +30,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use spear::api::{McpProfile, McpProfileBinding, McpServer};
 use spear::testing::bench::{percentile, us};
 use spear::testing::control_plane::ControlPlane;
+use spear::testing::mcp_servers;
 use spear::testing::proc_stats::rss_kib;
-use spear::testing::{echo, mcp_servers};
 
 const TOOL: &str = "mcp__echo__echo";
 const AUDIENCE: &str = "spear-mcp-gateway";
@@ -55,19 +54,11 @@ struct Size {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(port) = args.iter().position(|a| a == "--serve-echo-http").and_then(|i| args.get(i + 1)) {
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
-        runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("a port")))
-                .await
-                .expect("the echo port is free");
-            echo::serve_http(listener).await.expect("serving echo over HTTP");
-        });
+    if spear::testing::bench::serve_echo_http_if_asked() {
         return;
     }
     spear::install_crypto_provider();
-    let full = args.iter().any(|a| a == "--bench");
+    let full = std::env::args().any(|a| a == "--bench");
     let size = if full {
         Size { rounds: 10, block: 200, concurrent: 16, window: Duration::from_secs(5), callers: 1_000, bindings: 100 }
     } else {
@@ -157,24 +148,6 @@ async fn post(
     let answer = request.send().await.expect("the door answers");
     assert!(answer.status().is_success(), "{url}: HTTP {}", answer.status());
     answer
-}
-
-async fn token(accounts: &Api<ServiceAccount>, name: &str) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![AUDIENCE.to_string()]),
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .expect("a token")
-        .status
-        .and_then(|s| s.token)
-        .expect("a token")
 }
 
 fn sorted(mut samples: Vec<Duration>) -> Vec<Duration> {
@@ -303,7 +276,7 @@ async fn run(size: Size) {
     ready(g_admin).await;
     let a_url = format!("http://127.0.0.1:{a_http}/mcp");
     let g_url = format!("http://127.0.0.1:{g_http}/mcp");
-    let caller_token = token(&accounts, "caller").await;
+    let caller_token = ns.service_account_token("caller", AUDIENCE).await;
     let http = reqwest::Client::builder().http1_only().build().expect("a client");
     let a = Session::open(&http, &a_url, API_KEY).await;
     let g = Session::open(&http, &g_url, &caller_token).await;
@@ -341,8 +314,8 @@ async fn run(size: Size) {
     // 3. many callers.
     let tokens: Vec<String> = futures::stream::iter((0..size.callers).map(|i| format!("c{i}")))
         .map(|name| {
-            let accounts = accounts.clone();
-            async move { token(&accounts, &name).await }
+            let ns = &ns;
+            async move { ns.service_account_token(&name, AUDIENCE).await }
         })
         .buffered(16)
         .collect()

@@ -45,6 +45,24 @@ pub fn process_env() -> Env {
     Arc::new(|name: &str| std::env::var(name).ok())
 }
 
+/// Run with `--serve-echo-http PORT`, a bench binary is the Streamable HTTP echo server its bench
+/// spawns ([`super::echo::serve_http`] on 127.0.0.1:PORT, until killed): serves and returns true.
+/// Otherwise returns false at once.
+pub fn serve_echo_http_if_asked() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(port) = args.iter().position(|a| a == "--serve-echo-http").and_then(|i| args.get(i + 1)) else {
+        return false;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("a port")))
+            .await
+            .expect("the echo port is free");
+        super::echo::serve_http(listener).await.expect("serving echo over HTTP");
+    });
+    true
+}
+
 /// A bench binary's `main`: run with `--serve-echo` it is the echo server its bench spawns
 /// ([`super::echo`]); otherwise `run(full)` on a two-thread runtime, `full` under `cargo bench`
 /// (`--bench`) and false for the smoke run `cargo test --all-targets` makes.

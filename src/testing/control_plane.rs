@@ -24,7 +24,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, GetParams, Patch, PatchParams, PostParams};
@@ -97,6 +98,26 @@ impl TestNamespace {
         K::DynamicType: Default,
     {
         Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// A token of ServiceAccount `account` (which must exist) for `audience`, valid for an hour,
+    /// from the TokenRequest API: what the kubelet puts in a projected token volume.
+    pub async fn service_account_token(&self, account: &str, audience: &str) -> String {
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: Some(vec![audience.to_string()]),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.api::<ServiceAccount>()
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("the TokenRequest API must issue a token for {account}: {e}"))
+            .status
+            .and_then(|s| s.token)
+            .unwrap_or_else(|| panic!("an issued token for {account} has a token"))
     }
 }
 

@@ -7,7 +7,6 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use rmcp::ServiceExt as _;
@@ -65,24 +64,6 @@ impl Gateway {
     }
 }
 
-async fn token(accounts: &Api<ServiceAccount>, name: &str, audience: &str) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.to_string()]),
-            expiration_seconds: Some(600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .expect("the TokenRequest API issues a token")
-        .status
-        .and_then(|s| s.token)
-        .expect("an issued token")
-}
-
 async fn create<K>(api: &Api<K>, value: Value)
 where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -93,7 +74,7 @@ where
 
 /// Two echo servers, a profile for each, four service accounts and the bindings:
 /// `app` → reader, `other` → writer, `both` → reader and writer, `stranger` → none.
-async fn registry(ns: &TestNamespace, alpha: u16, beta: u16) -> Api<ServiceAccount> {
+async fn registry(ns: &TestNamespace, alpha: u16, beta: u16) {
     let servers: Api<McpServer> = ns.api();
     for (name, port) in [("alpha", alpha), ("beta", beta)] {
         // beta: one call a minute, per caller in the gateway as per pod.
@@ -128,7 +109,6 @@ async fn registry(ns: &TestNamespace, alpha: u16, beta: u16) -> Api<ServiceAccou
     .expect("an object");
     let refused = bindings.create(&PostParams::default(), &bad).await.expect_err("refused at admission");
     assert!(refused.to_string().contains("namespace is for ServiceAccount subjects only"), "{refused}");
-    accounts
 }
 
 /// POSTs `body` over HTTP/2 with prior knowledge (h2c); status and headers.
@@ -216,15 +196,15 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
     spear::install_crypto_provider();
     let ns = ControlPlane::shared().namespace("gateway").await;
     let ((alpha, _a), (beta, _b)) = (echo_server().await, echo_server().await);
-    let accounts = registry(&ns, alpha, beta).await;
+    registry(&ns, alpha, beta).await;
     let work = tempfile::tempdir().expect("tempdir");
     let audit = work.path().join("audit.jsonl");
     let gateway = Gateway::start(&ns.name, &audit).await;
     let url = gateway.mcp();
 
     // Each caller sees its binding's profile, through the per-pod agent's names.
-    let app = token(&accounts, "app", AUDIENCE).await;
-    let other = token(&accounts, "other", AUDIENCE).await;
+    let app = ns.service_account_token("app", AUDIENCE).await;
+    let other = ns.service_account_token("other", AUDIENCE).await;
     assert_eq!(tools_of(&url, &app).await, ["mcp__alpha__echo"]);
     assert_eq!(tools_of(&url, &other).await, ["mcp__beta__echo"]);
 
@@ -247,7 +227,7 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
 
     // No binding: 403 with the reason; no token, a bad one or one for another audience: 401
     // with the RFC 9728 challenge.
-    let stranger = token(&accounts, "stranger", AUDIENCE).await;
+    let stranger = ns.service_account_token("stranger", AUDIENCE).await;
     let (status, _, body) = post(&url, Some(&stranger), None, None, INITIALIZE).await;
     assert_eq!(status, 403, "{body}");
     assert!(
@@ -255,7 +235,7 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
         "{body}"
     );
     assert!(!body.contains("reader") && !body.contains("writer"), "a refusal names no other caller's profile: {body}");
-    let wrong_audience = token(&accounts, "app", "https://kubernetes.default.svc").await;
+    let wrong_audience = ns.service_account_token("app", "https://kubernetes.default.svc").await;
     let metadata_url = format!("http://127.0.0.1:{}/.well-known/oauth-protected-resource/mcp", gateway.http);
     for (authorization, error) in [
         (None, None),
@@ -272,7 +252,7 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
 
     // Bound to two profiles: choose with Spear-Profile, or be refused; a profile not bound is
     // refused even when named.
-    let both = token(&accounts, "both", AUDIENCE).await;
+    let both = ns.service_account_token("both", AUDIENCE).await;
     let (status, _, body) = post(&url, Some(&both), None, None, INITIALIZE).await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("profile_choice_required") && body.contains("reader, writer"), "{body}");

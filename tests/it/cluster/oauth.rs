@@ -5,7 +5,6 @@
 //! `spearlet serve` reads the tokens from `SPEAR_AUTH_TOKEN_DIR` (in a pod: the projected volume
 //! the webhook mounts), and a rotated token is read on the next use.
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use spear::testing::control_plane::ControlPlane;
@@ -15,24 +14,6 @@ use crate::oauth::{admin, admin_post, server_yaml, start_agent, start_oauth_serv
 
 /// The test control plane's `--service-account-issuer`.
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
-
-async fn token_for(accounts: &Api<ServiceAccount>, name: &str, audience: &str) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.to_string()]),
-            expiration_seconds: Some(600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .expect("the TokenRequest API issues a token")
-        .status
-        .and_then(|s| s.token)
-        .expect("an issued token")
-}
 
 #[tokio::test]
 async fn service_account_tokens_are_exchanged_or_sent_and_verified_against_the_cluster_jwks() {
@@ -79,12 +60,12 @@ async fn service_account_tokens_are_exchanged_or_sent_and_verified_against_the_c
     .expect("join");
 
     // One token per server, each with its audience: what the webhook's projected volume holds.
-    let exchanged = token_for(&accounts, "workload", "https://as.test").await;
-    let direct = token_for(&accounts, "workload", &direct_audience).await;
+    let exchanged = ns.service_account_token("workload", "https://as.test").await;
+    let direct = ns.service_account_token("workload", &direct_audience).await;
     std::fs::write(tokens.join("exchanged"), &exchanged).expect("write token");
     std::fs::write(tokens.join("direct"), &direct).expect("write token");
     // A token for another audience is refused by the server: the agent reports it.
-    let wrong = token_for(&accounts, "workload", "https://elsewhere.test").await;
+    let wrong = ns.service_account_token("workload", "https://elsewhere.test").await;
     std::fs::write(tokens.join("wrong"), &wrong).expect("write token");
 
     let mut yaml = server_yaml(
@@ -136,7 +117,7 @@ async fn service_account_tokens_are_exchanged_or_sent_and_verified_against_the_c
     // The kubelet rotates the token: the agent reads the file on every exchange. A token the
     // authorization server refuses (another audience) fails the exchange; the next rotation
     // (a good token) works again.
-    let new_token = token_for(&accounts, "workload", "https://as.test").await;
+    let new_token = ns.service_account_token("workload", "https://as.test").await;
     assert_ne!(new_token, exchanged);
     let (rotated_file, wrong_again) = (tokens.join("exchanged"), wrong.clone());
     let rotated = new_token.clone();
