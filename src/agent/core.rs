@@ -441,7 +441,8 @@ impl Agent {
         arguments: Result<Option<Map<String, Value>>, String>,
         context: CallContext<'_>,
     ) -> ToolCall {
-        // The trace's view of the call: what was called and how it ended, never its arguments.
+        // The trace's view of the call: what was called, by whom (a gateway caller), and how it
+        // ended; never its arguments.
         let span = tracing::info_span!(
             target: otel::TARGET,
             "tool.call",
@@ -450,7 +451,11 @@ impl Agent {
             registry_revision = set.revision.as_str(),
             code = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
+            caller = tracing::field::Empty,
         );
+        if let Some(caller) = context.caller {
+            span.record("caller", caller);
+        }
         let call = self.call_tool_untraced(set, name, arguments, context).instrument(span.clone()).await;
         if !span.is_disabled() {
             if let Some(server) = &call.server_id {
