@@ -9,7 +9,8 @@
 //!   and servers whose headers come from Secrets are reported unavailable, never served with
 //!   something else (`docs/gateway.md`).
 //! - Profiles are only made for a bound caller, so their number is bounded by the bindings the
-//!   platform team wrote.
+//!   platform team wrote; a profile no binding names any more has its agent stopped
+//!   ([`ProfileDoors::retain`], on every change of the bindings).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +38,8 @@ pub const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 pub struct ProfileDoor {
     pub agent: Agent,
     pub router: Router,
+    /// Stops this profile's agent and door (its sessions end).
+    stop: CancellationToken,
 }
 
 /// What every profile's agent shares.
@@ -58,13 +61,15 @@ pub struct Shared {
 #[derive(Debug)]
 pub struct ProfileDoors {
     shared: Shared,
+    /// `mcp_gateway_profiles_served`.
+    served: prometheus_client::metrics::gauge::Gauge,
     doors: Mutex<HashMap<String, ProfileDoor>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl ProfileDoors {
-    pub fn new(shared: Shared) -> Self {
-        ProfileDoors { shared, doors: Mutex::default(), tasks: Mutex::default() }
+    pub fn new(shared: Shared, served: prometheus_client::metrics::gauge::Gauge) -> Self {
+        ProfileDoors { shared, served, doors: Mutex::default(), tasks: Mutex::default() }
     }
 
     /// The doors of `profile`, made (and its agent started) on first use; waits up to
@@ -77,6 +82,7 @@ impl ProfileDoors {
                 None => {
                     let door = self.make(profile);
                     doors.insert(profile.to_string(), door.clone());
+                    self.served.set(doors.len() as i64);
                     (door, true)
                 }
             }
@@ -115,10 +121,11 @@ impl ProfileDoors {
         options.pool_metrics = shared.pool_metrics.clone();
         options.egress = shared.egress.clone();
         let agent = Agent::new(options, shared.registry.clone(), pool);
-        self.tasks.lock().push(tokio::spawn(agent.clone().run(shared.stop.child_token())));
+        let stop = shared.stop.child_token();
+        self.tasks.lock().push(tokio::spawn(agent.clone().run(stop.clone())));
         let chat = ChatService::new(agent.clone(), config.upstream.clone(), UpstreamTimeouts::default());
         let router = match chat {
-            Ok(chat) => doors_router(agent.clone(), chat, shared.stop.child_token(), config),
+            Ok(chat) => doors_router(agent.clone(), chat, stop.clone(), config),
             // The chat door is not served by the gateway (the front routes only /mcp); a chat
             // client that cannot be built only costs that door.
             Err(e) => {
@@ -126,7 +133,22 @@ impl ProfileDoors {
                 Router::new()
             }
         };
-        ProfileDoor { agent, router }
+        ProfileDoor { agent, router, stop }
+    }
+
+    /// Stops the agents of the profiles no binding names any more (`bound`): their server
+    /// sessions and their callers' sessions end. A caller bound again later gets a fresh agent.
+    pub fn retain(&self, bound: &std::collections::BTreeSet<String>) {
+        let mut doors = self.doors.lock();
+        doors.retain(|profile, door| {
+            let keep = bound.contains(profile);
+            if !keep {
+                tracing::info!(profile, "gateway: no binding names this profile any more; its agent stops");
+                door.stop.cancel();
+            }
+            keep
+        });
+        self.served.set(doors.len() as i64);
     }
 
     /// Stops every agent (sessions closed) and waits for them; then drops them, so the audit

@@ -79,18 +79,9 @@ pub async fn run_gateway(config: GatewayConfig, cancel: CancellationToken) -> Re
             Ok(format!("{} valid McpProfileBindings\n", bindings.borrow().valid.len()))
         }
     };
-    let mut metrics = Registry::default();
-    let pool_metrics = PoolMetrics::register(&mut metrics);
-    let registry_metrics = RegistryMetrics::register(&mut metrics);
     let audit = open_audit(agent)?;
-    audit.register(&mut metrics);
-    crate::telemetry::register_log_drops(&mut metrics);
-    let outcomes = prometheus_client::metrics::family::Family::default();
-    metrics.register(
-        "mcp_gateway_requests",
-        "Gateway /mcp requests by how the front answered (admitted, unauthenticated, forbidden, unknown_session, bad_request, unavailable)",
-        outcomes.clone(),
-    );
+    let GatewayMetrics { registry: metrics, pool_metrics, registry_metrics, served, outcomes } =
+        GatewayMetrics::register(&audit);
     let (admin_stop, admin_task) = serve_admin(agent, admin, ready, Arc::new(metrics));
 
     tracing::info!(%namespace, "gateway: waiting for the first lists of the registry and the McpProfileBindings");
@@ -118,17 +109,21 @@ pub async fn run_gateway(config: GatewayConfig, cancel: CancellationToken) -> Re
             AddressDenyList::AGENT_POD.parse().map_err(|e| RunError::Config(format!("--egress-deny-cidrs: {e}")))?
         }
     };
-    let profiles = Arc::new(ProfileDoors::new(Shared {
-        config: agent.clone(),
-        registry: registry.view(),
-        audit,
-        pool_metrics,
-        registry_metrics,
-        egress,
-        kube: crate::agent::approvers::KubeClient(client.clone()),
-        namespace: namespace.clone(),
-        stop: stop.child_token(),
-    }));
+    let profiles = Arc::new(ProfileDoors::new(
+        Shared {
+            config: agent.clone(),
+            registry: registry.view(),
+            audit,
+            pool_metrics,
+            registry_metrics,
+            egress,
+            kube: crate::agent::approvers::KubeClient(client.clone()),
+            namespace: namespace.clone(),
+            stop: stop.child_token(),
+        },
+        served,
+    ));
+    tokio::spawn(retain_bound_profiles(bindings.clone(), profiles.clone(), stop.clone()));
     let seal = SessionSeal::random().map_err(|e| RunError::Config(format!("no randomness for session ids: {e}")))?;
     let front = Front::new(FrontParts {
         reviewer: TokenReviewer::new(client, &config.audience),
@@ -152,6 +147,54 @@ pub async fn run_gateway(config: GatewayConfig, cancel: CancellationToken) -> Re
     let _ = admin_task.await;
     tracing::info!("spearlet gateway stopped");
     result
+}
+
+/// The gateway's metrics: the agents' (pool, registry, audit, log drops) and its own.
+struct GatewayMetrics {
+    registry: Registry,
+    pool_metrics: PoolMetrics,
+    registry_metrics: RegistryMetrics,
+    served: prometheus_client::metrics::gauge::Gauge,
+    outcomes: prometheus_client::metrics::family::Family<
+        super::front::OutcomeLabel,
+        prometheus_client::metrics::counter::Counter,
+    >,
+}
+
+impl GatewayMetrics {
+    fn register(audit: &crate::agent::audit::AuditSink) -> Self {
+        let mut registry = Registry::default();
+        let pool_metrics = PoolMetrics::register(&mut registry);
+        let registry_metrics = RegistryMetrics::register(&mut registry);
+        audit.register(&mut registry);
+        crate::telemetry::register_log_drops(&mut registry);
+        let served = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register("mcp_gateway_profiles_served", "McpProfiles the gateway runs an agent for", served.clone());
+        let outcomes = prometheus_client::metrics::family::Family::default();
+        registry.register(
+            "mcp_gateway_requests",
+            "Gateway /mcp requests by how the front answered (admitted, unauthenticated, forbidden, \
+             unknown_session, bad_request, unavailable)",
+            outcomes.clone(),
+        );
+        GatewayMetrics { registry, pool_metrics, registry_metrics, served, outcomes }
+    }
+}
+
+/// On every change of the bindings, stops the agents of profiles no binding names any more.
+async fn retain_bound_profiles(
+    mut bindings: tokio::sync::watch::Receiver<bindings::Bindings>,
+    profiles: Arc<ProfileDoors>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = bindings.changed() => if changed.is_err() { return },
+        }
+        let bound = bindings.borrow().valid.iter().map(|b| b.spec.profile_ref.name.clone()).collect();
+        profiles.retain(&bound);
+    }
 }
 
 /// The admin port (`/healthz`, `/readyz`, `/metrics`) until the returned token is cancelled.

@@ -26,6 +26,7 @@ const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","param
 struct Gateway {
     child: Child,
     http: u16,
+    admin: u16,
 }
 
 impl Drop for Gateway {
@@ -52,7 +53,7 @@ impl Gateway {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spearlet gateway starts");
-        let gateway = Gateway { child, http };
+        let gateway = Gateway { child, http, admin };
         let ready = format!("http://127.0.0.1:{admin}/readyz");
         for _ in 0..300 {
             if reqwest::get(&ready).await.is_ok_and(|r| r.status().is_success()) {
@@ -370,6 +371,27 @@ async fn callers_get_their_bindings_profile_and_nothing_else() {
     let refused = explain(&["--subject", &stranger_name]);
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("bound to no McpProfile") && said.contains("does not name the caller"), "{said}");
+
+    // A profile no binding names any more has its agent stopped.
+    let served = || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", gateway.admin)).await.expect("metrics");
+        let text = text.text().await.expect("metrics text");
+        text.lines().find_map(|l| l.strip_prefix("mcp_gateway_profiles_served ")).map(str::to_string)
+    };
+    assert_eq!(served().await.as_deref(), Some("2"), "reader and writer");
+    let bindings: Api<McpProfileBinding> = ns.api();
+    bindings.delete("writers", &Default::default()).await.expect("delete the writers binding");
+    let mut left = served().await;
+    for _ in 0..100 {
+        if left.as_deref() == Some("1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        left = served().await;
+    }
+    assert_eq!(left.as_deref(), Some("1"), "the writer profile's agent stopped once no binding named it");
+    let (status, _, body) = post(&url, Some(&other), None, None, INITIALIZE).await;
+    assert_eq!(status, 403, "the unbound caller is refused at once: {body}");
 
     // The audit names the caller of each call.
     drop(gateway);
