@@ -8,8 +8,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kube::ResourceExt as _;
 use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use spear::agent::run_in_pod;
 use spear::api::{ApprovalMode, McpApproval, McpProfile, McpServer};
@@ -22,8 +22,11 @@ use crate::chart::{objects, repo};
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The chart's approval objects (the approver ClusterRole, the admission policy and its binding),
-/// applied for real: the policy holds cluster-wide, for McpApprovals only.
-async fn apply_approval_policy(client: &Client) {
+/// applied for real: the policy holds cluster-wide, for McpApprovals only. Returns once the API
+/// server enforces it: a new policy takes effect a moment after it is stored, and a test that
+/// writes sooner would see its forged decision accepted.
+async fn apply_approval_policy(ns: &spear::testing::control_plane::TestNamespace) {
+    let client = &ns.client;
     let install = std::fs::read_to_string(repo().join("manifests/install.yaml")).expect("install.yaml");
     let apply = PatchParams::apply("spear-test-approval").force();
     for value in objects(&install) {
@@ -41,6 +44,30 @@ async fn apply_approval_policy(client: &Client) {
         api.patch(&name, &apply, &Patch::Apply(&object)).await.unwrap_or_else(|e| panic!("{kind} {name}: {e}"));
     }
     assert!(install.contains("kind: ValidatingAdmissionPolicy\n"), "the chart ships the policy");
+
+    // Probe with throwaway McpApprovals until a forged decidedBy is refused.
+    let approvals = ns.api::<McpApproval>();
+    let forged =
+        json!({"status": {"decision": "Allow", "decidedBy": "someone-else", "decidedAt": "2026-01-01T00:00:00Z"}});
+    let deadline = Instant::now() + PATIENCE;
+    for attempt in 0.. {
+        let probe: McpApproval = serde_json::from_value(json!({
+            "apiVersion": "mcp.spear.dev/v1alpha1", "kind": "McpApproval", "metadata": {"name": format!("policy-probe-{attempt}")},
+            "spec": {"pod": "probe", "profile": "p", "server": "fx", "tool": "echo", "name": "fx__echo",
+                     "argumentsDigest": "sha256:0", "door": "grpc", "expiresAt": "2030-01-01T00:00:00Z"},
+        }))
+        .expect("a probe");
+        approvals.create(&PostParams::default(), &probe).await.expect("create a probe McpApproval");
+        let name = probe.name_any();
+        let answer = approvals.patch_status(&name, &PatchParams::default(), &Patch::Merge(&forged)).await;
+        let refused = answer.err().is_some_and(|e| e.to_string().contains("your own user name"));
+        approvals.delete(&name, &Default::default()).await.expect("delete the probe");
+        if refused {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the admission policy was not enforced within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn kubectl_spear(args: &[&str]) -> Output {
@@ -93,7 +120,7 @@ fn free_addr() -> SocketAddr {
 async fn a_call_waits_for_its_mcp_approval_and_kubectl_spear_approve_or_deny_decides() {
     let control_plane = ControlPlane::shared();
     let ns = control_plane.namespace("approve").await;
-    apply_approval_policy(&ns.client).await;
+    apply_approval_policy(&ns).await;
 
     let port = mcp_servers::free_port();
     let _server = tokio::process::Command::from(mcp_servers::fixture_http(port, &[]).to_std())
