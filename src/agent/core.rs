@@ -92,6 +92,14 @@ impl AgentOptions {
     }
 }
 
+impl AgentState {
+    /// Past starting: the profile is compiled and its servers had their first lists, or the
+    /// profile is found missing or invalid ([`Agent::settled`]).
+    pub(crate) fn is_settled(&self) -> bool {
+        self.generation > 0 && (self.catalog.is_none() || self.first_lists_done)
+    }
+}
+
 /// What the agent serves right now: one snapshot, the profile compiled against it, and the
 /// catalog built from the servers' tool lists. Swapped atomically.
 #[derive(Debug)]
@@ -324,7 +332,7 @@ impl Agent {
     /// (which only a registry change mends, so nobody should wait for it).
     pub async fn settled(&self) {
         let mut rx = self.watch();
-        let _ = rx.wait_for(|s| s.generation > 0 && (s.catalog.is_none() || s.first_lists_done)).await;
+        let _ = rx.wait_for(|s| s.is_settled()).await;
     }
 
     /// Waits until the agent is ready.

@@ -48,19 +48,7 @@ pub struct OutcomeLabel {
 /// The front's state.
 #[derive(Clone, Debug)]
 pub struct Front {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    reviewer: TokenReviewer,
-    bindings: watch::Receiver<Bindings>,
-    profiles: Arc<ProfileDoors>,
-    seal: SessionSeal,
-    namespace: String,
-    public_url: Option<String>,
-    authorization_servers: Vec<String>,
-    outcomes: Family<OutcomeLabel, Counter>,
+    inner: Arc<FrontParts>,
 }
 
 /// What the front is built from.
@@ -78,20 +66,7 @@ pub struct FrontParts {
 
 impl Front {
     pub fn new(parts: FrontParts) -> Self {
-        let FrontParts { reviewer, bindings, profiles, seal, namespace, public_url, authorization_servers, outcomes } =
-            parts;
-        Front {
-            inner: Arc::new(Inner {
-                reviewer,
-                bindings,
-                profiles,
-                seal,
-                namespace,
-                public_url,
-                authorization_servers,
-                outcomes,
-            }),
-        }
+        Front { inner: Arc::new(parts) }
     }
 
     /// Port 4040's router: the metadata documents and `/mcp`, behind the Host/Origin guard.

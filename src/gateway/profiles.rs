@@ -90,8 +90,11 @@ impl ProfileDoors {
         if new {
             tracing::info!(profile, "gateway: serving a profile for its first caller");
         }
-        // Every request checks, not only the first: the first caller's wait may have timed out.
-        let _ = tokio::time::timeout(FIRST_LIST_WAIT, door.agent.settled()).await;
+        // Every request checks, not only the first (the first caller's wait may have timed out),
+        // but only a request to an agent still starting waits (and sets a timer).
+        if !door.agent.state().is_settled() {
+            let _ = tokio::time::timeout(FIRST_LIST_WAIT, door.agent.settled()).await;
+        }
         door
     }
 
